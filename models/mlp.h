@@ -1,0 +1,19 @@
+// The seeds' benchmark model: Linear -> ReLU -> ... -> Linear, as a torch.nn.Sequential, so its
+// parameters are named "0.weight", "0.bias", "2.weight", ... like PyTorch's.
+#pragma once
+#include <memory>
+
+#include "runtime/nn/layers.h"
+
+namespace amp::models {
+
+struct MlpConfig {
+  int64_t in_features = 16;
+  int64_t width = 16;
+  int64_t out_features = 16;
+  int64_t layers = 3;  // Linear layers; a ReLU sits between consecutive ones
+};
+
+std::shared_ptr<nn::Sequential> make_mlp(const MlpConfig& config, Generator& gen, Device device = kCPU);
+
+}  // namespace amp::models

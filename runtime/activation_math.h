@@ -1,0 +1,40 @@
+// Per-element activation functions and their derivatives, shared by CPU loops and CUDA kernels.
+#pragma once
+#include <cmath>
+
+#include "runtime/hd.h"
+
+namespace amp::math {
+
+template <class T>
+AMP_HD T relu(T x) { return x > T(0) ? x : T(0); }
+// PyTorch's threshold_backward: the gradient passes where the input was positive.
+template <class T>
+AMP_HD T relu_backward(T g, T x) { return x > T(0) ? g : T(0); }
+
+// GELU, exact form: x * Phi(x).
+template <class T>
+AMP_HD T gelu(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
+template <class T>
+AMP_HD T gelu_backward(T g, T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+  return g * (cdf + x * pdf);
+}
+
+// GELU, tanh approximation.
+template <class T>
+AMP_HD T gelu_tanh(T x) {
+  const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(inner));
+}
+template <class T>
+AMP_HD T gelu_tanh_backward(T g, T x) {
+  const T k = T(0.79788456080286535588);
+  const T inner = k * (x + T(0.044715) * x * x * x);
+  const T t = std::tanh(inner);
+  const T dinner = k * (T(1) + T(3) * T(0.044715) * x * x);
+  return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner);
+}
+
+}  // namespace amp::math

@@ -1,0 +1,206 @@
+#include "runtime/autograd.h"
+
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/autocast_policy.h"
+#include "runtime/ops.h"
+
+namespace amp {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local bool t_grad_enabled = true;
+}  // namespace
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool e) { t_grad_enabled = e; }
+
+std::vector<Tensor> FunctionNode::apply(const Tensor& grad_output) {
+  if (!fn_)
+    throw std::runtime_error("Trying to backward through the graph a second time (or directly access saved tensors "
+                             "after they have already been freed) in " + name_ +
+                             ". Specify retain_graph=true on the first backward.");
+  return fn_(grad_output);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& g) {
+  Tensor leaf(leaf_);
+  Tensor existing = leaf.grad();
+  if (!existing.defined()) {
+    // Steal the incoming buffer when nothing else can see it; otherwise copy so later += is private.
+    const bool private_buffer = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+    Tensor stored = GradMode::enabled() ? g : (private_buffer ? g.detach() : g.detach().clone());
+    if (stored.dtype() != leaf.dtype()) {
+      stored = cast(stored, leaf.dtype());
+    }
+    leaf.set_grad(stored);
+  } else if (GradMode::enabled()) {
+    leaf.set_grad(add(existing, g));  // create_graph: keep the history of the sum
+  } else {
+    add_(existing, g);  // fp32 .grad += g, across micro-batches and losses
+  }
+  for (const GradHook& hook : leaf_->post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  TensorImpl* impl = t.impl();
+  std::shared_ptr<Node> acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (!GradMode::enabled()) return out;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return out;
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->next.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next.push_back(gradient_edge(t));
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+namespace {
+
+struct Engine {
+  // Inputs of grad(): gradients arriving at these nodes are captured, not accumulated.
+  std::unordered_map<Node*, size_t> capture_index;
+  std::vector<Tensor> captured;
+  bool accumulate = true;
+
+  void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph) {
+    std::vector<std::shared_ptr<Node>> root_nodes;
+    std::unordered_map<Node*, Tensor> buffers;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      const Tensor& r = roots[i];
+      if (!r.requires_grad())
+        throw std::runtime_error("element " + std::to_string(i) +
+                                 " of tensors does not require grad and does not have a grad_fn");
+      Tensor seed;
+      if (i < seeds.size() && seeds[i].defined()) {
+        seed = seeds[i];
+        if (seed.shape() != r.shape())
+          throw std::invalid_argument("backward: gradient shape " + shape_str(seed.shape()) +
+                                      " does not match output shape " + shape_str(r.shape()));
+      } else {
+        if (r.numel() != 1) throw std::runtime_error("grad can be implicitly created only for scalar outputs");
+        seed = ones(r.shape(), r.dtype(), r.device());
+      }
+      std::shared_ptr<Node> n = gradient_edge(r);
+      Tensor& buf = buffers[n.get()];
+      buf = buf.defined() ? add(buf, seed) : seed;
+      root_nodes.push_back(n);
+    }
+
+    // Count, for each reachable node, how many edges feed its gradient.
+    std::unordered_map<Node*, int> dependencies;
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (auto& n : root_nodes)
+      if (seen.insert(n.get()).second) stack.push_back(n.get());
+    std::vector<Node*> visited;
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      visited.push_back(n);
+      for (auto& next : n->next) {
+        if (!next) continue;
+        dependencies[next.get()] += 1;
+        if (seen.insert(next.get()).second) stack.push_back(next.get());
+      }
+    }
+
+    auto later_first = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+    std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+    std::unordered_set<Node*> queued;
+    for (auto& n : root_nodes)
+      if (dependencies[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n.get());
+
+    while (!ready.empty()) {
+      Node* n = ready.top();
+      ready.pop();
+      Tensor g = std::move(buffers[n]);
+      buffers.erase(n);
+      auto cap = capture_index.find(n);
+      if (cap != capture_index.end()) captured[cap->second] = g;
+      std::vector<Tensor> grads;
+      if (dynamic_cast<AccumulateGrad*>(n) != nullptr) {
+        if (accumulate && g.defined()) n->apply(g);
+      } else if (g.defined()) {
+        grads = n->apply(g);
+      }
+      for (size_t i = 0; i < n->next.size(); ++i) {
+        Node* next = n->next[i].get();
+        if (!next) continue;
+        if (i < grads.size() && grads[i].defined()) {
+          Tensor& buf = buffers[next];
+          buf = buf.defined() ? add(buf, grads[i]) : grads[i];
+        }
+        if (--dependencies[next] == 0) ready.push(next);
+      }
+    }
+    if (!retain_graph)
+      for (Node* n : visited) n->release();
+  }
+};
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph,
+              bool create_graph) {
+  AutocastSuspend no_autocast;
+  const bool prev = GradMode::enabled();
+  GradMode::set_enabled(create_graph);
+  try {
+    Engine e;
+    e.run(roots, seeds, retain_graph || create_graph);
+  } catch (...) {
+    GradMode::set_enabled(prev);
+    throw;
+  }
+  GradMode::set_enabled(prev);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& seeds, bool retain_graph, bool create_graph, bool allow_unused) {
+  AutocastSuspend no_autocast;
+  Engine e;
+  e.accumulate = false;
+  e.captured.resize(inputs.size());
+  std::vector<std::shared_ptr<Node>> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad())
+      throw std::runtime_error("grad: input " + std::to_string(i) + " does not require grad");
+    keep.push_back(gradient_edge(inputs[i]));
+    e.capture_index[keep.back().get()] = i;
+  }
+  const bool prev = GradMode::enabled();
+  GradMode::set_enabled(create_graph);
+  try {
+    e.run(outputs, seeds, retain_graph || create_graph);
+  } catch (...) {
+    GradMode::set_enabled(prev);
+    throw;
+  }
+  GradMode::set_enabled(prev);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!e.captured[i].defined() && !allow_unused)
+      throw std::runtime_error("grad: input " + std::to_string(i) +
+                               " is not used in the graph (pass allow_unused=true to get an undefined gradient)");
+  return e.captured;
+}
+
+}  // namespace amp

@@ -1,0 +1,97 @@
+// Backend: every primitive a device must provide. The CPU backend is runtime/cpu/, the CUDA one
+// runtime/cuda/. Ops and autograd call only these, so semantics are identical on both devices.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace amp {
+
+// Element-wise unary functions y = f(x, alpha); alpha is unused by most.
+enum class UnaryOp : uint8_t { neg, exp, log, sqrt, relu, gelu, gelu_tanh, pow_scalar, mul_scalar, add_scalar, copy };
+// Element-wise binary functions with broadcasting. The *_backward ones take (grad, x).
+enum class BinaryOp : uint8_t { add, sub, mul, div, relu_backward, gelu_backward, gelu_tanh_backward };
+
+struct SgdHyper {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+struct AdamHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+  bool decoupled_weight_decay;  // AdamW
+  bool amsgrad;
+};
+// GradScaler's update rule and the peers' extensions; see amp_math.h.
+struct ScaleUpdateHyper {
+  float growth_factor, backoff_factor;
+  int growth_interval, hysteresis;
+  float min_scale, max_scale;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // --- memory
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p, size_t bytes) = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual size_t current_bytes() const = 0;
+  virtual void reset_peak_bytes() = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // --- element-wise and reductions
+  virtual void fill(Tensor& t, double value) = 0;
+  virtual void cast(const Tensor& src, Tensor& dst) = 0;  // any float dtype to any float dtype
+  virtual void unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;  // broadcasts a, b to out
+  virtual void broadcast_to(const Tensor& x, Tensor& out) = 0;
+  // out's shape is x's with some dims of size 1 (after left-padding out's shape with ones).
+  virtual void sum_to(const Tensor& x, Tensor& out) = 0;
+  virtual void softmax_lastdim(const Tensor& x, Tensor& y, bool log) = 0;
+  // loss = -mean_i logp[i, target[i]]; grad_logp[i, t_i] = -grad / N, zero elsewhere.
+  virtual void nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) = 0;
+  virtual void nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) = 0;
+  // Fills with U[lo, hi) or N(mean, std) from a counter-based stream: element i uses counter offset + i.
+  virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
+  virtual void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
+
+  // --- GEMM: c = alpha * op(a) @ op(b) + beta * c, 2-D row-major. a and b share a dtype; products
+  // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.
+  virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+                    Tensor& c) = 0;
+  // y = x @ w^T + bias: the linear layer's forward, bias broadcast over rows.
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
+
+  // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
+  // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).
+  virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
+  // state = [scale, growth_tracker, hysteresis_left], f32 on the device; see amp_math.h update_scale.
+  virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
+  // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
+  // step_count is a 1-element f32 tensor, incremented only when the step is taken.
+  virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
+                        const Tensor& found_inf) = 0;
+  virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                         const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                         const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                         const Tensor& found_inf) = 0;
+  // out (1-element f32) = sum over tensors of sum |x|^p (p = 2: squares; p = inf: max |x|).
+  virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
+  // xs *= min(1, max_norm / (total_norm + 1e-6)), with total_norm a 1-element device tensor.
+  virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
+  virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;
+};
+
+// The backend that owns a device. Throws a clear error for a device that is not built or not present.
+Backend& backend_for(Device d);
+void register_backend(DeviceType t, Backend* b);  // called by a backend's static registrar
+bool backend_available(DeviceType t);
+
+}  // namespace amp

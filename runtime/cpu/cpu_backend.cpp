@@ -1,0 +1,331 @@
+// CPU backend: memory, element-wise loops, reductions, softmax and NLL, random fills.
+#include "runtime/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <stdexcept>
+
+#include "runtime/activation_math.h"
+#include "runtime/cpu/dispatch.h"
+#include "runtime/rng_math.h"
+
+namespace amp {
+
+Backend& cpu_backend() {
+  static CpuBackend b;
+  return b;
+}
+
+// --- memory
+
+void* CpuBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  const size_t now = current_.fetch_add(bytes) + bytes;
+  size_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void CpuBackend::deallocate(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  std::free(p);
+  current_.fetch_sub(bytes);
+}
+
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+
+// --- element-wise
+
+void CpuBackend::fill(Tensor& t, double value) {
+  const long n = static_cast<long>(t.numel());
+  if (t.dtype() == DType::i64) {
+    std::fill_n(t.data<int64_t>(), n, static_cast<int64_t>(value));
+    return;
+  }
+  cpu::dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    const T v = Elem<T>::store(static_cast<typename Elem<T>::Compute>(value));
+    std::fill_n(t.data<T>(), n, v);
+  });
+}
+
+namespace {
+
+template <class S, class D>
+void cast_loop(const S* s, D* d, long n) {
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<S, double>) {
+      // Round once from fp64 straight into the target, as a direct conversion would.
+      if constexpr (std::is_same_v<D, double>) d[i] = s[i];
+      else if constexpr (std::is_same_v<D, float>) d[i] = static_cast<float>(s[i]);
+      else d[i] = Elem<D>::store(static_cast<float>(s[i]));
+    } else if constexpr (std::is_same_v<D, double>) {
+      d[i] = static_cast<double>(Elem<S>::load(s[i]));
+    } else {
+      d[i] = Elem<D>::store(Elem<S>::load(s[i]));
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::cast(const Tensor& src, Tensor& dst) {
+  if (src.numel() != dst.numel()) throw std::invalid_argument("cast: element counts differ");
+  const long n = static_cast<long>(src.numel());
+  cpu::dispatch_float(src.dtype(), [&](auto S_tag) { using S = decltype(S_tag);
+    cpu::dispatch_float(dst.dtype(), [&](auto D_tag) { using D = decltype(D_tag); cast_loop(src.data<S>(), dst.data<D>(), n); });
+  });
+}
+
+namespace {
+
+template <class T, class F>
+void map_unary(const Tensor& x, Tensor& y, F f) {
+  using C = typename Elem<T>::Compute;
+  const T* xs = x.data<T>();
+  T* ys = y.data<T>();
+  const long n = static_cast<long>(x.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) ys[i] = Elem<T>::store(f(static_cast<C>(Elem<T>::load(xs[i]))));
+}
+
+// Offsets of a broadcast operand: stride 0 along the dims it is broadcast over.
+std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
+  if (in.size() > out.size()) throw std::invalid_argument("shape " + shape_str(in) + " has more dims than " + shape_str(out));
+  std::vector<int64_t> strides(out.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const size_t di = in.size() - 1 - k;
+    const size_t dout = out.size() - 1 - k;
+    if (in[di] != 1) strides[dout] = stride;
+    if (in[di] != 1 && in[di] != out[dout])
+      throw std::invalid_argument("shape " + shape_str(in) + " cannot broadcast to " + shape_str(out));
+    stride *= in[di];
+  }
+  return strides;
+}
+
+int64_t offset_of(int64_t linear, const Shape& out, const std::vector<int64_t>& strides) {
+  int64_t off = 0;
+  for (size_t d = out.size(); d-- > 0;) {
+    const int64_t idx = linear % out[d];
+    linear /= out[d];
+    off += idx * strides[d];
+  }
+  return off;
+}
+
+template <class T, class F>
+void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  using C = typename Elem<T>::Compute;
+  const T* as = a.data<T>();
+  const T* bs = b.data<T>();
+  T* os = out.data<T>();
+  const long n = static_cast<long>(out.numel());
+  auto ld = [](T v) { return static_cast<C>(Elem<T>::load(v)); };
+  if (a.shape() == out.shape() && b.shape() == out.shape()) {
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(ld(as[i]), ld(bs[i])));
+  } else if (a.shape() == out.shape() && b.numel() == 1) {
+    const C bv = ld(bs[0]);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(ld(as[i]), bv));
+  } else if (b.shape() == out.shape() && a.numel() == 1) {
+    const C av = ld(as[0]);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(av, ld(bs[i])));
+  } else {
+    const auto sa = broadcast_strides(a.shape(), out.shape());
+    const auto sb = broadcast_strides(b.shape(), out.shape());
+    const Shape& shape = out.shape();
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i)
+      os[i] = Elem<T>::store(f(ld(as[offset_of(i, shape, sa)]), ld(bs[offset_of(i, shape, sb)])));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename Elem<T>::Compute;
+    const C a = static_cast<C>(alpha);
+    switch (op) {
+      case UnaryOp::neg: map_unary<T>(x, y, [](C v) { return -v; }); break;
+      case UnaryOp::exp: map_unary<T>(x, y, [](C v) { return std::exp(v); }); break;
+      case UnaryOp::log: map_unary<T>(x, y, [](C v) { return std::log(v); }); break;
+      case UnaryOp::sqrt: map_unary<T>(x, y, [](C v) { return std::sqrt(v); }); break;
+      case UnaryOp::relu: map_unary<T>(x, y, [](C v) { return math::relu(v); }); break;
+      case UnaryOp::gelu: map_unary<T>(x, y, [](C v) { return math::gelu(v); }); break;
+      case UnaryOp::gelu_tanh: map_unary<T>(x, y, [](C v) { return math::gelu_tanh(v); }); break;
+      case UnaryOp::pow_scalar:
+        if (alpha == 2.0) map_unary<T>(x, y, [](C v) { return v * v; });
+        else map_unary<T>(x, y, [a](C v) { return std::pow(v, a); });
+        break;
+      case UnaryOp::mul_scalar: map_unary<T>(x, y, [a](C v) { return v * a; }); break;
+      case UnaryOp::add_scalar: map_unary<T>(x, y, [a](C v) { return v + a; }); break;
+      case UnaryOp::copy: map_unary<T>(x, y, [](C v) { return v; }); break;
+    }
+  });
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.dtype() != b.dtype() || a.dtype() != out.dtype())
+    throw std::invalid_argument(std::string("binary op: dtypes differ (") + dtype_name(a.dtype()) + ", " +
+                                dtype_name(b.dtype()) + ")");
+  cpu::dispatch_float(a.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename Elem<T>::Compute;
+    switch (op) {
+      case BinaryOp::add: map_binary<T>(a, b, out, [](C x, C y) { return x + y; }); break;
+      case BinaryOp::sub: map_binary<T>(a, b, out, [](C x, C y) { return x - y; }); break;
+      case BinaryOp::mul: map_binary<T>(a, b, out, [](C x, C y) { return x * y; }); break;
+      case BinaryOp::div: map_binary<T>(a, b, out, [](C x, C y) { return x / y; }); break;
+      case BinaryOp::relu_backward: map_binary<T>(a, b, out, [](C g, C x) { return math::relu_backward(g, x); }); break;
+      case BinaryOp::gelu_backward: map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_backward(g, x); }); break;
+      case BinaryOp::gelu_tanh_backward:
+        map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_tanh_backward(g, x); });
+        break;
+    }
+  });
+}
+
+void CpuBackend::broadcast_to(const Tensor& x, Tensor& out) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    const auto s = broadcast_strides(x.shape(), out.shape());
+    const T* xs = x.data<T>();
+    T* os = out.data<T>();
+    const long n = static_cast<long>(out.numel());
+    const Shape& shape = out.shape();
+    if (x.numel() == 1) {
+      std::fill_n(os, n, xs[0]);
+    } else {
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) os[i] = xs[offset_of(i, shape, s)];
+    }
+  });
+}
+
+// Reductions accumulate in fp64 so that results do not depend on the thread count's summation order
+// more than the final rounding allows.
+void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    const T* xs = x.data<T>();
+    T* os = out.data<T>();
+    const long n = static_cast<long>(x.numel());
+    auto ld = [](T v) { return static_cast<double>(Elem<T>::load(v)); };
+    auto st = [](double v) { return Elem<T>::store(static_cast<typename Elem<T>::Compute>(v)); };
+    if (out.numel() == 1) {
+      double acc = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : acc) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) acc += ld(xs[i]);
+      os[0] = st(acc);
+    } else if (out.numel() == x.numel()) {
+      std::memcpy(static_cast<void*>(os), xs, x.nbytes());
+    } else {
+      const auto s = broadcast_strides(out.shape(), x.shape());
+      const long m = static_cast<long>(out.numel());
+      std::vector<double> acc(static_cast<size_t>(m), 0.0);
+      const bool rows = x.dim() == 2 && s[0] == 0 && s[1] == 1;  // [N, M] -> [M]: the bias gradient
+      if (rows) {
+        const long r = static_cast<long>(x.shape()[0]);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+        for (long j = 0; j < m; ++j) {
+          double a = 0.0;
+          for (long i = 0; i < r; ++i) a += ld(xs[i * m + j]);
+          acc[static_cast<size_t>(j)] = a;
+        }
+      } else {
+        const Shape& shape = x.shape();
+        for (long i = 0; i < n; ++i) acc[static_cast<size_t>(offset_of(i, shape, s))] += ld(xs[i]);
+      }
+      for (long j = 0; j < m; ++j) os[j] = st(acc[static_cast<size_t>(j)]);
+    }
+  });
+}
+
+void CpuBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename Elem<T>::Compute;
+    const long cols = x.dim() == 0 ? 1 : static_cast<long>(x.shape().back());
+    const long rows = cols == 0 ? 0 : static_cast<long>(x.numel()) / cols;
+    const T* xs = x.data<T>();
+    T* ys = y.data<T>();
+#pragma omp parallel for schedule(static) if (rows * cols > cpu::kParallelGrain)
+    for (long r = 0; r < rows; ++r) {
+      const T* xr = xs + r * cols;
+      T* yr = ys + r * cols;
+      C mx = -std::numeric_limits<C>::infinity();
+      for (long c = 0; c < cols; ++c) mx = std::max(mx, static_cast<C>(Elem<T>::load(xr[c])));
+      C total = 0;
+      for (long c = 0; c < cols; ++c) total += std::exp(static_cast<C>(Elem<T>::load(xr[c])) - mx);
+      const C log_total = std::log(total);
+      for (long c = 0; c < cols; ++c) {
+        const C shifted = static_cast<C>(Elem<T>::load(xr[c])) - mx;
+        yr[c] = Elem<T>::store(log ? shifted - log_total : std::exp(shifted) / total);
+      }
+    }
+  });
+}
+
+void CpuBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {
+  const int64_t rows = logp.shape()[0], cols = logp.shape()[1];
+  const int64_t* t = target.data<int64_t>();
+  cpu::dispatch_float(logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] < 0 || t[r] >= cols)
+        throw std::out_of_range("nll_loss: target " + std::to_string(t[r]) + " is out of bounds for " +
+                                std::to_string(cols) + " classes");
+      acc += static_cast<double>(Elem<T>::load(logp.data<T>()[r * cols + t[r]]));
+    }
+    loss.data<T>()[0] = Elem<T>::store(static_cast<typename Elem<T>::Compute>(-acc / static_cast<double>(rows)));
+  });
+}
+
+void CpuBackend::nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) {
+  const int64_t rows = grad_logp.shape()[0], cols = grad_logp.shape()[1];
+  const int64_t* t = target.data<int64_t>();
+  fill(grad_logp, 0.0);
+  cpu::dispatch_float(grad_logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename Elem<T>::Compute;
+    const C g = static_cast<C>(Elem<T>::load(grad.data<T>()[0]));
+    for (int64_t r = 0; r < rows; ++r)
+      grad_logp.data<T>()[r * cols + t[r]] = Elem<T>::store(-g / static_cast<C>(rows));
+  });
+}
+
+void CpuBackend::fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) {
+  cpu::dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    T* d = t.data<T>();
+    const long n = static_cast<long>(t.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i) {
+      const double u = math::uniform01(seed, offset + static_cast<uint64_t>(i));
+      d[i] = Elem<T>::store(static_cast<typename Elem<T>::Compute>(lo + (hi - lo) * u));
+    }
+  });
+}
+
+void CpuBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) {
+  cpu::dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    T* d = t.data<T>();
+    const long n = static_cast<long>(t.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i) {
+      const double z = math::standard_normal(seed, offset + static_cast<uint64_t>(i));
+      d[i] = Elem<T>::store(static_cast<typename Elem<T>::Compute>(mean + std * z));
+    }
+  });
+}
+
+}  // namespace amp

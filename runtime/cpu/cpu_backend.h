@@ -1,0 +1,64 @@
+// The CPU backend: OpenBLAS for fp32/fp64 GEMM, oneDNN for bf16 GEMM, fp16 GEMM emulated like a
+// tensor core, and OpenMP loops over the shared per-element functions.
+#pragma once
+#include <atomic>
+
+#include "runtime/backend.h"
+
+namespace amp {
+
+class CpuBackend final : public Backend {
+ public:
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  size_t peak_bytes() const override { return peak_.load(); }
+  size_t current_bytes() const override { return current_.load(); }
+  void reset_peak_bytes() override { peak_.store(current_.load()); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
+
+  void fill(Tensor& t, double value) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void broadcast_to(const Tensor& x, Tensor& out) override;
+  void sum_to(const Tensor& x, Tensor& out) override;
+  void softmax_lastdim(const Tensor& x, Tensor& y, bool log) override;
+  void nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) override;
+  void nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) override;
+  void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
+  void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            Tensor& c) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+
+  void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) override;
+  void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) override;
+  void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
+                const Tensor& found_inf) override;
+  void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                 const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                 const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                 const Tensor& found_inf) override;
+  void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
+  void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;
+  void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
+
+ private:
+  std::atomic<size_t> current_{0};
+  std::atomic<size_t> peak_{0};
+};
+
+Backend& cpu_backend();
+
+// GEMM entry points of the CPU backend (cpu_gemm.cpp), one per input dtype.
+void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+                  float beta, float* c);
+void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
+                   float beta, void* c, bool c_is_f32);
+
+}  // namespace amp

@@ -1,0 +1,149 @@
+// CPU backend: fused multi-tensor kernels of AMP and the optimizers. Each loops over all tensors of
+// one call and applies the shared per-element math (amp_math.h, optim_math.h).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "runtime/amp_math.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/dispatch.h"
+#include "runtime/optim_math.h"
+
+namespace amp {
+
+namespace {
+bool skip_requested(const Tensor& found_inf) { return found_inf.defined() && found_inf.data<float>()[0] != 0.0f; }
+
+void require_f32(const Tensor& t, const char* what) {
+  if (t.dtype() != DType::f32)
+    throw std::invalid_argument(std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
+}
+}  // namespace
+
+void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+  if (grads.empty()) return;
+  const DType dt = grads[0].dtype();
+  for (const Tensor& g : grads)
+    if (g.dtype() != dt)
+      throw std::invalid_argument(std::string("unscale_and_check: all gradients of one call must share a dtype, got ") +
+                                  dtype_name(dt) + " and " + dtype_name(g.dtype()));
+  const float inv = math::inverse_scale(scale.data<float>()[0]);
+  bool any = false;
+  cpu::dispatch_float(dt, [&](auto T_tag) { using T = decltype(T_tag);
+    for (const Tensor& g : grads) {
+      T* d = g.data<T>();
+      const long n = static_cast<long>(g.numel());
+      bool local = false;
+#pragma omp parallel for schedule(static) reduction(|| : local) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) {
+        bool bad = false;
+        d[i] = Elem<T>::store(math::unscale_element(static_cast<float>(Elem<T>::load(d[i])), inv, &bad));
+        local = local || bad;
+      }
+      any = any || local;
+    }
+  });
+  if (any) found_inf.data<float>()[0] = 1.0f;
+}
+
+void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) {
+  require_f32(state, "scaler state");
+  math::update_scale(state.data<float>(), found_inf.data<float>()[0], h.growth_factor, h.backoff_factor,
+                     h.growth_interval, h.hysteresis, h.min_scale, h.max_scale);
+}
+
+void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
+                          const Tensor& found_inf) {
+  if (skip_requested(found_inf)) return;
+  const bool first = step_count.data<float>()[0] == 0.0f;
+  for (size_t t = 0; t < params.size(); ++t) {
+    require_f32(params[t], "SGD parameter");
+    require_f32(grads[t], "SGD gradient");
+    float* p = params[t].data<float>();
+    const float* g = grads[t].data<float>();
+    float* b = h.momentum != 0.0f ? bufs[t].data<float>() : nullptr;
+    const long n = static_cast<long>(params[t].numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i)
+      math::sgd_update(&p[i], g[i], b ? &b[i] : nullptr, first, h.lr, h.momentum, h.dampening, h.weight_decay,
+                       h.nesterov);
+  }
+  step_count.data<float>()[0] += 1.0f;
+}
+
+void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                           const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                           const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                           const Tensor& found_inf) {
+  if (skip_requested(found_inf)) return;
+  const float step = step_count.data<float>()[0] + 1.0f;
+  const math::AdamScalars s = math::adam_scalars(step, h.lr, h.beta1, h.beta2);
+  for (size_t t = 0; t < params.size(); ++t) {
+    require_f32(params[t], "Adam parameter");
+    require_f32(grads[t], "Adam gradient");
+    float* p = params[t].data<float>();
+    const float* g = grads[t].data<float>();
+    float* m = exp_avgs[t].data<float>();
+    float* v = exp_avg_sqs[t].data<float>();
+    float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
+    const long n = static_cast<long>(params[t].numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+    for (long i = 0; i < n; ++i)
+      math::adam_update(&p[i], g[i], &m[i], &v[i], vmax ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2, h.eps,
+                        h.weight_decay, h.decoupled_weight_decay, h.amsgrad, s);
+  }
+  step_count.data<float>()[0] = step;
+}
+
+void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  const bool inf_norm = std::isinf(p);
+  double acc = inf_norm ? static_cast<double>(out.data<float>()[0]) : 0.0;
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+      const T* d = x.data<T>();
+      const long n = static_cast<long>(x.numel());
+      if (inf_norm) {
+        double mx = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : mx) if (n > cpu::kParallelGrain)
+        for (long i = 0; i < n; ++i) {
+          const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
+          mx = (a > mx || std::isnan(a)) ? a : mx;
+        }
+        acc = (mx > acc || std::isnan(mx)) ? mx : acc;
+      } else {
+        double sum = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : sum) if (n > cpu::kParallelGrain)
+        for (long i = 0; i < n; ++i) sum += std::pow(std::fabs(static_cast<double>(Elem<T>::load(d[i]))), p);
+        acc += sum;
+      }
+    });
+  }
+  if (inf_norm) out.data<float>()[0] = static_cast<float>(acc);
+  else out.data<float>()[0] += static_cast<float>(acc);
+}
+
+void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
+  // torch.nn.utils.clip_grad_norm_: multiply by min(1, max_norm / (norm + 1e-6)), always.
+  const float coef = static_cast<float>(max_norm) / (total_norm.data<float>()[0] + 1e-6f);
+  const float clamped = std::min(coef, 1.0f);
+  for (const Tensor& x : xs) {
+    Tensor t = x;
+    unary(UnaryOp::mul_scalar, t, t, clamped);
+  }
+}
+
+void CpuBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+      using C = typename Elem<T>::Compute;
+      T* d = x.data<T>();
+      const long n = static_cast<long>(x.numel());
+      const C l = static_cast<C>(lo), hh = static_cast<C>(hi);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) d[i] = Elem<T>::store(std::min(std::max(static_cast<C>(Elem<T>::load(d[i])), l), hh));
+    });
+  }
+}
+
+}  // namespace amp

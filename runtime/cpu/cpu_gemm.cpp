@@ -1,0 +1,149 @@
+// CPU GEMMs: OpenBLAS for fp32/fp64, oneDNN for bf16 (fp32 accumulate), and fp16 emulated like a
+// tensor core: inputs are already fp16, products are accumulated in fp32, the output is rounded once.
+#include <cblas.h>
+
+#include <dnnl.hpp>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/dispatch.h"
+
+namespace amp {
+
+namespace {
+CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+// oneDNN primitives are costly to create: one per shape, cached for the life of the process.
+struct DnnlGemmCache {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, float, bool>;
+  struct Entry {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul prim;
+  };
+  std::map<Key, Entry> primitives;
+  std::mutex mutex;
+
+  const Entry& get(const Key& key) {
+    auto it = primitives.find(key);
+    if (it != primitives.end()) return it->second;
+    const auto [ta, tb, m, n, k, alpha, beta, c_f32] = key;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md({m, k}, dt::bf16, ta ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1});
+    const dnnl::memory::desc b_md({k, n}, dt::bf16, tb ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1});
+    const dnnl::memory::desc c_md({m, n}, c_f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{n, 1});
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::desc desc(a_md, b_md, c_md);
+    const dnnl::matmul::primitive_desc pd(desc, attr, engine);
+    return primitives.emplace(key, Entry{pd, dnnl::matmul(pd)}).first->second;
+  }
+};
+
+DnnlGemmCache& dnnl_cache() {
+  static DnnlGemmCache c;
+  return c;
+}
+
+// fp16 or other narrow inputs widened to fp32 (exact), for the emulated tensor-core GEMM.
+template <class T>
+std::vector<float> widen(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const T* s = t.data<T>();
+  const long n = static_cast<long>(t.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) out[static_cast<size_t>(i)] = Elem<T>::load(s[i]);
+  return out;
+}
+
+}  // namespace
+
+void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+                  float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+}
+
+void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
+                   float beta, void* c, bool c_is_f32) {
+  DnnlGemmCache& cache = dnnl_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const auto& [pd, prim] = cache.get({ta, tb, m, n, k, alpha, beta, c_is_f32});
+  dnnl::memory am(pd.src_desc(), cache.engine, const_cast<void*>(a));
+  dnnl::memory bm(pd.weights_desc(), cache.engine, const_cast<void*>(b));
+  dnnl::memory cm(pd.dst_desc(), cache.engine, c);
+  prim.execute(cache.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  cache.stream.wait();
+}
+
+void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  if (a.dim() != 2 || b.dim() != 2 || c.dim() != 2) throw std::invalid_argument("gemm: operands must be 2-D");
+  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
+  const int64_t k = ta ? a.shape()[0] : a.shape()[1];
+  const int64_t kb = tb ? b.shape()[1] : b.shape()[0];
+  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
+  if (k != kb || c.shape()[0] != m || c.shape()[1] != n)
+    throw std::invalid_argument("gemm: shapes " + shape_str(a.shape()) + (ta ? "^T" : "") + " @ " +
+                                shape_str(b.shape()) + (tb ? "^T" : "") + " -> " + shape_str(c.shape()) +
+                                " do not match");
+  if (a.dtype() != b.dtype()) throw std::invalid_argument("gemm: a and b must share a dtype");
+  if (c.dtype() != a.dtype() && c.dtype() != DType::f32)
+    throw std::invalid_argument("gemm: the output must have the inputs' dtype or float32");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f) fill(c, 0.0);
+    else unary(UnaryOp::mul_scalar, c, c, beta);
+    return;
+  }
+  switch (a.dtype()) {
+    case DType::f32:
+      cpu_gemm_f32(ta, tb, m, n, k, alpha, a.data<float>(), b.data<float>(), beta, c.data<float>());
+      return;
+    case DType::f64:
+      cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                  a.data<double>(), static_cast<int>(ta ? m : k), b.data<double>(), static_cast<int>(tb ? k : n),
+                  beta, c.data<double>(), static_cast<int>(n));
+      return;
+    case DType::bf16:
+      cpu_gemm_bf16(ta, tb, m, n, k, alpha, a.data_ptr(), b.data_ptr(), beta, c.data_ptr(), c.dtype() == DType::f32);
+      return;
+    case DType::f16: {
+      const std::vector<float> wa = widen<Half>(a), wb = widen<Half>(b);
+      if (c.dtype() == DType::f32) {
+        cpu_gemm_f32(ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, c.data<float>());
+        return;
+      }
+      std::vector<float> wc = beta != 0.0f ? widen<Half>(c) : std::vector<float>(static_cast<size_t>(m * n));
+      cpu_gemm_f32(ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, wc.data());
+      Half* out = c.data<Half>();
+      const long total = static_cast<long>(m * n);
+#pragma omp parallel for schedule(static) if (total > cpu::kParallelGrain)
+      for (long i = 0; i < total; ++i) out[i] = Elem<Half>::store(wc[static_cast<size_t>(i)]);
+      return;
+    }
+    default:
+      throw std::invalid_argument(std::string("gemm: unsupported dtype ") + dtype_name(a.dtype()));
+  }
+}
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  if (!bias.defined()) {
+    gemm(false, true, 1.0f, x, w, 0.0f, y);
+    return;
+  }
+  // Broadcast the bias into y's rows, then accumulate the product onto it (beta = 1): one pass fewer.
+  broadcast_to(bias, y);
+  gemm(false, true, 1.0f, x, w, 1.0f, y);
+}
+
+}  // namespace amp

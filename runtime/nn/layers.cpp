@@ -1,0 +1,34 @@
+#include "runtime/nn/layers.h"
+
+#include <cmath>
+
+#include "runtime/ops.h"
+
+namespace amp::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias, Device device) {
+  // kaiming_uniform_(a=sqrt(5)) reduces to this bound, and the bias uses the same one.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight = register_parameter("weight", rand_uniform({out_features, in_features}, -bound, bound, gen, DType::f32, device));
+  if (with_bias) bias = register_parameter("bias", rand_uniform({out_features}, -bound, bound, gen, DType::f32, device));
+}
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x, tanh_); }
+
+Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(layers_.size()), m);
+  layers_.push_back(std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& layer : layers_) h = layer->forward(h);
+  return h;
+}
+
+}  // namespace amp::nn

@@ -1,0 +1,46 @@
+// The layers of the MLP: Linear, ReLU, GELU and Sequential, with PyTorch's names and layouts.
+#pragma once
+#include <memory>
+
+#include "runtime/nn/module.h"
+#include "runtime/random.h"
+
+namespace amp::nn {
+
+// y = x W^T + b, W is [out, in]. Initialised as PyTorch does: U(-1/sqrt(in), 1/sqrt(in)) for both.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true, Device device = kCPU);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight;
+  Tensor bias;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approximation = false) : tanh_(tanh_approximation) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  bool tanh_;
+};
+
+// Children are named "0", "1", ... as torch.nn.Sequential names them.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return layers_.size(); }
+  Module& operator[](size_t i) { return *layers_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+}  // namespace amp::nn

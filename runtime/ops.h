@@ -1,0 +1,70 @@
+// Differentiable tensor ops. Each records its backward (autograd.h) and declares its autocast
+// policy (autocast_policy.h). Binary ops broadcast as NumPy does.
+#pragma once
+#include "runtime/tensor.h"
+
+namespace amp {
+
+// --- element-wise
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+// Autograd-aware dtype conversion (round to nearest even); the gradient is cast back.
+Tensor cast(const Tensor& x, DType dtype);
+
+// Gradient helpers, differentiable in grad: relu's and gelu's backward.
+Tensor relu_backward(const Tensor& grad, const Tensor& x);
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool tanh_approximation);
+
+// --- shapes and reductions
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast (materialised)
+Tensor sum_to(const Tensor& x, const Shape& shape);  // reverse of expand
+Tensor sum(const Tensor& x);                          // all elements, 0-d result
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// --- linear algebra (2-D)
+Tensor matmul(const Tensor& a, const Tensor& b);
+// op(a) @ op(b) with transposes applied inside the GEMM.
+Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+// x @ w^T + b, w is [out, in] as in PyTorch. b may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+
+// --- softmax and losses (along the last dimension; dim must be -1 or dim()-1)
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
+Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return sub(a, s); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+
+// --- in-place, no autograd (optimizers, gradient accumulation)
+void add_(Tensor& dst, const Tensor& src);  // dst += src (same shape)
+void copy_(Tensor& dst, const Tensor& src); // same shape; casts between dtypes
+void fill_(Tensor& t, double value);
+void mul_(Tensor& t, double s);
+
+}  // namespace amp

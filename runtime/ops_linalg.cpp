@@ -1,0 +1,76 @@
+// Matrix products: mm with transposes folded into the GEMM, matmul and linear.
+#include <stdexcept>
+
+#include "runtime/autocast_policy.h"
+#include "runtime/autograd.h"
+#include "runtime/backend.h"
+#include "runtime/ops.h"
+
+namespace amp {
+
+namespace {
+bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
+
+void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype())
+    throw std::invalid_argument(std::string(op) + ": expected both operands to have the same dtype, but got " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()));
+  if (a.device() != b.device())
+    throw std::invalid_argument(std::string(op) + ": operands are on " + a.device().str() + " and " + b.device().str());
+}
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_gemm_operands("mm", a, b);
+  if (a.dim() != 2 || b.dim() != 2)
+    throw std::invalid_argument("mm: expected 2-D operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
+  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
+  Tensor c = empty({m, n}, a.dtype(), a.device());
+  backend_for(a.device()).gemm(ta, tb, 1.0f, a, b, 0.0f, c);
+  // With A = op(a), B = op(b): dA = g B^T and dB = A^T g, transposed back where a or b was.
+  return record("MmBackward", c, {a, b}, [a, b, ta, tb](const Tensor& g) {
+    Tensor ga, gb;
+    if (needs(a)) ga = ta ? mm(b, g, tb, true) : mm(g, b, false, !tb);
+    if (needs(b)) gb = tb ? mm(g, a, true, ta) : mm(a, g, !ta, false);
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::matmul, {&a, &b});
+  if (a.dim() != 2 || b.dim() != 2) throw std::invalid_argument("matmul: only 2-D operands are supported");
+  if (a.shape()[1] != b.shape()[0])
+    throw std::invalid_argument("matmul: mat1 and mat2 shapes cannot be multiplied (" + shape_str(a.shape()) + " and " +
+                                shape_str(b.shape()) + ")");
+  return mm(a, b, false, false);
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  Tensor x = x_in, w = w_in, b = b_in;
+  autocast_inputs(OpKind::linear, {&x, &w, &b});
+  check_gemm_operands("linear", x, w);
+  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.shape()[1])
+    throw std::invalid_argument("linear: input " + shape_str(x.shape()) + " does not match weight " +
+                                shape_str(w.shape()) + " ([out_features, in_features])");
+  if (b.defined() && (b.dim() != 1 || b.shape()[0] != w.shape()[0] || b.dtype() != w.dtype()))
+    throw std::invalid_argument("linear: bias " + shape_str(b.shape()) + " (" + dtype_name(b.dtype()) +
+                                ") does not match weight " + shape_str(w.shape()) + " (" + dtype_name(w.dtype()) + ")");
+  // Leading dimensions are flattened into rows.
+  const Shape in_shape = x.shape();
+  Tensor x2 = x.dim() == 2 ? x : x.reshape({x.numel() / w.shape()[1], w.shape()[1]});
+  Tensor y = empty({x2.shape()[0], w.shape()[0]}, x.dtype(), x.device());
+  backend_for(x.device()).linear(x2, w, b, y);
+  y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
+    return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(),
+                               needs(w) ? mm(g, x2, true, false) : Tensor(),
+                               needs(b) ? sum_to(g, b.shape()) : Tensor()};
+  });
+  if (in_shape.size() == 2) return y;
+  Shape out_shape = in_shape;
+  out_shape.back() = w.shape()[0];
+  return y.reshape(out_shape);
+}
+
+}  // namespace amp

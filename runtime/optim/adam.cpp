@@ -1,0 +1,34 @@
+#include "runtime/optim/adam.h"
+
+#include <stdexcept>
+
+namespace amp::optim {
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
+    : Optimizer(std::move(params)), options_(o), decoupled_(decoupled) {
+  if (o.lr < 0.0f) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
+  if (o.eps < 0.0f) throw std::invalid_argument("Invalid epsilon value: " + std::to_string(o.eps));
+  if (o.beta1 < 0.0f || o.beta1 >= 1.0f) throw std::invalid_argument("Invalid beta parameter at index 0: " + std::to_string(o.beta1));
+  if (o.beta2 < 0.0f || o.beta2 >= 1.0f) throw std::invalid_argument("Invalid beta parameter at index 1: " + std::to_string(o.beta2));
+  if (o.weight_decay < 0.0f) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
+  lr_ = o.lr;
+  add_state("exp_avg");
+  add_state("exp_avg_sq");
+  if (o.amsgrad) add_state("max_exp_avg_sq");
+}
+
+void Adam::step(const Tensor& found_inf) {
+  std::vector<Tensor> params, grads;
+  std::vector<std::vector<Tensor>> st(options_.amsgrad ? 3 : 2);
+  std::vector<Tensor> all[3] = {state_.at("exp_avg"), state_.at("exp_avg_sq"),
+                                options_.amsgrad ? state_.at("max_exp_avg_sq") : std::vector<Tensor>()};
+  params_with_grad(&params, &grads, all, &st);
+  if (params.empty()) return;
+  const AdamHyper h{lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_,
+                    options_.amsgrad};
+  backend_for(params[0].device())
+      .adam_step(params, grads, st[0], st[1], options_.amsgrad ? st[2] : std::vector<Tensor>(), step_count_, h,
+                 found_inf);
+}
+
+}  // namespace amp::optim

@@ -1,0 +1,34 @@
+// torch.optim.Adam and AdamW: betas, eps, weight_decay (L2 or decoupled), amsgrad.
+#pragma once
+#include "runtime/backend.h"
+#include "runtime/optim/optimizer.h"
+
+namespace amp::optim {
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool amsgrad = false;
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay = false);
+  void step(const Tensor& found_inf = Tensor()) override;
+  const AdamOptions& options() const { return options_; }
+
+ private:
+  AdamOptions options_;
+  bool decoupled_;
+};
+
+// AdamW: decoupled weight decay. PyTorch's default weight_decay for AdamW is 1e-2.
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options, true) {}
+};
+
+}  // namespace amp::optim

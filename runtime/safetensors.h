@@ -1,0 +1,38 @@
+// safetensors files: an 8-byte little-endian header length, a JSON header, then raw little-endian
+// data. Parameters keep PyTorch's names and layouts, so files interoperate with torch.
+#pragma once
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace amp::safetensors {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Every error names the file and what is wrong with it.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One header entry with its bytes, for dtypes this runtime has no tensor type for (U16, U8, ...).
+struct RawEntry {
+  std::string name;
+  std::string dtype;  // safetensors' name, e.g. "F32", "U16"
+  Shape shape;
+  std::vector<char> bytes;
+};
+// Reads and validates the whole file (header, offsets, sizes), in header order.
+std::vector<RawEntry> load_raw(const std::string& path);
+
+// Loads every tensor onto the CPU, in the file's header order. Rejects truncated or corrupt files.
+NamedTensors load(const std::string& path);
+// Writes to a temporary file in the same folder, then renames it: no half-written file is left.
+void save(const std::string& path, const NamedTensors& tensors);
+// The tensor called name, or an Error naming the file and the missing tensor.
+const Tensor& find(const NamedTensors& tensors, const std::string& name, const std::string& path);
+
+}  // namespace amp::safetensors

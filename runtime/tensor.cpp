@@ -1,0 +1,155 @@
+#include "runtime/tensor.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "runtime/autograd.h"
+#include "runtime/backend.h"
+#include "runtime/ops.h"
+
+namespace amp {
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  data_ = backend_for(device).allocate(bytes);
+}
+
+Storage::~Storage() { backend_for(device_).deallocate(data_, bytes_); }
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  if (d < 0) d += n;
+  if (d < 0 || d >= n) throw std::out_of_range("dimension " + std::to_string(d) + " out of range for a " +
+                                               std::to_string(n) + "-d tensor");
+  return impl_->shape[static_cast<size_t>(d)];
+}
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  if (r && !is_floating(dtype())) throw std::invalid_argument("only floating-point tensors can require grad");
+  if (!is_leaf()) throw std::logic_error("requires_grad can only be changed on leaf tensors");
+  impl_->requires_grad = r;
+  return *this;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
+  amp::backward({*this}, gradient.defined() ? std::vector<Tensor>{gradient} : std::vector<Tensor>{}, retain_graph,
+                create_graph);
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = impl_->shape;
+  impl->dtype = impl_->dtype;
+  return Tensor(impl);
+}
+
+Tensor Tensor::to(DType t) const { return t == dtype() ? *this : cast(*this, t); }
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  Tensor out = empty(shape(), dtype(), d);
+  if (device().is_cpu()) {
+    backend_for(d).copy_from_host(out.data_ptr(), data_ptr(), nbytes());
+  } else if (d.is_cpu()) {
+    backend_for(device()).copy_to_host(out.data_ptr(), data_ptr(), nbytes());
+  } else {
+    return to(kCPU).to(d);
+  }
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype(), device());
+  backend_for(device()).copy(out.data_ptr(), data_ptr(), nbytes());
+  return out;
+}
+
+Tensor Tensor::reshape(const Shape& s) const {
+  if (shape_numel(s) != numel())
+    throw std::invalid_argument("cannot reshape " + shape_str(shape()) + " into " + shape_str(s));
+  Tensor out = detach();
+  out.impl()->shape = s;
+  const Shape original = shape();
+  return record("ReshapeBackward", out, {*this}, [original](const Tensor& g) {
+    return std::vector<Tensor>{g.reshape(original)};
+  });
+}
+
+std::vector<double> Tensor::to_vector() const {
+  Tensor host = to(kCPU);
+  std::vector<double> v(static_cast<size_t>(numel()));
+  const size_t n = v.size();
+  switch (dtype()) {
+    case DType::f32: for (size_t i = 0; i < n; ++i) v[i] = host.data<float>()[i]; break;
+    case DType::f64: for (size_t i = 0; i < n; ++i) v[i] = host.data<double>()[i]; break;
+    case DType::f16: for (size_t i = 0; i < n; ++i) v[i] = Elem<Half>::load(host.data<Half>()[i]); break;
+    case DType::bf16: for (size_t i = 0; i < n; ++i) v[i] = Elem<BFloat16>::load(host.data<BFloat16>()[i]); break;
+    case DType::i64: for (size_t i = 0; i < n; ++i) v[i] = static_cast<double>(host.data<int64_t>()[i]); break;
+  }
+  return v;
+}
+
+double Tensor::item() const {
+  if (numel() != 1) throw std::invalid_argument("item() needs a tensor with one element, got " + shape_str(shape()));
+  return to_vector()[0];
+}
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  backend_for(device).fill(t, value);
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape))
+    throw std::invalid_argument("from_vector: " + std::to_string(values.size()) + " values for shape " +
+                                shape_str(shape));
+  Tensor host = empty(shape, DType::f64, kCPU);
+  std::copy(values.begin(), values.end(), host.data<double>());
+  Tensor typed = dtype == DType::f64 ? host : empty(shape, dtype, kCPU);
+  if (dtype == DType::i64) {
+    for (size_t i = 0; i < values.size(); ++i) typed.data<int64_t>()[i] = static_cast<int64_t>(values[i]);
+  } else if (dtype != DType::f64) {
+    backend_for(kCPU).cast(host, typed);
+  }
+  return typed.to(device);
+}
+
+Tensor from_int64(const std::vector<int64_t>& values, const Shape& shape, Device device) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape))
+    throw std::invalid_argument("from_int64: wrong number of values for shape " + shape_str(shape));
+  Tensor host = empty(shape, DType::i64, kCPU);
+  std::copy(values.begin(), values.end(), host.data<int64_t>());
+  return host.to(device);
+}
+
+}  // namespace amp

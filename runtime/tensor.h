@@ -1,0 +1,110 @@
+// Tensor: a shared handle to contiguous storage with a shape, a dtype, a device and autograd state.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+namespace amp {
+
+using Shape = std::vector<int64_t>;
+int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+class Node;
+class Tensor;
+
+// Bytes owned by a backend's allocator. Freed through that allocator when the last handle goes.
+class Storage {
+ public:
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+using GradHook = std::function<void(const Tensor& leaf)>;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  DType dtype = DType::f32;
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;     // .grad of a leaf
+  std::shared_ptr<Node> grad_fn;        // the op that produced this tensor (null for leaves)
+  std::weak_ptr<Node> grad_accumulator; // shared by every use of this leaf in a graph
+  std::vector<GradHook> post_accumulate_hooks;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const { return shape_numel(impl_->shape); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+
+  void* data_ptr() const { return impl_->storage->data(); }
+  template <class T>
+  T* data() const { return static_cast<T*>(data_ptr()); }
+
+  // --- autograd
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool r);
+  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
+  // Runs when this leaf's gradient is final for the current backward (after accumulation).
+  void register_post_accumulate_grad_hook(GradHook hook) { impl_->post_accumulate_hooks.push_back(std::move(hook)); }
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false, bool create_graph = false) const;
+  Tensor detach() const;  // shares storage, no autograd history
+
+  // --- conveniences (all differentiable unless said otherwise)
+  Tensor to(DType t) const;          // autograd-aware cast
+  Tensor to(Device d) const;         // copy to another device (no autograd)
+  Tensor clone() const;              // a copy with no history
+  Tensor reshape(const Shape& s) const;
+  double item() const;               // the single element, as double
+  std::vector<double> to_vector() const;  // every element, as double, on the host
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// --- factories
+Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
+Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = kCPU);
+Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = kCPU);
+// Values are converted (rounded to nearest even) into dtype.
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32,
+                   Device device = kCPU);
+Tensor from_int64(const std::vector<int64_t>& values, const Shape& shape, Device device = kCPU);
+Tensor zeros_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+
+}  // namespace amp

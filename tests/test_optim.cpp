@@ -1,0 +1,141 @@
+// Optimizers: closed-form updates worked out by hand for 2-3 steps, PyTorch's numbers on the MLP,
+// and the found_inf skip that leaves everything untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/mlp.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+// Runs `steps` steps with the constant gradient g = [0.5, -1.0] on p0 = [1.0, -2.0].
+template <class Opt, class Options>
+std::vector<double> run_constant_grad(Options o, int steps) {
+  Tensor p = from_vector({1.0, -2.0}, {2}).set_requires_grad(true);
+  Opt opt({p}, o);
+  for (int i = 0; i < steps; ++i) {
+    p.set_grad(from_vector({0.5, -1.0}, {2}));
+    opt.step();
+  }
+  return p.to_vector();
+}
+
+void expect_near_vec(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << i;
+}
+
+TEST(Sgd, ClosedFormMomentumDampeningNesterov) {
+  const double g[2] = {0.5, -1.0}, p0[2] = {1.0, -2.0};
+  // Plain: p - 2 lr g.
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1f, 0, 0, 0, false}, 2),
+                  {p0[0] - 0.2 * g[0], p0[1] - 0.2 * g[1]});
+  // Momentum 0.9: buf1 = g, buf2 = 1.9 g -> p0 - 0.1 g - 0.19 g.
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1f, 0.9f, 0, 0, false}, 2),
+                  {p0[0] - 0.29 * g[0], p0[1] - 0.29 * g[1]});
+  // Dampening 0.5: buf = g, 1.4 g, 1.76 g -> p0 - 0.416 g.
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1f, 0.9f, 0.5f, 0, false}, 3),
+                  {p0[0] - 0.416 * g[0], p0[1] - 0.416 * g[1]});
+  // Nesterov: d1 = 1.9 g, d2 = g + 0.9 * 1.9 g = 2.71 g -> p0 - 0.461 g.
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1f, 0.9f, 0, 0, true}, 2),
+                  {p0[0] - 0.461 * g[0], p0[1] - 0.461 * g[1]});
+  // Weight decay 0.1 without momentum: p <- p - lr (g + wd p) = 0.99 p - 0.1 g, twice.
+  std::vector<double> want(2);
+  for (int i = 0; i < 2; ++i) want[static_cast<size_t>(i)] = 0.99 * (0.99 * p0[i] - 0.1 * g[i]) - 0.1 * g[i];
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1f, 0, 0, 0.1f, false}, 2), want);
+}
+
+TEST(Adam, ClosedFormWithConstantGradient) {
+  // With a constant gradient the bias-corrected moments are exactly g and g^2, so every step moves
+  // by lr * g / (|g| + eps).
+  const double g[2] = {0.5, -1.0}, p0[2] = {1.0, -2.0}, lr = 0.01, eps = 1e-8;
+  std::vector<double> want(2);
+  for (int i = 0; i < 2; ++i) want[static_cast<size_t>(i)] = p0[i] - 3 * lr * g[i] / (std::fabs(g[i]) + eps);
+  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0, false}, 3), want);
+  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0, true}, 3), want);
+  // AdamW: p <- p (1 - lr wd) - lr g / (|g| + eps), three times.
+  const double c = 1 - lr * 0.1;
+  for (int i = 0; i < 2; ++i) {
+    const double u = lr * g[i] / (std::fabs(g[i]) + eps);
+    want[static_cast<size_t>(i)] = ((p0[i] * c - u) * c - u) * c - u;
+  }
+  expect_near_vec(run_constant_grad<optim::AdamW>(optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, false}, 3), want);
+}
+
+// The PyTorch fixture: the same batch, `steps` times zero_grad/forward/MSE/backward/step.
+template <class MakeOpt>
+void check_against_pytorch(const std::string& prefix, int steps, MakeOpt make) {
+  const std::string f = "mlp_pytorch.safetensors";
+  Generator gen(0);
+  auto mlp = models::make_mlp({16, 16, 16, 3}, gen);
+  safetensors::NamedTensors init;
+  for (const char* n : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"})
+    init.emplace_back(n, test::fixture_tensor(f, n));
+  nn::load_state_dict(*mlp, init, f);
+  auto opt = make(mlp->parameters());
+  const Tensor x = test::fixture_tensor(f, "x"), y = test::fixture_tensor(f, "y");
+  for (int s = 0; s < steps; ++s) {
+    opt->zero_grad();
+    mse_loss((*mlp)(x), y).backward();
+    opt->step();
+  }
+  for (auto& [name, p] : mlp->named_parameters())
+    EXPECT_TRUE(test::all_close(p, test::fixture_tensor(f, prefix + name), 1e-5, 1e-6)) << prefix << name;
+}
+
+TEST(Optimizers, MatchPyTorchOnTheMlp) {
+  using P = std::vector<Tensor>;
+  check_against_pytorch("sgd_m0.9_wd0.01.after2.", 2, [](P p) {
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1f, 0.9f, 0, 0.01f, false});
+  });
+  check_against_pytorch("sgd_nesterov.after2.", 2, [](P p) {
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1f, 0.9f, 0, 0, true});
+  });
+  check_against_pytorch("sgd_damp0.5.after3.", 3, [](P p) {
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1f, 0.9f, 0.5f, 0, false});
+  });
+  check_against_pytorch("adam_wd0.01.after3.", 3, [](P p) {
+    return std::make_unique<optim::Adam>(p, optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, false});
+  });
+  check_against_pytorch("adamw_wd0.01.after3.", 3, [](P p) {
+    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, false});
+  });
+  check_against_pytorch("adamw_amsgrad.after3.", 3, [](P p) {
+    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, true});
+  });
+}
+
+TEST(Optimizers, FoundInfLeavesEverythingUntouched) {
+  Tensor p = from_vector({1.0, -2.0}, {2}).set_requires_grad(true);
+  optim::AdamW opt({p}, optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, true});
+  p.set_grad(from_vector({0.5, -1.0}, {2}));
+  opt.step();
+  const auto before = opt.state_dict();
+  std::map<std::string, std::vector<double>> saved;
+  for (auto& [k, t] : before) saved[k] = t.to_vector();
+  const auto p_before = p.to_vector();
+  opt.step(full({1}, 1.0));  // found_inf set: skip
+  EXPECT_EQ(p.to_vector(), p_before);
+  for (auto& [k, t] : opt.state_dict()) EXPECT_EQ(t.to_vector(), saved[k]) << k;
+  EXPECT_EQ(opt.step_count(), 1);
+  opt.step(full({1}, 0.0));  // found_inf clear: step
+  EXPECT_NE(p.to_vector(), p_before);
+  EXPECT_EQ(opt.step_count(), 2);
+}
+
+TEST(Optimizers, RejectBadOptions) {
+  Tensor p = zeros({2}).set_requires_grad(true);
+  EXPECT_THROW(optim::SGD({p}, optim::SgdOptions{-1.0f}), std::invalid_argument);
+  EXPECT_THROW(optim::SGD({p}, optim::SgdOptions{0.1f, 0.0f, 0.0f, 0.0f, true}), std::invalid_argument);
+  EXPECT_THROW(optim::Adam({p}, optim::AdamOptions{0.1f, 1.0f}), std::invalid_argument);
+  EXPECT_THROW(optim::SGD({}, optim::SgdOptions{}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace amp

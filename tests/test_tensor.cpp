@@ -1,0 +1,116 @@
+// Tensors, the counter-based RNG, broadcasting and the CPU GEMMs against fp64 references.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+
+#include "runtime/backend.h"
+#include "runtime/ops.h"
+#include "runtime/random.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+TEST(Random, SameSeedSameNumbersOnAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Generator g1(42);
+  const Tensor a = randn({300, 400}, g1);
+  omp_set_num_threads(2);
+  Generator g2(42);
+  const Tensor b = randn({300, 400}, g2);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(test::bitwise_equal(a, b));
+  Generator g3(43);
+  EXPECT_FALSE(test::bitwise_equal(a, randn({300, 400}, g3)));
+  // Consecutive fills continue the stream instead of repeating it.
+  Generator g4(42);
+  const Tensor first = randn({10}, g4), second = randn({10}, g4);
+  EXPECT_FALSE(test::bitwise_equal(first, second));
+}
+
+TEST(Random, MomentsAreRight) {
+  Generator g(7);
+  const auto n = randn({200000}, g).to_vector();
+  double m = 0, s = 0;
+  for (double v : n) m += v;
+  m /= static_cast<double>(n.size());
+  for (double v : n) s += (v - m) * (v - m);
+  s = std::sqrt(s / static_cast<double>(n.size()));
+  EXPECT_NEAR(m, 0.0, 0.01);
+  EXPECT_NEAR(s, 1.0, 0.01);
+  const auto u = rand_uniform({200000}, -2.0, 3.0, g).to_vector();
+  double lo = 1e9, hi = -1e9, mu = 0;
+  for (double v : u) { lo = std::min(lo, v); hi = std::max(hi, v); mu += v; }
+  EXPECT_GE(lo, -2.0);
+  EXPECT_LT(hi, 3.0);
+  EXPECT_NEAR(mu / static_cast<double>(u.size()), 0.5, 0.02);
+}
+
+TEST(Tensor, BroadcastValues) {
+  const Tensor a = from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_EQ(add(a, from_vector({10, 20, 30}, {3})).to_vector(), (std::vector<double>{11, 22, 33, 14, 25, 36}));
+  EXPECT_EQ(mul(a, from_vector({2, 3}, {2, 1})).to_vector(), (std::vector<double>{2, 4, 6, 12, 15, 18}));
+  EXPECT_EQ(sum_to(a, {3}).to_vector(), (std::vector<double>{5, 7, 9}));
+  EXPECT_EQ(sum_to(a, {2, 1}).to_vector(), (std::vector<double>{6, 15}));
+  EXPECT_EQ(sum(a).item(), 21.0);
+  EXPECT_EQ(mean(a, 0).to_vector(), (std::vector<double>{2.5, 3.5, 4.5}));
+  EXPECT_THROW(a.reshape({4, 2}).reshape({5}), std::invalid_argument);
+}
+
+// op(a) @ op(b) in fp64 from the (already rounded) inputs.
+std::vector<double> reference_mm(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  std::vector<double> c(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) c[static_cast<size_t>(i * n + j)] += va[static_cast<size_t>(i * k + p)] * vb[static_cast<size_t>(p * n + j)];
+  return c;
+}
+
+TEST(Gemm, ReducedPrecisionAgainstFp64) {
+  Generator g(3);
+  const Tensor a32 = randn({37, 129}, g), b32 = randn({129, 23}, g);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const Tensor a = cast(a32, dt), b = cast(b32, dt);
+    const auto ref = reference_mm(a, b);
+    // Output in the input dtype: one rounding of an fp32-accumulated sum.
+    const Tensor c = matmul(a, b);
+    ASSERT_EQ(c.dtype(), dt);
+    const double ulp = dt == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    const auto vc = c.to_vector();
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_LE(std::fabs(vc[i] - ref[i]), ulp * std::fabs(ref[i]) + 1e-4) << dtype_name(dt) << " element " << i;
+    // fp32 output: no final rounding, so it is much closer.
+    Tensor c32 = empty({37, 23});
+    backend_for(kCPU).gemm(false, false, 1.0f, a, b, 0.0f, c32);
+    EXPECT_TRUE(test::all_close(c32, from_vector(ref, {37, 23}), 1e-5, 1e-4)) << dtype_name(dt);
+  }
+}
+
+TEST(Gemm, TransposesAndBetaAgainstFp64) {
+  Generator g(5);
+  const Tensor a = randn({19, 7}, g), b = randn({11, 19}, g);
+  // c = 2 * a^T @ b^T + 0.5 * c0, for every dtype path.
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor at = cast(a, dt), bt = cast(b, dt);
+    Tensor c = full({7, 11}, 1.0, dt);
+    backend_for(kCPU).gemm(true, true, 2.0f, at, bt, 0.5f, c);
+    const Tensor ref = add(mul(mm(cast(at, DType::f64), cast(bt, DType::f64), true, true), 2.0), 0.5);
+    const double tol = dt == DType::f32 ? 1e-5 : (dt == DType::f16 ? 2e-3 : 1e-2);
+    EXPECT_TRUE(test::all_close(c, ref, tol, tol)) << dtype_name(dt);
+  }
+}
+
+TEST(Tensor, FactoriesValidate) {
+  EXPECT_THROW(empty({2, -1}), std::invalid_argument);
+  EXPECT_THROW(from_vector({1, 2}, {3}), std::invalid_argument);
+  EXPECT_THROW(full({2}, 1.0).item(), std::invalid_argument);
+  Tensor i = from_int64({1, 2}, {2});
+  EXPECT_THROW(i.set_requires_grad(true), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace amp

@@ -1,0 +1,144 @@
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "runtime/autograd.h"
+#include "runtime/ops.h"
+#include "runtime/random.h"
+
+namespace amp::test {
+
+std::string data_path(const std::string& file) { return std::string(AMP_TEST_DATA_DIR) + "/" + file; }
+
+const safetensors::NamedTensors& fixture(const std::string& file) {
+  static std::map<std::string, safetensors::NamedTensors> cache;
+  auto it = cache.find(file);
+  if (it == cache.end()) it = cache.emplace(file, safetensors::load(data_path(file))).first;
+  return it->second;
+}
+
+Tensor fixture_tensor(const std::string& file, const std::string& name) {
+  return safetensors::find(fixture(file), name, file);
+}
+
+double closeness(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  if (va.size() != vb.size()) return INFINITY;
+  double worst = 0.0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (!std::isfinite(va[i]) || !std::isfinite(vb[i])) {
+      if (!(va[i] == vb[i] || (std::isnan(va[i]) && std::isnan(vb[i])))) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::fabs(va[i] - vb[i]) / (atol + rtol * std::fabs(vb[i])));
+  }
+  return worst;
+}
+
+::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.numel() != b.numel())
+    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  const double c = closeness(a, b, rtol, atol);
+  if (c <= 1.0) return ::testing::AssertionSuccess();
+  const auto va = a.to_vector(), vb = b.to_vector();
+  size_t worst_i = 0;
+  double worst = -1;
+  for (size_t i = 0; i < va.size(); ++i) {
+    const double e = std::fabs(va[i] - vb[i]) / (atol + rtol * std::fabs(vb[i]));
+    if (!(e <= worst)) { worst = e; worst_i = i; }
+  }
+  return ::testing::AssertionFailure() << "not close (rtol " << rtol << ", atol " << atol << "): worst at element "
+                                       << worst_i << ": " << va[worst_i] << " vs " << vb[worst_i];
+}
+
+::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return ::testing::AssertionFailure() << "dtype or shape differ";
+  const Tensor ha = a.to(kCPU), hb = b.to(kCPU);
+  if (std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) != 0) return ::testing::AssertionFailure() << "bits differ";
+  return ::testing::AssertionSuccess();
+}
+
+namespace {
+
+double weighted_sum(const Tensor& out, const Tensor& w) {
+  NoGradGuard ng;
+  return sum(mul(out, w)).item();
+}
+
+// d(scalar(x))/dx by central differences, perturbing each element of each input in place.
+std::vector<std::vector<double>> numeric_grad(const std::function<double()>& scalar, std::vector<Tensor>& inputs,
+                                              double eps) {
+  std::vector<std::vector<double>> out;
+  for (Tensor& x : inputs) {
+    std::vector<double> g(static_cast<size_t>(x.numel()));
+    double* d = x.data<double>();
+    for (size_t j = 0; j < g.size(); ++j) {
+      const double orig = d[j];
+      d[j] = orig + eps;
+      const double plus = scalar();
+      d[j] = orig - eps;
+      const double minus = scalar();
+      d[j] = orig;
+      g[j] = (plus - minus) / (2 * eps);
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
+::testing::AssertionResult compare(const char* what, const std::vector<Tensor>& analytic,
+                                   const std::vector<std::vector<double>>& numeric, double tol) {
+  for (size_t i = 0; i < numeric.size(); ++i) {
+    const std::vector<double> a = analytic[i].defined() ? analytic[i].to_vector()
+                                                        : std::vector<double>(numeric[i].size(), 0.0);
+    for (size_t j = 0; j < a.size(); ++j) {
+      if (!(std::fabs(a[j] - numeric[i][j]) <= tol * (1.0 + std::fabs(numeric[i][j]))))
+        return ::testing::AssertionFailure() << what << ": input " << i << " element " << j << ": analytic " << a[j]
+                                             << " vs numeric " << numeric[i][j];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+::testing::AssertionResult gradcheck(const Fn& f, std::vector<Tensor> inputs, bool second_order, double eps,
+                                     double tol) {
+  for (Tensor& x : inputs) {
+    if (x.dtype() != DType::f64) return ::testing::AssertionFailure() << "gradcheck needs float64 inputs";
+    x.set_requires_grad(true);
+  }
+  Generator gen(1234);
+  Tensor out0;
+  {
+    NoGradGuard ng;
+    out0 = f(inputs);
+  }
+  const Tensor w = rand_uniform(out0.shape(), 0.5, 1.5, gen, DType::f64);
+  const std::vector<Tensor> analytic = grad({sum(mul(f(inputs), w))}, inputs, {}, false, false, true);
+  auto first = numeric_grad([&] { return weighted_sum(f(inputs), w); }, inputs, eps);
+  auto r = compare("first derivative", analytic, first, tol);
+  if (!r || !second_order) return r;
+
+  std::vector<Tensor> vs;
+  for (const Tensor& x : inputs) vs.push_back(rand_uniform(x.shape(), -1.0, 1.0, gen, DType::f64));
+  auto h = [&](bool create_graph) {
+    const std::vector<Tensor> g = grad({sum(mul(f(inputs), w))}, inputs, {}, create_graph, create_graph, true);
+    Tensor total = scalar_tensor(0.0, DType::f64);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (g[i].defined()) total = add(total, sum(mul(g[i], vs[i])));
+    return total;
+  };
+  const Tensor hv = h(true);
+  // No graph means the gradient does not depend on the inputs: the second derivative is zero.
+  const std::vector<Tensor> analytic2 =
+      hv.requires_grad() ? grad({hv}, inputs, {}, false, false, true) : std::vector<Tensor>(inputs.size());
+  auto second = numeric_grad([&] { return h(false).item(); }, inputs, eps);
+  return compare("second derivative", analytic2, second, tol * 10);
+}
+
+}  // namespace amp::test

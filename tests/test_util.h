@@ -1,0 +1,28 @@
+// Helpers shared by the test suites: fixtures, comparisons and the fp64 gradcheck.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/safetensors.h"
+#include "runtime/tensor.h"
+
+namespace amp::test {
+
+std::string data_path(const std::string& file);  // tests/data/<file>
+const safetensors::NamedTensors& fixture(const std::string& file);  // loaded once
+Tensor fixture_tensor(const std::string& file, const std::string& name);
+
+// max |a - b| / (atol + rtol |b|) over elements; <= 1 means close. Non-finite mismatches give inf.
+double closeness(const Tensor& a, const Tensor& b, double rtol, double atol);
+::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6);
+::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b);
+
+// Checks autograd's gradient of sum(f(inputs) * w) (w a fixed random weight) against central
+// finite differences, in fp64. With second_order, also checks the gradient of sum(grad * v) with
+// respect to the inputs (double backward).
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+::testing::AssertionResult gradcheck(const Fn& f, std::vector<Tensor> inputs, bool second_order = false,
+                                     double eps = 1e-6, double tol = 1e-5);
+
+}  // namespace amp::test
