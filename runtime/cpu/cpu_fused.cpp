@@ -104,13 +104,16 @@ void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor
       const T* d = x.data<T>();
       const long n = static_cast<long>(x.numel());
       if (inf_norm) {
+        // NaN is tracked apart: OpenMP's max reduction would drop it when combining threads.
         double mx = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : mx) if (n > cpu::kParallelGrain)
+        bool nan = false;
+#pragma omp parallel for schedule(static) reduction(max : mx) reduction(|| : nan) if (n > cpu::kParallelGrain)
         for (long i = 0; i < n; ++i) {
           const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
-          mx = (a > mx || std::isnan(a)) ? a : mx;
+          nan = nan || std::isnan(a);
+          mx = a > mx ? a : mx;
         }
-        acc = (mx > acc || std::isnan(mx)) ? mx : acc;
+        acc = (nan || std::isnan(acc)) ? NAN : std::max(acc, mx);
       } else {
         double sum = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n > cpu::kParallelGrain)

@@ -1,0 +1,189 @@
+#include "amp/grad_scaler.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "runtime/backend.h"
+#include "runtime/ops.h"
+
+namespace amp {
+
+GradScaler::GradScaler(GradScalerOptions o, comm::Communicator* comm) : options_(o), comm_(comm) {
+  validate();
+  state_ = from_vector({o.init_scale, 0.0, static_cast<double>(o.hysteresis)}, {3}, DType::f32, o.device);
+}
+
+void GradScaler::validate() const {
+  const GradScalerOptions& o = options_;
+  if (!(o.growth_factor > 1.0f)) throw std::invalid_argument("The growth factor must be > 1.0. Got " + std::to_string(o.growth_factor));
+  if (!(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f))
+    throw std::invalid_argument("The backoff factor must be < 1.0 and > 0. Got " + std::to_string(o.backoff_factor));
+  if (o.growth_interval < 1) throw std::invalid_argument("growth_interval must be a positive integer. Got " + std::to_string(o.growth_interval));
+  if (!(o.init_scale > 0.0f) || !std::isfinite(o.init_scale))
+    throw std::invalid_argument("init_scale must be positive and finite. Got " + std::to_string(o.init_scale));
+  if (o.hysteresis < 1) throw std::invalid_argument("hysteresis must be >= 1. Got " + std::to_string(o.hysteresis));
+  if (o.min_scale < 0.0f || !(o.max_scale >= o.min_scale))
+    throw std::invalid_argument("min_scale must be >= 0 and <= max_scale");
+}
+
+Tensor GradScaler::scale_view() const {
+  Tensor v = state_.detach();
+  v.impl()->shape = {};  // element 0 of the state is the scale
+  return v;
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!options_.enabled) return loss;
+  return mul(loss, scale_view().to(loss.device()).to(promote_types(loss.dtype(), DType::f32)));
+}
+
+std::vector<Tensor> GradScaler::scale(const std::vector<Tensor>& losses) const {
+  std::vector<Tensor> out;
+  for (const Tensor& l : losses) out.push_back(scale(l));
+  return out;
+}
+
+void GradScaler::unscale_(optim::Optimizer& opt) {
+  if (!options_.enabled) return;
+  PerOptimizer& st = per_optimizer_[&opt];
+  if (st.stage == Stage::unscaled)
+    throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
+  if (st.stage == Stage::stepped) throw std::runtime_error("unscale_() is being called after step().");
+  const std::vector<Tensor> grads = opt.grads();
+  for (const Tensor& g : grads)
+    if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+  if (!grads.empty()) {
+    st.found_inf = zeros({1}, DType::f32, grads[0].device());
+    // One fused pass per dtype group (the backend rejects mixed dtypes in one call).
+    std::map<DType, std::vector<Tensor>> by_dtype;
+    for (const Tensor& g : grads) by_dtype[g.dtype()].push_back(g);
+    for (auto& [dt, group] : by_dtype) backend_for(group[0].device()).unscale_and_check(group, scale_view(), st.found_inf);
+  }
+  st.agreed = false;
+  st.stage = Stage::unscaled;
+}
+
+void GradScaler::agree_on_found_inf() {
+  std::vector<PerOptimizer*> pending;
+  for (auto& [opt, st] : per_optimizer_)
+    if (st.found_inf.defined() && !st.agreed) pending.push_back(&st);
+  if (pending.empty()) return;
+  if (comm_ != nullptr && comm_->size() > 1) {
+    // Every rank must take the same decision: MAX over ranks, all optimizers in one collective.
+    Tensor flags = empty({static_cast<int64_t>(pending.size())}, DType::f32, pending[0]->found_inf.device());
+    Backend& b = backend_for(flags.device());
+    for (size_t i = 0; i < pending.size(); ++i)
+      b.copy(static_cast<float*>(flags.data_ptr()) + i, pending[i]->found_inf.data_ptr(), sizeof(float));
+    comm_->all_reduce(flags, comm::ReduceOp::max);
+    for (size_t i = 0; i < pending.size(); ++i)
+      b.copy(pending[i]->found_inf.data_ptr(), static_cast<float*>(flags.data_ptr()) + i, sizeof(float));
+  }
+  for (PerOptimizer* st : pending) st->agreed = true;
+}
+
+void GradScaler::step(optim::Optimizer& opt) {
+  if (!options_.enabled) {
+    opt.step();
+    return;
+  }
+  PerOptimizer& st = per_optimizer_[&opt];
+  if (st.stage == Stage::stepped) throw std::runtime_error("step() has already been called since the last update().");
+  if (st.stage == Stage::ready) unscale_(opt);
+  if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
+  agree_on_found_inf();
+  opt.step(st.found_inf);
+  st.stage = Stage::stepped;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  agree_on_found_inf();
+  Tensor total;
+  for (auto& [opt, st] : per_optimizer_) {
+    if (!st.found_inf.defined()) continue;
+    if (!total.defined()) {
+      total = st.found_inf.clone();
+    } else {
+      add_(total, st.found_inf);
+    }
+  }
+  if (!total.defined()) throw std::runtime_error("No inf checks were recorded prior to update.");
+  if (options_.error_at_min_scale && options_.min_scale > 0.0f) {
+    // Opt-in check: reads two device values on the host.
+    const float s = get_scale();
+    if (total.item() != 0.0 && s <= options_.min_scale)
+      throw std::runtime_error("Current loss scale already at minimum (" + std::to_string(s) +
+                               ") and gradients still overflow: training cannot continue");
+  }
+  if (!options_.dynamic) {
+    per_optimizer_.clear();
+    return;
+  }
+  const ScaleUpdateHyper h{options_.growth_factor, options_.backoff_factor, options_.growth_interval,
+                           options_.hysteresis, options_.min_scale, options_.max_scale};
+  backend_for(state_.device()).update_scale(state_, total.to(state_.device()), h);
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(float new_scale) {
+  if (!options_.enabled) return;
+  if (!(new_scale > 0.0f) || !std::isfinite(new_scale))
+    throw std::invalid_argument("new_scale must be positive and finite, got " + std::to_string(new_scale));
+  Tensor s = scale_view();
+  fill_(s, new_scale);
+  per_optimizer_.clear();
+}
+
+float GradScaler::get_scale() const { return options_.enabled ? static_cast<float>(scale_view().item()) : 1.0f; }
+
+int GradScaler::get_growth_tracker() const { return static_cast<int>(state_.to_vector()[1]); }
+
+bool GradScaler::found_inf(const optim::Optimizer& opt) const {
+  auto it = per_optimizer_.find(&opt);
+  return it != per_optimizer_.end() && it->second.found_inf.defined() && it->second.found_inf.item() != 0.0;
+}
+
+void GradScaler::set_growth_factor(float v) {
+  const float old = options_.growth_factor;
+  options_.growth_factor = v;
+  try { validate(); } catch (...) { options_.growth_factor = old; throw; }
+}
+void GradScaler::set_backoff_factor(float v) {
+  const float old = options_.backoff_factor;
+  options_.backoff_factor = v;
+  try { validate(); } catch (...) { options_.backoff_factor = old; throw; }
+}
+void GradScaler::set_growth_interval(int v) {
+  const int old = options_.growth_interval;
+  options_.growth_interval = v;
+  try { validate(); } catch (...) { options_.growth_interval = old; throw; }
+}
+
+std::map<std::string, double> GradScaler::state_dict() const {
+  if (!options_.enabled) return {};
+  const auto s = state_.to_vector();
+  return {{"scale", s[0]},
+          {"growth_factor", options_.growth_factor},
+          {"backoff_factor", options_.backoff_factor},
+          {"growth_interval", options_.growth_interval},
+          {"_growth_tracker", s[1]}};
+}
+
+void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
+  if (!options_.enabled) return;
+  if (state.empty())
+    throw std::runtime_error("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.");
+  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    if (!state.count(k)) throw std::invalid_argument(std::string("GradScaler state_dict is missing '") + k + "'");
+  GradScalerOptions o = options_;
+  o.growth_factor = static_cast<float>(state.at("growth_factor"));
+  o.backoff_factor = static_cast<float>(state.at("backoff_factor"));
+  o.growth_interval = static_cast<int>(state.at("growth_interval"));
+  const GradScalerOptions old = options_;
+  options_ = o;
+  try { validate(); } catch (...) { options_ = old; throw; }
+  Tensor host = from_vector({state.at("scale"), state.at("_growth_tracker"), static_cast<double>(o.hysteresis)}, {3});
+  copy_(state_, host.to(state_.device()));
+}
+
+}  // namespace amp

@@ -1,0 +1,60 @@
+// Communicator: the collectives that data-parallel training needs. Implementations:
+// MpiCommunicator (CPU tensors), NcclCommunicator (device tensors), LocalCommunicator (one process).
+//
+// Every wait is bounded by timeout(): a collective that does not finish in time throws CommError
+// naming the operation, the rank and the context (for example "step 12"), so that main can abort
+// the job instead of hanging.
+#pragma once
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/tensor.h"
+
+namespace amp::comm {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A collective in flight. wait() blocks (at most the communicator's timeout); test() polls.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;  // rank among the processes of this node
+  virtual int local_size() const = 0;
+  virtual std::string name() const = 0;
+
+  // In-place all-reduce of a contiguous tensor (avg divides by size() in the tensor's dtype).
+  virtual std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) = 0;
+  void all_reduce(Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // Returns [size(), ...t.shape()]: every rank's tensor, in rank order.
+  virtual Tensor all_gather(const Tensor& t) = 0;
+  virtual void barrier() = 0;
+
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // Describes where the program is, for error messages ("step 12").
+  const std::string& context() const { return context_; }
+  void set_context(std::string c) { context_ = std::move(c); }
+
+ protected:
+  double timeout_s_ = 300.0;
+  std::string context_;
+};
+
+}  // namespace amp::comm

@@ -1,0 +1,140 @@
+#include "comm/mpi_communicator.h"
+
+#include <chrono>
+#include <thread>
+
+#include "runtime/ops.h"
+
+namespace amp::comm {
+
+namespace {
+
+MPI_Datatype mpi_type(DType t, const char* op) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i64: return MPI_INT64_T;
+    default:
+      throw std::invalid_argument(std::string(op) + ": MPI cannot reduce " + dtype_name(t) +
+                                  " tensors; reduce gradients in float32");
+  }
+}
+
+void check_cpu(const Tensor& t, const char* op) {
+  if (!t.device().is_cpu())
+    throw std::invalid_argument(std::string(op) + ": the MPI communicator takes CPU tensors, got " + t.device().str());
+}
+
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CommError(std::string(what) + " failed: " + std::string(msg, static_cast<size_t>(len)));
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator* c, Tensor t, ReduceOp op, std::string what)
+      : comm_(c), tensor_(std::move(t)), op_(op), what_(std::move(what)) {}
+  MPI_Request* request() { return &req_; }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    mpi_check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_.c_str());
+    if (flag) finish();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    comm_->wait_bounded(&req_, what_);
+    finish();
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (op_ == ReduceOp::avg) mul_(tensor_, 1.0 / comm_->size());
+  }
+  MpiCommunicator* comm_;
+  Tensor tensor_;  // keeps the buffer alive while MPI owns it
+  ReduceOp op_;
+  std::string what_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  // Errors come back as codes so that they can be reported with context, not as an abort in MPI.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_), "MPI_Comm_split_type");
+  MPI_Comm_rank(local_comm_, &local_rank_);
+  MPI_Comm_size(local_comm_, &local_size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+}
+
+void MpiCommunicator::wait_bounded(MPI_Request* req, const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  int spins = 0;
+  for (;;) {
+    int flag = 0;
+    mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), what.c_str());
+    if (flag) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s_)
+      throw CommError("rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
+                      std::to_string(static_cast<int>(timeout_s_)) + " s" + (context_.empty() ? "" : " at " + context_) +
+                      "; a peer has stopped answering or died");
+    // Spin briefly for latency, then back off so that a waiting rank does not steal a core.
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 100000 ? 1000 : 50));
+  }
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
+  check_cpu(t, "all_reduce");
+  const MPI_Datatype type = mpi_type(t.dtype(), "all_reduce");
+  const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ", " + std::to_string(t.numel()) +
+                           " x " + dtype_name(t.dtype()) + ")";
+  auto work = std::make_unique<MpiWork>(this, t, op, what);
+  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
+                           op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, work->request()),
+            what.c_str());
+  return work;
+}
+
+void MpiCommunicator::broadcast(Tensor& t, int root) {
+  check_cpu(t, "broadcast");
+  MPI_Request req;
+  mpi_check(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, root, comm_, &req), "broadcast");
+  wait_bounded(&req, "broadcast from rank " + std::to_string(root));
+}
+
+Tensor MpiCommunicator::all_gather(const Tensor& t) {
+  check_cpu(t, "all_gather");
+  Shape s = t.shape();
+  s.insert(s.begin(), size_);
+  Tensor out = empty(s, t.dtype(), kCPU);
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, out.data_ptr(),
+                           static_cast<int>(t.nbytes()), MPI_BYTE, comm_, &req),
+            "all_gather");
+  wait_bounded(&req, "all_gather");
+  return out;
+}
+
+void MpiCommunicator::barrier() {
+  MPI_Request req;
+  mpi_check(MPI_Ibarrier(comm_, &req), "barrier");
+  wait_bounded(&req, "barrier");
+}
+
+}  // namespace amp::comm

@@ -1,0 +1,34 @@
+// Communicator over MPI for CPU tensors: non-blocking MPI_Iallreduce polled with MPI_Test, so every
+// wait is bounded by the timeout.
+#pragma once
+#include <mpi.h>
+
+#include "comm/communicator.h"
+
+namespace amp::comm {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // comm is borrowed (usually MPI_COMM_WORLD); the node-local rank comes from a shared-memory split.
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string name() const override { return "mpi"; }
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override;
+  void broadcast(Tensor& t, int root) override;
+  Tensor all_gather(const Tensor& t) override;
+  void barrier() override;
+
+  // Waits for req, polling; throws CommError naming the operation after timeout() seconds.
+  void wait_bounded(MPI_Request* req, const std::string& what);
+
+ private:
+  MPI_Comm comm_;
+  MPI_Comm local_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+}  // namespace amp::comm

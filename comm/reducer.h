@@ -1,0 +1,44 @@
+// GradientReducer: DDP-style bucketed gradient averaging.
+//
+// Parameters are packed into buckets in reverse order (the order backward produces gradients):
+// the first bucket holds about first_bucket_bytes, the rest about bucket_bytes each. A leaf's
+// post-accumulate hook copies its final gradient into its bucket; a full bucket is all-reduced at
+// once with a non-blocking collective while backward goes on. Every rank launches buckets in the
+// same fixed order. Micro-batches other than the last run with sync off (no communication).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace amp::comm {
+
+struct ReducerOptions {
+  size_t bucket_bytes = 25u << 20;
+  size_t first_bucket_bytes = 1u << 20;
+  bool overlap = true;  // false: launch every bucket only in finish(), after backward
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(std::vector<Tensor> params, Communicator& comm, ReducerOptions options = {});
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Call before a backward. sync=false (no_sync): gradients only accumulate locally.
+  void prepare_for_backward(bool sync);
+  // After the synced backward: launches what is left, waits for every bucket, and writes the
+  // averaged gradients back into .grad.
+  void finish();
+
+  size_t num_buckets() const;
+  // Buckets launched from inside backward (by the hooks) during the last synced backward.
+  size_t launched_during_backward() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace amp::comm

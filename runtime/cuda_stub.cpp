@@ -1,0 +1,19 @@
+// CUDA seam for builds without the CUDA backend (AMP_WITH_CUDA=OFF).
+#include <stdexcept>
+
+#include "runtime/cuda_support.h"
+
+namespace amp {
+
+bool cuda_built() { return false; }
+
+bool cuda_usable(std::string* reason) {
+  if (reason) *reason = "this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)";
+  return false;
+}
+
+void cuda_init(int) {
+  throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
+}
+
+}  // namespace amp

@@ -1,0 +1,221 @@
+// GradScaler: the update rule, the state machine and its messages, state_dict, the fused unscale
+// kernel, and the extensions (hysteresis, min/max, error at min, overflow attribution).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "amp/grad_scaler.h"
+#include "amp/overflow.h"
+#include "runtime/backend.h"
+#include "runtime/nn/layers.h"
+#include "runtime/ops.h"
+#include "runtime/optim/sgd.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+// One parameter whose gradient we set by hand, so every iteration is "clean" or "inf" on demand.
+struct Rig {
+  Tensor p = zeros({4}).set_requires_grad(true);
+  optim::SGD opt{{p}, optim::SgdOptions{0.1f}};
+  void iterate(GradScaler& s, bool inf) {
+    p.set_grad(full({4}, inf ? INFINITY : 1.0));
+    s.step(opt);
+    s.update();
+  }
+};
+
+TEST(GradScaler, DefaultsAreTorchs) {
+  GradScaler s;
+  EXPECT_EQ(s.get_scale(), 65536.0f);
+  EXPECT_EQ(s.get_growth_factor(), 2.0f);
+  EXPECT_EQ(s.get_backoff_factor(), 0.5f);
+  EXPECT_EQ(s.get_growth_interval(), 2000);
+  EXPECT_TRUE(s.is_enabled());
+  EXPECT_EQ(s.get_growth_tracker(), 0);
+}
+
+TEST(GradScaler, ConstructorValidates) {
+  EXPECT_THROW(GradScaler(GradScalerOptions{.growth_factor = 1.0f}), std::invalid_argument);
+  EXPECT_THROW(GradScaler(GradScalerOptions{.backoff_factor = 1.0f}), std::invalid_argument);
+  EXPECT_THROW(GradScaler(GradScalerOptions{.backoff_factor = 0.0f}), std::invalid_argument);
+  EXPECT_THROW(GradScaler(GradScalerOptions{.growth_interval = 0}), std::invalid_argument);
+  GradScaler s;
+  EXPECT_THROW(s.set_growth_factor(0.5f), std::invalid_argument);
+  EXPECT_EQ(s.get_growth_factor(), 2.0f);  // a rejected setter leaves the old value
+}
+
+TEST(GradScaler, UpdateSequenceFollowsAmpUpdateScale) {
+  GradScaler s(GradScalerOptions{.init_scale = 4.0f, .growth_factor = 2.0f, .backoff_factor = 0.25f, .growth_interval = 2});
+  Rig r;
+  r.iterate(s, false);
+  EXPECT_EQ(s.get_growth_tracker(), 1);
+  EXPECT_EQ(s.get_scale(), 4.0f);
+  r.iterate(s, false);
+  EXPECT_EQ(s.get_growth_tracker(), 0);
+  EXPECT_EQ(s.get_scale(), 8.0f);
+  r.iterate(s, true);
+  EXPECT_EQ(s.get_growth_tracker(), 0);
+  EXPECT_EQ(s.get_scale(), 2.0f);
+}
+
+TEST(GradScaler, GrowthNeverOverflowsToInf) {
+  GradScaler s(GradScalerOptions{.init_scale = 1e38f, .growth_factor = 16.0f, .growth_interval = 1});
+  Rig r;
+  r.iterate(s, false);
+  EXPECT_EQ(s.get_scale(), 1e38f);
+  EXPECT_EQ(s.get_growth_tracker(), 0);
+}
+
+TEST(GradScaler, UpdateWithNewScale) {
+  GradScaler s;
+  s.update(1024.0f);
+  EXPECT_EQ(s.get_scale(), 1024.0f);
+  EXPECT_THROW(s.update(-1.0f), std::invalid_argument);
+}
+
+void expect_message(const std::function<void()>& f, const std::string& msg) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected: " << msg;
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()), msg);
+  }
+}
+
+TEST(GradScaler, StateMachineErrorsUseTorchsMessages) {
+  GradScaler s;
+  Rig r;
+  r.p.set_grad(full({4}, 1.0));
+  s.unscale_(r.opt);
+  expect_message([&] { s.unscale_(r.opt); }, "unscale_() has already been called on this optimizer since the last update().");
+  s.step(r.opt);
+  expect_message([&] { s.unscale_(r.opt); }, "unscale_() is being called after step().");
+  expect_message([&] { s.step(r.opt); }, "step() has already been called since the last update().");
+  s.update();
+  // An optimizer without any gradient records no inf check.
+  r.p.set_grad(Tensor());
+  expect_message([&] { s.step(r.opt); }, "No inf checks were recorded for this optimizer.");
+  GradScaler s2;
+  Tensor h = zeros({2}).set_requires_grad(true);
+  optim::SGD opt2({h}, optim::SgdOptions{0.1f});
+  h.set_grad(zeros({2}, DType::f16));
+  expect_message([&] { s2.unscale_(opt2); }, "Attempting to unscale FP16 gradients.");
+  GradScaler s3;
+  expect_message([&] { s3.update(); }, "No inf checks were recorded prior to update.");
+}
+
+TEST(GradScaler, StateDictRoundTripRestoresEveryKey) {
+  GradScaler a(GradScalerOptions{.init_scale = 8.0f, .growth_factor = 3.0f, .backoff_factor = 0.25f, .growth_interval = 5});
+  Rig r;
+  r.iterate(a, false);
+  r.iterate(a, false);
+  const auto sd = a.state_dict();
+  EXPECT_EQ(sd.size(), 5u);
+  GradScaler b(GradScalerOptions{.init_scale = 1.0f, .growth_factor = 1.5f, .backoff_factor = 0.75f, .growth_interval = 100});
+  b.load_state_dict(sd);
+  EXPECT_EQ(b.get_scale(), 8.0f);
+  EXPECT_EQ(b.get_growth_factor(), 3.0f);
+  EXPECT_EQ(b.get_backoff_factor(), 0.25f);
+  EXPECT_EQ(b.get_growth_interval(), 5);
+  EXPECT_EQ(b.get_growth_tracker(), 2);
+  EXPECT_EQ(b.state_dict(), sd);
+  EXPECT_THROW(b.load_state_dict({}), std::runtime_error);
+}
+
+TEST(GradScaler, DisabledIsATransparentPassThrough) {
+  GradScaler s(GradScalerOptions{.enabled = false});
+  const Tensor loss = scalar_tensor(3.0);
+  EXPECT_TRUE(s.scale(loss).same(loss));
+  EXPECT_EQ(s.get_scale(), 1.0f);
+  Rig r;
+  r.p.set_grad(full({4}, 1.0));
+  s.step(r.opt);
+  s.update();
+  EXPECT_NEAR(r.p.to_vector()[0], -0.1, 1e-7);
+  EXPECT_TRUE(s.state_dict().empty());
+}
+
+TEST(UnscaleKernel, UnscalesAndFlags) {
+  Backend& b = backend_for(kCPU);
+  Tensor g = full({10, 10}, 4.0);
+  Tensor found = zeros({1});
+  b.unscale_and_check({g}, scalar_tensor(4.0), found);  // inv_scale 0.25
+  for (double v : g.to_vector()) ASSERT_EQ(v, 1.0);
+  EXPECT_EQ(found.item(), 0.0);
+  for (double bad : {INFINITY, NAN}) {
+    Tensor h = full({10, 10}, 4.0);
+    h.data<float>()[2 * 10 + 2] = static_cast<float>(bad);
+    Tensor f = zeros({1});
+    b.unscale_and_check({h}, scalar_tensor(4.0), f);
+    EXPECT_EQ(f.item(), 1.0);
+    EXPECT_EQ(h.to_vector()[0], 1.0);  // finite values are unscaled even so
+  }
+  Tensor a = full({3}, 1.0), c = full({3}, 1.0, DType::bf16);
+  EXPECT_THROW(b.unscale_and_check({a, c}, scalar_tensor(2.0), found), std::invalid_argument);
+}
+
+TEST(GradScaler, HysteresisToleratesConsecutiveOverflows) {
+  GradScaler s(GradScalerOptions{.init_scale = 64.0f, .growth_interval = 1000, .hysteresis = 2});
+  Rig r;
+  r.iterate(s, true);
+  EXPECT_EQ(s.get_scale(), 64.0f);  // first overflow tolerated
+  r.iterate(s, false);              // a clean step resets the counter
+  r.iterate(s, true);
+  EXPECT_EQ(s.get_scale(), 64.0f);
+  r.iterate(s, true);               // second consecutive overflow backs off
+  EXPECT_EQ(s.get_scale(), 32.0f);
+  r.iterate(s, true);               // and keeps backing off while overflows continue
+  EXPECT_EQ(s.get_scale(), 16.0f);
+}
+
+TEST(GradScaler, MinAndMaxScaleClamp) {
+  GradScaler s(GradScalerOptions{.init_scale = 4.0f, .growth_interval = 1, .min_scale = 2.0f, .max_scale = 8.0f});
+  Rig r;
+  r.iterate(s, false);
+  EXPECT_EQ(s.get_scale(), 8.0f);
+  r.iterate(s, false);
+  EXPECT_EQ(s.get_scale(), 8.0f);  // capped
+  r.iterate(s, true);
+  r.iterate(s, true);
+  r.iterate(s, true);
+  EXPECT_EQ(s.get_scale(), 2.0f);  // floored
+}
+
+TEST(GradScaler, ErrorAtMinScaleNamesTheScale) {
+  GradScaler s(GradScalerOptions{.init_scale = 2.0f, .min_scale = 1.0f, .error_at_min_scale = true});
+  Rig r;
+  r.iterate(s, true);  // 2 -> 1
+  EXPECT_EQ(s.get_scale(), 1.0f);
+  try {
+    r.iterate(s, true);
+    ADD_FAILURE() << "no error at the minimum scale";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum (1.0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GradScaler, ConstantScaleSkipsButNeverChanges) {
+  GradScaler s(GradScalerOptions{.init_scale = 128.0f, .growth_interval = 1, .dynamic = false});
+  Rig r;
+  r.iterate(s, false);
+  r.iterate(s, true);
+  EXPECT_EQ(s.get_scale(), 128.0f);
+  // Only the clean step moved it, by lr * (1 / 128) since the rig's gradient is unscaled by 128.
+  EXPECT_NEAR(r.p.to_vector()[0], -0.1 / 128.0, 1e-9);
+}
+
+TEST(Overflow, AttributionNamesTheLayer) {
+  Generator gen(0);
+  nn::Sequential m;
+  m.push_back(std::make_shared<nn::Linear>(4, 4, gen)).push_back(std::make_shared<nn::Linear>(4, 4, gen));
+  for (Tensor p : m.parameters()) p.set_grad(zeros(p.shape()));
+  Tensor g = m.named_parameters()[2].second.grad();  // 1.weight
+  g.data<float>()[5] = NAN;
+  EXPECT_EQ(nonfinite_gradients(m.named_parameters()), (std::vector<std::string>{"1.weight"}));
+}
+
+}  // namespace
+}  // namespace amp
