@@ -108,6 +108,7 @@ void GradScaler::update() {
     }
   }
   if (!total.defined()) throw std::runtime_error("No inf checks were recorded prior to update.");
+  last_found_inf_ = total;
   if (options_.error_at_min_scale && options_.min_scale > 0.0f) {
     // Opt-in check: reads two device values on the host.
     const float s = get_scale();
@@ -132,6 +133,10 @@ void GradScaler::update(float new_scale) {
   Tensor s = scale_view();
   fill_(s, new_scale);
   per_optimizer_.clear();
+}
+
+Tensor GradScaler::scale_snapshot() const {
+  return options_.enabled ? scale_view().clone() : scalar_tensor(1.0, DType::f32, state_.device());
 }
 
 float GradScaler::get_scale() const { return options_.enabled ? static_cast<float>(scale_view().item()) : 1.0f; }

@@ -61,6 +61,11 @@ class GradScaler {
   // The found_inf of opt's last unscale_ (after the cross-rank agreement once step/update ran).
   bool found_inf(const optim::Optimizer& opt) const;
 
+  // Device-side values for logging without a host sync: a copy of the current scale, and the
+  // found_inf total that the last update() acted on (undefined before the first update).
+  Tensor scale_snapshot() const;
+  Tensor last_found_inf() const { return last_found_inf_; }
+
   // Keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker (PyTorch's).
   std::map<std::string, double> state_dict() const;
   void load_state_dict(const std::map<std::string, double>& state);
@@ -80,6 +85,7 @@ class GradScaler {
   comm::Communicator* comm_;
   Tensor state_;  // [scale, growth_tracker, hysteresis_left], f32 on the device
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  Tensor last_found_inf_;
 };
 
 }  // namespace amp

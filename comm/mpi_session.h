@@ -1,5 +1,6 @@
 // The process's MPI lifetime: MPI_Init_thread on construction, MPI_Finalize on destruction, and
 // abort() for fatal errors so that mpirun tears the whole job down instead of leaving peers hanging.
+// A process not started by a launcher (mpirun, srun) skips MPI altogether: it is a single rank.
 #pragma once
 
 namespace amp::comm {
@@ -12,11 +13,16 @@ class MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  bool active() const { return active_; }  // MPI was initialised
   [[noreturn]] static void abort(int code);
 
  private:
   int rank_ = 0, size_ = 1;
+  bool active_ = false;
 };
+
+// Whether a launcher started this process (Open MPI, MPICH/Hydra, PMIx or Slurm variables are set).
+bool launched_by_mpi();
 
 // Threads per rank so that the ranks of one node share its cores without oversubscribing.
 int default_threads_per_rank(int local_ranks);

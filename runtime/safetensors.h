@@ -13,9 +13,9 @@ namespace amp::safetensors {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Every error names the file and what is wrong with it.
-class Error : public std::runtime_error {
+class Error : public std::invalid_argument {
  public:
-  using std::runtime_error::runtime_error;
+  using std::invalid_argument::invalid_argument;
 };
 
 // One header entry with its bytes, for dtypes this runtime has no tensor type for (U16, U8, ...).

@@ -1,0 +1,226 @@
+#include "launch/cli.h"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace po = boost::program_options;
+
+namespace amp::launch {
+
+// --- typed validators: Boost calls these for options of these types. Errors list the valid values.
+
+[[noreturn]] void invalid_value(const std::string& value, const std::string& valid) {
+  // Boost fills in the option's name when the error passes through store().
+  po::error_with_option_name e("invalid value '%value%' for option '%canonical_option%' (valid: " + valid + ")");
+  e.set_substitute("value", value);
+  throw e;
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, AmpMode*, int) {
+  const std::string& s = po::validators::get_single_string(values);
+  if (s == "off") v = AmpMode::off;
+  else if (s == "fp16") v = AmpMode::fp16;
+  else if (s == "bf16") v = AmpMode::bf16;
+  else invalid_value(s, "off, fp16, bf16");
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, OptimizerKind*, int) {
+  const std::string& s = po::validators::get_single_string(values);
+  if (s == "sgd") v = OptimizerKind::sgd;
+  else if (s == "adamw") v = OptimizerKind::adamw;
+  else invalid_value(s, "sgd, adamw");
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, DeviceKind*, int) {
+  const std::string& s = po::validators::get_single_string(values);
+  if (s == "auto") v = DeviceKind::auto_;
+  else if (s == "cpu") v = DeviceKind::cpu;
+  else if (s == "cuda") v = DeviceKind::cuda;
+  else invalid_value(s, "auto, cpu, cuda");
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, LossScale*, int) {
+  const std::string& s = po::validators::get_single_string(values);
+  LossScale ls;
+  if (s == "auto") ls.kind = LossScale::Kind::auto_;
+  else if (s == "dynamic") ls.kind = LossScale::Kind::dynamic;
+  else if (s == "off") ls.kind = LossScale::Kind::off;
+  else {
+    size_t used = 0;
+    float f = 0.0f;
+    try { f = std::stof(s, &used); } catch (...) { used = 0; }
+    if (used != s.size() || !(f > 0.0f) || !std::isfinite(f))
+      invalid_value(s, "auto, dynamic, off, or a positive number");
+    ls.kind = LossScale::Kind::constant;
+    ls.value = f;
+  }
+  v = ls;
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, Injection*, int) {
+  const std::string& s = po::validators::get_single_string(values);
+  Injection inj{0, 0};
+  const size_t colon = s.find(':');
+  try {
+    size_t used = 0;
+    const std::string step = s.substr(0, colon);
+    inj.step = std::stoll(step, &used);
+    if (used != step.size()) throw std::invalid_argument(s);
+    if (colon != std::string::npos) {
+      const std::string rank = s.substr(colon + 1);
+      inj.rank = std::stoi(rank, &used);
+      if (used != rank.size()) throw std::invalid_argument(s);
+    }
+  } catch (const std::exception&) {
+    invalid_value(s, "STEP or STEP:RANK, whole numbers");
+  }
+  v = inj;
+}
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+void require(bool ok, const char* flag, const T& value, const std::string& rule) {
+  if (ok) return;
+  std::ostringstream os;
+  os << flag << " " << rule << ", got " << value;
+  throw UsageError(os.str());
+}
+
+void check_ranges(const TrainConfig& c, int world_size) {
+  require(c.model == "mlp", "--model", c.model, "must be mlp");
+  require(c.width >= 1, "--width", c.width, "must be >= 1");
+  require(c.layers >= 1, "--layers", c.layers, "must be >= 1");
+  require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
+  require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
+  require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
+  require(c.lr >= 0.0f && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
+  require(c.momentum >= 0.0f && c.momentum < 1.0f, "--momentum", c.momentum, "must be in [0, 1)");
+  require(c.weight_decay >= 0.0f, "--weight-decay", c.weight_decay, "must be >= 0");
+  require(c.clip_grad_norm >= 0.0, "--clip-grad-norm", c.clip_grad_norm, "must be >= 0 (0 turns clipping off)");
+  require(c.clip_grad_value >= 0.0, "--clip-grad-value", c.clip_grad_value, "must be >= 0 (0 turns clipping off)");
+  require(c.grad_penalty >= 0.0, "--grad-penalty", c.grad_penalty, "must be >= 0");
+  require(c.init_scale > 0.0f && std::isfinite(c.init_scale), "--init-scale", c.init_scale, "must be a positive number");
+  require(c.growth_factor > 1.0f, "--growth-factor", c.growth_factor, "must be > 1");
+  require(c.backoff_factor > 0.0f && c.backoff_factor < 1.0f, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
+  require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
+  require(c.hysteresis >= 1, "--hysteresis", c.hysteresis, "must be >= 1");
+  require(c.min_scale >= 0.0f, "--min-scale", c.min_scale, "must be >= 0");
+  require(c.max_scale >= c.min_scale, "--max-scale", c.max_scale, "must be >= --min-scale");
+  require(c.threads >= 0, "--threads", c.threads, "must be >= 0 (0: cores / local ranks)");
+  require(c.comm_timeout > 0.0, "--comm-timeout", c.comm_timeout, "must be > 0 seconds");
+  require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
+  require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
+  require(c.bucket_mb > 0.0, "--bucket-mb", c.bucket_mb, "must be > 0");
+  for (const Injection& inj : c.inject_nonfinite) {
+    require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
+            "step must be in [1, --steps=" + std::to_string(c.steps) + "]");
+    require(inj.rank >= 0 && inj.rank < world_size, "--inject-nonfinite", inj.rank,
+            "rank must be in [0, " + std::to_string(world_size) + ")");
+  }
+}
+
+}  // namespace
+
+CliResult parse_cli(int argc, const char* const* argv, int world_size) {
+  TrainConfig c;
+  std::string config_file;
+  bool no_overlap = false;
+
+  po::options_description general("General");
+  general.add_options()
+    ("help,h", "print this help and exit")
+    ("config", po::value(&config_file), "read options from FILE (key = value, same names); the command line wins")
+    ("device", po::value(&c.device)->default_value(c.device, "auto"), "auto|cpu|cuda (auto: CUDA when present)")
+    ("threads", po::value(&c.threads)->default_value(c.threads), "CPU threads per rank (0: cores / ranks on the node)")
+    ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the model init and the synthetic data")
+    ("metrics", po::value(&c.metrics), "write per-step metrics as JSON Lines to FILE (rank 0)")
+    ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps on rank 0 (0: off)");
+  po::options_description model("Model");
+  model.add_options()
+    ("model", po::value(&c.model)->default_value(c.model), "model: mlp")
+    ("width", po::value(&c.width)->default_value(c.width), "hidden width (also the input and output size)")
+    ("layers", po::value(&c.layers)->default_value(c.layers), "number of Linear layers")
+    ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
+    ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
+  po::options_description training("Training");
+  training.add_options()
+    ("data", po::value(&c.data)->default_value(c.data), "synthetic, or a safetensors FILE with x, y [N, width]")
+    ("steps", po::value(&c.steps)->default_value(c.steps), "optimizer steps")
+    ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank per micro-batch")
+    ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches accumulated per step")
+    ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer, "sgd"), "sgd|adamw")
+    ("lr", po::value(&c.lr)->default_value(c.lr), "learning rate")
+    ("momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")
+    ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (AdamW: decoupled)")
+    ("clip-grad-norm", po::value(&c.clip_grad_norm)->default_value(c.clip_grad_norm), "clip the total 2-norm (0: off)")
+    ("clip-grad-value", po::value(&c.clip_grad_value)->default_value(c.clip_grad_value), "clamp each gradient (0: off)")
+    ("grad-penalty", po::value(&c.grad_penalty)->default_value(c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
+  po::options_description ampo("AMP");
+  ampo.add_options()
+    ("amp", po::value(&c.amp)->default_value(c.amp, "off"), "autocast dtype: off|fp16|bf16")
+    ("loss-scale", po::value(&c.loss_scale)->default_value(c.loss_scale, "auto"),
+     "auto|dynamic|off|<number> (auto: dynamic with fp16, off with bf16 and off)")
+    ("init-scale", po::value(&c.init_scale)->default_value(c.init_scale), "initial dynamic loss scale")
+    ("growth-factor", po::value(&c.growth_factor)->default_value(c.growth_factor), "scale growth factor")
+    ("backoff-factor", po::value(&c.backoff_factor)->default_value(c.backoff_factor), "scale backoff factor")
+    ("growth-interval", po::value(&c.growth_interval)->default_value(c.growth_interval), "clean steps between growths")
+    ("hysteresis", po::value(&c.hysteresis)->default_value(c.hysteresis), "consecutive overflows before a backoff")
+    ("min-scale", po::value(&c.min_scale)->default_value(c.min_scale), "lower bound of the scale")
+    ("max-scale", po::value(&c.max_scale)->default_value(c.max_scale, "inf"), "upper bound of the scale")
+    ("inject-nonfinite", po::value(&c.inject_nonfinite)->value_name("STEP[:RANK]"),
+     "put an inf into a gradient of RANK (default 0) at STEP; repeatable");
+  po::options_description dist("Distributed");
+  dist.add_options()
+    ("comm-timeout", po::value(&c.comm_timeout)->default_value(c.comm_timeout), "seconds any collective may take")
+    ("check-every", po::value(&c.check_every)->default_value(c.check_every), "replica check every N steps (0: end only)")
+    ("bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")
+    ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it");
+
+  po::options_description all("amp_train: data-parallel mixed-precision training\n\n"
+                              "Usage: mpirun -np N amp_train [options]\n");
+  all.add(general).add(model).add(training).add(ampo).add(dist);
+
+  CliResult res;
+  try {
+    po::variables_map vm;
+    po::store(po::parse_command_line(argc, argv, all), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << all;
+      res.message = os.str();
+      return res;
+    }
+    if (vm.count("config")) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream in(file);
+      if (!in) throw UsageError("--config: cannot open '" + file + "'");
+      try {
+        po::store(po::parse_config_file(in, all), vm);  // values already set by the command line win
+      } catch (const po::error& e) {
+        throw UsageError("--config " + file + ": " + e.what());
+      }
+    }
+    po::notify(vm);
+    c.overlap = !no_overlap;
+    check_ranges(c, world_size);
+  } catch (const po::error& e) {
+    res.exit_code = 2;
+    res.message = std::string("amp_train: error: ") + e.what() + "\nTry 'amp_train --help' for the options.";
+    return res;
+  } catch (const UsageError& e) {
+    res.exit_code = 2;
+    res.message = std::string("amp_train: error: ") + e.what();
+    return res;
+  }
+  res.config = c;
+  return res;
+}
+
+}  // namespace amp::launch

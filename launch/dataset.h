@@ -1,0 +1,29 @@
+// Training data. Step i (0-based) uses samples [i E, (i+1) E) of the stream, E = batch × micro-batches
+// × ranks, split rank-major: rank r takes [r K B, (r+1) K B) of those, and its micro-batch m takes
+// [m B, (m+1) B). So R ranks × batch B see exactly the samples of 1 rank × batch R·B.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "runtime/nn/layers.h"
+#include "runtime/tensor.h"
+
+namespace amp::launch {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // Rows [first, first + count) of the sample stream: x [count, width], y [count, width].
+  virtual std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// x ~ N(0, 1) from a counter-based stream (sample j uses counters j·width...), y = teacher(x) with a
+// fixed random 2-layer ReLU teacher, so the loss can fall.
+std::unique_ptr<Dataset> make_synthetic(int64_t width, uint64_t seed, Device device);
+// x and y from a safetensors file ([N, width] float32 each); the stream wraps around modulo N.
+// Throws std::invalid_argument naming the file, the tensor, the expected and the actual shape.
+std::unique_ptr<Dataset> load_dataset(const std::string& path, int64_t width, Device device);
+
+}  // namespace amp::launch

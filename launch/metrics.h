@@ -1,0 +1,44 @@
+// Metrics as JSON Lines (DESIGN §9): one record per optimizer step, then one "end" record. Written
+// to FILE.tmp and renamed to FILE by close(), so a crashed run leaves no half-written FILE.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace amp::launch {
+
+struct StepRecord {
+  int64_t step;
+  double loss;       // unscaled mean loss over the effective batch, averaged over ranks
+  double scale;      // the scale this step's backward used (1 without scaling)
+  bool skipped;
+  double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping)
+  double lr;
+  double step_ms;
+};
+
+struct EndRecord {
+  int64_t steps;
+  int64_t skipped_steps;
+  double final_scale;
+  std::string param_checksum;
+  bool replicas_consistent;
+};
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;  // writes nothing
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();  // an unclosed writer removes its temporary file
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const StepRecord& r);
+  void write(const EndRecord& r);
+  void close();  // flush and rename into place
+
+ private:
+  std::string path_, tmp_;
+  std::ofstream out_;
+};
+
+}  // namespace amp::launch

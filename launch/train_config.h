@@ -1,0 +1,67 @@
+// Everything amp_train can be told, with its defaults. The CLI (cli.cpp) fills it; the trainer reads it.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace amp::launch {
+
+enum class AmpMode { off, fp16, bf16 };
+enum class OptimizerKind { sgd, adamw };
+enum class DeviceKind { auto_, cpu, cuda };
+// --loss-scale: auto (dynamic for fp16, off otherwise), dynamic, off, or a constant value.
+struct LossScale {
+  enum class Kind { auto_, dynamic, off, constant } kind = Kind::auto_;
+  float value = 0.0f;
+};
+
+struct Injection {
+  int64_t step;  // 1-based
+  int rank;
+};
+
+struct TrainConfig {
+  // Model
+  std::string model = "mlp";
+  int64_t width = 256;
+  int64_t layers = 3;
+  // Data and weights
+  std::string data = "synthetic";
+  std::string init_weights, save_weights;
+  // Training
+  int64_t steps = 100;
+  int64_t batch_size = 32;  // per rank, per micro-batch
+  int64_t micro_batches = 1;
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  float lr = 0.01f;
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;
+  uint64_t seed = 0;
+  double clip_grad_norm = 0.0;   // 0: off
+  double clip_grad_value = 0.0;  // 0: off
+  double grad_penalty = 0.0;     // 0: off
+  // AMP
+  AmpMode amp = AmpMode::off;
+  LossScale loss_scale;
+  float init_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+  int hysteresis = 1;
+  float min_scale = 0.0f;
+  float max_scale = std::numeric_limits<float>::infinity();
+  std::vector<Injection> inject_nonfinite;
+  // Runtime and distribution
+  DeviceKind device = DeviceKind::auto_;
+  int threads = 0;  // 0: cores / ranks on this node
+  double comm_timeout = 300.0;
+  int64_t check_every = 0;  // 0: replica check at the end only
+  double bucket_mb = 25.0;
+  bool overlap = true;
+  // Output
+  std::string metrics;
+  int64_t log_every = 10;  // 0: no progress lines
+};
+
+}  // namespace amp::launch

@@ -1,0 +1,212 @@
+#include "launch/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <limits>
+#include <stdexcept>
+
+#include "amp/autocast.h"
+#include "amp/clip_grad.h"
+#include "amp/overflow.h"
+#include "comm/replica_check.h"
+#include "models/mlp.h"
+#include "runtime/autograd.h"
+#include "runtime/backend.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/safetensors.h"
+
+namespace amp::launch {
+
+GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
+  GradScalerOptions o;
+  o.init_scale = c.init_scale;
+  o.growth_factor = c.growth_factor;
+  o.backoff_factor = c.backoff_factor;
+  o.growth_interval = c.growth_interval;
+  o.hysteresis = c.hysteresis;
+  o.min_scale = c.min_scale;
+  o.max_scale = c.max_scale;
+  o.device = device;
+  switch (c.loss_scale.kind) {
+    case LossScale::Kind::auto_: o.enabled = c.amp == AmpMode::fp16; break;  // bf16 needs no scaling
+    case LossScale::Kind::dynamic: o.enabled = true; break;
+    case LossScale::Kind::off: o.enabled = false; break;
+    case LossScale::Kind::constant:
+      o.enabled = true;
+      o.dynamic = false;
+      o.init_scale = c.loss_scale.value;
+      break;
+  }
+  return o;
+}
+
+Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device device)
+    : cfg_(config), comm_(comm), device_(device) {
+  // Test hook for the fault tests: AMP_DEBUG_STALL=RANK:STEP makes that rank stop answering there.
+  if (const char* s = std::getenv("AMP_DEBUG_STALL")) {
+    if (std::sscanf(s, "%d:%lld", &stall_.rank, &stall_.step) != 2) stall_ = {};
+  }
+  Generator gen(cfg_.seed);
+  model_ = models::make_mlp({cfg_.width, cfg_.width, cfg_.width, cfg_.layers}, gen, device_);
+  if (!cfg_.init_weights.empty()) {
+    nn::load_state_dict(*model_, safetensors::load(cfg_.init_weights), cfg_.init_weights);
+  }
+  // Every replica starts from rank 0's weights, whatever happened before.
+  for (Tensor p : model_->parameters()) {
+    Tensor d = p.detach();
+    comm_.broadcast(d, 0);
+  }
+  data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
+                                   : load_dataset(cfg_.data, cfg_.width, device_);
+  if (cfg_.optimizer == OptimizerKind::sgd) {
+    opt_ = std::make_unique<optim::SGD>(model_->parameters(),
+                                        optim::SgdOptions{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay, false});
+  } else {
+    opt_ = std::make_unique<optim::AdamW>(model_->parameters(),
+                                          optim::AdamOptions{cfg_.lr, 0.9f, 0.999f, 1e-8f, cfg_.weight_decay, false});
+  }
+  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_, device_), &comm_);
+  comm::ReducerOptions ro;
+  ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
+  ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
+  ro.overlap = cfg_.overlap;
+  reducer_ = std::make_unique<comm::GradientReducer>(model_->parameters(), comm_, ro);
+}
+
+Trainer::~Trainer() = default;
+
+StepRecord Trainer::train_step(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (stall_.rank == comm_.rank() && stall_.step == step) {
+    std::fprintf(stderr, "amp_train: rank %d: stalling at step %lld (AMP_DEBUG_STALL)\n", comm_.rank(),
+                 static_cast<long long>(step));
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  const int64_t B = cfg_.batch_size, K = cfg_.micro_batches, R = comm_.size();
+  const int64_t first = (step - 1) * B * K * R + comm_.rank() * K * B;
+  const std::vector<Tensor> params = model_->parameters();
+  const bool autocasting = cfg_.amp != AmpMode::off;
+  const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
+  const Tensor scale_used = scaler_->scale_snapshot();
+
+  opt_->zero_grad();
+  Tensor loss_sum = zeros({1}, DType::f32, device_);
+  for (int64_t m = 0; m < K; ++m) {
+    reducer_->prepare_for_backward(/*sync=*/m == K - 1);
+    auto [x, y] = data_->rows(first + m * B, B);
+    Tensor loss;
+    {
+      autocast ac(amp_dtype, autocasting);
+      loss = div(mse_loss((*model_)(x), y), static_cast<double>(K));
+    }
+    {
+      NoGradGuard ng;
+      add_(loss_sum, loss.detach().reshape({1}));
+    }
+    if (cfg_.grad_penalty > 0.0) {
+      // loss + lambda * ||grad loss||_2, the gradient taken through the scaled loss (PyTorch's recipe).
+      std::vector<Tensor> g = grad({scaler_->scale(loss)}, params, {}, true, true);
+      const double inv = 1.0 / scaler_->get_scale();
+      Tensor sq = zeros({}, DType::f32, device_);
+      for (const Tensor& t : g) sq = add(sq, sum(pow(mul(t, inv), 2.0)));
+      autocast ac(amp_dtype, autocasting);
+      loss = add(loss, mul(sqrt(sq), cfg_.grad_penalty));
+    }
+    scaler_->scale(loss).backward();
+  }
+  reducer_->finish();  // gradients are now averaged over ranks (still scaled)
+
+  for (const Injection& inj : cfg_.inject_nonfinite) {
+    if (inj.step != step || inj.rank != comm_.rank()) continue;
+    const float inf = std::numeric_limits<float>::infinity();
+    backend_for(device_).copy_from_host(params[0].grad().data_ptr(), &inf, sizeof inf);
+  }
+
+  scaler_->unscale_(*opt_);
+  Tensor grad_norm;
+  if (cfg_.clip_grad_norm > 0.0) {
+    grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);
+  } else {
+    Tensor acc = zeros({1}, DType::f32, device_);
+    backend_for(device_).norm_accumulate(opt_->grads(), 2.0, acc);
+    grad_norm = sqrt(acc);
+  }
+  if (cfg_.clip_grad_value > 0.0) clip_grad_value_(params, cfg_.clip_grad_value);
+  scaler_->step(*opt_);
+  scaler_->update();
+
+  comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
+  const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : Tensor();
+  StepRecord r;
+  r.step = step;
+  r.loss = loss_sum.item();  // the host reads happen after the step's work is issued
+  r.scale = scale_used.item();
+  r.skipped = found.defined() && found.item() != 0.0;
+  r.grad_norm = grad_norm.item();
+  r.lr = opt_->lr();
+  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (r.skipped && device_.is_cpu()) {
+    std::string names;
+    for (const std::string& n : nonfinite_gradients(model_->named_parameters())) names += (names.empty() ? "" : ", ") + n;
+    if (!names.empty())
+      std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
+                   static_cast<long long>(step), names.c_str());
+  }
+  return r;
+}
+
+void Trainer::check_replicas(int64_t step, TrainResult* result) {
+  const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());
+  result->param_checksum = comm::hash_hex(rep.hash);
+  result->replicas_consistent = rep.consistent;
+  if (!rep.consistent) {
+    std::string ranks;
+    for (int r : rep.differing_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw std::runtime_error("replica check failed after step " + std::to_string(step) + ": the parameters of rank(s) " +
+                             ranks + " differ from rank 0's");
+  }
+}
+
+TrainResult Trainer::run() {
+  TrainResult result;
+  const bool rank0 = comm_.rank() == 0;
+  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+  for (int64_t step = 1; step <= cfg_.steps; ++step) {
+    comm_.set_context("step " + std::to_string(step));
+    const StepRecord r = train_step(step);
+    result.records.push_back(r);
+    result.skipped_steps += r.skipped;
+    metrics.write(r);
+    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps) check_replicas(step, &result);
+    if (rank0 && cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double rate = static_cast<double>(step * samples_per_step) / elapsed;
+      const double eta = elapsed / static_cast<double>(step) * static_cast<double>(cfg_.steps - step);
+      std::printf("step %lld/%lld  loss %.6g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs\n",
+                  static_cast<long long>(step), static_cast<long long>(cfg_.steps), r.loss, r.scale,
+                  static_cast<long long>(result.skipped_steps), rate, eta);
+      std::fflush(stdout);
+    }
+  }
+  comm_.set_context("the end-of-run replica check");
+  result.final_scale = scaler_->get_scale();
+  const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());
+  result.param_checksum = comm::hash_hex(rep.hash);
+  result.replicas_consistent = rep.consistent;
+  metrics.write(EndRecord{cfg_.steps, result.skipped_steps, result.final_scale, result.param_checksum,
+                          result.replicas_consistent});
+  metrics.close();
+  if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
+  if (!rep.consistent) check_replicas(cfg_.steps, &result);  // throws, naming the ranks
+  return result;
+}
+
+}  // namespace amp::launch

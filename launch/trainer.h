@@ -1,0 +1,59 @@
+// The data-parallel training loop of DESIGN §7: micro-batches under autocast, a scaled backward,
+// bucketed gradient averaging on the last micro-batch, unscale, a found_inf every rank agrees on,
+// optional clipping, then step-or-skip and a scale update that is identical on every rank.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "amp/grad_scaler.h"
+#include "comm/communicator.h"
+#include "comm/reducer.h"
+#include "launch/dataset.h"
+#include "launch/metrics.h"
+#include "launch/train_config.h"
+#include "runtime/nn/layers.h"
+#include "runtime/optim/optimizer.h"
+
+namespace amp::launch {
+
+struct TrainResult {
+  std::vector<StepRecord> records;  // every step's record (rank 0's view)
+  int64_t skipped_steps = 0;
+  double final_scale = 1.0;
+  std::string param_checksum;
+  bool replicas_consistent = true;
+};
+
+class Trainer {
+ public:
+  // Builds the model (seeded, or from --init-weights), the data, the optimizer and the scaler.
+  // Throws std::invalid_argument for bad input files.
+  Trainer(const TrainConfig& config, comm::Communicator& comm, Device device);
+  ~Trainer();
+  TrainResult run();
+  nn::Sequential& model() { return *model_; }
+  bool scaling() const { return scaler_->is_enabled(); }
+  const comm::GradientReducer& reducer() const { return *reducer_; }
+
+ private:
+  StepRecord train_step(int64_t step);
+  void check_replicas(int64_t step, TrainResult* result);
+
+  TrainConfig cfg_;
+  comm::Communicator& comm_;
+  Device device_;
+  std::shared_ptr<nn::Sequential> model_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<comm::GradientReducer> reducer_;
+  struct {
+    int rank = -1;
+    long long step = -1;
+  } stall_;
+};
+
+// The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
+GradScalerOptions scaler_options(const TrainConfig& c, Device device);
+
+}  // namespace amp::launch

@@ -1,0 +1,239 @@
+// amp_train as users run it: flag validation, --config layering, bad safetensors files, the
+// weights round trip, the metrics format, --device cuda without a GPU, and a stalled rank.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/ops.h"
+#include "runtime/random.h"
+#include "runtime/safetensors.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code;
+  std::string out;
+};
+
+// Runs amp_train in a clean environment: this test process is itself an MPI singleton, and its
+// variables would make the child believe it was started by mpirun.
+RunResult run(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+const std::string kSmall = " --width 8 --layers 2 --steps 2 --batch-size 4 --log-every 0 --threads 1 ";
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("amp_cli_" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& n) const { return (path / n).string(); }
+};
+
+TEST(Cli, HelpListsEveryFlagWithDefaults) {
+  const RunResult r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--model", "--width", "--layers", "--data", "--init-weights", "--save-weights", "--steps",
+                           "--batch-size", "--micro-batches", "--optimizer", "--lr", "--momentum", "--weight-decay",
+                           "--seed", "--amp", "--loss-scale", "--init-scale", "--growth-factor", "--backoff-factor",
+                           "--growth-interval", "--hysteresis", "--min-scale", "--max-scale", "--clip-grad-norm",
+                           "--clip-grad-value", "--grad-penalty", "--device", "--metrics", "--log-every",
+                           "--inject-nonfinite", "--comm-timeout", "--check-every", "--threads", "--config"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  EXPECT_NE(r.out.find("--growth-interval arg (=2000)"), std::string::npos);
+}
+
+TEST(Cli, EveryFlagIsValidated) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--amp fp32", "'--amp'"},           {"--optimizer lamb", "'--optimizer'"},
+      {"--device tpu", "'--device'"},       {"--loss-scale huge", "'--loss-scale'"},
+      {"--loss-scale -4", "'--loss-scale'"}, {"--model gpt", "--model"},
+      {"--width 0", "--width"},             {"--layers 0", "--layers"},
+      {"--steps 0", "--steps"},             {"--batch-size 0", "--batch-size"},
+      {"--micro-batches 0", "--micro-batches"}, {"--lr -1", "--lr"},
+      {"--momentum 1", "--momentum"},       {"--weight-decay -1", "--weight-decay"},
+      {"--clip-grad-norm -1", "--clip-grad-norm"}, {"--clip-grad-value -1", "--clip-grad-value"},
+      {"--grad-penalty -1", "--grad-penalty"}, {"--init-scale 0", "--init-scale"},
+      {"--growth-factor 1", "--growth-factor"}, {"--backoff-factor 1", "--backoff-factor"},
+      {"--growth-interval 0", "--growth-interval"}, {"--hysteresis 0", "--hysteresis"},
+      {"--min-scale -1", "--min-scale"},    {"--min-scale 4 --max-scale 2", "--max-scale"},
+      {"--threads -1", "--threads"},        {"--comm-timeout 0", "--comm-timeout"},
+      {"--check-every -1", "--check-every"}, {"--log-every -1", "--log-every"},
+      {"--bucket-mb 0", "--bucket-mb"},     {"--inject-nonfinite 0", "--inject-nonfinite"},
+      {"--inject-nonfinite 1:5", "--inject-nonfinite"}, {"--inject-nonfinite x", "--inject-nonfinite"},
+      {"--steps many", "--steps"},          {"--no-such-flag", "no-such-flag"},
+      {"--config /nonexistent.cfg", "--config"}};
+  for (const auto& [args, needle] : bad) {
+    const RunResult r = run(args + kSmall);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << " -> " << r.out;
+    EXPECT_NE(r.out.find("error"), std::string::npos) << args << " -> " << r.out;
+  }
+}
+
+std::vector<nlohmann::ordered_json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::ordered_json> v;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) v.push_back(nlohmann::ordered_json::parse(line));
+  return v;
+}
+
+TEST(Cli, ConfigFileLayersUnderTheCommandLine) {
+  TempDir d;
+  std::ofstream(d.file("a.cfg")) << "# comment\nsteps = 5\nwidth = 6\nlayers = 2\nlr = 0.1\nlog-every = 0\n";
+  const RunResult r = run("--config " + d.file("a.cfg") + " --steps 3 --threads 1 --metrics " + d.file("m.jsonl") +
+                    " --save-weights " + d.file("w.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  EXPECT_EQ(recs.size(), 4u) << "the command line's --steps 3 wins over the file's 5";
+  const auto w = safetensors::load(d.file("w.safetensors"));
+  EXPECT_EQ(safetensors::find(w, "0.weight", "w").shape(), (Shape{6, 6})) << "the file's width applies";
+  std::ofstream(d.file("bad.cfg")) << "stepz = 5\n";
+  const RunResult b = run("--config " + d.file("bad.cfg") + kSmall);
+  EXPECT_EQ(b.code, 2);
+  EXPECT_NE(b.out.find("bad.cfg"), std::string::npos) << b.out;
+}
+
+TEST(Cli, MetricsHaveExactlyTheDesignedFields) {
+  TempDir d;
+  const RunResult r = run(kSmall + "--amp fp16 --inject-nonfinite 2 --metrics " + d.file("m.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_EQ(recs.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> keys;
+    for (auto& [k, v] : recs[static_cast<size_t>(i)].items()) keys.push_back(k);
+    EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "scale", "skipped", "grad_norm", "lr", "step_ms"}));
+  }
+  EXPECT_EQ(recs[0]["scale"], 65536.0);
+  EXPECT_EQ(recs[1]["skipped"], true);
+  const auto& end = recs[2];
+  EXPECT_EQ(end["event"], "end");
+  EXPECT_EQ(end["steps"], 2);
+  EXPECT_EQ(end["skipped_steps"], 1);
+  EXPECT_EQ(end["final_scale"], 32768.0);
+  EXPECT_EQ(end["param_checksum"].get<std::string>().size(), 16u);
+  EXPECT_EQ(end["replicas_consistent"], true);
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d.path)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1) << "no temporary file is left";
+}
+
+TEST(Cli, SaveWeightsRoundTripsIntoInitWeights) {
+  TempDir d;
+  ASSERT_EQ(run(kSmall + "--save-weights " + d.file("a.safetensors")).code, 0);
+  // lr 0 leaves the loaded weights untouched, so what is saved again must be bitwise the same.
+  const RunResult r = run(kSmall + "--lr 0 --init-weights " + d.file("a.safetensors") + " --save-weights " + d.file("b.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = safetensors::load(d.file("a.safetensors")), b = safetensors::load(d.file("b.safetensors"));
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second));
+  }
+  EXPECT_EQ(a[0].first, "0.weight");
+  EXPECT_EQ(a[3].first, "2.bias");
+}
+
+TEST(Cli, PyTorchStateDictLoadsWithoutConversion) {
+  TempDir d;
+  safetensors::NamedTensors sd;
+  for (const char* n : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"})
+    sd.emplace_back(n, test::fixture_tensor("mlp_pytorch.safetensors", n));
+  safetensors::save(d.file("torch.safetensors"), sd);
+  const RunResult r = run("--width 16 --layers 3 --steps 1 --lr 0 --log-every 0 --threads 1 --init-weights " +
+                    d.file("torch.safetensors") + " --save-weights " + d.file("out.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto out = safetensors::load(d.file("out.safetensors"));
+  for (size_t i = 0; i < sd.size(); ++i) EXPECT_TRUE(test::bitwise_equal(out[i].second, sd[i].second)) << sd[i].first;
+}
+
+TEST(Cli, BadWeightAndDataFilesAreRejectedByName) {
+  TempDir d;
+  ASSERT_EQ(run(kSmall + "--save-weights " + d.file("w.safetensors")).code, 0);
+  std::string bytes;
+  {
+    std::ifstream in(d.file("w.safetensors"), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::ofstream(d.file("trunc.safetensors"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  std::string corrupt = bytes;
+  corrupt[10] = '#';
+  std::ofstream(d.file("corrupt.safetensors"), std::ios::binary) << corrupt;
+  Generator g(1);
+  safetensors::save(d.file("shape.safetensors"), {{"0.weight", randn({8, 7}, g)}, {"0.bias", randn({8}, g)},
+                                                  {"2.weight", randn({8, 8}, g)}, {"2.bias", randn({8}, g)}});
+  safetensors::save(d.file("names.safetensors"), {{"layer0.weight", randn({8, 8}, g)}});
+  safetensors::save(d.file("dtype.safetensors"), {{"0.weight", cast(randn({8, 8}, g), DType::f16)}, {"0.bias", randn({8}, g)},
+                                                  {"2.weight", randn({8, 8}, g)}, {"2.bias", randn({8}, g)}});
+  safetensors::save(d.file("data.safetensors"), {{"x", randn({10, 8}, g)}, {"y", randn({10, 5}, g)}});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--init-weights " + d.file("trunc.safetensors"), "truncated"},
+      {"--init-weights " + d.file("corrupt.safetensors"), "corrupt"},
+      {"--init-weights " + d.file("shape.safetensors"), "'0.weight' has shape [8, 7], expected [8, 8]"},
+      {"--init-weights " + d.file("names.safetensors"), "layer0.weight"},
+      {"--init-weights " + d.file("dtype.safetensors"), "dtype float16, expected float32"},
+      {"--init-weights " + d.file("missing.safetensors"), "cannot open"},
+      {"--data " + d.file("data.safetensors"), "'y' has shape [10, 5], expected [N, 8]"}};
+  for (const auto& [args, needle] : cases) {
+    const RunResult r = run(kSmall + args + " --metrics " + d.file("m.jsonl"));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << " -> " << r.out;
+    EXPECT_FALSE(fs::exists(d.file("m.jsonl"))) << "no output file from a failed run";
+  }
+}
+
+TEST(Cli, DataFromAFileTrains) {
+  TempDir d;
+  Generator g(2);
+  const Tensor x = randn({20, 8}, g);
+  safetensors::save(d.file("data.safetensors"), {{"x", x}, {"y", mul(x, 0.5)}});
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 30 --lr 0.1 --data " + d.file("data.safetensors") + " --metrics " + d.file("m.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  EXPECT_LT(recs[29]["loss"].get<double>(), recs[0]["loss"].get<double>());
+}
+
+TEST(Cli, DeviceCudaWithoutAGpuFailsCleanly) {
+  const RunResult r = run(kSmall + "--device cuda");
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "a clean exit, not a crash";
+  EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CUDA"), std::string::npos) << r.out;
+  const RunResult a = run(kSmall + "--device auto");
+  EXPECT_EQ(a.code, 0) << a.out;
+}
+
+TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3",
+                    "AMP_DEBUG_STALL=1:3 OMPI_ALLOW_RUN_AS_ROOT=1 "
+                    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "
+                    "mpirun -np 2 --oversubscribe");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
+  EXPECT_LT(secs, 60.0);
+  EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace amp

@@ -1,0 +1,158 @@
+// Data-parallel training under mpirun (CTest runs this with -np 1, 2 and 4). Each check compares
+// against an independent run: one rank with the whole batch, one micro-batch with the whole batch,
+// or another bucket size.
+#include <gtest/gtest.h>
+#include <cmath>
+#include <mpi.h>
+
+#include "comm/local_communicator.h"
+#include "comm/mpi_communicator.h"
+#include "comm/replica_check.h"
+#include "launch/trainer.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+using launch::TrainConfig;
+
+TrainConfig base_config() {
+  TrainConfig c;
+  c.width = 24;
+  c.layers = 3;
+  c.steps = 6;
+  c.batch_size = 4;
+  c.lr = 0.05f;
+  c.log_every = 0;
+  c.seed = 5;
+  return c;
+}
+
+comm::MpiCommunicator& world() {
+  static comm::MpiCommunicator w(MPI_COMM_WORLD);
+  w.set_timeout(120);
+  return w;
+}
+
+launch::TrainResult train(const TrainConfig& c, comm::Communicator& comm, nn::Sequential** model_out = nullptr,
+                          std::unique_ptr<launch::Trainer>* keep = nullptr) {
+  auto t = std::make_unique<launch::Trainer>(c, comm, kCPU);
+  launch::TrainResult r = t->run();
+  if (model_out) *model_out = &t->model();
+  if (keep) *keep = std::move(t);
+  return r;
+}
+
+void expect_same_training(const launch::TrainResult& a, nn::Sequential& ma, const launch::TrainResult& b,
+                          nn::Sequential& mb, double tol) {
+  ASSERT_EQ(a.records.size(), b.records.size());
+  for (size_t i = 0; i < a.records.size(); ++i) {
+    EXPECT_NEAR(a.records[i].loss, b.records[i].loss, tol * std::fabs(b.records[i].loss)) << "step " << i + 1;
+    EXPECT_EQ(a.records[i].skipped, b.records[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(a.records[i].scale, b.records[i].scale) << "step " << i + 1;
+  }
+  const auto pa = ma.parameters(), pb = mb.parameters();
+  for (size_t k = 0; k < pa.size(); ++k) EXPECT_TRUE(test::all_close(pa[k], pb[k], tol, tol)) << "parameter " << k;
+}
+
+TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig many = base_config();
+  TrainConfig one = many;
+  one.batch_size = many.batch_size * w.size();
+  std::unique_ptr<launch::Trainer> ta, tb;
+  nn::Sequential *ma = nullptr, *mb = nullptr;
+  const auto ra = train(many, w, &ma, &ta);
+  comm::LocalCommunicator local;
+  const auto rb = train(one, local, &mb, &tb);
+  expect_same_training(ra, *ma, rb, *mb, 2e-5);
+}
+
+TEST(Distributed, MicroBatchesTimesBatchEqualsOneMicroBatch) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig k = base_config();
+  k.micro_batches = 3;
+  TrainConfig one = k;
+  one.micro_batches = 1;
+  one.batch_size = k.batch_size * 3;
+  std::unique_ptr<launch::Trainer> ta, tb;
+  nn::Sequential *ma = nullptr, *mb = nullptr;
+  // micro-batches with ranks, against one micro-batch with ranks: the sample layout makes them equal.
+  const auto ra = train(k, w, &ma, &ta);
+  const auto rb = train(one, w, &mb, &tb);
+  expect_same_training(ra, *ma, rb, *mb, 2e-5);
+}
+
+TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig c = base_config();
+  c.amp = launch::AmpMode::fp16;
+  c.init_scale = 1024.0f;
+  c.growth_interval = 2;
+  c.steps = 8;
+  const int64_t s = 3;
+  c.inject_nonfinite = {{s, w.size() - 1}};  // only the last rank sees the inf
+  std::unique_ptr<launch::Trainer> t;
+  nn::Sequential* m = nullptr;
+  const auto r = train(c, w, &m, &t);
+  for (const auto& rec : r.records) EXPECT_EQ(rec.skipped, rec.step == s) << "rank " << w.rank() << " step " << rec.step;
+  // Scales used by each step's backward: 2 clean steps grow it, the overflow halves it, and the
+  // update rule goes on from there (growth_interval 2).
+  const std::vector<double> expected = {1024, 1024, 2048, 1024, 1024, 2048, 2048, 4096};
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(r.records[i].scale, expected[i]) << "step " << i + 1;
+  // The same on 1 rank with the inf on rank 0: the decision does not depend on the rank count.
+  TrainConfig single = c;
+  single.batch_size = c.batch_size * w.size();
+  single.inject_nonfinite = {{s, 0}};
+  comm::LocalCommunicator local;
+  std::unique_ptr<launch::Trainer> t1;
+  nn::Sequential* m1 = nullptr;
+  const auto r1 = train(single, local, &m1, &t1);
+  expect_same_training(r, *m, r1, *m1, 2e-3);
+  // Replicas stay bitwise equal.
+  const auto rep = comm::check_replicas(w, m->parameters());
+  EXPECT_TRUE(rep.consistent);
+  EXPECT_TRUE(r.replicas_consistent);
+}
+
+TEST(Distributed, BucketSizeDoesNotChangeTheResultBitwise) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig big = base_config();
+  TrainConfig small = big;
+  small.bucket_mb = 512.0 / (1024 * 1024);  // 512-byte buckets: one per parameter, or nearly
+  std::unique_ptr<launch::Trainer> ta, tb;
+  nn::Sequential *ma = nullptr, *mb = nullptr;
+  train(big, w, &ma, &ta);
+  train(small, w, &mb, &tb);
+  EXPECT_EQ(ta->reducer().num_buckets(), 1u);
+  EXPECT_GT(tb->reducer().num_buckets(), 3u);
+  const auto pa = ma->parameters(), pb = mb->parameters();
+  for (size_t k = 0; k < pa.size(); ++k) EXPECT_TRUE(test::bitwise_equal(pa[k], pb[k])) << "parameter " << k;
+}
+
+TEST(Distributed, BucketsLaunchDuringBackward) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig c = base_config();
+  c.bucket_mb = 512.0 / (1024 * 1024);
+  std::unique_ptr<launch::Trainer> t;
+  train(c, w, nullptr, &t);
+  // Every bucket but those whose gradients arrive last was launched by a hook, before backward ended.
+  EXPECT_GE(t->reducer().launched_during_backward(), t->reducer().num_buckets() - 1);
+  c.overlap = false;
+  std::unique_ptr<launch::Trainer> t2;
+  train(c, w, nullptr, &t2);
+  EXPECT_EQ(t2->reducer().launched_during_backward(), 0u);
+}
+
+TEST(Distributed, ReplicaCheckNamesTheRankThatDiffers) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  Tensor p = full({4}, 1.0);
+  if (w.rank() == 1) p.data<float>()[2] = 2.0f;
+  const auto rep = comm::check_replicas(w, {p});
+  EXPECT_FALSE(rep.consistent);
+  EXPECT_EQ(rep.differing_ranks, std::vector<int>{1});
+}
+
+}  // namespace
+}  // namespace amp
