@@ -30,6 +30,7 @@ struct GradientReducer::State {
   bool sync = false;
   bool in_backward = false;
   size_t launched_in_backward = 0;
+  bool passthrough = false;  // one rank: nothing to average, so no copies at all
 
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
@@ -61,6 +62,7 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
   State& st = *state_;
   st.comm = &comm;
   st.options = options;
+  st.passthrough = comm.size() == 1;
   // Reverse parameter order: the last layer's gradients are ready first.
   size_t cap = options.first_bucket_bytes;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
@@ -76,13 +78,13 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
     ++b.members;
   }
   for (Bucket& b : st.buckets) {
-    b.buffer = zeros({static_cast<int64_t>(b.pending)}, DType::f32, params[0].device());
+    if (!st.passthrough) b.buffer = zeros({static_cast<int64_t>(b.pending)}, DType::f32, params[0].device());
     b.pending = b.members;
   }
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < st.slots.size(); ++i) {
     st.slots[i].param.register_post_accumulate_grad_hook([weak, i](const Tensor&) {
-      if (auto s = weak.lock(); s && s->sync) s->mark_ready(i);
+      if (auto s = weak.lock(); s && s->sync && !s->passthrough) s->mark_ready(i);
     });
   }
 }
@@ -107,6 +109,10 @@ void GradientReducer::finish() {
   State& st = *state_;
   st.in_backward = false;
   if (!st.sync) return;
+  if (st.passthrough) {
+    st.sync = false;
+    return;
+  }
   // Parameters that got no gradient contribute zeros (and receive the average of the others').
   for (Slot& s : st.slots) {
     if (s.ready) continue;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that a fresh machine lacks. Idempotent, and quiet when nothing is missing.
 set -euo pipefail
-packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libdnnl-dev
+packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           nlohmann-json3-dev cmake g++ libgtest-dev)
 missing=()
 for p in "${packages[@]}"; do

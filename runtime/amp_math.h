@@ -2,6 +2,7 @@
 #pragma once
 #include <cmath>
 
+#include "runtime/half.h"
 #include "runtime/hd.h"
 
 namespace amp::math {
@@ -10,12 +11,12 @@ namespace amp::math {
 // powers of two and correctly rounded otherwise.
 AMP_HD float inverse_scale(float scale) { return static_cast<float>(1.0 / static_cast<double>(scale)); }
 
-// Multiplies one gradient element by inv_scale and reports whether the original value was inf/NaN.
-// The value is unscaled even when it is non-finite, as in PyTorch.
-AMP_HD float unscale_element(float g, float inv_scale, bool* nonfinite) {
-  if (!std::isfinite(g)) *nonfinite = true;
-  return inv_scale == 1.0f ? g : g * inv_scale;
-}
+// inf or NaN: all exponent bits set. A bit test rather than std::isfinite, so that CPU loops vectorise.
+AMP_HD bool is_nonfinite(float g) { return (f32_bits(g) & 0x7f800000u) == 0x7f800000u; }
+
+// One gradient element times inv_scale. The value is unscaled even when it is non-finite, as in
+// PyTorch; callers OR is_nonfinite(g) of the original value into found_inf.
+AMP_HD float unscale_element(float g, float inv_scale) { return g * inv_scale; }
 
 // _amp_update_scale_ plus hysteresis and min/max clamps. With hysteresis 1, min_scale 0 and
 // max_scale inf it is exactly PyTorch's algorithm. state: [scale, growth_tracker, hysteresis_left].

@@ -132,6 +132,7 @@ TEST(Distributed, BucketSizeDoesNotChangeTheResultBitwise) {
 
 TEST(Distributed, BucketsLaunchDuringBackward) {
   comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: one rank has nothing to reduce";
   TrainConfig c = base_config();
   c.bucket_mb = 512.0 / (1024 * 1024);
   std::unique_ptr<launch::Trainer> t;

@@ -22,12 +22,35 @@ Backend& cpu_backend() {
 
 // --- memory
 
+namespace {
+// Blocks are 64-byte aligned and rounded up to a 4 KiB multiple (small ones to 64 bytes), so that
+// sizes that differ by a few bytes share a bin.
+size_t block_size(size_t bytes) { return bytes <= 4096 ? (bytes + 63) / 64 * 64 : (bytes + 4095) / 4096 * 4096; }
+constexpr size_t kMaxCachedBytes = size_t{8} << 30;
+}  // namespace
+
 void* CpuBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  const size_t now = current_.fetch_add(bytes) + bytes;
+  const size_t size = block_size(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_blocks_.find(size);
+    if (it != free_blocks_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= size;
+    }
+  }
+  if (p == nullptr) {
+    p = std::aligned_alloc(64, size);
+    if (p == nullptr) {
+      empty_cache();
+      p = std::aligned_alloc(64, size);
+      if (p == nullptr) throw std::bad_alloc();
+    }
+  }
+  const size_t now = current_.fetch_add(size) + size;
   size_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }
@@ -36,9 +59,26 @@ void* CpuBackend::allocate(size_t bytes) {
 
 void CpuBackend::deallocate(void* p, size_t bytes) {
   if (p == nullptr) return;
-  std::free(p);
-  current_.fetch_sub(bytes);
+  const size_t size = block_size(bytes);
+  current_.fetch_sub(size);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cached_bytes_ + size > kMaxCachedBytes) {
+    std::free(p);
+    return;
+  }
+  free_blocks_[size].push_back(p);
+  cached_bytes_ += size;
 }
+
+void CpuBackend::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [size, blocks] : free_blocks_)
+    for (void* p : blocks) std::free(p);
+  free_blocks_.clear();
+  cached_bytes_ = 0;
+}
+
+CpuBackend::~CpuBackend() { empty_cache(); }
 
 void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
@@ -206,8 +246,13 @@ void CpuBackend::broadcast_to(const Tensor& x, Tensor& out) {
     T* os = out.data<T>();
     const long n = static_cast<long>(out.numel());
     const Shape& shape = out.shape();
+    const long row = x.dim() >= 1 ? static_cast<long>(x.shape().back()) : 1;
     if (x.numel() == 1) {
       std::fill_n(os, n, xs[0]);
+    } else if (x.numel() == row && !shape.empty() && shape.back() == row) {
+      // A row repeated over the leading dims: the bias of a linear layer.
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+      for (long r = 0; r < n / row; ++r) std::copy_n(xs, row, os + r * row);
     } else {
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
       for (long i = 0; i < n; ++i) os[i] = xs[offset_of(i, shape, s)];

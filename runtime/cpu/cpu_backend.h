@@ -2,6 +2,9 @@
 // tensor core, and OpenMP loops over the shared per-element functions.
 #pragma once
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "runtime/backend.h"
 
@@ -49,8 +52,18 @@ class CpuBackend final : public Backend {
   void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
 
  private:
+  // A caching allocator: freed blocks are kept by size and handed out again, so the tensors of
+  // each training step reuse memory that is already mapped (no page faults, no zeroing by the OS).
+  // current/peak count bytes held by tensors, not the cache.
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_blocks_;
+  size_t cached_bytes_ = 0;
   std::atomic<size_t> current_{0};
   std::atomic<size_t> peak_{0};
+
+ public:
+  void empty_cache();  // returns every cached block to the system
+  ~CpuBackend() override;
 };
 
 Backend& cpu_backend();

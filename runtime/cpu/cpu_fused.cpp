@@ -29,18 +29,19 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
                                   dtype_name(dt) + " and " + dtype_name(g.dtype()));
   const float inv = math::inverse_scale(scale.data<float>()[0]);
   bool any = false;
-  cpu::dispatch_float(dt, [&](auto T_tag) { using T = decltype(T_tag);
+  cpu::dispatch_float(dt, [&](auto T_tag) {
+    using T = decltype(T_tag);
     for (const Tensor& g : grads) {
       T* d = g.data<T>();
       const long n = static_cast<long>(g.numel());
-      bool local = false;
-#pragma omp parallel for schedule(static) reduction(|| : local) if (n > cpu::kParallelGrain)
+      int bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
       for (long i = 0; i < n; ++i) {
-        bool bad = false;
-        d[i] = Elem<T>::store(math::unscale_element(static_cast<float>(Elem<T>::load(d[i])), inv, &bad));
-        local = local || bad;
+        const float v = static_cast<float>(Elem<T>::load(d[i]));
+        bad |= math::is_nonfinite(v) ? 1 : 0;
+        d[i] = Elem<T>::store(math::unscale_element(v, inv));
       }
-      any = any || local;
+      any = any || bad != 0;
     }
   });
   if (any) found_inf.data<float>()[0] = 1.0f;
