@@ -14,6 +14,7 @@
 #include "amp/grad_scaler.h"
 #include "models/mlp.h"
 #include "runtime/backend.h"
+#include "runtime/cuda_support.h"
 #include "runtime/ops.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/random.h"
@@ -43,15 +44,16 @@ struct StepFigures {
   double step_ms, scaler_ms, peak_mb;
 };
 
-StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps) {
+StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps, Device dev) {
   Generator gen(1);
-  auto model = models::make_mlp({width, width, width, layers}, gen);
-  const Tensor x = randn({batch, width}, gen), y = randn({batch, width}, gen);
+  auto model = models::make_mlp({width, width, width, layers}, gen, dev);
+  const Tensor x = randn({batch, width}, gen, DType::f32, dev), y = randn({batch, width}, gen, DType::f32, dev);
   optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4f});
-  GradScaler scaler(GradScalerOptions{.enabled = m.scaler});
-  Backend& b = backend_for(kCPU);
+  GradScaler scaler(GradScalerOptions{.enabled = m.scaler, .device = dev});
+  Backend& b = backend_for(dev);
   std::vector<double> step_ms, scaler_ms, peak;
   for (int s = 0; s < warmup + steps; ++s) {
+    b.synchronize();
     b.reset_peak_bytes();
     const auto t0 = Clock::now();
     opt.zero_grad();
@@ -60,16 +62,23 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
       autocast ac(m.dtype, m.autocasting);
       loss = mse_loss((*model)(x), y);
     }
+    // The scaler's own work is timed with the device drained before and after each part.
+    b.synchronize();
     auto ts = Clock::now();
     Tensor scaled = scaler.scale(loss);
+    b.synchronize();
     double sc = ms_since(ts);
     scaled.backward();
+    b.synchronize();
     ts = Clock::now();
     scaler.unscale_(opt);
+    b.synchronize();
     sc += ms_since(ts);
     scaler.step(opt);
+    b.synchronize();
     ts = Clock::now();
     scaler.update();
+    b.synchronize();
     sc += ms_since(ts);
     if (s >= warmup) {
       step_ms.push_back(ms_since(t0));
@@ -82,21 +91,24 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
 
 // The GEMMs one step runs, alone: per layer the forward, the weight gradient, and the input
 // gradient for every layer but the first (the input needs none). Same shapes and dtypes as the step.
-double time_gemms(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps, bool with_first_dx) {
+double time_gemms(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps, bool with_first_dx,
+                  Device dev) {
   Generator gen(2);
   const DType dt = m.autocasting ? m.dtype : DType::f32;
-  const Tensor x = cast(randn({batch, width}, gen), dt), w = cast(randn({width, width}, gen), dt);
-  const Tensor g = cast(randn({batch, width}, gen), dt);
-  Tensor out = empty({batch, width}, dt), gw = empty({width, width}, dt), gx = empty({batch, width}, dt);
-  Backend& b = backend_for(kCPU);
+  const Tensor x = cast(randn({batch, width}, gen, DType::f32, dev), dt), w = cast(randn({width, width}, gen, DType::f32, dev), dt);
+  const Tensor g = cast(randn({batch, width}, gen, DType::f32, dev), dt);
+  Tensor out = empty({batch, width}, dt, dev), gw = empty({width, width}, dt, dev), gx = empty({batch, width}, dt, dev);
+  Backend& b = backend_for(dev);
   std::vector<double> t;
   for (int s = 0; s < warmup + steps; ++s) {
+    b.synchronize();
     const auto t0 = Clock::now();
     for (int64_t l = 0; l < layers; ++l) {
       b.gemm(false, true, 1.0f, x, w, 0.0f, out);
       b.gemm(true, false, 1.0f, g, x, 0.0f, gw);
       if (l > 0 || with_first_dx) b.gemm(false, false, 1.0f, g, w, 0.0f, gx);
     }
+    b.synchronize();
     if (s >= warmup) t.push_back(ms_since(t0));
   }
   return median(t);
@@ -108,6 +120,7 @@ int main(int argc, char** argv) {
   int64_t width = 4096, layers = 3, batch = 512;
   int warmup = 1, steps = 3, threads = 0;
   std::string modes_arg = "fp32,fp16,bf16,bf16+scaler,fp16-noscaler";
+  std::string device_arg = "cpu";
   po::options_description opts("bench_mlp: step time of the seeds' MLP per precision mode");
   opts.add_options()("help,h", "print this help")
       ("width", po::value(&width)->default_value(width), "hidden width")
@@ -116,12 +129,15 @@ int main(int argc, char** argv) {
       ("warmup", po::value(&warmup)->default_value(warmup), "untimed steps")
       ("steps", po::value(&steps)->default_value(steps), "timed steps (the median is printed)")
       ("threads", po::value(&threads)->default_value(threads), "CPU threads (0: all cores)")
+      ("device", po::value(&device_arg)->default_value(device_arg), "cpu|cuda")
       ("modes", po::value(&modes_arg)->default_value(modes_arg),
        "comma-separated: fp32, fp16 (with the scaler), fp16-noscaler, bf16, bf16+scaler");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
+    if (device_arg != "cpu" && device_arg != "cuda")
+      throw po::error("invalid value '" + device_arg + "' for option '--device' (valid: cpu, cuda)");
     if (width < 1 || layers < 1 || batch < 1 || steps < 1 || warmup < 0 || threads < 0)
       throw po::error("--width, --layers, --batch and --steps must be >= 1; --warmup and --threads >= 0");
   } catch (const po::error& e) {
@@ -135,6 +151,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (threads > 0) set_num_threads(threads);
+  Device dev = kCPU;
+  if (device_arg == "cuda") {
+    try {
+      cuda_init(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_mlp: error: %s\n", e.what());
+      return 1;
+    }
+    dev = Device{DeviceType::cuda, 0};
+  }
 
   const std::vector<Mode> all = {{"fp32", false, DType::f32, false},
                                  {"fp16", true, DType::f16, true},
@@ -153,15 +179,15 @@ int main(int argc, char** argv) {
   }
 
   const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(width * width) * static_cast<double>(3 * layers - 1);
-  std::printf("MLP %lld x %lld, batch %lld, %d thread(s), %d timed steps (median)\n", static_cast<long long>(layers),
-              static_cast<long long>(width), static_cast<long long>(batch), get_num_threads(), steps);
+  std::printf("MLP %lld x %lld, batch %lld, %s, %d thread(s), %d timed steps (median)\n", static_cast<long long>(layers),
+              static_cast<long long>(width), static_cast<long long>(batch), dev.str().c_str(), get_num_threads(), steps);
   std::printf("%-14s %10s %9s %11s %11s %10s %9s %9s %9s\n", "mode", "step_ms", "GFLOP/s", "gemms_ms", "step/gemms",
               "9gemms_ms", "scaler_ms", "scaler%", "peak_MiB");
   double fp32_ms = 0;
   for (const Mode& m : modes) {
-    const StepFigures f = time_steps(m, width, layers, batch, warmup, steps);
-    const double g = time_gemms(m, width, layers, batch, warmup, steps, false);
-    const double g9 = time_gemms(m, width, layers, batch, warmup, steps, true);
+    const StepFigures f = time_steps(m, width, layers, batch, warmup, steps, dev);
+    const double g = time_gemms(m, width, layers, batch, warmup, steps, false, dev);
+    const double g9 = time_gemms(m, width, layers, batch, warmup, steps, true, dev);
     if (m.name == "fp32") fp32_ms = f.step_ms;
     std::printf("%-14s %10.1f %9.1f %11.1f %11.3f %10.1f %9.2f %8.2f%% %9.0f\n", m.name.c_str(), f.step_ms,
                 flops / f.step_ms / 1e6, g, f.step_ms / g, g9, f.scaler_ms, 100.0 * f.scaler_ms / f.step_ms, f.peak_mb);

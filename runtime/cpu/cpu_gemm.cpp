@@ -97,8 +97,9 @@ void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tens
                                 shape_str(b.shape()) + (tb ? "^T" : "") + " -> " + shape_str(c.shape()) +
                                 " do not match");
   if (a.dtype() != b.dtype()) throw std::invalid_argument("gemm: a and b must share a dtype");
-  if (c.dtype() != a.dtype() && c.dtype() != DType::f32)
-    throw std::invalid_argument("gemm: the output must have the inputs' dtype or float32");
+  if (c.dtype() != a.dtype() && !(is_reduced_float(a.dtype()) && c.dtype() == DType::f32))
+    throw std::invalid_argument(std::string("gemm: ") + dtype_name(a.dtype()) + " inputs cannot write a " +
+                                dtype_name(c.dtype()) + " output (only fp16/bf16 inputs may write float32)");
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0.0f) fill(c, 0.0);

@@ -1,0 +1,56 @@
+// NcclCommunicator: the Communicator for CUDA tensors (DESIGN.md section 8).
+//
+// - Rank 0's ncclUniqueId is broadcast over MPI; the NCCL communicator is non-blocking, so that no
+//   NCCL call can hang the host and a stuck one can be aborted.
+// - Collectives run on a dedicated communication stream, ordered against the compute stream by
+//   events in both directions: the compute stream's work queued before a call (the gradients) is
+//   done before the collective reads it, and Work::wait() makes the compute stream wait for the
+//   collective before it runs anything queued later (the unscale). wait() does not block the host.
+// - A watchdog thread polls ncclCommGetAsyncError and the age of every collective in flight. On an
+//   error or a timeout it calls ncclCommAbort, prints one line naming the rank, the operation and
+//   the context ("step 12"), and the next call into this communicator (or into its Work) throws
+//   CommError with that message. If the program never calls in again, the watchdog ends the process
+//   with a non-zero status after a grace period, so that mpirun tears the job down: no rank hangs.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace amp::comm {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over comm: every rank of comm must call it. Selects the device with
+  // cuda_init(local_rank) if that has not happened yet.
+  NcclCommunicator(MPI_Comm comm, int local_rank);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  int local_rank() const override;
+  int local_size() const override;
+  std::string name() const override { return "nccl"; }
+
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override;
+  // One ncclGroupStart/End around all of them: the reducer's gradient buckets, launched together.
+  std::unique_ptr<Work> all_reduce_coalesced_async(std::vector<Tensor>& ts, ReduceOp op);
+  void broadcast(Tensor& t, int root) override;
+  Tensor all_gather(const Tensor& t) override;
+  // Waits on the host (at most timeout()) until every rank has arrived.
+  void barrier() override;
+
+  struct State;  // NCCL handles, streams and the watchdog; shared with the Work objects
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// The factory that launch/ uses; MPI must be initialised.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int local_rank);
+
+}  // namespace amp::comm

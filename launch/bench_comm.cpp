@@ -1,0 +1,142 @@
+// bench_comm (run under mpirun): what data parallelism costs on this machine.
+//  1. The seeds' MLP step per rank: rank 0 alone without communication, then every rank with the
+//     bucketed all-reduce, overlap on and off. The gap is what communication adds.
+//  2. All-reduce bandwidth for one large buffer against a plain memcpy of the same size.
+#include <mpi.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "comm/mpi_communicator.h"
+#include "comm/mpi_session.h"
+#include "comm/reducer.h"
+#include "models/mlp.h"
+#include "runtime/ops.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/random.h"
+#include "runtime/threads.h"
+
+using namespace amp;
+namespace po = boost::program_options;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median step time in ms. comm == nullptr: no reducer at all.
+double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, comm::Communicator* comm,
+                  bool overlap, double bucket_mb) {
+  Generator gen(1);
+  auto model = models::make_mlp({width, width, width, layers}, gen);
+  const Tensor x = randn({batch, width}, gen), y = randn({batch, width}, gen);
+  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4f});
+  std::unique_ptr<comm::GradientReducer> reducer;
+  if (comm) {
+    comm::ReducerOptions ro;
+    ro.overlap = overlap;
+    ro.bucket_bytes = static_cast<size_t>(bucket_mb * (1 << 20));
+    reducer = std::make_unique<comm::GradientReducer>(model->parameters(), *comm, ro);
+  }
+  std::vector<double> t;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (comm) comm->barrier();
+    const auto t0 = Clock::now();
+    opt.zero_grad();
+    if (reducer) reducer->prepare_for_backward(true);
+    mse_loss((*model)(x), y).backward();
+    if (reducer) reducer->finish();
+    opt.step();
+    if (s >= warmup) t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::MpiSession mpi(&argc, &argv);
+  int64_t width = 4096, layers = 3, batch = 512;
+  int warmup = 1, steps = 3, threads = 1;
+  double bucket_mb = 25.0, buffer_mb = 64.0;
+  po::options_description opts("bench_comm: data-parallel overheads (run with mpirun -np N)");
+  opts.add_options()("help,h", "print this help")
+      ("width", po::value(&width)->default_value(width), "hidden width")
+      ("layers", po::value(&layers)->default_value(layers), "Linear layers")
+      ("batch", po::value(&batch)->default_value(batch), "batch size per rank")
+      ("warmup", po::value(&warmup)->default_value(warmup), "untimed steps")
+      ("steps", po::value(&steps)->default_value(steps), "timed steps (median)")
+      ("threads", po::value(&threads)->default_value(threads), "threads per rank")
+      ("bucket-mb", po::value(&bucket_mb)->default_value(bucket_mb), "gradient bucket size")
+      ("buffer-mb", po::value(&buffer_mb)->default_value(buffer_mb), "all-reduce bandwidth buffer size");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+    if (width < 1 || layers < 1 || batch < 1 || steps < 1 || threads < 1 || !(bucket_mb > 0) || !(buffer_mb > 0))
+      throw po::error("sizes, --steps and --threads must be positive");
+  } catch (const po::error& e) {
+    if (mpi.rank() == 0) std::fprintf(stderr, "bench_comm: error: %s\n", e.what());
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (mpi.rank() == 0) {
+      std::ostringstream os;
+      os << opts;
+      std::printf("%s", os.str().c_str());
+    }
+    return 0;
+  }
+  if (!mpi.active() || mpi.size() < 2) {
+    std::fprintf(stderr, "bench_comm: run it with mpirun -np 2 (or more)\n");
+    return 2;
+  }
+  set_num_threads(threads);
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  const bool rank0 = world.rank() == 0;
+
+  // 1. Step time: rank 0 alone first (the others wait in a sleeping barrier), then all ranks.
+  double alone = 0.0;
+  if (rank0) alone = time_steps(width, layers, batch, warmup, steps, nullptr, false, bucket_mb);
+  world.barrier();
+  const double on = time_steps(width, layers, batch, warmup, steps, &world, true, bucket_mb);
+  const double off = time_steps(width, layers, batch, warmup, steps, &world, false, bucket_mb);
+  if (rank0) {
+    std::printf("MLP %lld x %lld, batch %lld per rank, %d thread(s) per rank, %d ranks, buckets %.0f MiB\n",
+                static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(batch), threads,
+                world.size(), bucket_mb);
+    std::printf("  1 rank, no communication   %9.1f ms/step\n", alone);
+    std::printf("  %d ranks, overlap on        %9.1f ms/step  (+%.1f%%)\n", world.size(), on, 100.0 * (on / alone - 1));
+    std::printf("  %d ranks, overlap off       %9.1f ms/step  (+%.1f%%)\n", world.size(), off, 100.0 * (off / alone - 1));
+  }
+
+  // 2. All-reduce bandwidth against memcpy.
+  const int64_t n = static_cast<int64_t>(buffer_mb * (1 << 20) / 4);
+  Tensor buf = full({n}, 1.0), dst = empty({n});
+  std::vector<double> ar, cp;
+  for (int i = 0; i < 5; ++i) {
+    world.barrier();
+    auto t0 = Clock::now();
+    world.all_reduce(buf, comm::ReduceOp::sum);
+    ar.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    std::memcpy(dst.data_ptr(), buf.data_ptr(), buf.nbytes());
+    cp.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  if (rank0) {
+    const double bytes = static_cast<double>(buf.nbytes()), p = world.size();
+    const double t = median(ar);
+    std::printf("all-reduce of %.0f MiB: %.1f ms, algorithm bandwidth %.2f GB/s, bus bandwidth %.2f GB/s\n",
+                buffer_mb, t * 1e3, bytes / t / 1e9, 2 * (p - 1) / p * bytes / t / 1e9);
+    std::printf("memcpy of the same:   %.1f ms, %.2f GB/s\n", median(cp) * 1e3, bytes / median(cp) / 1e9);
+  }
+  return 0;
+}

@@ -1,0 +1,204 @@
+// CUDA backend: fused AMP and optimizer kernels. found_inf, the scale, the scaler state and the step
+// count stay on the device: the optimizer kernels read found_inf and return early, the scale update
+// is a one-thread kernel, and nothing here waits for the device.
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/amp_math.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/device_elem.cuh"
+#include "runtime/cuda/multi_tensor_apply.cuh"
+#include "runtime/optim_math.h"
+
+namespace amp::cuda {
+
+namespace {
+
+__device__ __forceinline__ bool skip_requested(const float* found_inf) {
+  return found_inf != nullptr && *found_inf != 0.0f;
+}
+
+// --- ops and kernels
+
+template <class T>
+struct UnscaleOp {
+  const float* scale;
+  float* found_inf;
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+    T* g = static_cast<T*>(p[0]);
+    const float inv = math::inverse_scale(*scale);
+    bool bad = false;
+    AMP_MT_LOOP(i, begin, end) {
+      const float v = static_cast<float>(DevElem<T>::load(g[i]));
+      bad = bad || math::is_nonfinite(v);
+      g[i] = DevElem<T>::store(math::unscale_element(v, inv));
+    }
+    if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+  }
+};
+
+__global__ void update_scale_kernel(float* state, const float* found_inf, ScaleUpdateHyper h) {
+  math::update_scale(state, *found_inf, h.growth_factor, h.backoff_factor, h.growth_interval, h.hysteresis,
+                     h.min_scale, h.max_scale);
+}
+
+// Runs after every launch of a step: the count moves only when the step was taken.
+__global__ void step_count_kernel(float* step_count, const float* found_inf) {
+  if (!skip_requested(found_inf)) *step_count += 1.0f;
+}
+
+template <bool Momentum>
+struct SgdOp {
+  const float* found_inf;
+  const float* step_count;
+  SgdHyper h;
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+    if (skip_requested(found_inf)) return;
+    const bool first = *step_count == 0.0f;
+    float* param = static_cast<float*>(p[0]);
+    const float* grad = static_cast<const float*>(p[1]);
+    float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
+    AMP_MT_LOOP(i, begin, end) {
+      math::sgd_update(&param[i], grad[i], Momentum ? &buf[i] : nullptr, first, h.lr, h.momentum, h.dampening,
+                       h.weight_decay, h.nesterov);
+    }
+  }
+};
+
+template <bool Amsgrad>
+struct AdamOp {
+  const float* found_inf;
+  const float* step_count;
+  AdamHyper h;
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+    if (skip_requested(found_inf)) return;
+    // The fp64 bias corrections once per block, as PyTorch computes them once per step on the host.
+    __shared__ math::AdamScalars s;
+    if (threadIdx.x == 0) s = math::adam_scalars(*step_count + 1.0f, h.lr, h.beta1, h.beta2);
+    __syncthreads();
+    float* param = static_cast<float*>(p[0]);
+    const float* grad = static_cast<const float*>(p[1]);
+    float* m = static_cast<float*>(p[2]);
+    float* v = static_cast<float*>(p[3]);
+    float* vmax = Amsgrad ? static_cast<float*>(p[Amsgrad ? 4 : 0]) : nullptr;
+    AMP_MT_LOOP(i, begin, end) {
+      math::adam_update(&param[i], grad[i], &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2,
+                        h.eps, h.weight_decay, h.decoupled_weight_decay, Amsgrad, s);
+    }
+  }
+};
+
+// --- launchers
+
+void require_f32(const Tensor& t, const char* what) {
+  require_cuda(t, what);
+  if (t.dtype() != DType::f32)
+    throw std::invalid_argument(std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
+}
+
+void require_same_numel(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.numel() != b.numel())
+    throw std::invalid_argument(std::string(what) + ": " + shape_str(a.shape()) + " and " + shape_str(b.shape()) +
+                                " differ in size");
+}
+
+const float* optional_flag(const Tensor& found_inf) {
+  if (!found_inf.defined()) return nullptr;
+  require_f32(found_inf, "found_inf");
+  return found_inf.data<float>();
+}
+
+// The pointers of lists[0][t], lists[1][t], ... for every t, and the element counts.
+template <int Depth>
+void gather(const std::array<const std::vector<Tensor>*, Depth>& lists, std::vector<std::array<void*, Depth>>* ptrs,
+            std::vector<int64_t>* numels) {
+  const size_t n = lists[0]->size();
+  for (int d = 1; d < Depth; ++d)
+    if (lists[static_cast<size_t>(d)]->size() < n)
+      throw std::invalid_argument("fused optimizer step: a state list is shorter than the parameter list");
+  for (size_t t = 0; t < n; ++t) {
+    std::array<void*, Depth> row{};
+    for (int d = 0; d < Depth; ++d) {
+      const Tensor& x = (*lists[static_cast<size_t>(d)])[t];
+      require_f32(x, "optimizer tensor");
+      require_same_numel((*lists[0])[t], x, "fused optimizer step");
+      row[static_cast<size_t>(d)] = x.data_ptr();
+    }
+    ptrs->push_back(row);
+    numels->push_back((*lists[0])[t].numel());
+  }
+}
+
+}  // namespace
+
+void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+  if (grads.empty()) return;
+  require_f32(scale, "scale");
+  require_f32(found_inf, "found_inf");
+  const DType dt = grads[0].dtype();
+  std::vector<std::array<void*, 1>> ptrs;
+  std::vector<int64_t> numels;
+  for (const Tensor& g : grads) {
+    require_cuda(g, "gradient");
+    if (g.dtype() != dt)
+      throw std::invalid_argument(std::string("unscale_and_check: all gradients of one call must share a dtype, got ") +
+                                  dtype_name(dt) + " and " + dtype_name(g.dtype()));
+    ptrs.push_back({g.data_ptr()});
+    numels.push_back(g.numel());
+  }
+  dispatch_float(dt, [&](auto T_tag) { using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()});
+  });
+}
+
+void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) {
+  require_f32(state, "scaler state");
+  require_f32(found_inf, "found_inf");
+  if (state.numel() < 3) throw std::invalid_argument("scaler state must hold [scale, growth_tracker, hysteresis_left]");
+  update_scale_kernel<<<1, 1, 0, context().stream()>>>(state.data<float>(), found_inf.data<float>(), h);
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                           const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
+                           const Tensor& found_inf) {
+  require_f32(step_count, "step count");
+  const float* flag = optional_flag(found_inf);
+  std::vector<int64_t> numels;
+  if (h.momentum != 0.0f) {
+    std::vector<std::array<void*, 3>> ptrs;
+    gather<3>({&params, &grads, &bufs}, &ptrs, &numels);
+    multi_tensor_apply<3>(ptrs, numels, SgdOp<true>{flag, step_count.data<float>(), h});
+  } else {
+    std::vector<std::array<void*, 2>> ptrs;
+    gather<2>({&params, &grads}, &ptrs, &numels);
+    multi_tensor_apply<2>(ptrs, numels, SgdOp<false>{flag, step_count.data<float>(), h});
+  }
+  step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                            const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                            const Tensor& found_inf) {
+  require_f32(step_count, "step count");
+  const float* flag = optional_flag(found_inf);
+  std::vector<int64_t> numels;
+  if (h.amsgrad) {
+    std::vector<std::array<void*, 5>> ptrs;
+    gather<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, &ptrs, &numels);
+    multi_tensor_apply<5>(ptrs, numels, AdamOp<true>{flag, step_count.data<float>(), h});
+  } else {
+    std::vector<std::array<void*, 4>> ptrs;
+    gather<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &ptrs, &numels);
+    multi_tensor_apply<4>(ptrs, numels, AdamOp<false>{flag, step_count.data<float>(), h});
+  }
+  step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace amp::cuda

@@ -1,0 +1,140 @@
+// CUDA backend: multi-tensor norms, clipping by norm and clamping, for gradient clipping. The norm
+// never leaves the device: clip_by_norm reads it there.
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "runtime/cuda/block_reduce.cuh"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/device_elem.cuh"
+#include "runtime/cuda/multi_tensor_apply.cuh"
+
+namespace amp::cuda {
+
+namespace {
+
+// The CPU's max for the inf-norm: a NaN anywhere wins, so a NaN gradient gives a NaN norm.
+struct NanMaxOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return (b > a || isnan(b)) ? b : a; }
+};
+
+// --- ops and kernels
+
+template <class T>
+struct NormOp {
+  double p;
+  bool inf_norm;
+  double* partial;  // one slot per block of this dtype group
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t block) const {
+    const T* x = static_cast<const T*>(ptrs[0]);
+    double acc = 0.0;
+    AMP_MT_LOOP(i, begin, end) {
+      const double a = fabs(static_cast<double>(DevElem<T>::load(x[i])));
+      acc = inf_norm ? NanMaxOp{}(acc, a) : acc + pow(a, p);
+    }
+    acc = inf_norm ? block_reduce(acc, NanMaxOp{}) : block_reduce(acc, SumOp{});
+    if (threadIdx.x == 0) partial[block] = acc;
+  }
+};
+
+// Folds the partials in a fixed order into out, as the CPU does: out = max(out, norm) for the
+// inf-norm, out += sum otherwise.
+__global__ void norm_finish_kernel(const double* partial, int64_t count, bool inf_norm, float* out) {
+  // out enters the fold once, through thread 0; -inf is the identity of the max.
+  double acc = inf_norm ? (threadIdx.x == 0 ? static_cast<double>(out[0]) : -INFINITY) : 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = inf_norm ? NanMaxOp{}(acc, partial[i]) : acc + partial[i];
+  acc = inf_norm ? block_reduce(acc, NanMaxOp{}) : block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) {
+    if (inf_norm) out[0] = static_cast<float>(acc);
+    else out[0] += static_cast<float>(acc);
+  }
+}
+
+template <class T>
+struct ClipOp {
+  const float* total_norm;
+  float max_norm;
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t) const {
+    using C = typename DevElem<T>::Compute;
+    // torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), applied always.
+    const float coef = max_norm / (*total_norm + 1e-6f);
+    const C a = static_cast<C>(static_cast<double>(1.0f < coef ? 1.0f : coef));
+    T* x = static_cast<T*>(ptrs[0]);
+    AMP_MT_LOOP(i, begin, end) x[i] = DevElem<T>::store(static_cast<C>(DevElem<T>::load(x[i])) * a);
+  }
+};
+
+template <class T>
+struct ClampOp {
+  double lo, hi;
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t) const {
+    using C = typename DevElem<T>::Compute;
+    const C l = static_cast<C>(lo), h = static_cast<C>(hi);
+    T* x = static_cast<T*>(ptrs[0]);
+    AMP_MT_LOOP(i, begin, end) {
+      const C v = DevElem<T>::load(x[i]);
+      const C t = v < l ? l : v;  // std::max(v, l)
+      x[i] = DevElem<T>::store(h < t ? h : t);  // std::min(t, h)
+    }
+  }
+};
+
+// --- launchers
+
+// Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order.
+template <class F>
+void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    std::vector<std::array<void*, 1>> ptrs;
+    std::vector<int64_t> numels;
+    for (const Tensor& x : xs) {
+      require_cuda(x, "tensor of a multi-tensor op");
+      if (x.dtype() != dt) continue;
+      ptrs.push_back({x.data_ptr()});
+      numels.push_back(x.numel());
+    }
+    if (ptrs.empty()) continue;
+    dispatch_float(dt, [&](auto T_tag) { f(T_tag, ptrs, numels); });
+  }
+}
+
+}  // namespace
+
+void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  require_cuda(out, "norm output");
+  if (out.dtype() != DType::f32) throw std::invalid_argument("norm output must be float32");
+  for (const Tensor& x : xs) require_cuda(x, "tensor of a norm");
+  const bool inf_norm = std::isinf(p);
+  std::vector<int64_t> all;
+  for (const Tensor& x : xs) all.push_back(x.numel());
+  const int64_t blocks = multi_tensor_block_count(all, kChunkSize);
+  Scratch partial(sizeof(double) * static_cast<size_t>(blocks > 0 ? blocks : 1));
+  int64_t offset = 0;
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, inf_norm, partial.as<double>() + offset});
+    offset += multi_tensor_block_count(numels, kChunkSize);
+  });
+  norm_finish_kernel<<<1, 1024, 0, context().stream()>>>(partial.as<double>(), blocks, inf_norm, out.data<float>());
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
+  require_cuda(total_norm, "total norm");
+  if (total_norm.dtype() != DType::f32) throw std::invalid_argument("total norm must be float32");
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, ClipOp<T>{total_norm.data<float>(), static_cast<float>(max_norm)});
+  });
+}
+
+void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, ClampOp<T>{lo, hi});
+  });
+}
+
+}  // namespace amp::cuda

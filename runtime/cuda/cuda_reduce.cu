@@ -1,0 +1,222 @@
+// CUDA backend: sum_to, softmax over the last dim, NLL loss and its backward. Sums accumulate in
+// fp64 as on the CPU; every reduction combines in a fixed order, so results are deterministic.
+#include <algorithm>
+#include <stdexcept>
+
+#include "runtime/cuda/block_reduce.cuh"
+#include "runtime/cuda/broadcast_index.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/device_elem.cuh"
+
+namespace amp::cuda {
+
+namespace {
+
+// The dims of x that sum_to keeps and the ones it sums over, with x's element strides.
+struct MixedRadix {
+  int n = 0;
+  int64_t size[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};
+  __device__ int64_t offset(int64_t linear) const {
+    int64_t off = 0;
+    for (int d = n - 1; d >= 0; --d) {
+      off += (linear % size[d]) * stride[d];
+      linear /= size[d];
+    }
+    return off;
+  }
+};
+
+// --- kernels
+
+template <class T>
+__global__ void sum_all_partial_kernel(const T* x, int64_t n, double* partial) {
+  double acc = 0.0;
+  AMP_GRID_STRIDE(i, n) acc += static_cast<double>(DevElem<T>::load(x[i]));
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+template <class T>
+__global__ void sum_partials_kernel(const double* partial, int count, T* out) {
+  double acc = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) acc += partial[i];
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) out[0] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(acc));
+}
+
+// One thread per output: coalesced when the kept dims are the innermost (the bias gradient).
+template <class T>
+__global__ void sum_thread_per_output_kernel(const T* x, T* out, int64_t outputs, MixedRadix kept, MixedRadix red,
+                                             int64_t reduced) {
+  AMP_GRID_STRIDE(j, outputs) {
+    const T* base = x + kept.offset(j);
+    double acc = 0.0;
+    for (int64_t r = 0; r < reduced; ++r) acc += static_cast<double>(DevElem<T>::load(base[red.offset(r)]));
+    out[j] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(acc));
+  }
+}
+
+// One block per output: for few outputs with long reductions.
+template <class T>
+__global__ void sum_block_per_output_kernel(const T* x, T* out, MixedRadix kept, MixedRadix red, int64_t reduced) {
+  const int64_t j = blockIdx.x;
+  const T* base = x + kept.offset(j);
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x)
+    acc += static_cast<double>(DevElem<T>::load(base[red.offset(r)]));
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) out[j] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(acc));
+}
+
+template <class T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
+  using C = typename DevElem<T>::Compute;
+  const T* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
+  T* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  C mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, static_cast<C>(DevElem<T>::load(xr[c])));
+  mx = block_reduce(mx, MaxOp{});
+  C total = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += std::exp(static_cast<C>(DevElem<T>::load(xr[c])) - mx);
+  total = block_reduce(total, SumOp{});
+  const C log_total = std::log(total);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const C shifted = static_cast<C>(DevElem<T>::load(xr[c])) - mx;
+    yr[c] = DevElem<T>::store(log ? shifted - log_total : std::exp(shifted) / total);
+  }
+}
+
+template <class T>
+__global__ void nll_loss_kernel(const T* logp, const int64_t* target, int64_t rows, int64_t cols, T* loss) {
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int64_t t = target[r];
+    acc += (t < 0 || t >= cols) ? NAN : static_cast<double>(DevElem<T>::load(logp[r * cols + t]));
+  }
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0)
+    loss[0] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(-acc / static_cast<double>(rows)));
+}
+
+template <class T>
+__global__ void nll_loss_backward_kernel(const T* grad, const int64_t* target, int64_t rows, int64_t cols, T* out) {
+  using C = typename DevElem<T>::Compute;
+  const C g = static_cast<C>(DevElem<T>::load(grad[0]));
+  AMP_GRID_STRIDE(r, rows) {
+    const int64_t t = target[r];
+    if (t >= 0 && t < cols) out[r * cols + t] = DevElem<T>::store(-g / static_cast<C>(rows));
+  }
+}
+
+// --- launchers
+
+template <class T>
+void launch_sum_all(const Tensor& x, Tensor& out) {
+  Context& ctx = context();
+  const int64_t n = x.numel();
+  const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (n + 4 * kBlock - 1) / (4 * kBlock)), 1024));
+  Scratch partial(sizeof(double) * static_cast<size_t>(blocks));
+  sum_all_partial_kernel<T><<<blocks, kBlock, 0, ctx.stream()>>>(x.data<T>(), n, partial.as<double>());
+  AMP_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<T><<<1, 1024, 0, ctx.stream()>>>(partial.as<double>(), blocks, out.data<T>());
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_sum_to(const Tensor& x, Tensor& out) {
+  // out broadcasts back to x: dims where out has extent 1 and x does not are summed over.
+  const BroadcastIndex ob = make_broadcast_index(out.shape(), x.shape());
+  MixedRadix kept, red;
+  int64_t stride = 1;
+  int64_t x_strides[kMaxDims] = {};
+  for (int d = ob.ndim - 1; d >= 0; --d) {
+    x_strides[d] = stride;
+    stride *= ob.out_shape[d];
+  }
+  for (int d = 0; d < ob.ndim; ++d) {
+    const bool summed = ob.strides[d] == 0 && ob.out_shape[d] != 1;
+    MixedRadix& m = summed ? red : kept;
+    m.size[m.n] = ob.out_shape[d];
+    m.stride[m.n] = x_strides[d];
+    ++m.n;
+  }
+  int64_t reduced = 1;
+  for (int d = 0; d < red.n; ++d) reduced *= red.size[d];
+  const int64_t outputs = out.numel();
+  Context& ctx = context();
+  if (outputs <= 4096 && reduced >= 256) {
+    sum_block_per_output_kernel<T><<<static_cast<unsigned>(outputs), kBlock, 0, ctx.stream()>>>(x.data<T>(), out.data<T>(),
+                                                                                                kept, red, reduced);
+  } else {
+    sum_thread_per_output_kernel<T><<<grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(
+        x.data<T>(), out.data<T>(), outputs, kept, red, reduced);
+  }
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
+  require_cuda(x, "sum_to: input");
+  require_cuda(out, "sum_to: output");
+  if (out.numel() == 0) return;
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    if (out.numel() == 1) {
+      launch_sum_all<T>(x, out);
+    } else if (out.numel() == x.numel()) {
+      copy(out.data_ptr(), x.data_ptr(), x.nbytes());
+    } else {
+      launch_sum_to<T>(x, out);
+    }
+  });
+}
+
+void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
+  require_cuda(x, "softmax: input");
+  require_cuda(y, "softmax: output");
+  const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  if (rows > 0x7fffffff) throw std::invalid_argument("softmax: more than 2^31-1 rows");
+  // Narrow rows get a smaller block, so that most threads have work.
+  const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    softmax_kernel<T><<<static_cast<unsigned>(rows), threads, 0, ctx.stream()>>>(x.data<T>(), y.data<T>(), cols, log);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {
+  require_cuda(logp, "nll_loss: log-probabilities");
+  require_cuda(target, "nll_loss: target");
+  require_cuda(loss, "nll_loss: loss");
+  if (target.dtype() != DType::i64) throw std::invalid_argument("nll_loss: target must be int64");
+  const int64_t rows = logp.shape()[0], cols = logp.shape()[1];
+  Context& ctx = context();
+  dispatch_float(logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    nll_loss_kernel<T><<<1, 1024, 0, ctx.stream()>>>(logp.data<T>(), target.data<int64_t>(), rows, cols, loss.data<T>());
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) {
+  require_cuda(grad, "nll_loss_backward: grad");
+  require_cuda(target, "nll_loss_backward: target");
+  require_cuda(grad_logp, "nll_loss_backward: output");
+  const int64_t rows = grad_logp.shape()[0], cols = grad_logp.shape()[1];
+  Context& ctx = context();
+  // All-zero bits are +0.0 in every float dtype.
+  AMP_CUDA_CHECK(cudaMemsetAsync(grad_logp.data_ptr(), 0, grad_logp.nbytes(), ctx.stream()));
+  if (rows == 0) return;
+  dispatch_float(grad_logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    nll_loss_backward_kernel<T><<<grid_for(rows, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(
+        grad.data<T>(), target.data<int64_t>(), rows, cols, grad_logp.data<T>());
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace amp::cuda

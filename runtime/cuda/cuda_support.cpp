@@ -1,0 +1,52 @@
+// The CUDA seam (runtime/cuda_support.h) for builds with the CUDA backend: device discovery with a
+// clear reason when there is none, device selection by local rank, and backend registration.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "runtime/backend.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda_support.h"
+
+namespace amp {
+
+namespace {
+
+// The number of devices, or 0 with *reason filled. Clears the error that a failed query leaves in
+// the runtime's last-error slot, so later calls do not report it again.
+int device_count(std::string* reason) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::string why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    if (err == cudaErrorInsufficientDriver)
+      why += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime: install a newer driver)";
+    else if (err == cudaErrorNoDevice)
+      why += " (no GPU is visible: check the hardware and CUDA_VISIBLE_DEVICES)";
+    if (reason) *reason = why;
+    return 0;
+  }
+  if (count == 0 && reason) *reason = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+  return count;
+}
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
+
+void cuda_init(int local_rank) {
+  if (local_rank < 0) throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " < 0");
+  std::string reason;
+  const int count = device_count(&reason);
+  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
+  // More ranks than GPUs on a node share devices round-robin (NCCL itself then refuses a shared GPU).
+  cuda::init_context(local_rank % count);
+  register_backend(DeviceType::cuda, &cuda::cuda_backend());
+}
+
+}  // namespace amp

@@ -1,0 +1,27 @@
+// The host half of the multi-tensor launcher (multi_tensor_apply.cuh), in the spirit of apex's
+// multi_tensor_apply: the tensors of one call are cut into fixed-size chunks, one thread block per
+// chunk, and as many chunks as fit in one kernel's parameter block go into one launch. A call over
+// all gradients of a model therefore costs a handful of launches, not one per tensor.
+//
+// Plain C++, so the host tests check the plan without a GPU.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace amp::cuda {
+
+struct MultiTensorLaunch {
+  std::vector<int> tensors;         // the caller's tensor indices, one per slot of this launch
+  std::vector<int> block_slot;      // per block: the slot of the tensor it works on
+  std::vector<int32_t> block_chunk; // per block: which chunk of that tensor
+};
+
+// Every element of every tensor is covered by exactly one block. A tensor whose chunks do not fit
+// in one launch continues in the next one. Empty tensors get no block.
+std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& numels, int64_t chunk_size,
+                                                 int max_tensors, int max_blocks);
+
+// The number of blocks a plan has in total (the size of per-block partial results).
+int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int64_t chunk_size);
+
+}  // namespace amp::cuda

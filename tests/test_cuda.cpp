@@ -1,0 +1,647 @@
+// The CUDA backend against the CPU backend, op by op, and the parts of it that run without a GPU.
+//
+// - CudaHost.*: no device needed. The CUDA seam fails cleanly, and the host halves of the backend
+//   (multi-tensor plan, row-major-to-column-major GEMM mapping, broadcast indexing, device-side
+//   loads and stores) are checked against independent references.
+// - CudaVsCpu.*: every Backend method on the same inputs on both devices. Each op has a normalised
+//   error tolerance; 0 means bit-identical, which is what the shared per-element math promises for
+//   IEEE-exact operations. Any non-finite value in a toleranced comparison is a failure. Without a
+//   device these tests are skipped with the reason.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/cuda/broadcast_index.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/device_elem.cuh"
+#include "runtime/cuda/gemm_layout.h"
+#include "runtime/cuda/multi_tensor_plan.h"
+#include "runtime/cuda_support.h"
+#include "runtime/tensor.h"
+
+namespace amp {
+namespace {
+
+constexpr Device kGPU{DeviceType::cuda, 0};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+// ------------------------------------------------------------------------------------------------
+// Without a device
+
+TEST(CudaHost, SeamReportsAClearReasonOrInitialises) {
+  EXPECT_TRUE(cuda_built());
+  std::string reason;
+  if (cuda_usable(&reason)) {
+    EXPECT_NO_THROW(cuda_init(0));
+    EXPECT_TRUE(backend_available(DeviceType::cuda));
+    return;
+  }
+  (void)cudaGetLastError();
+  EXPECT_FALSE(reason.empty());
+  try {
+    cuda_init(0);
+    ADD_FAILURE() << "cuda_init succeeded without a usable device";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(reason), std::string::npos) << what;
+    std::printf("cuda_init(0) without a device: %s\n", e.what());
+  }
+  // Nothing was registered, and using the device says so instead of crashing.
+  EXPECT_FALSE(backend_available(DeviceType::cuda));
+  EXPECT_THROW(backend_for(kGPU), std::runtime_error);
+}
+
+TEST(CudaHost, MultiTensorPlanCoversEveryChunkOnceWithinLimits) {
+  const std::vector<int64_t> numels = {0, 1, 65536, 65537, 5 * 65536 + 3, 0, 300 * 65536, 7, 65535, 1000000};
+  for (int max_tensors : {1, 2, 3, 110}) {
+    for (int max_blocks : {1, 4, 320}) {
+      const auto plan = cuda::plan_multi_tensor(numels, 65536, max_tensors, max_blocks);
+      std::set<std::pair<int, int>> seen;
+      for (const auto& launch : plan) {
+        ASSERT_LE(static_cast<int>(launch.tensors.size()), max_tensors);
+        ASSERT_LE(static_cast<int>(launch.block_slot.size()), max_blocks);
+        ASSERT_FALSE(launch.block_slot.empty());
+        ASSERT_EQ(launch.block_slot.size(), launch.block_chunk.size());
+        for (size_t b = 0; b < launch.block_slot.size(); ++b) {
+          const int t = launch.tensors[static_cast<size_t>(launch.block_slot[b])];
+          ASSERT_TRUE(seen.insert({t, launch.block_chunk[b]}).second) << "chunk covered twice";
+        }
+      }
+      int64_t chunks = 0;
+      for (int64_t n : numels) chunks += (n + 65535) / 65536;
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), chunks);
+      EXPECT_EQ(cuda::multi_tensor_block_count(numels, 65536), chunks);
+      for (const auto& [t, c] : seen) EXPECT_LT(int64_t{c} * 65536, numels[static_cast<size_t>(t)]);
+    }
+  }
+  // A model's worth of gradients (100 tensors, 10 M elements) takes a handful of launches.
+  std::vector<int64_t> model(100, 100000);
+  EXPECT_LE(cuda::plan_multi_tensor(model, 65536, 110, 320).size(), 1u);
+}
+
+// BLAS semantics, column-major: C = alpha op(A) op(B) + beta C with leading dimensions.
+void reference_column_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[p + i * lda] : a[i + p * lda];
+        const double bv = tb ? b[j + p * ldb] : b[p + j * ldb];
+        acc += av * bv;
+      }
+      c[i + j * ldc] = alpha * acc + beta * c[i + j * ldc];
+    }
+}
+
+TEST(CudaHost, RowMajorGemmMapsToColumnMajorCublasCall) {
+  const int64_t m = 3, n = 5, k = 4;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<double> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+      for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5 + static_cast<double>(i) * 0.25;
+      for (size_t i = 0; i < b.size(); ++i) b[i] = -1.0 + static_cast<double>(i) * 0.125;
+      // Row-major reference: A stored m x k (or k x m when ta), B k x n (or n x k when tb).
+      std::vector<double> want(static_cast<size_t>(m * n), 1.0), got = want;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < k; ++p)
+            acc += (ta ? a[static_cast<size_t>(p * m + i)] : a[static_cast<size_t>(i * k + p)]) *
+                   (tb ? b[static_cast<size_t>(j * k + p)] : b[static_cast<size_t>(p * n + j)]);
+          want[static_cast<size_t>(i * n + j)] = 2.0 * acc + 0.5 * want[static_cast<size_t>(i * n + j)];
+        }
+      const cuda::ColumnMajorGemm g = cuda::column_major_gemm(ta, tb, m, n, k);
+      ASSERT_TRUE(g.first_is_b);
+      reference_column_major_gemm(g.trans_first, g.trans_second, g.m, g.n, g.k, 2.0, b.data(), g.ld_first, a.data(),
+                                  g.ld_second, 0.5, got.data(), g.ldc);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_DOUBLE_EQ(got[i], want[i]) << "ta=" << ta << " tb=" << tb;
+    }
+  }
+}
+
+TEST(CudaHost, BroadcastIndexMatchesCpuBroadcast) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{5}, {3, 5}}, {{3, 1}, {3, 4}}, {{1}, {2, 3}}, {{}, {4}}, {{2, 1, 4}, {3, 2, 5, 4}}, {{3, 4}, {3, 4}}};
+  for (const auto& [in, out] : cases) {
+    Tensor x = empty(in, DType::f32);
+    backend_for(kCPU).fill_uniform(x, 7, 0, -1, 1);
+    Tensor want = empty(out, DType::f32);
+    backend_for(kCPU).broadcast_to(x, want);
+    const cuda::BroadcastIndex idx = cuda::make_broadcast_index(in, out);
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_EQ(x.data<float>()[idx.offset(i)], want.data<float>()[i]) << shape_str(in) << " -> " << shape_str(out);
+  }
+  EXPECT_THROW(cuda::make_broadcast_index({3}, {4}), std::invalid_argument);
+  EXPECT_THROW(cuda::make_broadcast_index({2, 3}, {3}), std::invalid_argument);
+}
+
+TEST(CudaHost, DeviceLoadsAndStoresMatchTheCpuConversions) {
+  const std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, 5.96e-8f, 3.0e38f, 1.00390625f,
+                                     std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (float v : values) {
+    EXPECT_EQ(cuda::DevElem<Half>::store(v).bits, Elem<Half>::store(v).bits) << v;
+    EXPECT_EQ(cuda::DevElem<BFloat16>::store(v).bits, Elem<BFloat16>::store(v).bits) << v;
+    const Half h = Elem<Half>::store(v);
+    const BFloat16 b = Elem<BFloat16>::store(v);
+    EXPECT_EQ(f32_bits(cuda::DevElem<Half>::load(h)), f32_bits(Elem<Half>::load(h)));
+    EXPECT_EQ(f32_bits(cuda::DevElem<BFloat16>::load(b)), f32_bits(Elem<BFloat16>::load(b)));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// CPU versus CUDA
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    if (!cuda_usable(&reason)) {
+      (void)cudaGetLastError();  // clear the sticky error of the failed probe
+      GTEST_SKIP() << "no usable CUDA device: " << reason;
+    }
+    cuda_init(0);
+  }
+  Backend& cpu() { return backend_for(kCPU); }
+  Backend& gpu() { return backend_for(kGPU); }
+};
+
+// Uniform values in [lo, hi), generated on the CPU and rounded into dtype.
+Tensor random_cpu(const Shape& shape, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  Tensor t = empty(shape, dt);
+  backend_for(kCPU).fill_uniform(t, seed, 0, lo, hi);
+  return t;
+}
+
+// ||got - want|| / ||want|| over all elements. Non-finite values in either give +inf, a failure.
+double normalised_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_vector(), w = want.to_vector();
+  if (g.size() != w.size()) return kInf;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i]) || !std::isfinite(w[i])) return kInf;
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// tol == 0: bit-identical, except that any NaN matches any NaN (GPU arithmetic returns the
+// canonical NaN where x86 keeps the operand's payload). Otherwise the normalised error is within tol.
+::testing::AssertionResult matches(const Tensor& gpu_result, const Tensor& cpu_result, double tol) {
+  const Tensor g = gpu_result.to(kCPU);
+  if (g.dtype() != cpu_result.dtype() || g.shape() != cpu_result.shape())
+    return ::testing::AssertionFailure() << "dtype or shape differ";
+  if (tol == 0) {
+    const size_t es = dtype_size(g.dtype());
+    std::vector<double> gv, cv;  // converted only on the first mismatch
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const size_t off = static_cast<size_t>(i) * es;
+      if (std::memcmp(static_cast<const char*>(g.data_ptr()) + off, static_cast<const char*>(cpu_result.data_ptr()) + off,
+                      es) == 0)
+        continue;
+      if (gv.empty()) {
+        gv = g.to_vector();
+        cv = cpu_result.to_vector();
+      }
+      const auto k = static_cast<size_t>(i);
+      if (std::isnan(gv[k]) && std::isnan(cv[k])) continue;
+      return ::testing::AssertionFailure() << "element " << i << ": cuda " << gv[k] << " vs cpu " << cv[k];
+    }
+    return ::testing::AssertionSuccess();
+  }
+  const double err = normalised_error(g, cpu_result);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "normalised error " << err << " > " << tol;
+}
+
+// Tolerance for ops whose device math may differ by a few ulps (exp, log, erf, tanh, pow).
+double transcendental_tol(DType dt) {
+  switch (dt) {
+    case DType::f64: return 1e-14;
+    case DType::f32: return 1e-6;
+    case DType::f16: return 2e-3;
+    default: return 1e-2;
+  }
+}
+
+TEST_F(CudaVsCpu, Fill) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
+    for (double v : {0.0, 1.5, -3.25, 1e10, 1.0 / 3.0}) {
+      Tensor c = empty({1000}, dt), g = empty({1000}, dt, kGPU);
+      cpu().fill(c, v);
+      gpu().fill(g, v);
+      EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " " << v;
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, CastEveryPairWithSpecialValues) {
+  std::vector<double> v = {0.0, -0.0, 1.0, -1.5, 65504.0, 65520.0, 1e-8, 3e-8, 1e-40, 3.0e38, 1e300, 1.00048828125,
+                           kInf, -kInf, kNaN};
+  for (int i = 0; i < 200; ++i) v.push_back(std::ldexp(1.0 + i / 199.0, i % 60 - 30) * (i % 2 ? -1 : 1));
+  for (DType from : kFloatTypes) {
+    const Tensor src = from_vector(v, {static_cast<int64_t>(v.size())}, from);
+    for (DType to : kFloatTypes) {
+      Tensor c = empty(src.shape(), to), g = empty(src.shape(), to, kGPU);
+      cpu().cast(src, c);
+      gpu().cast(src.to(kGPU), g);
+      EXPECT_TRUE(matches(g, c, 0)) << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, UnaryOps) {
+  struct Case {
+    UnaryOp op;
+    double alpha, lo;
+    bool exact;
+  };
+  const Case cases[] = {{UnaryOp::neg, 0, -2, true},       {UnaryOp::exp, 0, -2, false},
+                        {UnaryOp::log, 0, 0.01, false},    {UnaryOp::sqrt, 0, 0, true},
+                        {UnaryOp::relu, 0, -2, true},      {UnaryOp::gelu, 0, -2, false},
+                        {UnaryOp::gelu_tanh, 0, -2, false}, {UnaryOp::pow_scalar, 2.0, -2, true},
+                        {UnaryOp::pow_scalar, 1.5, 0, false}, {UnaryOp::mul_scalar, 0.3, -2, true},
+                        {UnaryOp::add_scalar, -0.7, -2, true}, {UnaryOp::copy, 0, -2, true}};
+  for (DType dt : kFloatTypes) {
+    for (const Case& k : cases) {
+      const Tensor x = random_cpu({3, 1001}, dt, 11, k.lo, 2.0);
+      Tensor c = empty_like(x), g = empty(x.shape(), dt, kGPU);
+      cpu().unary(k.op, x, c, k.alpha);
+      gpu().unary(k.op, x.to(kGPU), g, k.alpha);
+      EXPECT_TRUE(matches(g, c, k.exact ? 0 : transcendental_tol(dt)))
+          << dtype_name(dt) << " op " << static_cast<int>(k.op) << " alpha " << k.alpha;
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, BinaryOpsWithBroadcasting) {
+  const BinaryOp ops[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::relu_backward,
+                          BinaryOp::gelu_backward, BinaryOp::gelu_tanh_backward};
+  const std::vector<std::tuple<Shape, Shape, Shape>> shapes = {
+      {{4, 257}, {4, 257}, {4, 257}}, {{4, 257}, {}, {4, 257}}, {{1}, {4, 257}, {4, 257}},
+      {{4, 1}, {1, 5}, {4, 5}},       {{3, 1, 5}, {4, 5}, {3, 4, 5}}};
+  for (DType dt : kFloatTypes) {
+    for (BinaryOp op : ops) {
+      const bool exact = op != BinaryOp::gelu_backward && op != BinaryOp::gelu_tanh_backward;
+      for (const auto& [sa, sb, so] : shapes) {
+        const Tensor a = random_cpu(sa, dt, 21), b = random_cpu(sb, dt, 22, 0.5, 2.0);
+        Tensor c = empty(so, dt), g = empty(so, dt, kGPU);
+        cpu().binary(op, a, b, c);
+        gpu().binary(op, a.to(kGPU), b.to(kGPU), g);
+        EXPECT_TRUE(matches(g, c, exact ? 0 : transcendental_tol(dt)))
+            << dtype_name(dt) << " op " << static_cast<int>(op) << " " << shape_str(sa) << " " << shape_str(sb);
+      }
+    }
+  }
+  Tensor bad = empty({4, 257}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().binary(BinaryOp::add, bad, empty({4, 257}, DType::f16, kGPU), bad), std::invalid_argument);
+}
+
+TEST_F(CudaVsCpu, BroadcastToAndSumTo) {
+  const std::vector<std::pair<Shape, Shape>> cases = {{{7}, {300, 7}}, {{300, 1}, {300, 7}}, {{}, {5, 5}},
+                                                      {{2, 1, 4}, {3, 2, 5, 4}}};
+  for (DType dt : kFloatTypes) {
+    for (const auto& [small, big] : cases) {
+      const Tensor x = random_cpu(small, dt, 31);
+      Tensor c = empty(big, dt), g = empty(big, dt, kGPU);
+      cpu().broadcast_to(x, c);
+      gpu().broadcast_to(x.to(kGPU), g);
+      EXPECT_TRUE(matches(g, c, 0)) << "broadcast_to " << dtype_name(dt);
+
+      const Tensor y = random_cpu(big, dt, 32);
+      Tensor cs = empty(small, dt), gs = empty(small, dt, kGPU);
+      cpu().sum_to(y, cs);
+      gpu().sum_to(y.to(kGPU), gs);
+      // Both sum in fp64; only the order differs, so fp32 and narrower results almost always agree.
+      EXPECT_TRUE(matches(gs, cs, dt == DType::f64 ? 1e-13 : 1e-6)) << "sum_to " << dtype_name(dt) << " "
+                                                                  << shape_str(big) << " -> " << shape_str(small);
+    }
+    // Long reductions: every element to one, and [N, M] -> [N, 1] (one block per output).
+    const Tensor y = random_cpu({1000, 3000}, dt, 33);
+    for (const Shape& s : {Shape{1}, Shape{1000, 1}, Shape{3000}}) {
+      Tensor cs = empty(s, dt), gs = empty(s, dt, kGPU);
+      cpu().sum_to(y, cs);
+      gpu().sum_to(y.to(kGPU), gs);
+      EXPECT_TRUE(matches(gs, cs, dt == DType::f64 ? 1e-13 : 1e-6)) << "sum_to " << dtype_name(dt) << shape_str(s);
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, SoftmaxAndLogSoftmax) {
+  for (DType dt : kFloatTypes) {
+    for (const Shape& s : {Shape{64, 1}, Shape{64, 10}, Shape{16, 1000}, Shape{3, 2, 77}}) {
+      for (bool log : {false, true}) {
+        const Tensor x = random_cpu(s, dt, 41, -8, 8);
+        Tensor c = empty_like(x), g = empty(s, dt, kGPU);
+        cpu().softmax_lastdim(x, c, log);
+        gpu().softmax_lastdim(x.to(kGPU), g, log);
+        EXPECT_TRUE(matches(g, c, transcendental_tol(dt))) << dtype_name(dt) << " " << shape_str(s) << " log " << log;
+      }
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, NllLossAndBackward) {
+  for (DType dt : kFloatTypes) {
+    const int64_t rows = 1000, cols = 17;
+    const Tensor logp = random_cpu({rows, cols}, dt, 51, -5, 0);
+    std::vector<int64_t> t(static_cast<size_t>(rows));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>((i * 7) % cols);
+    const Tensor target = from_int64(t, {rows});
+    Tensor c = empty({}, dt), g = empty({}, dt, kGPU);
+    cpu().nll_loss(logp, target, c);
+    gpu().nll_loss(logp.to(kGPU), target.to(kGPU), g);
+    EXPECT_TRUE(matches(g, c, dt == DType::f64 ? 1e-14 : 1e-7)) << dtype_name(dt);
+
+    const Tensor grad = from_vector({0.75}, {}, dt);
+    Tensor cb = empty({rows, cols}, dt), gb = empty({rows, cols}, dt, kGPU);
+    cpu().nll_loss_backward(grad, target, cb);
+    gpu().nll_loss_backward(grad.to(kGPU), target.to(kGPU), gb);
+    EXPECT_TRUE(matches(gb, cb, 0)) << dtype_name(dt);
+  }
+  // An out-of-range target cannot throw from the device: the loss is NaN.
+  Tensor g = empty({}, DType::f32, kGPU);
+  gpu().nll_loss(zeros({2, 3}, DType::f32, kGPU), from_int64({0, 3}, {2}, kGPU), g);
+  EXPECT_TRUE(std::isnan(g.item()));
+}
+
+TEST_F(CudaVsCpu, RandomFillsUseTheSameCounterStream) {
+  for (DType dt : kFloatTypes) {
+    Tensor c = empty({5000}, dt), g = empty({5000}, dt, kGPU);
+    cpu().fill_uniform(c, 1234, 99, -0.5, 3.0);
+    gpu().fill_uniform(g, 1234, 99, -0.5, 3.0);
+    EXPECT_TRUE(matches(g, c, 0)) << "uniform " << dtype_name(dt);
+    cpu().fill_normal(c, 1234, 99, 1.0, 0.02);
+    gpu().fill_normal(g, 1234, 99, 1.0, 0.02);
+    // Box-Muller's log and cos may differ by an ulp of fp64 between libm and CUDA.
+    EXPECT_TRUE(matches(g, c, dt == DType::f64 ? 1e-14 : 1e-7)) << "normal " << dtype_name(dt);
+  }
+}
+
+TEST_F(CudaVsCpu, GemmAllTransposesAndPrecisions) {
+  struct Case {
+    DType in, out;
+    double tol;
+  };
+  // fp16/bf16 outputs round once from fp32: a different summation order can flip that rounding.
+  // fp32 outputs of fp16/bf16 inputs differ only by the fp32 accumulation order of exact products.
+  const Case cases[] = {{DType::f32, DType::f32, 1e-6}, {DType::f64, DType::f64, 1e-14},
+                        {DType::f16, DType::f16, 1e-3}, {DType::f16, DType::f32, 1e-5},
+                        {DType::bf16, DType::bf16, 8e-3}, {DType::bf16, DType::f32, 1e-5}};
+  const int64_t m = 67, n = 45, k = 129;
+  for (const Case& cs : cases) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 0.5f}) {
+          const Tensor a = random_cpu(ta ? Shape{k, m} : Shape{m, k}, cs.in, 61);
+          const Tensor b = random_cpu(tb ? Shape{n, k} : Shape{k, n}, cs.in, 62);
+          Tensor c = random_cpu({m, n}, cs.out, 63);
+          Tensor g = c.to(kGPU);
+          cpu().gemm(ta, tb, 1.25f, a, b, beta, c);
+          gpu().gemm(ta, tb, 1.25f, a.to(kGPU), b.to(kGPU), beta, g);
+          EXPECT_TRUE(matches(g, c, cs.tol)) << dtype_name(cs.in) << "->" << dtype_name(cs.out) << " ta " << ta
+                                             << " tb " << tb << " beta " << beta;
+        }
+      }
+    }
+  }
+  Tensor bad = empty({3, 3}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().gemm(false, false, 1, bad, empty({4, 3}, DType::f32, kGPU), 0, bad), std::invalid_argument);
+}
+
+TEST_F(CudaVsCpu, LinearWithAndWithoutBias) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor x = random_cpu({32, 100}, dt, 71), w = random_cpu({50, 100}, dt, 72), b = random_cpu({50}, dt, 73);
+    for (bool bias : {false, true}) {
+      Tensor c = empty({32, 50}, dt), g = empty({32, 50}, dt, kGPU);
+      cpu().linear(x, w, bias ? b : Tensor(), c);
+      gpu().linear(x.to(kGPU), w.to(kGPU), bias ? b.to(kGPU) : Tensor(), g);
+      EXPECT_TRUE(matches(g, c, dt == DType::f32 ? 1e-6 : 8e-3)) << dtype_name(dt) << " bias " << bias;
+    }
+  }
+}
+
+// --- fused AMP kernels, with injected infs and NaNs
+
+// Many gradients (more than one launch holds) and one long one (more chunks than one launch holds).
+std::vector<Tensor> make_grads(DType dt, uint64_t seed) {
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 150; ++i) grads.push_back(random_cpu({1 + i * 37}, dt, seed + static_cast<uint64_t>(i), -1e4, 1e4));
+  grads.push_back(random_cpu({321 * 65536 + 5}, dt, seed + 999, -1e4, 1e4));
+  return grads;
+}
+
+std::vector<Tensor> to_device(const std::vector<Tensor>& ts, Device d) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(t.to(d).clone());
+  return out;
+}
+
+void poke(Tensor& t, int64_t i, double v) {  // sets one element of a CPU tensor, rounded into its dtype
+  const Tensor one = from_vector({v}, {1}, t.dtype());
+  const size_t es = dtype_size(t.dtype());
+  std::memcpy(static_cast<char*>(t.data_ptr()) + static_cast<size_t>(i) * es, one.data_ptr(), es);
+}
+
+TEST_F(CudaVsCpu, UnscaleAndCheckWithInjectedNonFinites) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    for (int inject = 0; inject < 4; ++inject) {  // none, inf in a small grad, NaN in the long one, -inf first
+      std::vector<Tensor> c = make_grads(dt, 100);
+      if (inject == 1) poke(c[77], 5, kInf);
+      if (inject == 2) poke(c.back(), 320 * 65536 + 1, kNaN);
+      if (inject == 3) poke(c[0], 0, -kInf);
+      std::vector<Tensor> g = to_device(c, kGPU);
+      const Tensor scale = from_vector({65536.0 * 3}, {1});
+      Tensor cf = zeros({1}), gf = zeros({1}, DType::f32, kGPU);
+      cpu().unscale_and_check(c, scale, cf);
+      gpu().unscale_and_check(g, scale.to(kGPU), gf);
+      EXPECT_EQ(gf.item(), inject == 0 ? 0.0 : 1.0) << dtype_name(dt) << " inject " << inject;
+      EXPECT_EQ(gf.item(), cf.item());
+      for (size_t i = 0; i < c.size(); ++i) ASSERT_TRUE(matches(g[i], c[i], 0)) << dtype_name(dt) << " grad " << i;
+    }
+  }
+  // found_inf is never reset by a clean pass.
+  std::vector<Tensor> g = {ones({10}, DType::f32, kGPU)};
+  Tensor flag = ones({1}, DType::f32, kGPU);
+  gpu().unscale_and_check(g, ones({1}, DType::f32, kGPU), flag);
+  EXPECT_EQ(flag.item(), 1.0);
+}
+
+TEST_F(CudaVsCpu, UpdateScaleSequences) {
+  const ScaleUpdateHyper hypers[] = {{2.0f, 0.5f, 3, 1, 0.0f, std::numeric_limits<float>::infinity()},
+                                     {2.0f, 0.25f, 2, 3, 1.0f, 1e5f}};
+  const int found[] = {0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0};
+  for (const ScaleUpdateHyper& h : hypers) {
+    Tensor c = from_vector({65536.0, 0.0, static_cast<double>(h.hysteresis)}, {3});
+    Tensor g = c.to(kGPU).clone();
+    for (int f : found) {
+      const Tensor flag = from_vector({static_cast<double>(f)}, {1});
+      cpu().update_scale(c, flag, h);
+      gpu().update_scale(g, flag.to(kGPU), h);
+      ASSERT_TRUE(matches(g, c, 0)) << "state after found_inf " << f;
+    }
+  }
+  // Growth stops short of inf.
+  Tensor g = from_vector({3e38, 0.0, 1.0}, {3}, DType::f32, kGPU);
+  gpu().update_scale(g, zeros({1}, DType::f32, kGPU), {2.0f, 0.5f, 1, 1, 0.0f, std::numeric_limits<float>::infinity()});
+  EXPECT_FLOAT_EQ(static_cast<float>(g.to_vector()[0]), 3e38f);
+}
+
+struct OptimState {
+  std::vector<Tensor> params, grads, s1, s2, s3;
+  Tensor step;
+};
+
+OptimState make_state(Device d, const OptimState* from = nullptr) {
+  OptimState s;
+  if (from) {
+    s.params = to_device(from->params, d);
+    s.grads = to_device(from->grads, d);
+    s.s1 = to_device(from->s1, d);
+    s.s2 = to_device(from->s2, d);
+    s.s3 = to_device(from->s3, d);
+    s.step = from->step.to(d).clone();
+    return s;
+  }
+  for (int i = 0; i < 40; ++i) {
+    const Shape shape{1 + i * 1111};
+    s.params.push_back(random_cpu(shape, DType::f32, 200 + static_cast<uint64_t>(i)));
+    s.grads.push_back(random_cpu(shape, DType::f32, 300 + static_cast<uint64_t>(i), -0.1, 0.1));
+    s.s1.push_back(zeros(shape));
+    s.s2.push_back(zeros(shape));
+    s.s3.push_back(zeros(shape));
+  }
+  s.step = zeros({1});
+  return s;
+}
+
+void expect_state_matches(const OptimState& g, const OptimState& c, double tol, const std::string& what) {
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    ASSERT_TRUE(matches(g.params[i], c.params[i], tol)) << what << " param " << i;
+    ASSERT_TRUE(matches(g.s1[i], c.s1[i], tol)) << what << " state1 " << i;
+    ASSERT_TRUE(matches(g.s2[i], c.s2[i], tol)) << what << " state2 " << i;
+    ASSERT_TRUE(matches(g.s3[i], c.s3[i], tol)) << what << " state3 " << i;
+  }
+  ASSERT_TRUE(matches(g.step, c.step, 0)) << what << " step count";
+}
+
+TEST_F(CudaVsCpu, SgdStepsAndSkips) {
+  const SgdHyper hypers[] = {{0.1f, 0.0f, 0.0f, 0.0f, false},
+                             {0.05f, 0.9f, 0.1f, 1e-2f, false},
+                             {0.05f, 0.9f, 0.0f, 0.0f, true}};
+  for (const SgdHyper& h : hypers) {
+    OptimState c = make_state(kCPU);
+    OptimState g = make_state(kGPU, &c);
+    const int found[] = {0, 1, 0, 0, 1};
+    for (int f : found) {
+      const Tensor flag = from_vector({static_cast<double>(f)}, {1});
+      const OptimState before = make_state(kCPU, &c);
+      cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, flag);
+      gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, flag.to(kGPU));
+      expect_state_matches(g, c, 0, "sgd");
+      if (f) expect_state_matches(g, before, 0, "skipped sgd step");
+    }
+    // An undefined found_inf means "no check": the step is taken.
+    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor());
+    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor());
+    expect_state_matches(g, c, 0, "sgd without found_inf");
+  }
+}
+
+TEST_F(CudaVsCpu, AdamStepsAndSkips) {
+  const AdamHyper hypers[] = {{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, false, false},
+                              {1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, true, false},
+                              {1e-2f, 0.8f, 0.99f, 1e-6f, 1e-2f, false, true}};
+  for (const AdamHyper& h : hypers) {
+    OptimState c = make_state(kCPU);
+    OptimState g = make_state(kGPU, &c);
+    const int found[] = {0, 1, 0, 0, 1, 0};
+    for (int f : found) {
+      const Tensor flag = from_vector({static_cast<double>(f)}, {1});
+      const OptimState before = make_state(kGPU, &g);
+      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag);
+      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU));
+      // The fp64 bias corrections use pow, which may differ by an ulp between libm and CUDA.
+      expect_state_matches(g, c, 1e-7, "adam");
+      if (f) expect_state_matches(g, make_state(kCPU, &before), 0, "skipped adam step");
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, NormsClippingAndClamping) {
+  for (double p : {2.0, 1.0, kInf}) {
+    for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf
+      std::vector<Tensor> c = {random_cpu({70000}, DType::f32, 81), random_cpu({333}, DType::f16, 82),
+                               random_cpu({1}, DType::bf16, 83), random_cpu({200000}, DType::f64, 84)};
+      if (inject == 1) poke(c[1], 7, kNaN);
+      if (inject == 2) poke(c[0], 69999, kInf);
+      const std::vector<Tensor> g = to_device(c, kGPU);
+      Tensor cn = from_vector({0.5}, {1}), gn = cn.to(kGPU).clone();
+      cpu().norm_accumulate(c, p, cn);
+      gpu().norm_accumulate(g, p, gn);
+      const double cv = cn.item(), gv = gn.item();
+      if (inject == 0) {
+        EXPECT_TRUE(matches(gn, cn, 1e-6)) << "p " << p;
+      } else {
+        // A non-finite gradient must give a non-finite norm on both devices, never a finite one.
+        EXPECT_FALSE(std::isfinite(gv)) << "p " << p << " inject " << inject;
+        EXPECT_EQ(std::isnan(cv), std::isnan(gv)) << "p " << p << " inject " << inject;
+      }
+    }
+  }
+  std::vector<Tensor> c = {random_cpu({70000}, DType::f32, 91), random_cpu({333}, DType::f16, 92),
+                           random_cpu({5000}, DType::f64, 93)};
+  std::vector<Tensor> g = to_device(c, kGPU);
+  for (double norm : {10.0, 0.01}) {
+    const Tensor total = from_vector({norm}, {1});
+    cpu().clip_by_norm(c, total, 1.0);
+    gpu().clip_by_norm(g, total.to(kGPU), 1.0);
+    for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(matches(g[i], c[i], 0)) << "clip " << i;
+  }
+  poke(c[0], 3, kNaN);
+  g = to_device(c, kGPU);
+  cpu().clamp(c, -0.5, 0.25);
+  gpu().clamp(g, -0.5, 0.25);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(matches(g[i], c[i], 0)) << "clamp " << i;
+}
+
+TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
+  Backend& b = gpu();
+  b.synchronize();
+  cuda::context().allocator().empty_cache();
+  const size_t base = b.current_bytes();
+  b.reset_peak_bytes();
+  void* p = b.allocate(1000);
+  EXPECT_EQ(b.current_bytes(), base + 1000);
+  void* q = b.allocate(3 << 20);
+  EXPECT_EQ(b.peak_bytes(), base + 1000 + (3u << 20));
+  b.deallocate(q, 3 << 20);
+  b.deallocate(p, 1000);
+  EXPECT_EQ(b.current_bytes(), base);
+  EXPECT_EQ(b.peak_bytes(), base + 1000 + (3u << 20));
+  void* again = b.allocate(1000);  // the same rounded size comes back from the cache
+  EXPECT_EQ(again, p);
+  b.deallocate(again, 1000);
+  EXPECT_EQ(b.allocate(0), nullptr);
+}
+
+TEST_F(CudaVsCpu, TensorRoundTripAndItem) {
+  const Tensor x = random_cpu({1000}, DType::bf16, 5);
+  EXPECT_TRUE(matches(x.to(kGPU).clone(), x, 0));
+  EXPECT_DOUBLE_EQ(scalar_tensor(2.5, DType::f32, kGPU).item(), 2.5);
+}
+
+}  // namespace
+}  // namespace amp

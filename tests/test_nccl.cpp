@@ -1,0 +1,186 @@
+// NcclCommunicator under mpirun: the distributed skip decision (all-reduce MAX of found_inf, every
+// rank skips and backs off together), stream ordering, averaging, grouped launches, broadcast and
+// all-gather, and a stuck collective turned into a CommError. Needs one GPU per rank; otherwise
+// every rank skips with the reason.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/nccl_communicator.h"
+#include "runtime/backend.h"
+#include "runtime/cuda_support.h"
+
+namespace amp {
+namespace {
+
+constexpr Device kGPU{DeviceType::cuda, 0};
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Local rank and size from a shared-memory split, as the launcher computes them.
+std::pair<int, int> local_rank_and_size() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
+  int r = 0, s = 1;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, &s);
+  MPI_Comm_free(&node);
+  return {r, s};
+}
+
+// Every rank takes the same decision: skip unless all ranks have their own GPU.
+class NcclTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    int ok = cuda_usable(&reason) ? 1 : 0;
+    if (!ok) (void)cudaGetLastError();
+    const auto [local_rank, local_size] = local_rank_and_size();
+    int devices = 0;
+    if (ok && cudaGetDeviceCount(&devices) == cudaSuccess && devices < local_size) {
+      ok = 0;
+      reason = std::to_string(local_size) + " ranks on this node but " + std::to_string(devices) +
+               " GPUs (NCCL needs one GPU per rank)";
+    }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok) GTEST_SKIP() << "NCCL tests need a GPU per rank: " << (reason.empty() ? "another rank has none" : reason);
+    local_rank_ = local_rank;
+    if (!comm_) comm_ = std::make_unique<comm::NcclCommunicator>(MPI_COMM_WORLD, local_rank_);
+  }
+  static void TearDownTestSuite() { comm_.reset(); }
+
+  int local_rank_ = 0;
+  static std::unique_ptr<comm::NcclCommunicator> comm_;
+};
+std::unique_ptr<comm::NcclCommunicator> NcclTest::comm_;
+
+// The tensors every rank must hold identically, gathered and compared element-wise.
+void expect_same_on_every_rank(comm::Communicator& c, const Tensor& t, const std::string& what) {
+  const std::vector<double> all = c.all_gather(t).to_vector();
+  const size_t n = static_cast<size_t>(t.numel());
+  for (int r = 1; r < c.size(); ++r)
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(all[static_cast<size_t>(r) * n + i], all[i]) << what << ": rank " << r << " differs at " << i;
+}
+
+TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
+  Backend& gpu = backend_for(kGPU);
+  const int rank = comm_->rank(), last = comm_->size() - 1;
+  std::vector<Tensor> params = {full({1000}, 1.0, DType::f32, kGPU), full({77}, -2.0, DType::f32, kGPU)};
+  std::vector<Tensor> bufs = {zeros({1000}, DType::f32, kGPU), zeros({77}, DType::f32, kGPU)};
+  Tensor step = zeros({1}, DType::f32, kGPU);
+  Tensor scaler = from_vector({65536.0, 0.0, 1.0}, {3}, DType::f32, kGPU);
+  const ScaleUpdateHyper h{2.0f, 0.5f, 2000, 1, 0.0f, std::numeric_limits<float>::infinity()};
+  const SgdHyper sgd{0.1f, 0.9f, 0.0f, 0.0f, false};
+
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    const bool inject = iteration == 0;
+    const double scale = scaler.to_vector()[0];
+    // Scaled gradients, averaged over ranks.
+    std::vector<Tensor> grads = {full({1000}, scale * 0.5, DType::f32, kGPU), full({77}, scale, DType::f32, kGPU)};
+    for (Tensor& g : grads) comm_->all_reduce_async(g, comm::ReduceOp::avg)->wait();
+    // A local overflow on the last rank only: just that rank's found_inf is set before the MAX.
+    if (inject && rank == last) gpu.fill(grads[1], std::numeric_limits<double>::infinity());
+
+    Tensor found_inf = zeros({1}, DType::f32, kGPU);
+    gpu.unscale_and_check(grads, scaler, found_inf);  // reads the scale, scaler[0], on the device
+    EXPECT_EQ(found_inf.item(), inject && rank == last ? 1.0 : 0.0) << "rank " << rank << " before the all-reduce";
+    comm_->all_reduce(found_inf, comm::ReduceOp::max);
+    EXPECT_EQ(found_inf.item(), inject ? 1.0 : 0.0) << "rank " << rank;
+
+    gpu.sgd_step(params, grads, bufs, step, sgd, found_inf);
+    gpu.update_scale(scaler, found_inf, h);
+    if (inject) {
+      EXPECT_EQ(params[0].to_vector()[0], 1.0) << "parameters moved on a skipped step";
+      EXPECT_EQ(step.item(), 0.0) << "the step count moved on a skipped step";
+      EXPECT_EQ(scaler.to_vector()[0], 32768.0) << "the scale did not back off";
+    } else {
+      EXPECT_FLOAT_EQ(static_cast<float>(params[0].to_vector()[0]), 1.0f - 0.1f * 0.5f);
+      EXPECT_EQ(step.item(), 1.0);
+      EXPECT_EQ(scaler.to_vector()[1], 1.0) << "the growth tracker did not count the good step";
+    }
+    expect_same_on_every_rank(*comm_, params[0], "parameters");
+    expect_same_on_every_rank(*comm_, params[1], "parameters");
+    expect_same_on_every_rank(*comm_, scaler, "scaler state");
+  }
+}
+
+TEST_F(NcclTest, AllReduceIsOrderedAgainstTheComputeStream) {
+  Backend& gpu = backend_for(kGPU);
+  const int n = comm_->size();
+  // Written by a kernel just before the call and read by one just after wait(): without the
+  // events in both directions these race with the collective.
+  for (int round = 0; round < 5; ++round) {
+    Tensor t = empty({8 << 20}, DType::f32, kGPU);
+    gpu.fill(t, comm_->rank() + 1 + round);
+    auto work = comm_->all_reduce_async(t, comm::ReduceOp::avg);
+    work->wait();
+    gpu.unary(UnaryOp::mul_scalar, t, t, 2.0);
+    const double mean = (n + 1) / 2.0 + round;
+    const std::vector<double> v = t.to_vector();
+    EXPECT_EQ(v.front(), 2 * mean);
+    EXPECT_EQ(v.back(), 2 * mean);
+  }
+}
+
+TEST_F(NcclTest, GroupedAllReduceBroadcastAndAllGather) {
+  const int rank = comm_->rank(), n = comm_->size();
+  std::vector<Tensor> bucket = {full({1000}, rank, DType::f32, kGPU), full({3}, 1.0, DType::bf16, kGPU),
+                                full({70000}, 2.0 * rank, DType::f16, kGPU)};
+  comm_->all_reduce_coalesced_async(bucket, comm::ReduceOp::sum)->wait();
+  const double ranks_sum = n * (n - 1) / 2.0;
+  EXPECT_EQ(bucket[0].to_vector()[999], ranks_sum);
+  EXPECT_EQ(bucket[1].to_vector()[0], n);
+  EXPECT_EQ(bucket[2].to_vector()[0], 2 * ranks_sum);
+
+  Tensor b = full({5}, rank == n - 1 ? 42.0 : -1.0, DType::f32, kGPU);
+  comm_->broadcast(b, n - 1);
+  EXPECT_EQ(b.to_vector()[4], 42.0);
+
+  const Tensor gathered = comm_->all_gather(full({2}, rank * 10.0, DType::f32, kGPU));
+  ASSERT_EQ(gathered.shape(), (Shape{n, 2}));
+  const std::vector<double> g = gathered.to_vector();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(g[static_cast<size_t>(2 * r + 1)], r * 10.0);
+  comm_->barrier();
+}
+
+TEST_F(NcclTest, AStuckCollectiveBecomesACommErrorNamingRankOpAndContext) {
+  // A communicator of its own: this test aborts it.
+  comm::NcclCommunicator c(MPI_COMM_WORLD, local_rank_);
+  c.set_timeout(2.0);
+  c.set_context("step 7");
+  if (c.rank() == 0) {
+    Tensor t = ones({16}, DType::f32, kGPU);
+    auto work = c.all_reduce_async(t, comm::ReduceOp::sum);  // the peers never join
+    std::string message;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    try {
+      while (std::chrono::steady_clock::now() < deadline) {
+        work->test();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const comm::CommError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("rank 0"), std::string::npos) << message;
+    EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
+    EXPECT_NE(message.find("step 7"), std::string::npos) << message;
+    EXPECT_THROW(c.barrier(), comm::CommError);  // the communicator stays failed
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
+}  // namespace amp
