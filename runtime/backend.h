@@ -73,15 +73,19 @@ class Backend {
   virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
   // state = [scale, growth_tracker, hysteresis_left], f32 on the device; see amp_math.h update_scale.
   virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
+  // found_inf = 1 if any element of xs is inf or NaN (never reset here). Read-only.
+  virtual void check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) = 0;
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
-  // step_count is a 1-element f32 tensor, incremented only when the step is taken.
+  // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
+  // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by
+  // inverse_scale(grad_scale) in registers, the .grad memory is left as it is (PyTorch's fused path).
   virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
-                        const Tensor& found_inf) = 0;
+                        const Tensor& found_inf, const Tensor& grad_scale) = 0;
   virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                          const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                         const Tensor& found_inf) = 0;
+                         const Tensor& found_inf, const Tensor& grad_scale) = 0;
   // out (1-element f32) = sum over tensors of sum |x|^p (p = 2: squares; p = inf: max |x|).
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
   // xs *= min(1, max_norm / (total_norm + 1e-6)), with total_norm a 1-element device tensor.

@@ -548,15 +548,20 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
     for (int f : found) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
       const OptimState before = make_state(kCPU, &c);
-      cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, flag);
-      gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, flag.to(kGPU));
+      cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, flag, Tensor());
+      gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, flag.to(kGPU), Tensor());
       expect_state_matches(g, c, 0, "sgd");
       if (f) expect_state_matches(g, before, 0, "skipped sgd step");
     }
     // An undefined found_inf means "no check": the step is taken.
-    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor());
-    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor());
+    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), Tensor());
+    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), Tensor());
     expect_state_matches(g, c, 0, "sgd without found_inf");
+    // Still-scaled gradients with grad_scale: divided out in registers, .grad untouched.
+    const Tensor scale = from_vector({1024.0}, {1});
+    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), scale);
+    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), scale.to(kGPU));
+    expect_state_matches(g, c, 0, "sgd with grad_scale");
   }
 }
 
@@ -571,12 +576,26 @@ TEST_F(CudaVsCpu, AdamStepsAndSkips) {
     for (int f : found) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
       const OptimState before = make_state(kGPU, &g);
-      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag);
-      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU));
+      const Tensor scale = from_vector({f ? 1.0 : 256.0}, {1});  // also the fused unscale
+      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag, scale);
+      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU), scale.to(kGPU));
       // The fp64 bias corrections use pow, which may differ by an ulp between libm and CUDA.
       expect_state_matches(g, c, 1e-7, "adam");
       if (f) expect_state_matches(g, make_state(kCPU, &before), 0, "skipped adam step");
     }
+  }
+}
+
+TEST_F(CudaVsCpu, CheckFiniteFindsInfAndNaN) {
+  for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf
+    std::vector<Tensor> c = {random_cpu({70000}, DType::f32, 91), random_cpu({333}, DType::bf16, 92)};
+    if (inject == 1) poke(c[1], 7, kNaN);
+    if (inject == 2) poke(c[0], 69999, kInf);
+    Tensor cf = zeros({1}), gf = zeros({1}).to(kGPU);
+    cpu().check_finite(c, cf);
+    gpu().check_finite(to_device(c, kGPU), gf);
+    EXPECT_EQ(cf.item(), inject == 0 ? 0.0 : 1.0);
+    EXPECT_EQ(gf.item(), cf.item()) << "inject " << inject;
   }
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops.h"
+#include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"
 
@@ -105,6 +106,40 @@ TEST(GradScaler, StateMachineErrorsUseTorchsMessages) {
   expect_message([&] { s2.unscale_(opt2); }, "Attempting to unscale FP16 gradients.");
   GradScaler s3;
   expect_message([&] { s3.update(); }, "No inf checks were recorded prior to update.");
+}
+
+// step() without unscale_ checks read-only and divides the scale out inside the fused optimizer
+// step; it must land on exactly the parameters that unscale_ + step gives.
+TEST(GradScaler, FusedStepEqualsUnscaleThenStep) {
+  for (bool adam : {false, true}) {
+    for (bool poisoned : {false, true}) {
+      Tensor a = from_vector({1.0, -2.0, 3.0}, {3}).set_requires_grad(true);
+      Tensor b = from_vector({1.0, -2.0, 3.0}, {3}).set_requires_grad(true);
+      std::unique_ptr<optim::Optimizer> oa, ob;
+      if (adam) {
+        oa = std::make_unique<optim::AdamW>(std::vector<Tensor>{a}, optim::AdamOptions{0.1f});
+        ob = std::make_unique<optim::AdamW>(std::vector<Tensor>{b}, optim::AdamOptions{0.1f});
+      } else {
+        oa = std::make_unique<optim::SGD>(std::vector<Tensor>{a}, optim::SgdOptions{0.1f, 0.9f});
+        ob = std::make_unique<optim::SGD>(std::vector<Tensor>{b}, optim::SgdOptions{0.1f, 0.9f});
+      }
+      GradScaler sa(GradScalerOptions{.init_scale = 3.0f}), sb(GradScalerOptions{.init_scale = 3.0f});
+      for (int i = 0; i < 3; ++i) {
+        const double bad = poisoned && i == 1 ? INFINITY : 0.0;
+        a.set_grad(from_vector({0.3 * 3, -0.7 * 3, 0.1 * 3 + bad}, {3}));
+        b.set_grad(from_vector({0.3 * 3, -0.7 * 3, 0.1 * 3 + bad}, {3}));
+        sa.unscale_(*oa);
+        sa.step(*oa);
+        sa.update();
+        sb.step(*ob);  // fused path
+        EXPECT_EQ(sb.found_inf(*ob), poisoned && i == 1);
+        EXPECT_NEAR(b.grad().to_vector()[0], 0.9, 1e-6) << "the fused path leaves .grad scaled";
+        sb.update();
+      }
+      EXPECT_TRUE(test::bitwise_equal(a, b)) << (adam ? "adamw" : "sgd") << (poisoned ? " with an overflow" : "");
+      EXPECT_EQ(sa.get_scale(), sb.get_scale());
+    }
+  }
 }
 
 TEST(GradScaler, StateDictRoundTripRestoresEveryKey) {

@@ -47,6 +47,20 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
   if (any) found_inf.data<float>()[0] = 1.0f;
 }
 
+void CpuBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) {
+  int bad = 0;
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) {
+      using T = decltype(T_tag);
+      const T* d = x.data<T>();
+      const long n = static_cast<long>(x.numel());
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(static_cast<float>(Elem<T>::load(d[i]))) ? 1 : 0;
+    });
+  }
+  if (bad) found_inf.data<float>()[0] = 1.0f;
+}
+
 void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) {
   require_f32(state, "scaler state");
   math::update_scale(state.data<float>(), found_inf.data<float>()[0], h.growth_factor, h.backoff_factor,
@@ -55,8 +69,9 @@ void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const Scal
 
 void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                          const Tensor& found_inf) {
+                          const Tensor& found_inf, const Tensor& grad_scale) {
   if (skip_requested(found_inf)) return;
+  const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const bool first = step_count.data<float>()[0] == 0.0f;
   for (size_t t = 0; t < params.size(); ++t) {
     require_f32(params[t], "SGD parameter");
@@ -67,7 +82,7 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
     const long n = static_cast<long>(params[t].numel());
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
     for (long i = 0; i < n; ++i)
-      math::sgd_update(&p[i], g[i], b ? &b[i] : nullptr, first, h.lr, h.momentum, h.dampening, h.weight_decay,
+      math::sgd_update(&p[i], math::unscale_element(g[i], inv), b ? &b[i] : nullptr, first, h.lr, h.momentum, h.dampening, h.weight_decay,
                        h.nesterov);
   }
   step_count.data<float>()[0] += 1.0f;
@@ -76,8 +91,9 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
 void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                            const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                           const Tensor& found_inf) {
+                           const Tensor& found_inf, const Tensor& grad_scale) {
   if (skip_requested(found_inf)) return;
+  const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
   const math::AdamScalars s = math::adam_scalars(step, h.lr, h.beta1, h.beta2);
   for (size_t t = 0; t < params.size(); ++t) {
@@ -91,7 +107,7 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
     const long n = static_cast<long>(params[t].numel());
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
     for (long i = 0; i < n; ++i)
-      math::adam_update(&p[i], g[i], &m[i], &v[i], vmax ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2, h.eps,
+      math::adam_update(&p[i], math::unscale_element(g[i], inv), &m[i], &v[i], vmax ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2, h.eps,
                         h.weight_decay, h.decoupled_weight_decay, h.amsgrad, s);
   }
   step_count.data<float>()[0] = step;

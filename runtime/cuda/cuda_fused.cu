@@ -50,19 +50,26 @@ __global__ void step_count_kernel(float* step_count, const float* found_inf) {
   if (!skip_requested(found_inf)) *step_count += 1.0f;
 }
 
+// 1 / grad_scale, or 1 when the gradients are already unscaled (nullptr).
+__device__ __forceinline__ float grad_inverse_scale(const float* grad_scale) {
+  return grad_scale != nullptr ? math::inverse_scale(*grad_scale) : 1.0f;
+}
+
 template <bool Momentum>
 struct SgdOp {
   const float* found_inf;
   const float* step_count;
+  const float* grad_scale;
   SgdHyper h;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
+    const float inv = grad_inverse_scale(grad_scale);
     const bool first = *step_count == 0.0f;
     float* param = static_cast<float*>(p[0]);
     const float* grad = static_cast<const float*>(p[1]);
     float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      math::sgd_update(&param[i], grad[i], Momentum ? &buf[i] : nullptr, first, h.lr, h.momentum, h.dampening,
+      math::sgd_update(&param[i], math::unscale_element(grad[i], inv), Momentum ? &buf[i] : nullptr, first, h.lr, h.momentum, h.dampening,
                        h.weight_decay, h.nesterov);
     }
   }
@@ -72,9 +79,11 @@ template <bool Amsgrad>
 struct AdamOp {
   const float* found_inf;
   const float* step_count;
+  const float* grad_scale;
   AdamHyper h;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
+    const float inv = grad_inverse_scale(grad_scale);
     // The fp64 bias corrections once per block, as PyTorch computes them once per step on the host.
     __shared__ math::AdamScalars s;
     if (threadIdx.x == 0) s = math::adam_scalars(*step_count + 1.0f, h.lr, h.beta1, h.beta2);
@@ -85,7 +94,7 @@ struct AdamOp {
     float* v = static_cast<float*>(p[3]);
     float* vmax = Amsgrad ? static_cast<float*>(p[Amsgrad ? 4 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      math::adam_update(&param[i], grad[i], &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2,
+      math::adam_update(&param[i], math::unscale_element(grad[i], inv), &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2,
                         h.eps, h.weight_decay, h.decoupled_weight_decay, Amsgrad, s);
     }
   }
@@ -164,18 +173,19 @@ void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const Sca
 
 void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                           const Tensor& found_inf) {
+                           const Tensor& found_inf, const Tensor& grad_scale) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
+  const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   std::vector<int64_t> numels;
   if (h.momentum != 0.0f) {
     std::vector<std::array<void*, 3>> ptrs;
     gather<3>({&params, &grads, &bufs}, &ptrs, &numels);
-    multi_tensor_apply<3>(ptrs, numels, SgdOp<true>{flag, step_count.data<float>(), h});
+    multi_tensor_apply<3>(ptrs, numels, SgdOp<true>{flag, step_count.data<float>(), gs, h});
   } else {
     std::vector<std::array<void*, 2>> ptrs;
     gather<2>({&params, &grads}, &ptrs, &numels);
-    multi_tensor_apply<2>(ptrs, numels, SgdOp<false>{flag, step_count.data<float>(), h});
+    multi_tensor_apply<2>(ptrs, numels, SgdOp<false>{flag, step_count.data<float>(), gs, h});
   }
   step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
@@ -184,18 +194,19 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
 void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                            const Tensor& found_inf) {
+                            const Tensor& found_inf, const Tensor& grad_scale) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
+  const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   std::vector<int64_t> numels;
   if (h.amsgrad) {
     std::vector<std::array<void*, 5>> ptrs;
     gather<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, &ptrs, &numels);
-    multi_tensor_apply<5>(ptrs, numels, AdamOp<true>{flag, step_count.data<float>(), h});
+    multi_tensor_apply<5>(ptrs, numels, AdamOp<true>{flag, step_count.data<float>(), gs, h});
   } else {
     std::vector<std::array<void*, 4>> ptrs;
     gather<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &ptrs, &numels);
-    multi_tensor_apply<4>(ptrs, numels, AdamOp<false>{flag, step_count.data<float>(), h});
+    multi_tensor_apply<4>(ptrs, numels, AdamOp<false>{flag, step_count.data<float>(), gs, h});
   }
   step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();

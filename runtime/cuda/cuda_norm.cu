@@ -2,8 +2,10 @@
 // never leaves the device: clip_by_norm reads it there.
 #include <array>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
+#include "runtime/amp_math.h"
 #include "runtime/cuda/block_reduce.cuh"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
@@ -81,6 +83,17 @@ struct ClampOp {
   }
 };
 
+template <class T>
+struct CheckFiniteOp {
+  float* found_inf;
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+    const T* x = static_cast<const T*>(p[0]);
+    bool bad = false;
+    AMP_MT_LOOP(i, begin, end) { bad = bad || math::is_nonfinite(static_cast<float>(DevElem<T>::load(x[i]))); }
+    if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+  }
+};
+
 // --- launchers
 
 // Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order.
@@ -134,6 +147,16 @@ void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
     multi_tensor_apply<1>(ptrs, numels, ClampOp<T>{lo, hi});
+  });
+}
+
+void CudaBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) {
+  if (xs.empty()) return;
+  require_cuda(found_inf, "found_inf");
+  if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>()});
   });
 }
 

@@ -17,7 +17,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
   if (o.amsgrad) add_state("max_exp_avg_sq");
 }
 
-void Adam::step(const Tensor& found_inf) {
+void Adam::step(const Tensor& found_inf, const Tensor& grad_scale) {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> st(options_.amsgrad ? 3 : 2);
   std::vector<Tensor> all[3] = {state_.at("exp_avg"), state_.at("exp_avg_sq"),
@@ -28,7 +28,7 @@ void Adam::step(const Tensor& found_inf) {
                     options_.amsgrad};
   backend_for(params[0].device())
       .adam_step(params, grads, st[0], st[1], options_.amsgrad ? st[2] : std::vector<Tensor>(), step_count_, h,
-                 found_inf);
+                 found_inf, grad_scale);
 }
 
 }  // namespace amp::optim

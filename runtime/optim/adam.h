@@ -17,7 +17,7 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay = false);
-  void step(const Tensor& found_inf = Tensor()) override;
+  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) override;
   const AdamOptions& options() const { return options_; }
 
  private:

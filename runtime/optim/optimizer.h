@@ -17,8 +17,10 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // Updates every parameter that has a gradient. A defined, nonzero found_inf (1-element f32 on the
-  // parameters' device) makes the step leave parameters and all state untouched.
-  virtual void step(const Tensor& found_inf = Tensor()) = 0;
+  // parameters' device) makes the step leave parameters and all state untouched. A defined
+  // grad_scale means the gradients are still multiplied by it: the fused step divides them out in
+  // registers and leaves .grad as it is (GradScaler::step uses this when unscale_ was not called).
+  virtual void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) = 0;
   // set_to_none=true drops the gradients (PyTorch 2's default); false zeroes them in place.
   void zero_grad(bool set_to_none = true);
 

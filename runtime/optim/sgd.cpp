@@ -14,14 +14,14 @@ SGD::SGD(std::vector<Tensor> params, SgdOptions o) : Optimizer(std::move(params)
   if (o.momentum != 0.0f) add_state("momentum_buffer");
 }
 
-void SGD::step(const Tensor& found_inf) {
+void SGD::step(const Tensor& found_inf, const Tensor& grad_scale) {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> bufs(1);
   const bool momentum = options_.momentum != 0.0f;
   params_with_grad(&params, &grads, momentum ? &state_.at("momentum_buffer") : nullptr, &bufs);
   if (params.empty()) return;
   const SgdHyper h{lr_, options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov};
-  backend_for(params[0].device()).sgd_step(params, grads, bufs[0], step_count_, h, found_inf);
+  backend_for(params[0].device()).sgd_step(params, grads, bufs[0], step_count_, h, found_inf, grad_scale);
 }
 
 }  // namespace amp::optim

@@ -16,7 +16,7 @@ struct SgdOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SgdOptions options);
-  void step(const Tensor& found_inf = Tensor()) override;
+  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) override;
   const SgdOptions& options() const { return options_; }
 
  private:
