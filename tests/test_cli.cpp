@@ -25,8 +25,8 @@ struct RunResult {
   std::string out;
 };
 
-// Runs amp_train in a clean environment: this test process is itself an MPI singleton, and its
-// variables would make the child believe it was started by mpirun.
+// Runs amp_train in a clean environment, so that nothing of the caller's (mpirun's variables when
+// CTest runs under a launcher, OpenMP settings) changes what the child does.
 RunResult run(const std::string& args, const std::string& prefix = "") {
   const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
