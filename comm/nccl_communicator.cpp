@@ -24,15 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-  }
-  return "?";
-}
-
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return ncclSum;
@@ -336,7 +327,7 @@ std::shared_ptr<cuda::Event> enqueue(NcclCommunicator::State& s, const std::stri
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(Tensor& t, ReduceOp rop) {
   require_cuda_tensor(t, "all_reduce");
   State& s = *state_;
-  const std::string op = describe((std::string("all_reduce/") + op_name(rop)).c_str(), t);
+  const std::string op = describe((std::string("all_reduce/") + reduce_op_name(rop)).c_str(), t);
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
@@ -352,7 +343,7 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_coalesced_async(std::vector<T
     total += t.numel();
   }
   State& s = *state_;
-  const std::string op = std::string("all_reduce_coalesced/") + op_name(rop) + "(" + std::to_string(ts.size()) +
+  const std::string op = std::string("all_reduce_coalesced/") + reduce_op_name(rop) + "(" + std::to_string(ts.size()) +
                          " tensors, " + std::to_string(total) + " elements)";
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {

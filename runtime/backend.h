@@ -65,8 +65,6 @@ class Backend {
   // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                     Tensor& c) = 0;
-  // y = x @ w^T + bias: the linear layer's forward, bias broadcast over rows.
-  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).

@@ -61,7 +61,14 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   const Shape in_shape = x.shape();
   Tensor x2 = x.dim() == 2 ? x : x.reshape({x.numel() / w.shape()[1], w.shape()[1]});
   Tensor y = empty({x2.shape()[0], w.shape()[0]}, x.dtype(), x.device());
-  backend_for(x.device()).linear(x2, w, b, y);
+  Backend& be = backend_for(x.device());
+  if (b.defined()) {
+    // The bias broadcast into y's rows, then the product accumulated onto it (beta = 1): one pass fewer.
+    be.broadcast_to(b, y);
+    be.gemm(false, true, 1.0f, x2, w, 1.0f, y);
+  } else {
+    be.gemm(false, true, 1.0f, x2, w, 0.0f, y);
+  }
   y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
     return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(),
                                needs(w) ? mm(g, x2, true, false) : Tensor(),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/ops.h"
 #include "runtime/cuda/broadcast_index.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/device_elem.cuh"
@@ -425,9 +426,9 @@ TEST_F(CudaVsCpu, LinearWithAndWithoutBias) {
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor x = random_cpu({32, 100}, dt, 71), w = random_cpu({50, 100}, dt, 72), b = random_cpu({50}, dt, 73);
     for (bool bias : {false, true}) {
-      Tensor c = empty({32, 50}, dt), g = empty({32, 50}, dt, kGPU);
-      cpu().linear(x, w, bias ? b : Tensor(), c);
-      gpu().linear(x.to(kGPU), w.to(kGPU), bias ? b.to(kGPU) : Tensor(), g);
+      // The op, which composes broadcast_to and gemm(beta = 1) on each backend.
+      const Tensor c = amp::linear(x, w, bias ? b : Tensor());
+      const Tensor g = amp::linear(x.to(kGPU), w.to(kGPU), bias ? b.to(kGPU) : Tensor());
       EXPECT_TRUE(matches(g, c, dt == DType::f32 ? 1e-6 : 8e-3)) << dtype_name(dt) << " bias " << bias;
     }
   }

@@ -11,6 +11,7 @@
 
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/dispatch.h"
+#include "runtime/gemm_check.h"
 
 namespace amp {
 
@@ -87,19 +88,7 @@ void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
 }
 
 void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
-  if (a.dim() != 2 || b.dim() != 2 || c.dim() != 2) throw std::invalid_argument("gemm: operands must be 2-D");
-  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
-  const int64_t k = ta ? a.shape()[0] : a.shape()[1];
-  const int64_t kb = tb ? b.shape()[1] : b.shape()[0];
-  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
-  if (k != kb || c.shape()[0] != m || c.shape()[1] != n)
-    throw std::invalid_argument("gemm: shapes " + shape_str(a.shape()) + (ta ? "^T" : "") + " @ " +
-                                shape_str(b.shape()) + (tb ? "^T" : "") + " -> " + shape_str(c.shape()) +
-                                " do not match");
-  if (a.dtype() != b.dtype()) throw std::invalid_argument("gemm: a and b must share a dtype");
-  if (c.dtype() != a.dtype() && !(is_reduced_float(a.dtype()) && c.dtype() == DType::f32))
-    throw std::invalid_argument(std::string("gemm: ") + dtype_name(a.dtype()) + " inputs cannot write a " +
-                                dtype_name(c.dtype()) + " output (only fp16/bf16 inputs may write float32)");
+  const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0.0f) fill(c, 0.0);
@@ -137,14 +126,5 @@ void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tens
   }
 }
 
-void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  if (!bias.defined()) {
-    gemm(false, true, 1.0f, x, w, 0.0f, y);
-    return;
-  }
-  // Broadcast the bias into y's rows, then accumulate the product onto it (beta = 1): one pass fewer.
-  broadcast_to(bias, y);
-  gemm(false, true, 1.0f, x, w, 1.0f, y);
-}
 
 }  // namespace amp

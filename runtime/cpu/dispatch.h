@@ -1,23 +1,10 @@
-// Runs a generic lambda once per storage type: dispatch_float(dtype, [&](auto tag) {
-// using T = decltype(tag); ... }). A lambda, not a macro, so OpenMP pragmas may appear inside.
+// CPU loop helpers: the dtype dispatch shared with the CUDA backend, and the parallel grain.
 #pragma once
-#include <stdexcept>
-#include <string>
-
-#include "runtime/dtype.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace amp::cpu {
 
-template <class F>
-void dispatch_float(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(Half{}); return;
-    case DType::bf16: f(BFloat16{}); return;
-    default: throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(t));
-  }
-}
+using amp::dispatch_float;
 
 // Below this many elements a loop runs on one thread: the fork/join would cost more.
 inline constexpr long kParallelGrain = 1 << 15;

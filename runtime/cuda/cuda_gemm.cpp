@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/cuda/cuda_backend.h"
+#include "runtime/gemm_check.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/gemm_layout.h"
@@ -36,26 +37,13 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Ten
   require_cuda(a, "gemm: a");
   require_cuda(b, "gemm: b");
   require_cuda(c, "gemm: c");
-  if (a.dim() != 2 || b.dim() != 2 || c.dim() != 2) throw std::invalid_argument("gemm: operands must be 2-D");
-  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
-  const int64_t k = ta ? a.shape()[0] : a.shape()[1];
-  const int64_t kb = tb ? b.shape()[1] : b.shape()[0];
-  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
-  if (k != kb || c.shape()[0] != m || c.shape()[1] != n)
-    throw std::invalid_argument("gemm: shapes " + shape_str(a.shape()) + (ta ? "^T" : "") + " @ " +
-                                shape_str(b.shape()) + (tb ? "^T" : "") + " -> " + shape_str(c.shape()) +
-                                " do not match");
-  if (a.dtype() != b.dtype()) throw std::invalid_argument("gemm: a and b must share a dtype");
-  if (c.dtype() != a.dtype() && c.dtype() != DType::f32)
-    throw std::invalid_argument("gemm: the output must have the inputs' dtype or float32");
+  const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0.0f) fill(c, 0.0);
     else unary(UnaryOp::mul_scalar, c, c, beta);
     return;
   }
-  if (a.dtype() == DType::f64 && c.dtype() != DType::f64)
-    throw std::invalid_argument("gemm: float64 inputs need a float64 output");
 
   const ColumnMajorGemm g = column_major_gemm(ta, tb, m, n, k);
   const cublasOperation_t op_first = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -78,14 +66,5 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Ten
                                 CUBLAS_GEMM_DEFAULT));
 }
 
-void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  if (!bias.defined()) {
-    gemm(false, true, 1.0f, x, w, 0.0f, y);
-    return;
-  }
-  // As on the CPU: the bias broadcast into y's rows, then the product accumulated onto it (beta = 1).
-  broadcast_to(bias, y);
-  gemm(false, true, 1.0f, x, w, 1.0f, y);
-}
 
 }  // namespace amp::cuda

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "runtime/dtype.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/half.h"
 
 namespace amp::cuda {
@@ -41,17 +42,7 @@ struct DevElem<BFloat16> {
   AMP_HD static BFloat16 store(float v) { return BFloat16{f32_to_bf16_bits(v)}; }
 };
 
-// Runs f(tag) with a value of the storage type of t, as runtime/cpu/dispatch.h does on the host.
-template <class F>
-void dispatch_float(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(Half{}); return;
-    case DType::bf16: f(BFloat16{}); return;
-    default: throw std::invalid_argument(std::string("CUDA backend: expected a floating dtype, got ") + dtype_name(t));
-  }
-}
+using amp::dispatch_float;  // runtime/dtype_dispatch.h, shared with the CPU backend
 
 constexpr int kBlock = 256;
 // Grid-stride loops: enough blocks to fill the GPU a few times over, never more than the work needs.

@@ -1,0 +1,17 @@
+// The validation every backend's gemm does before it launches anything, and the sizes it derives.
+#pragma once
+#include <cstdint>
+
+#include "runtime/tensor.h"
+
+namespace amp {
+
+struct GemmDims {
+  int64_t m, n, k;  // op(a) is [m, k], op(b) is [k, n], c is [m, n]
+};
+
+// Throws std::invalid_argument naming the shapes or dtypes that do not fit: 2-D operands, matching
+// inner sizes, a and b of one dtype, c of that dtype or float32 for fp16/bf16 inputs.
+GemmDims check_gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
+
+}  // namespace amp
