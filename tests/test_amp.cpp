@@ -235,11 +235,7 @@ TEST(Autocast, CastCacheOncePerOutermostRegion) {
 
 TEST(Autocast, Bf16MlpMatchesPyTorch) {
   const std::string f = "mlp_pytorch.safetensors";
-  Generator gen(0);
-  auto mlp = models::make_mlp({16, 16, 16, 3}, gen);
-  safetensors::NamedTensors init;
-  for (auto& [name, p] : mlp->named_parameters()) init.emplace_back(name, test::fixture_tensor(f, name));
-  nn::load_state_dict(*mlp, init, f);
+  auto mlp = test::fixture_mlp();
   Tensor out;
   {
     autocast ac(DType::bf16);

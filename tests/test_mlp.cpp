@@ -16,14 +16,7 @@ namespace {
 
 const std::string kFile = "mlp_pytorch.safetensors";
 
-std::shared_ptr<nn::Sequential> fixture_mlp() {
-  Generator gen(0);
-  auto mlp = models::make_mlp({16, 16, 16, 3}, gen);
-  safetensors::NamedTensors init;
-  for (auto& [name, p] : mlp->named_parameters()) init.emplace_back(name, test::fixture_tensor(kFile, name));
-  nn::load_state_dict(*mlp, init, kFile);
-  return mlp;
-}
+using test::fixture_mlp;
 
 TEST(Mlp, NamesFollowTorchSequential) {
   Generator gen(0);

@@ -72,12 +72,7 @@ TEST(Adam, ClosedFormWithConstantGradient) {
 template <class MakeOpt>
 void check_against_pytorch(const std::string& prefix, int steps, MakeOpt make) {
   const std::string f = "mlp_pytorch.safetensors";
-  Generator gen(0);
-  auto mlp = models::make_mlp({16, 16, 16, 3}, gen);
-  safetensors::NamedTensors init;
-  for (const char* n : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"})
-    init.emplace_back(n, test::fixture_tensor(f, n));
-  nn::load_state_dict(*mlp, init, f);
+  auto mlp = test::fixture_mlp();
   auto opt = make(mlp->parameters());
   const Tensor x = test::fixture_tensor(f, "x"), y = test::fixture_tensor(f, "y");
   for (int s = 0; s < steps; ++s) {

@@ -6,7 +6,9 @@
 #include <map>
 #include <sstream>
 
+#include "models/mlp.h"
 #include "runtime/autograd.h"
+#include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
 #include "runtime/random.h"
 
@@ -23,6 +25,16 @@ const safetensors::NamedTensors& fixture(const std::string& file) {
 
 Tensor fixture_tensor(const std::string& file, const std::string& name) {
   return safetensors::find(fixture(file), name, file);
+}
+
+std::shared_ptr<nn::Sequential> fixture_mlp() {
+  const std::string f = "mlp_pytorch.safetensors";
+  Generator gen(0);
+  auto mlp = models::make_mlp({16, 16, 16, 3}, gen);
+  safetensors::NamedTensors init;
+  for (auto& [name, p] : mlp->named_parameters()) init.emplace_back(name, fixture_tensor(f, name));
+  nn::load_state_dict(*mlp, init, f);
+  return mlp;
 }
 
 double closeness(const Tensor& a, const Tensor& b, double rtol, double atol) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nn/layers.h"
 #include "runtime/safetensors.h"
 #include "runtime/tensor.h"
 
@@ -12,6 +13,8 @@ namespace amp::test {
 std::string data_path(const std::string& file);  // tests/data/<file>
 const safetensors::NamedTensors& fixture(const std::string& file);  // loaded once
 Tensor fixture_tensor(const std::string& file, const std::string& name);
+// The MLP of mlp_pytorch.safetensors (16-16-16, 3 layers) with PyTorch's initial weights.
+std::shared_ptr<nn::Sequential> fixture_mlp();
 
 // max |a - b| / (atol + rtol |b|) over elements; <= 1 means close. Non-finite mismatches give inf.
 double closeness(const Tensor& a, const Tensor& b, double rtol, double atol);
