@@ -1,6 +1,8 @@
 #include "comm/mpi_communicator.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "runtime/ops.h"
@@ -8,6 +10,16 @@
 namespace amp::comm {
 
 namespace {
+
+// Each rank's shared-memory slot, and the smallest buffer worth the shared-memory path (below it,
+// MPI's latency-optimised algorithms win).
+constexpr size_t kShmSlotBytes = size_t{16} << 20;
+constexpr size_t kShmMinBytes = size_t{64} << 10;
+
+struct DoneWork final : Work {
+  void wait() override {}
+  bool test() override { return true; }
+};
 
 MPI_Datatype mpi_type(DType t, const char* op) {
   switch (t) {
@@ -74,9 +86,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_), "MPI_Comm_split_type");
   MPI_Comm_rank(local_comm_, &local_rank_);
   MPI_Comm_size(local_comm_, &local_size_);
+  const char* use_shm = std::getenv("AMP_COMM_SHM");
+  int all_local = local_size_ == size_ ? 1 : 0, agreed = 0;
+  MPI_Allreduce(&all_local, &agreed, 1, MPI_INT, MPI_MIN, comm_);  // every rank takes the same path
+  if (size_ > 1 && agreed && !(use_shm && std::string(use_shm) == "0"))
+    shm_ = std::make_unique<ShmAllReduce>(comm_, kShmSlotBytes);
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  shm_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
@@ -104,6 +122,15 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
   const MPI_Datatype type = mpi_type(t.dtype(), "all_reduce");
   const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ", " + std::to_string(t.numel()) +
                            " x " + dtype_name(t.dtype()) + ")";
+  if (shm_ && t.nbytes() >= kShmMinBytes && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
+    // Synchronous: the reduction is done by this rank's own cores either way.
+    shm_->run(t, op == ReduceOp::max, op == ReduceOp::avg ? 1.0 / size_ : 1.0, [&] {
+      MPI_Request req;
+      mpi_check(MPI_Ibarrier(comm_, &req), what.c_str());
+      wait_bounded(&req, what);
+    });
+    return std::make_unique<DoneWork>();
+  }
   auto work = std::make_unique<MpiWork>(this, t, op, what);
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
                            op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, work->request()),

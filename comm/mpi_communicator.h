@@ -1,9 +1,12 @@
 // Communicator over MPI for CPU tensors: non-blocking MPI_Iallreduce polled with MPI_Test, so every
-// wait is bounded by the timeout.
+// wait is bounded by the timeout. When every rank is on one node, large float buffers (the gradient
+// buckets) are all-reduced through a shared-memory window instead (shm_allreduce.h); set
+// AMP_COMM_SHM=0 to use MPI's own all-reduce for everything.
 #pragma once
 #include <mpi.h>
 
 #include "comm/communicator.h"
+#include "comm/shm_allreduce.h"
 
 namespace amp::comm {
 
@@ -28,6 +31,7 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   MPI_Comm local_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<ShmAllReduce> shm_;  // single-node jobs only
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 

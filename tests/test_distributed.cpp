@@ -3,12 +3,14 @@
 // or another bucket size.
 #include <gtest/gtest.h>
 #include <cmath>
+#include <cstdlib>
 #include <mpi.h>
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/replica_check.h"
 #include "launch/trainer.h"
+#include "runtime/random.h"
 #include "test_util.h"
 
 namespace amp {
@@ -143,6 +145,46 @@ TEST(Distributed, BucketsLaunchDuringBackward) {
   std::unique_ptr<launch::Trainer> t2;
   train(c, w, nullptr, &t2);
   EXPECT_EQ(t2->reducer().launched_during_backward(), 0u);
+}
+
+// The shared-memory all-reduce (large buffers on one node): the average over ranks, equal on every
+// rank, independent of how the buffer is split, and equal to MPI's own all-reduce.
+TEST(Distributed, SharedMemoryAllReduceMatchesMpi) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  const int64_t n = (int64_t{5} << 20) + 3;  // 20 MiB: more than one 16 MiB slot, an odd tail
+  Generator g(100 + static_cast<uint64_t>(w.rank()));
+  const Tensor mine = randn({n}, g);
+  Tensor whole = mine.clone();
+  w.all_reduce(whole, comm::ReduceOp::avg);
+  // In two pieces: every element is summed in the same rank order, so the bits are the same.
+  const int64_t half = n / 2 + 1;
+  std::vector<double> v = mine.to_vector();
+  Tensor lo = from_vector(std::vector<double>(v.begin(), v.begin() + half), {half});
+  Tensor hi = from_vector(std::vector<double>(v.begin() + half, v.end()), {n - half});
+  w.all_reduce(lo, comm::ReduceOp::avg);
+  w.all_reduce(hi, comm::ReduceOp::avg);
+  std::vector<double> joined = lo.to_vector();
+  const std::vector<double> hv = hi.to_vector();
+  joined.insert(joined.end(), hv.begin(), hv.end());
+  EXPECT_TRUE(test::bitwise_equal(whole, from_vector(joined, {n})));
+  // Every rank holds the same bits.
+  EXPECT_TRUE(comm::check_replicas(w, {whole}).consistent);
+  // Against MPI's own all-reduce (a second communicator with the shared-memory path off).
+  setenv("AMP_COMM_SHM", "0", 1);
+  comm::MpiCommunicator plain(MPI_COMM_WORLD);
+  unsetenv("AMP_COMM_SHM");
+  Tensor ref = mine.clone();
+  plain.all_reduce(ref, comm::ReduceOp::avg);
+  if (w.size() == 2) {
+    EXPECT_TRUE(test::bitwise_equal(whole, ref)) << "a + b has one rounding either way";
+  }
+  EXPECT_TRUE(test::all_close(whole, ref, 1e-6, 1e-6));
+  // MAX too.
+  Tensor mx = mine.clone(), mref = mine.clone();
+  w.all_reduce(mx, comm::ReduceOp::max);
+  plain.all_reduce(mref, comm::ReduceOp::max);
+  EXPECT_TRUE(test::bitwise_equal(mx, mref));
 }
 
 TEST(Distributed, ReplicaCheckNamesTheRankThatDiffers) {

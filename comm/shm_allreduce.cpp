@@ -1,0 +1,83 @@
+#include "comm/shm_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/cpu/dispatch.h"
+
+namespace amp::comm {
+
+ShmAllReduce::ShmAllReduce(MPI_Comm node_comm, size_t slot_bytes) : slot_bytes_(slot_bytes) {
+  MPI_Comm_rank(node_comm, &rank_);
+  MPI_Comm_size(node_comm, &size_);
+  char* mine = nullptr;
+  if (MPI_Win_allocate_shared(static_cast<MPI_Aint>(slot_bytes), 1, MPI_INFO_NULL, node_comm, &mine, &win_) !=
+      MPI_SUCCESS)
+    throw std::runtime_error("MPI_Win_allocate_shared of " + std::to_string(slot_bytes) + " bytes failed");
+  slots_.resize(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    void* base = nullptr;
+    MPI_Win_shared_query(win_, r, &size, &disp, &base);
+    slots_[static_cast<size_t>(r)] = static_cast<char*>(base);
+  }
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, win_);  // one passive epoch; MPI_Win_sync orders the accesses
+}
+
+ShmAllReduce::~ShmAllReduce() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || win_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(win_);
+  MPI_Win_free(&win_);
+}
+
+namespace {
+
+template <class T>
+void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count, bool take_max, double scale) {
+  const T k = static_cast<T>(scale);
+  const long n = static_cast<long>(count);
+  std::vector<T*> src;
+  for (char* s : slots) src.push_back(reinterpret_cast<T*>(s) + first);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) {
+    T acc = src[0][i];
+    for (size_t r = 1; r < src.size(); ++r) acc = take_max ? std::max(acc, src[r][i]) : acc + src[r][i];
+    if (scale != 1.0) acc = acc * k;
+    for (size_t r = 0; r < src.size(); ++r) src[r][i] = acc;
+  }
+}
+
+}  // namespace
+
+void ShmAllReduce::run(Tensor& t, bool take_max, double scale, const std::function<void()>& barrier) {
+  if (!t.device().is_cpu() || (t.dtype() != DType::f32 && t.dtype() != DType::f64))
+    throw std::invalid_argument("shared-memory all-reduce takes CPU float32/float64 tensors");
+  const size_t elem = dtype_size(t.dtype());
+  const size_t per_chunk = slot_bytes_ / elem;
+  char* data = static_cast<char*>(t.data_ptr());
+  const size_t total = static_cast<size_t>(t.numel());
+  for (size_t done = 0; done < total; done += per_chunk) {
+    const size_t n = std::min(per_chunk, total - done);
+    std::memcpy(slots_[static_cast<size_t>(rank_)], data + done * elem, n * elem);
+    MPI_Win_sync(win_);
+    barrier();  // every slot is filled
+    MPI_Win_sync(win_);
+    const size_t seg = (n + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
+    const size_t first = std::min(n, seg * static_cast<size_t>(rank_));
+    const size_t count = std::min(seg, n - first);
+    if (t.dtype() == DType::f32) reduce_segment<float>(slots_, first, count, take_max, scale);
+    else reduce_segment<double>(slots_, first, count, take_max, scale);
+    MPI_Win_sync(win_);
+    barrier();  // every segment is reduced into every slot
+    MPI_Win_sync(win_);
+    std::memcpy(data + done * elem, slots_[static_cast<size_t>(rank_)], n * elem);
+  }
+  // The next call's first barrier also keeps peers from overwriting a slot before it is read.
+}
+
+}  // namespace amp::comm
