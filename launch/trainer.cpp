@@ -1,5 +1,6 @@
 #include "launch/trainer.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +23,15 @@
 #include "runtime/safetensors.h"
 
 namespace amp::launch {
+
+namespace {
+// The double closest to a float's shortest decimal form: 0.01f is logged as 0.01, not 0.0099999998.
+double as_decimal(float f) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, res.ptr).c_str(), nullptr);
+}
+}  // namespace
 
 GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
   GradScalerOptions o;
@@ -81,7 +91,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
 
 Trainer::~Trainer() = default;
 
-StepRecord Trainer::train_step(int64_t step) {
+Trainer::PendingStep Trainer::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   if (stall_.rank == comm_.rank() && stall_.step == step) {
     std::fprintf(stderr, "amp_train: rank %d: stalling at step %lld (AMP_DEBUG_STALL)\n", comm_.rank(),
@@ -142,21 +152,30 @@ StepRecord Trainer::train_step(int64_t step) {
   scaler_->update();
 
   comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
-  const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : Tensor();
+  // The figures travel to the host in the background: nothing here waits for the device.
+  const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
+  return PendingStep{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm})};
+}
+
+StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point next_start) {
+  const std::vector<double> v = p.figures->values();
   StepRecord r;
-  r.step = step;
-  r.loss = loss_sum.item();  // the host reads happen after the step's work is issued
-  r.scale = scale_used.item();
-  r.skipped = found.defined() && found.item() != 0.0;
-  r.grad_norm = grad_norm.item();
-  r.lr = opt_->lr();
-  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.step = p.step;
+  r.loss = v[0];
+  r.scale = v[1];
+  r.skipped = v[2] != 0.0;
+  r.grad_norm = v[3];
+  r.lr = as_decimal(opt_->lr());
+  // From this step's start to the next one's: the step's share of the wall time, whether or not
+  // the device ran ahead of the host.
+  r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();
   if (r.skipped && device_.is_cpu()) {
+    // On the CPU a step's figures are final at once, so its gradients are still there to inspect.
     std::string names;
     for (const std::string& n : nonfinite_gradients(model_->named_parameters())) names += (names.empty() ? "" : ", ") + n;
     if (!names.empty())
       std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
-                   static_cast<long long>(step), names.c_str());
+                   static_cast<long long>(r.step), names.c_str());
   }
   return r;
 }
@@ -179,23 +198,36 @@ TrainResult Trainer::run() {
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
   const auto start = std::chrono::steady_clock::now();
   const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
-  for (int64_t step = 1; step <= cfg_.steps; ++step) {
-    comm_.set_context("step " + std::to_string(step));
-    const StepRecord r = train_step(step);
+  auto emit = [&](const StepRecord& r) {
     result.records.push_back(r);
     result.skipped_steps += r.skipped;
     metrics.write(r);
-    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps) check_replicas(step, &result);
-    if (rank0 && cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {
+    if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate = static_cast<double>(step * samples_per_step) / elapsed;
-      const double eta = elapsed / static_cast<double>(step) * static_cast<double>(cfg_.steps - step);
+      const double rate = static_cast<double>(r.step * samples_per_step) / elapsed;
+      const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
       std::printf("step %lld/%lld  loss %.6g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs\n",
-                  static_cast<long long>(step), static_cast<long long>(cfg_.steps), r.loss, r.scale,
+                  static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), r.loss, r.scale,
                   static_cast<long long>(result.skipped_steps), rate, eta);
       std::fflush(stdout);
     }
+  };
+  // A step's figures are read once the next step's work is issued (one step late), unless they
+  // are already on the host (always, on the CPU).
+  std::unique_ptr<PendingStep> late;
+  for (int64_t step = 1; step <= cfg_.steps; ++step) {
+    comm_.set_context("step " + std::to_string(step));
+    PendingStep cur = train_step(step);
+    const auto now = std::chrono::steady_clock::now();
+    if (late) {
+      emit(finish(*late, cur.start));
+      late.reset();
+    }
+    if (cur.figures->ready()) emit(finish(cur, now));
+    else late = std::make_unique<PendingStep>(std::move(cur));
+    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps) check_replicas(step, &result);
   }
+  if (late) emit(finish(*late, std::chrono::steady_clock::now()));
   comm_.set_context("the end-of-run replica check");
   result.final_scale = scaler_->get_scale();
   const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());

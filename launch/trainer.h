@@ -2,6 +2,7 @@
 // bucketed gradient averaging on the last micro-batch, unscale, a found_inf every rank agrees on,
 // optional clipping, then step-or-skip and a scale update that is identical on every rank.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "launch/dataset.h"
 #include "launch/metrics.h"
 #include "launch/train_config.h"
+#include "runtime/backend.h"
 #include "runtime/nn/layers.h"
 #include "runtime/optim/optimizer.h"
 
@@ -36,7 +38,14 @@ class Trainer {
   const comm::GradientReducer& reducer() const { return *reducer_; }
 
  private:
-  StepRecord train_step(int64_t step);
+  // A step whose work is issued and whose figures are on their way to the host.
+  struct PendingStep {
+    int64_t step;
+    std::chrono::steady_clock::time_point start;
+    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm
+  };
+  PendingStep train_step(int64_t step);
+  StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
   void check_replicas(int64_t step, TrainResult* result);
 
   TrainConfig cfg_;

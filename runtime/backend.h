@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -30,6 +31,15 @@ struct ScaleUpdateHyper {
   float min_scale, max_scale;
 };
 
+// Small device values on their way to the host: a copy that completes in the background, so that
+// logging can read a step's figures one step late without stalling the device.
+class Readback {
+ public:
+  virtual ~Readback() = default;
+  virtual bool ready() = 0;                  // the copy has landed (never blocks)
+  virtual std::vector<double> values() = 0;  // waits for the copy if needed
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -44,6 +54,8 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Starts copying the first element of each 1-element f32 tensor to the host.
+  virtual std::unique_ptr<Readback> start_readback(const std::vector<Tensor>& scalars) = 0;
 
   // --- element-wise and reductions
   virtual void fill(Tensor& t, double value) = 0;

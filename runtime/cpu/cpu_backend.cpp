@@ -84,6 +84,30 @@ void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) { if (
 void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 void CpuBackend::copy(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 
+namespace {
+// On the CPU the values are already there.
+struct CpuReadback final : Readback {
+  std::vector<double> v;
+  bool ready() override { return true; }
+  std::vector<double> values() override { return v; }
+};
+
+void require_scalar_f32(const Tensor& t) {
+  if (t.dtype() != DType::f32 || t.numel() != 1)
+    throw std::invalid_argument("readback: expected a 1-element float32 tensor, got " + std::string(dtype_name(t.dtype())) +
+                                " " + shape_str(t.shape()));
+}
+}  // namespace
+
+std::unique_ptr<Readback> CpuBackend::start_readback(const std::vector<Tensor>& scalars) {
+  auto r = std::make_unique<CpuReadback>();
+  for (const Tensor& t : scalars) {
+    require_scalar_f32(t);
+    r->v.push_back(t.data<float>()[0]);
+  }
+  return r;
+}
+
 // --- element-wise
 
 void CpuBackend::fill(Tensor& t, double value) {

@@ -48,4 +48,50 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::synchronize() { AMP_CUDA_CHECK(cudaStreamSynchronize(context().stream())); }
 
+namespace {
+// Copies into pinned host memory on the compute stream, then an event: ready() polls the event.
+class CudaReadback final : public Readback {
+ public:
+  explicit CudaReadback(const std::vector<Tensor>& scalars) : n_(scalars.size()) {
+    AMP_CUDA_CHECK(cudaMallocHost(&host_, sizeof(float) * (n_ > 0 ? n_ : 1)));
+    AMP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    const cudaStream_t s = context().stream();
+    for (size_t i = 0; i < n_; ++i) {
+      const Tensor& t = scalars[i];
+      require_cuda(t, "readback tensor");
+      if (t.dtype() != DType::f32 || t.numel() != 1)
+        throw std::invalid_argument("readback: expected a 1-element float32 tensor");
+      AMP_CUDA_CHECK(cudaMemcpyAsync(host_ + i, t.data_ptr(), sizeof(float), cudaMemcpyDeviceToHost, s));
+    }
+    AMP_CUDA_CHECK(cudaEventRecord(done_, s));
+  }
+  ~CudaReadback() override {
+    AMP_CUDA_CHECK_NOTHROW(cudaEventSynchronize(done_));
+    AMP_CUDA_CHECK_NOTHROW(cudaEventDestroy(done_));
+    AMP_CUDA_CHECK_NOTHROW(cudaFreeHost(host_));
+  }
+  CudaReadback(const CudaReadback&) = delete;
+  CudaReadback& operator=(const CudaReadback&) = delete;
+  bool ready() override {
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) return false;
+    AMP_CUDA_CHECK(e);
+    return true;
+  }
+  std::vector<double> values() override {
+    AMP_CUDA_CHECK(cudaEventSynchronize(done_));  // waits for this copy only, not for later work
+    return std::vector<double>(host_, host_ + n_);
+  }
+
+ private:
+  size_t n_;
+  float* host_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+}  // namespace
+
+std::unique_ptr<Readback> CudaBackend::start_readback(const std::vector<Tensor>& scalars) {
+  return std::make_unique<CudaReadback>(scalars);
+}
+
 }  // namespace amp::cuda

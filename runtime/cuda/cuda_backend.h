@@ -20,6 +20,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  std::unique_ptr<Readback> start_readback(const std::vector<Tensor>& scalars) override;
 
   void fill(Tensor& t, double value) override;
   void cast(const Tensor& src, Tensor& dst) override;
