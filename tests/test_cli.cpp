@@ -212,6 +212,23 @@ TEST(Cli, DataFromAFileTrains) {
   EXPECT_LT(recs[29]["loss"].get<double>(), recs[0]["loss"].get<double>());
 }
 
+TEST(Cli, EveryTrainingFeatureRunsEndToEnd) {
+  // Penalty, clipping, accumulation, AdamW, bf16 and a constant loss scale: finite losses that fall.
+  TempDir d;
+  const RunResult r = run("--width 16 --layers 3 --batch-size 8 --log-every 0 --threads 1 --steps 40 --lr 0.01 "
+                          "--optimizer adamw --weight-decay 0.01 --grad-penalty 0.1 --clip-grad-norm 1.0 "
+                          "--clip-grad-value 0.5 --micro-batches 2 --amp bf16 --loss-scale 1024 --metrics " +
+                          d.file("m.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_EQ(recs.size(), 41u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_TRUE(recs[i]["loss"].is_number()) << i;
+    EXPECT_EQ(recs[i]["scale"], 1024.0) << "a constant scale";
+  }
+  EXPECT_LT(recs[39]["loss"].get<double>(), recs[0]["loss"].get<double>());
+}
+
 TEST(Cli, DeviceCudaWithoutAGpuFailsCleanly) {
   const RunResult r = run(kSmall + "--device cuda");
   EXPECT_NE(r.code, 0);

@@ -1,0 +1,53 @@
+// Gradient clipping against PyTorch's clip_grad_norm_ on the MLP, and against closed forms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "amp/clip_grad.h"
+#include "runtime/ops.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+TEST(ClipGradNorm, TotalNormMatchesPyTorchAndClips) {
+  const std::string f = "mlp_pytorch.safetensors";
+  auto mlp = test::fixture_mlp();
+  mse_loss((*mlp)(test::fixture_tensor(f, "x")), test::fixture_tensor(f, "y")).backward();
+  const auto params = mlp->parameters();
+  const double max_norm = 0.5 * test::fixture_tensor(f, "clip.total_norm").item();
+  const Tensor total = clip_grad_norm_(params, max_norm);
+  EXPECT_TRUE(test::all_close(total.reshape({1}), test::fixture_tensor(f, "clip.total_norm"), 1e-5, 1e-7));
+  // Every gradient was scaled by max_norm / (total + 1e-6): the new norm is max_norm (up to the eps).
+  double sq = 0;
+  for (const Tensor& p : params)
+    for (double v : p.grad().to_vector()) sq += v * v;
+  EXPECT_NEAR(std::sqrt(sq), max_norm, 1e-5 * max_norm);
+  // Below the threshold nothing changes.
+  const auto before = params[0].grad().to_vector();
+  clip_grad_norm_(params, 10.0 * max_norm);
+  EXPECT_EQ(params[0].grad().to_vector(), before);
+}
+
+TEST(ClipGradNorm, InfNormAndNonFinite) {
+  Tensor a = zeros({3}).set_requires_grad(true), b = zeros({2}).set_requires_grad(true);
+  a.set_grad(from_vector({1.0, -4.0, 2.0}, {3}));
+  b.set_grad(from_vector({3.0, 0.5}, {2}));
+  EXPECT_EQ(clip_grad_norm_({a, b}, 100.0, INFINITY).item(), 4.0);
+  EXPECT_NEAR(clip_grad_norm_({a, b}, 100.0, 1.0).item(), 10.5, 1e-6);
+  b.grad().data<float>()[1] = NAN;
+  EXPECT_THROW(clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true), std::runtime_error);
+  EXPECT_TRUE(std::isnan(clip_grad_norm_({a, b}, 1.0).item()));  // PyTorch's default: scale by NaN
+  EXPECT_THROW(clip_grad_norm_({a, b}, -1.0), std::invalid_argument);
+}
+
+TEST(ClipGradValue, ClampsEveryElement) {
+  Tensor a = zeros({4}).set_requires_grad(true);
+  a.set_grad(from_vector({-3.0, -0.1, 0.2, 5.0}, {4}));
+  clip_grad_value_({a}, 0.5);
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{-0.5, static_cast<double>(-0.1f), static_cast<double>(0.2f), 0.5}));
+  EXPECT_THROW(clip_grad_value_({a}, -1.0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace amp
