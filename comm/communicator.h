@@ -45,6 +45,10 @@ class Communicator {
   // Returns [size(), ...t.shape()]: every rank's tensor, in rank order.
   virtual Tensor all_gather(const Tensor& t) = 0;
   virtual void barrier() = 0;
+  // A zero-filled 1-D buffer that this communicator all-reduces fastest (in place, no staging copy
+  // on single-node MPI jobs). Collective: every rank allocates the same buffers in the same order.
+  // It must not outlive the communicator.
+  virtual Tensor make_buffer(int64_t numel, DType dtype, Device device) { return zeros({numel}, dtype, device); }
 
   double timeout() const { return timeout_s_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }

@@ -11,10 +11,8 @@ namespace amp::comm {
 
 namespace {
 
-// Each rank's shared-memory slot, and the smallest buffer worth the shared-memory path (below it,
-// MPI's latency-optimised algorithms win).
+// Each rank's staging slot in the shared window: larger tensors go through it in chunks.
 constexpr size_t kShmSlotBytes = size_t{16} << 20;
-constexpr size_t kShmMinBytes = size_t{64} << 10;
 
 struct DoneWork final : Work {
   void wait() override {}
@@ -94,6 +92,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  buffers_.clear();
   shm_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -122,13 +121,19 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
   const MPI_Datatype type = mpi_type(t.dtype(), "all_reduce");
   const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ", " + std::to_string(t.numel()) +
                            " x " + dtype_name(t.dtype()) + ")";
-  if (shm_ && t.nbytes() >= kShmMinBytes && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
-    // Synchronous: the reduction is done by this rank's own cores either way.
-    shm_->run(t, op == ReduceOp::max, op == ReduceOp::avg ? 1.0 / size_ : 1.0, [&] {
-      MPI_Request req;
-      mpi_check(MPI_Ibarrier(comm_, &req), what.c_str());
-      wait_bounded(&req, what);
-    });
+  if (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
+    // Synchronous: on one node the reduction is done by the ranks' own cores either way. Every
+    // float all-reduce takes this path, so each element is summed in the same (rank) order.
+    const double scale = op == ReduceOp::avg ? 1.0 / size_ : 1.0;
+    const auto barrier = bounded_barrier(what);
+    bool registered = false;
+    for (auto& b : buffers_) {
+      if (!b->owns(t)) continue;
+      b->reduce_in_place(t.numel(), t.dtype(), op == ReduceOp::max, scale, barrier);
+      registered = true;
+      break;
+    }
+    if (!registered) shm_->run(t, op == ReduceOp::max, scale, barrier);
     return std::make_unique<DoneWork>();
   }
   auto work = std::make_unique<MpiWork>(this, t, op, what);
@@ -156,6 +161,20 @@ Tensor MpiCommunicator::all_gather(const Tensor& t) {
             "all_gather");
   wait_bounded(&req, "all_gather");
   return out;
+}
+
+std::function<void()> MpiCommunicator::bounded_barrier(const std::string& what) {
+  return [this, what] {
+    MPI_Request req;
+    mpi_check(MPI_Ibarrier(comm_, &req), what.c_str());
+    wait_bounded(&req, what);
+  };
+}
+
+Tensor MpiCommunicator::make_buffer(int64_t numel, DType dtype, Device device) {
+  if (!shm_ || !device.is_cpu() || (dtype != DType::f32 && dtype != DType::f64)) return zeros({numel}, dtype, device);
+  buffers_.push_back(std::make_unique<ShmAllReduce>(comm_, static_cast<size_t>(numel) * dtype_size(dtype)));
+  return buffers_.back()->buffer(numel, dtype);
 }
 
 void MpiCommunicator::barrier() {

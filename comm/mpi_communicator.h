@@ -1,9 +1,13 @@
 // Communicator over MPI for CPU tensors: non-blocking MPI_Iallreduce polled with MPI_Test, so every
-// wait is bounded by the timeout. When every rank is on one node, large float buffers (the gradient
-// buckets) are all-reduced through a shared-memory window instead (shm_allreduce.h); set
-// AMP_COMM_SHM=0 to use MPI's own all-reduce for everything.
+// wait is bounded by the timeout. When every rank is on one node, float all-reduces go through a
+// shared-memory window instead (shm_allreduce.h), and make_buffer() places the gradient buckets in
+// windows of their own so they reduce with no copy; AMP_COMM_SHM=0 keeps MPI's own all-reduce.
 #pragma once
 #include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/shm_allreduce.h"
@@ -24,6 +28,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   Tensor all_gather(const Tensor& t) override;
   void barrier() override;
+  Tensor make_buffer(int64_t numel, DType dtype, Device device) override;
 
   // Waits for req, polling; throws CommError naming the operation after timeout() seconds.
   void wait_bounded(MPI_Request* req, const std::string& what);
@@ -31,7 +36,9 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   MPI_Comm local_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<ShmAllReduce> shm_;  // single-node jobs only
+  std::unique_ptr<ShmAllReduce> shm_;                   // staging slot; single-node jobs only
+  std::vector<std::unique_ptr<ShmAllReduce>> buffers_;  // make_buffer()'s windows
+  std::function<void()> bounded_barrier(const std::string& what);
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 

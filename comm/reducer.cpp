@@ -51,8 +51,8 @@ struct GradientReducer::State {
       --b.pending;
     }
     const Tensor g = s.param.grad();
-    Tensor dst = b.buffer;
-    backend_for(g.device()).copy(static_cast<float*>(dst.data_ptr()) + s.offset, g.data_ptr(), g.nbytes());
+    float* dst = static_cast<float*>(b.buffer.data_ptr()) + s.offset;
+    if (g.data_ptr() != dst) backend_for(g.device()).copy(dst, g.data_ptr(), g.nbytes());  // else: already a view
     if (options.overlap) launch_ready();
   }
 };
@@ -78,7 +78,7 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
     ++b.members;
   }
   for (Bucket& b : st.buckets) {
-    if (!st.passthrough) b.buffer = zeros({static_cast<int64_t>(b.pending)}, DType::f32, params[0].device());
+    if (!st.passthrough) b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
     b.pending = b.members;
   }
   std::weak_ptr<State> weak = state_;
@@ -117,24 +117,16 @@ void GradientReducer::finish() {
   for (Slot& s : st.slots) {
     if (s.ready) continue;
     Bucket& b = st.buckets[s.bucket];
-    Tensor dst = b.buffer;
-    float* p = static_cast<float*>(dst.data_ptr()) + s.offset;
-    Tensor zero = zeros(s.param.shape(), DType::f32, s.param.device());
-    backend_for(dst.device()).copy(p, zero.data_ptr(), zero.nbytes());
+    Tensor slice = b.buffer.view(static_cast<int64_t>(s.offset), s.param.shape());
+    fill_(slice, 0.0);
     s.ready = true;
     --b.pending;
   }
   st.launch_ready();
   for (Bucket& b : st.buckets) b.work->wait();
-  for (Slot& s : st.slots) {
-    Tensor g = s.param.grad();
-    if (!g.defined()) {
-      g = empty(s.param.shape(), DType::f32, s.param.device());
-      s.param.set_grad(g);
-    }
-    const Bucket& b = st.buckets[s.bucket];
-    backend_for(g.device()).copy(g.data_ptr(), static_cast<const float*>(b.buffer.data_ptr()) + s.offset, g.nbytes());
-  }
+  // The averaged gradients stay in the buckets: each .grad becomes a view of its slice (no copy).
+  for (Slot& s : st.slots)
+    s.param.set_grad(st.buckets[s.bucket].buffer.view(static_cast<int64_t>(s.offset), s.param.shape()));
   st.sync = false;
 }
 

@@ -5,7 +5,9 @@
 // post-accumulate hook copies its final gradient into its bucket; a full bucket is all-reduced at
 // once with a non-blocking collective while backward goes on. Every rank launches buckets in the
 // same fixed order. Micro-batches other than the last run with sync off (no communication).
-// With a single rank the reducer does nothing at all (no copies).
+// After finish() each .grad is a view of its slice of a bucket, so the averaged gradients are not
+// copied back; buckets come from Communicator::make_buffer (shared memory on one node). With a
+// single rank the reducer does nothing at all (no copies).
 #pragma once
 #include <memory>
 #include <vector>

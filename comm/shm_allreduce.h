@@ -1,11 +1,14 @@
-// Intra-node all-reduce through an MPI-3 shared-memory window, for the large CPU buffers of the
-// gradient reducer. Open MPI's shared-memory all-reduce moves under 1 GB/s on the machines here;
-// this one runs at memory speed.
+// Intra-node all-reduce through an MPI-3 shared-memory window. Open MPI's shared-memory all-reduce
+// moves under 1 GB/s on the machines here; this one runs at memory speed.
 //
-// Per chunk: every rank copies its data into its own slot; after a barrier, rank r sums segment r
-// over all slots in rank order and writes the sum into segment r of every slot; after a second
-// barrier every rank copies its slot back. The sum of each element is taken in rank order whatever
-// the chunking, so results are bitwise independent of bucket sizes and equal on every rank.
+// Each rank owns one slot of the window. A reduction: after a barrier, rank r sums segment r over
+// all slots in rank order and writes the result into segment r of every slot; after a second
+// barrier every slot holds the result. Each element is summed in rank order whatever the buffer's
+// size, so results are bitwise independent of bucket sizes and equal on every rank.
+//
+// Two ways in: run() copies any tensor through the slot in chunks; buffer() hands out the slot
+// itself as a tensor, which reduce_in_place() then reduces with no copy at all (the gradient
+// reducer's buckets live there).
 #pragma once
 #include <mpi.h>
 
@@ -20,14 +23,20 @@ class ShmAllReduce {
  public:
   // Collective over node_comm (every rank on one node). slot_bytes: the window each rank owns.
   ShmAllReduce(MPI_Comm node_comm, size_t slot_bytes);
-  ~ShmAllReduce();
+  ~ShmAllReduce();  // collective (MPI_Win_free)
   ShmAllReduce(const ShmAllReduce&) = delete;
   ShmAllReduce& operator=(const ShmAllReduce&) = delete;
 
+  using Barrier = std::function<void()>;  // a barrier over node_comm, bounded by the caller's timeout
+
   // In-place sum (max when take_max) of a contiguous CPU f32 or f64 tensor, multiplied by scale
-  // (1/size for an average: the same rounding as a sum followed by that multiplication, without a
-  // pass of its own). barrier() must be a barrier over node_comm, bounded by the caller's timeout.
-  void run(Tensor& t, bool take_max, double scale, const std::function<void()>& barrier);
+  // (1/size for an average: the rounding of a sum followed by that multiplication, in one pass).
+  void run(Tensor& t, bool take_max, double scale, const Barrier& barrier);
+  // This rank's slot as a zero-filled tensor of numel elements (valid while this object lives).
+  Tensor buffer(int64_t numel, DType dtype);
+  // Reduces the first numel elements of every slot in place.
+  void reduce_in_place(int64_t numel, DType dtype, bool take_max, double scale, const Barrier& barrier);
+  bool owns(const Tensor& t) const { return t.data_ptr() == slots_[static_cast<size_t>(rank_)]; }
 
  private:
   MPI_Win win_ = MPI_WIN_NULL;

@@ -27,7 +27,12 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = backend_for(device).allocate(bytes);
 }
 
-Storage::~Storage() { backend_for(device_).deallocate(data_, bytes_); }
+Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
+
+Storage::~Storage() {
+  if (!owner_) backend_for(device_).deallocate(data_, bytes_);
+}
 
 int64_t Tensor::size(int64_t d) const {
   const int64_t n = dim();
@@ -52,9 +57,21 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
   return Tensor(impl);
+}
+
+Tensor Tensor::view(int64_t first, const Shape& s) const {
+  const int64_t n = shape_numel(s);
+  if (first < 0 || first + n > numel())
+    throw std::out_of_range("view of elements [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                            ") of a tensor with " + std::to_string(numel()));
+  Tensor out = detach();
+  out.impl()->offset += static_cast<size_t>(first) * dtype_size(dtype());
+  out.impl()->shape = s;
+  return out;
 }
 
 Tensor Tensor::to(DType t) const { return t == dtype() ? *this : cast(*this, t); }
@@ -126,6 +143,15 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+Tensor from_external(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> owner) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device,
+                                            std::move(owner));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
 

@@ -22,6 +22,8 @@ class Tensor;
 class Storage {
  public:
   Storage(size_t bytes, Device device);
+  // Memory owned elsewhere (a communication buffer, for example); owner keeps it alive.
+  Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -33,12 +35,14 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  std::shared_ptr<void> owner_;  // set for external memory, which the backend must not free
 };
 
 using GradHook = std::function<void(const Tensor& leaf)>;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
+  size_t offset = 0;  // bytes into storage where this tensor's elements start
   Shape shape;
   DType dtype = DType::f32;
   bool requires_grad = false;
@@ -62,7 +66,7 @@ class Tensor {
   Device device() const { return impl_->storage->device(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
 
-  void* data_ptr() const { return impl_->storage->data(); }
+  void* data_ptr() const { return static_cast<char*>(impl_->storage->data()) + impl_->offset; }
   template <class T>
   T* data() const { return static_cast<T*>(data_ptr()); }
 
@@ -77,6 +81,8 @@ class Tensor {
   void register_post_accumulate_grad_hook(GradHook hook) { impl_->post_accumulate_hooks.push_back(std::move(hook)); }
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // shares storage, no autograd history
+  // numel(shape) elements starting at element `first`, sharing storage; no autograd history.
+  Tensor view(int64_t first, const Shape& shape) const;
 
   // --- conveniences (all differentiable unless said otherwise)
   Tensor to(DType t) const;          // autograd-aware cast
@@ -105,6 +111,8 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
                    Device device = kCPU);
 Tensor from_int64(const std::vector<int64_t>& values, const Shape& shape, Device device = kCPU);
 Tensor zeros_like(const Tensor& t);
+// A tensor over memory owned elsewhere; owner is kept alive as long as any view of it.
+Tensor from_external(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> owner);
 Tensor empty_like(const Tensor& t);
 
 }  // namespace amp

@@ -39,6 +39,7 @@ void Module::to(Device d) {
     // Keep the handle identity: swap the storage, so optimizers holding the tensor follow.
     Tensor moved = t.to(d);
     t.impl()->storage = moved.impl()->storage;
+    t.impl()->offset = moved.impl()->offset;
     t.set_grad(Tensor());
   }
   for (auto& [name, child] : children_) child->to(d);
