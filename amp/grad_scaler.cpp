@@ -90,8 +90,8 @@ void GradScaler::step(optim::Optimizer& opt) {
   if (st.stage == Stage::stepped) throw std::runtime_error("step() has already been called since the last update().");
   Tensor grad_scale;
   if (st.stage == Stage::ready) {
-    // Nobody needs the unscaled gradients in memory: check them read-only, and let the fused step
-    // divide the scale out in registers. One read pass instead of a read-write pass.
+    // Check them read-only first; the fused step then unscales them (and writes them back) in its
+    // own pass: one read pass instead of a separate read-write unscale pass.
     const std::vector<Tensor> grads = opt.grads();
     for (const Tensor& g : grads)
       if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");

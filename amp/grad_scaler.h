@@ -42,10 +42,9 @@ class GradScaler {
   std::vector<Tensor> scale(const std::vector<Tensor>& losses) const;
   // Multiplies opt's gradients by 1/scale (fp64 reciprocal) and records found_inf, in one fused pass.
   void unscale_(optim::Optimizer& opt);
-  // The optimizer's step, which skips itself when found_inf is set. After an explicit unscale_ it
-  // steps on the unscaled gradients; otherwise it checks the scaled gradients read-only and the
-  // fused step divides the scale out in registers, leaving .grad scaled (as PyTorch's fused
-  // optimizers do).
+  // The optimizer's step, which skips itself when found_inf is set. Without an explicit unscale_
+  // it checks the scaled gradients read-only and the fused step unscales them in its own pass
+  // (writing them back unscaled, as PyTorch's fused optimizers do).
   void step(optim::Optimizer& opt);
   // _amp_update_scale_ from this iteration's found_inf; resets every optimizer's state.
   void update();

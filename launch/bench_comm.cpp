@@ -38,7 +38,7 @@ double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int 
   Generator gen(1);
   auto model = models::make_mlp({width, width, width, layers}, gen);
   const Tensor x = randn({batch, width}, gen), y = randn({batch, width}, gen);
-  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4f});
+  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4});
   std::unique_ptr<comm::GradientReducer> reducer;
   if (comm) {
     comm::ReducerOptions ro;

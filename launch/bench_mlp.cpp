@@ -48,7 +48,7 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
   Generator gen(1);
   auto model = models::make_mlp({width, width, width, layers}, gen, dev);
   const Tensor x = randn({batch, width}, gen, DType::f32, dev), y = randn({batch, width}, gen, DType::f32, dev);
-  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4f});
+  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4});
   GradScaler scaler(GradScalerOptions{.enabled = m.scaler, .device = dev});
   Backend& b = backend_for(dev);
   std::vector<double> step_ms, scaler_ms, peak;

@@ -34,9 +34,9 @@ struct TrainConfig {
   int64_t batch_size = 32;  // per rank, per micro-batch
   int64_t micro_batches = 1;
   OptimizerKind optimizer = OptimizerKind::sgd;
-  float lr = 0.01f;
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
+  double lr = 0.01;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
   uint64_t seed = 0;
   double clip_grad_norm = 0.0;   // 0: off
   double clip_grad_value = 0.0;  // 0: off

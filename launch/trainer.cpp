@@ -1,6 +1,5 @@
 #include "launch/trainer.h"
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,15 +22,6 @@
 #include "runtime/safetensors.h"
 
 namespace amp::launch {
-
-namespace {
-// The double closest to a float's shortest decimal form: 0.01f is logged as 0.01, not 0.0099999998.
-double as_decimal(float f) {
-  char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof buf, f);
-  return std::strtod(std::string(buf, res.ptr).c_str(), nullptr);
-}
-}  // namespace
 
 GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
   GradScalerOptions o;
@@ -76,10 +66,10 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
                                    : load_dataset(cfg_.data, cfg_.width, device_);
   if (cfg_.optimizer == OptimizerKind::sgd) {
     opt_ = std::make_unique<optim::SGD>(model_->parameters(),
-                                        optim::SgdOptions{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay, false});
+                                        optim::SgdOptions{cfg_.lr, cfg_.momentum, 0.0, cfg_.weight_decay, false});
   } else {
     opt_ = std::make_unique<optim::AdamW>(model_->parameters(),
-                                          optim::AdamOptions{cfg_.lr, 0.9f, 0.999f, 1e-8f, cfg_.weight_decay, false});
+                                          optim::AdamOptions{cfg_.lr, 0.9, 0.999, 1e-8, cfg_.weight_decay, false});
   }
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_, device_), &comm_);
   comm::ReducerOptions ro;
@@ -165,7 +155,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   r.scale = v[1];
   r.skipped = v[2] != 0.0;
   r.grad_norm = v[3];
-  r.lr = as_decimal(opt_->lr());
+  r.lr = opt_->lr();
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
   r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();

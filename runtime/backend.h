@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/optim_math.h"
 #include "runtime/tensor.h"
 
 namespace amp {
@@ -15,15 +16,6 @@ enum class UnaryOp : uint8_t { neg, exp, log, sqrt, relu, gelu, gelu_tanh, pow_s
 // Element-wise binary functions with broadcasting. The *_backward ones take (grad, x).
 enum class BinaryOp : uint8_t { add, sub, mul, div, relu_backward, gelu_backward, gelu_tanh_backward };
 
-struct SgdHyper {
-  float lr, momentum, dampening, weight_decay;
-  bool nesterov;
-};
-struct AdamHyper {
-  float lr, beta1, beta2, eps, weight_decay;
-  bool decoupled_weight_decay;  // AdamW
-  bool amsgrad;
-};
 // GradScaler's update rule and the peers' extensions; see amp_math.h.
 struct ScaleUpdateHyper {
   float growth_factor, backoff_factor;
@@ -88,7 +80,7 @@ class Backend {
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
   // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
   // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by
-  // inverse_scale(grad_scale) in registers, the .grad memory is left as it is (PyTorch's fused path).
+  // inverse_scale(grad_scale) and written back unscaled in the same pass (PyTorch's fused path).
   virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
                         const Tensor& found_inf, const Tensor& grad_scale) = 0;

@@ -1,54 +1,85 @@
-// Per-element optimizer updates with PyTorch's exact order of operations.
+// Per-element optimizer updates in PyTorch's order of operations (torch.optim, 1.13).
+// Hyperparameters are doubles, as in Python; every coefficient the kernels need is derived from
+// them in fp64 and rounded once to fp32, exactly where PyTorch passes a Python float to a kernel
+// (so 1 - beta2 is (float)(1 - 0.999) = 0.001f, not 1.0f - 0.999f).
 #pragma once
 #include <cmath>
 
 #include "runtime/hd.h"
 
-namespace amp::math {
+namespace amp {
 
-// torch.optim.SGD. first_step: the momentum buffer does not exist yet and is set to the gradient.
-AMP_HD void sgd_update(float* p, float g, float* buf, bool first_step, float lr, float momentum, float dampening,
-                       float weight_decay, bool nesterov) {
-  float d = g;
-  if (weight_decay != 0.0f) d = d + weight_decay * *p;
-  if (momentum != 0.0f) {
-    const float b = first_step ? d : *buf * momentum + (1.0f - dampening) * d;
-    *buf = b;
-    d = nesterov ? d + momentum * b : b;
-  }
-  *p = *p - lr * d;
+struct SgdHyper {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+struct AdamHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled_weight_decay;  // AdamW
+  bool amsgrad;
+};
+
+namespace math {
+
+struct SgdCoef {
+  float lr, momentum, one_minus_dampening, weight_decay;
+  bool nesterov;
+};
+AMP_HD SgdCoef sgd_coef(const SgdHyper& h) {
+  return {static_cast<float>(h.lr), static_cast<float>(h.momentum), static_cast<float>(1.0 - h.dampening),
+          static_cast<float>(h.weight_decay), h.nesterov};
 }
 
-// Step-dependent scalars of Adam, computed in fp64 as PyTorch does on the host.
-struct AdamScalars {
-  double step_size;
-  double bias_correction2_sqrt;
+// torch.optim.SGD. first_step: the momentum buffer does not exist yet and is set to the gradient.
+AMP_HD void sgd_update(float* p, float g, float* buf, bool first_step, const SgdCoef& c) {
+  float d = g;
+  if (c.weight_decay != 0.0f) d = d + c.weight_decay * *p;
+  if (c.momentum != 0.0f) {
+    const float b = first_step ? d : *buf * c.momentum + c.one_minus_dampening * d;
+    *buf = b;
+    d = c.nesterov ? d + c.momentum * b : b;
+  }
+  *p = *p - c.lr * d;
+}
+
+struct AdamCoef {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+  float decay;            // AdamW: 1 - lr * weight_decay
+  float neg_step_size;    // -lr / (1 - beta1^step)
+  float bc2_sqrt;         // sqrt(1 - beta2^step)
+  bool decoupled, amsgrad;
 };
-AMP_HD AdamScalars adam_scalars(double step, double lr, double beta1, double beta2) {
-  const double bc1 = 1.0 - std::pow(beta1, step);
-  const double bc2 = 1.0 - std::pow(beta2, step);
-  return {lr / bc1, std::sqrt(bc2)};
+// step: the step being taken (1 for the first); bias corrections in fp64 as PyTorch does on the host.
+AMP_HD AdamCoef adam_coef(const AdamHyper& h, double step) {
+  const double bc1 = 1.0 - std::pow(h.beta1, step);
+  const double bc2 = 1.0 - std::pow(h.beta2, step);
+  return {static_cast<float>(h.beta1),        static_cast<float>(1.0 - h.beta1),
+          static_cast<float>(h.beta2),        static_cast<float>(1.0 - h.beta2),
+          static_cast<float>(h.eps),          static_cast<float>(h.weight_decay),
+          static_cast<float>(1.0 - h.lr * h.weight_decay),
+          static_cast<float>(-(h.lr / bc1)),  static_cast<float>(std::sqrt(bc2)),
+          h.decoupled_weight_decay,           h.amsgrad};
 }
 
 // torch.optim.Adam / AdamW (decoupled weight decay).
-AMP_HD void adam_update(float* p, float g, float* m, float* v, float* vmax, float lr, float beta1, float beta2,
-                        float eps, float weight_decay, bool decoupled, bool amsgrad, AdamScalars s) {
-  if (weight_decay != 0.0f) {
-    if (decoupled) {
-      *p = *p * (1.0f - lr * weight_decay);
+AMP_HD void adam_update(float* p, float g, float* m, float* v, float* vmax, const AdamCoef& c) {
+  if (c.weight_decay != 0.0f) {
+    if (c.decoupled) {
+      *p = *p * c.decay;
     } else {
-      g = g + weight_decay * *p;
+      g = g + c.weight_decay * *p;
     }
   }
-  *m = *m + (1.0f - beta1) * (g - *m);  // lerp
-  *v = *v * beta2 + (1.0f - beta2) * g * g;
+  *m = *m * c.beta1 + c.one_minus_beta1 * g;  // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+  *v = *v * c.beta2 + c.one_minus_beta2 * g * g;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
   float denom_base = *v;
-  if (amsgrad) {
+  if (c.amsgrad) {
     *vmax = std::fmax(*vmax, *v);
     denom_base = *vmax;
   }
-  const float denom = std::sqrt(denom_base) / static_cast<float>(s.bias_correction2_sqrt) + eps;
-  *p = *p + static_cast<float>(-s.step_size) * (*m / denom);
+  const float denom = std::sqrt(denom_base) / c.bc2_sqrt + c.eps;
+  *p = *p + c.neg_step_size * (*m / denom);
 }
 
-}  // namespace amp::math
+}  // namespace math
+}  // namespace amp

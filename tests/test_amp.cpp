@@ -46,9 +46,9 @@ std::shared_ptr<nn::Sequential> make_model() {
 
 std::unique_ptr<optim::Optimizer> make_opt(Opt o, const std::vector<Tensor>& p) {
   switch (o) {
-    case Opt::sgd: return std::make_unique<optim::SGD>(p, optim::SgdOptions{1.0f});
-    case Opt::sgd_momentum: return std::make_unique<optim::SGD>(p, optim::SgdOptions{1.0f, 0.9f});
-    case Opt::adamw: return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f});
+    case Opt::sgd: return std::make_unique<optim::SGD>(p, optim::SgdOptions{1.0});
+    case Opt::sgd_momentum: return std::make_unique<optim::SGD>(p, optim::SgdOptions{1.0, 0.9});
+    case Opt::adamw: return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01});
   }
   return nullptr;
 }
@@ -150,7 +150,7 @@ TEST(ControlVsScaled, TwoModelsTwoOptimizersTwoLosses) {
   const auto data = make_data();
   auto run = [&](bool scaling, std::shared_ptr<nn::Sequential> m0, std::shared_ptr<nn::Sequential> m1,
                  GradScaler* scaler) {
-    optim::SGD o0(m0->parameters(), optim::SgdOptions{1.0f}), o1(m1->parameters(), optim::SgdOptions{1.0f});
+    optim::SGD o0(m0->parameters(), optim::SgdOptions{1.0}), o1(m1->parameters(), optim::SgdOptions{1.0});
     for (size_t i = 0; i < data.size(); ++i) {
       o0.zero_grad();
       o1.zero_grad();

@@ -539,9 +539,9 @@ void expect_state_matches(const OptimState& g, const OptimState& c, double tol, 
 }
 
 TEST_F(CudaVsCpu, SgdStepsAndSkips) {
-  const SgdHyper hypers[] = {{0.1f, 0.0f, 0.0f, 0.0f, false},
-                             {0.05f, 0.9f, 0.1f, 1e-2f, false},
-                             {0.05f, 0.9f, 0.0f, 0.0f, true}};
+  const SgdHyper hypers[] = {{0.1, 0.0, 0.0, 0.0, false},
+                             {0.05, 0.9, 0.1, 1e-2, false},
+                             {0.05, 0.9, 0.0, 0.0, true}};
   for (const SgdHyper& h : hypers) {
     OptimState c = make_state(kCPU);
     OptimState g = make_state(kGPU, &c);
@@ -558,7 +558,7 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
     cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), Tensor());
     gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), Tensor());
     expect_state_matches(g, c, 0, "sgd without found_inf");
-    // Still-scaled gradients with grad_scale: divided out in registers, .grad untouched.
+    // Still-scaled gradients with grad_scale: unscaled in the step's own pass and written back.
     const Tensor scale = from_vector({1024.0}, {1});
     cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), scale);
     gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), scale.to(kGPU));
@@ -567,9 +567,9 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
 }
 
 TEST_F(CudaVsCpu, AdamStepsAndSkips) {
-  const AdamHyper hypers[] = {{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, false, false},
-                              {1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, true, false},
-                              {1e-2f, 0.8f, 0.99f, 1e-6f, 1e-2f, false, true}};
+  const AdamHyper hypers[] = {{1e-3, 0.9, 0.999, 1e-8, 0.0, false, false},
+                              {1e-3, 0.9, 0.999, 1e-8, 1e-2, true, false},
+                              {1e-2, 0.8, 0.99, 1e-6, 1e-2, false, true}};
   for (const AdamHyper& h : hypers) {
     OptimState c = make_state(kCPU);
     OptimState g = make_state(kGPU, &c);

@@ -62,7 +62,7 @@ TEST(Mlp, TrainingOnATeacherTaskReducesTheLoss) {
   Generator gen(1);
   auto teacher = models::make_mlp({32, 64, 8, 2}, gen);
   auto student = models::make_mlp({32, 64, 8, 3}, gen);
-  optim::SGD opt(student->parameters(), optim::SgdOptions{0.05f, 0.9f});
+  optim::SGD opt(student->parameters(), optim::SgdOptions{0.05, 0.9});
   double first = 0, last = 0;
   for (int step = 0; step < 200; ++step) {
     const Tensor x = randn({64, 32}, gen);

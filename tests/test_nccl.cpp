@@ -83,7 +83,7 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
   Tensor step = zeros({1}, DType::f32, kGPU);
   Tensor scaler = from_vector({65536.0, 0.0, 1.0}, {3}, DType::f32, kGPU);
   const ScaleUpdateHyper h{2.0f, 0.5f, 2000, 1, 0.0f, std::numeric_limits<float>::infinity()};
-  const SgdHyper sgd{0.1f, 0.9f, 0.0f, 0.0f, false};
+  const SgdHyper sgd{0.1, 0.9, 0.0, 0.0, false};
 
   for (int iteration = 0; iteration < 2; ++iteration) {
     const bool inject = iteration == 0;

@@ -73,17 +73,21 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const bool first = step_count.data<float>()[0] == 0.0f;
+  const math::SgdCoef c = math::sgd_coef(h);
   for (size_t t = 0; t < params.size(); ++t) {
     require_f32(params[t], "SGD parameter");
     require_f32(grads[t], "SGD gradient");
     float* p = params[t].data<float>();
-    const float* g = grads[t].data<float>();
-    float* b = h.momentum != 0.0f ? bufs[t].data<float>() : nullptr;
+    float* g = grads[t].data<float>();
+    float* b = h.momentum != 0.0 ? bufs[t].data<float>() : nullptr;
+    const bool store = grad_scale.defined();
     const long n = static_cast<long>(params[t].numel());
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i)
-      math::sgd_update(&p[i], math::unscale_element(g[i], inv), b ? &b[i] : nullptr, first, h.lr, h.momentum, h.dampening, h.weight_decay,
-                       h.nesterov);
+    for (long i = 0; i < n; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if (store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
+      math::sgd_update(&p[i], gi, b ? &b[i] : nullptr, first, c);
+    }
   }
   step_count.data<float>()[0] += 1.0f;
 }
@@ -95,20 +99,23 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
-  const math::AdamScalars s = math::adam_scalars(step, h.lr, h.beta1, h.beta2);
+  const math::AdamCoef c = math::adam_coef(h, step);
   for (size_t t = 0; t < params.size(); ++t) {
     require_f32(params[t], "Adam parameter");
     require_f32(grads[t], "Adam gradient");
     float* p = params[t].data<float>();
-    const float* g = grads[t].data<float>();
+    float* g = grads[t].data<float>();
     float* m = exp_avgs[t].data<float>();
     float* v = exp_avg_sqs[t].data<float>();
     float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
+    const bool store = grad_scale.defined();
     const long n = static_cast<long>(params[t].numel());
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i)
-      math::adam_update(&p[i], math::unscale_element(g[i], inv), &m[i], &v[i], vmax ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2, h.eps,
-                        h.weight_decay, h.decoupled_weight_decay, h.amsgrad, s);
+    for (long i = 0; i < n; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if (store) g[i] = gi;
+      math::adam_update(&p[i], gi, &m[i], &v[i], vmax ? &vmax[i] : nullptr, c);
+    }
   }
   step_count.data<float>()[0] = step;
 }

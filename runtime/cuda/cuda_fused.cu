@@ -59,18 +59,20 @@ template <bool Momentum>
 struct SgdOp {
   const float* found_inf;
   const float* step_count;
-  const float* grad_scale;
+  const float* grad_scale;  // non-null: the gradients are still scaled
   SgdHyper h;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
     const bool first = *step_count == 0.0f;
+    const math::SgdCoef c = math::sgd_coef(h);
     float* param = static_cast<float*>(p[0]);
-    const float* grad = static_cast<const float*>(p[1]);
+    float* grad = static_cast<float*>(p[1]);
     float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      math::sgd_update(&param[i], math::unscale_element(grad[i], inv), Momentum ? &buf[i] : nullptr, first, h.lr, h.momentum, h.dampening,
-                       h.weight_decay, h.nesterov);
+      const float g = math::unscale_element(grad[i], inv);
+      if (grad_scale != nullptr) grad[i] = g;  // the unscaled gradient is written back, as in PyTorch
+      math::sgd_update(&param[i], g, Momentum ? &buf[i] : nullptr, first, c);
     }
   }
 };
@@ -79,23 +81,24 @@ template <bool Amsgrad>
 struct AdamOp {
   const float* found_inf;
   const float* step_count;
-  const float* grad_scale;
+  const float* grad_scale;  // non-null: the gradients are still scaled
   AdamHyper h;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
-    // The fp64 bias corrections once per block, as PyTorch computes them once per step on the host.
-    __shared__ math::AdamScalars s;
-    if (threadIdx.x == 0) s = math::adam_scalars(*step_count + 1.0f, h.lr, h.beta1, h.beta2);
+    // The fp64 coefficients once per block, as PyTorch computes them once per step on the host.
+    __shared__ math::AdamCoef c;
+    if (threadIdx.x == 0) c = math::adam_coef(h, static_cast<double>(*step_count) + 1.0);
     __syncthreads();
     float* param = static_cast<float*>(p[0]);
-    const float* grad = static_cast<const float*>(p[1]);
+    float* grad = static_cast<float*>(p[1]);
     float* m = static_cast<float*>(p[2]);
     float* v = static_cast<float*>(p[3]);
     float* vmax = Amsgrad ? static_cast<float*>(p[Amsgrad ? 4 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      math::adam_update(&param[i], math::unscale_element(grad[i], inv), &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, h.lr, h.beta1, h.beta2,
-                        h.eps, h.weight_decay, h.decoupled_weight_decay, Amsgrad, s);
+      const float g = math::unscale_element(grad[i], inv);
+      if (grad_scale != nullptr) grad[i] = g;
+      math::adam_update(&param[i], g, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
     }
   }
 };

@@ -6,11 +6,11 @@ namespace amp::optim {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
     : Optimizer(std::move(params)), options_(o), decoupled_(decoupled) {
-  if (o.lr < 0.0f) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
-  if (o.eps < 0.0f) throw std::invalid_argument("Invalid epsilon value: " + std::to_string(o.eps));
-  if (o.beta1 < 0.0f || o.beta1 >= 1.0f) throw std::invalid_argument("Invalid beta parameter at index 0: " + std::to_string(o.beta1));
-  if (o.beta2 < 0.0f || o.beta2 >= 1.0f) throw std::invalid_argument("Invalid beta parameter at index 1: " + std::to_string(o.beta2));
-  if (o.weight_decay < 0.0f) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
+  if (o.lr < 0.0) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
+  if (o.eps < 0.0) throw std::invalid_argument("Invalid epsilon value: " + std::to_string(o.eps));
+  if (o.beta1 < 0.0 || o.beta1 >= 1.0) throw std::invalid_argument("Invalid beta parameter at index 0: " + std::to_string(o.beta1));
+  if (o.beta2 < 0.0 || o.beta2 >= 1.0) throw std::invalid_argument("Invalid beta parameter at index 1: " + std::to_string(o.beta2));
+  if (o.weight_decay < 0.0) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
   lr_ = o.lr;
   add_state("exp_avg");
   add_state("exp_avg_sq");

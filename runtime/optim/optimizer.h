@@ -18,8 +18,8 @@ class Optimizer {
 
   // Updates every parameter that has a gradient. A defined, nonzero found_inf (1-element f32 on the
   // parameters' device) makes the step leave parameters and all state untouched. A defined
-  // grad_scale means the gradients are still multiplied by it: the fused step divides them out in
-  // registers and leaves .grad as it is (GradScaler::step uses this when unscale_ was not called).
+  // grad_scale means the gradients are still multiplied by it: the fused step unscales them in the
+  // same pass and writes them back (GradScaler::step uses this when unscale_ was not called).
   virtual void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) = 0;
   // set_to_none=true drops the gradients (PyTorch 2's default); false zeroes them in place.
   void zero_grad(bool set_to_none = true);
@@ -27,8 +27,8 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
   std::vector<Tensor> grads() const;  // the defined gradients, in parameter order
   int64_t step_count() const;        // reads the device counter
-  float lr() const { return lr_; }
-  void set_lr(float lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
 
   // State tensors by name: "step", and per parameter i "<buffer>.<i>". Loading checks names and shapes.
   std::map<std::string, Tensor> state_dict() const;
@@ -42,7 +42,7 @@ class Optimizer {
 
   std::vector<Tensor> params_;
   Tensor step_count_;  // 1-element f32 on the parameters' device
-  float lr_ = 0.0f;
+  double lr_ = 0.0;
   std::map<std::string, std::vector<Tensor>> state_;
 };
 

@@ -5,19 +5,19 @@
 namespace amp::optim {
 
 SGD::SGD(std::vector<Tensor> params, SgdOptions o) : Optimizer(std::move(params)), options_(o) {
-  if (o.lr < 0.0f) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
-  if (o.momentum < 0.0f) throw std::invalid_argument("Invalid momentum value: " + std::to_string(o.momentum));
-  if (o.weight_decay < 0.0f) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
-  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+  if (o.lr < 0.0) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
+  if (o.momentum < 0.0) throw std::invalid_argument("Invalid momentum value: " + std::to_string(o.momentum));
+  if (o.weight_decay < 0.0) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
+  if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
     throw std::invalid_argument("Nesterov momentum requires a momentum and zero dampening");
   lr_ = o.lr;
-  if (o.momentum != 0.0f) add_state("momentum_buffer");
+  if (o.momentum != 0.0) add_state("momentum_buffer");
 }
 
 void SGD::step(const Tensor& found_inf, const Tensor& grad_scale) {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> bufs(1);
-  const bool momentum = options_.momentum != 0.0f;
+  const bool momentum = options_.momentum != 0.0;
   params_with_grad(&params, &grads, momentum ? &state_.at("momentum_buffer") : nullptr, &bufs);
   if (params.empty()) return;
   const SgdHyper h{lr_, options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov};

@@ -6,10 +6,10 @@
 namespace amp::optim {
 
 struct SgdOptions {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
   bool nesterov = false;
 };
 
