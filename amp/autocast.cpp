@@ -1,7 +1,8 @@
 #include "amp/autocast.h"
 
 #include <stdexcept>
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 #include "runtime/autocast_policy.h"
 #include "runtime/ops.h"
@@ -19,7 +20,8 @@ struct AutocastState {
   bool enabled = false;
   DType dtype = DType::f16;
   int depth = 0;
-  std::unordered_map<const TensorImpl*, CachedCast> cache;  // fp32 leaf parameter -> its cast
+  // (fp32 leaf parameter, target dtype) -> its cast: a bf16 region nested in an fp16 one gets its own.
+  std::map<std::pair<const TensorImpl*, DType>, CachedCast> cache;
 };
 
 thread_local AutocastState t_state;
@@ -31,10 +33,11 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   // A parameter (fp32 leaf that requires grad) is cast once per region and reused.
   const bool cacheable = dtype == t_state.dtype && t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32;
   if (!cacheable) return cast(t, dtype);
-  auto it = t_state.cache.find(t.impl());
+  const auto key = std::make_pair(static_cast<const TensorImpl*>(t.impl()), dtype);
+  auto it = t_state.cache.find(key);
   if (it != t_state.cache.end()) return it->second.cast;
   Tensor c = cast(t, dtype);
-  t_state.cache.emplace(t.impl(), CachedCast{t, c});
+  t_state.cache.emplace(key, CachedCast{t, c});
   return c;
 }
 

@@ -1,6 +1,8 @@
 #include "comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -136,6 +138,8 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
     if (!registered) shm_->run(t, op == ReduceOp::max, scale, barrier);
     return std::make_unique<DoneWork>();
   }
+  if (t.numel() > std::numeric_limits<int>::max())
+    throw std::invalid_argument(what + ": more elements than one MPI call can carry; use smaller buckets");
   auto work = std::make_unique<MpiWork>(this, t, op, what);
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
                            op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, work->request()),
@@ -145,13 +149,21 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
   check_cpu(t, "broadcast");
-  MPI_Request req;
-  mpi_check(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, root, comm_, &req), "broadcast");
-  wait_bounded(&req, "broadcast from rank " + std::to_string(root));
+  // MPI counts are ints: large tensors (a layer of 2 GiB) go in pieces.
+  constexpr size_t kPiece = size_t{1} << 30;
+  char* data = static_cast<char*>(t.data_ptr());
+  for (size_t done = 0; done < t.nbytes(); done += kPiece) {
+    const size_t n = std::min(kPiece, t.nbytes() - done);
+    MPI_Request req;
+    mpi_check(MPI_Ibcast(data + done, static_cast<int>(n), MPI_BYTE, root, comm_, &req), "broadcast");
+    wait_bounded(&req, "broadcast from rank " + std::to_string(root));
+  }
 }
 
 Tensor MpiCommunicator::all_gather(const Tensor& t) {
   check_cpu(t, "all_gather");
+  if (t.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw std::invalid_argument("all_gather: tensors over 2 GiB are not supported");
   Shape s = t.shape();
   s.insert(s.begin(), size_);
   Tensor out = empty(s, t.dtype(), kCPU);

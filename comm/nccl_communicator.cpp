@@ -252,15 +252,33 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int local_rank) : state_(std::
   s.device = cuda::context().device();
   s.stream = std::make_unique<cuda::Stream>();
 
-  ncclUniqueId id{};
+  // Rank 0 always takes part in the broadcast, with a status, so that a failure there stops every
+  // rank instead of leaving them in MPI_Bcast; the wait is bounded like every other one.
+  struct {
+    int ok;
+    ncclUniqueId id;
+  } msg{};
+  std::string rank0_error;
   if (s.rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-      throw CommError("rank 0: ncclGetUniqueId failed: " + std::string(ncclGetErrorString(r)) +
-                      " (no usable network interface? see NCCL_SOCKET_IFNAME)");
+    const ncclResult_t r = ncclGetUniqueId(&msg.id);
+    msg.ok = r == ncclSuccess ? 1 : 0;
+    if (!msg.ok) rank0_error = ncclGetErrorString(r);
   }
-  if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) != MPI_SUCCESS)
-    throw CommError("rank " + std::to_string(s.rank) + ": MPI_Bcast of the NCCL unique id failed");
+  MPI_Request req;
+  if (MPI_Ibcast(&msg, sizeof(msg), MPI_BYTE, 0, comm, &req) != MPI_SUCCESS)
+    throw CommError("rank " + std::to_string(s.rank) + ": MPI_Ibcast of the NCCL unique id failed");
+  const auto start = Clock::now();
+  for (int done = 0; !done;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done && std::chrono::duration<double>(Clock::now() - start).count() > timeout())
+      throw CommError("rank " + std::to_string(s.rank) + ": the NCCL unique id from rank 0 did not arrive within " +
+                      std::to_string(static_cast<int>(timeout())) + " s");
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!msg.ok)
+    throw CommError("rank " + std::to_string(s.rank) + ": rank 0's ncclGetUniqueId failed" +
+                    (rank0_error.empty() ? "" : ": " + rank0_error) + " (no usable network interface? see NCCL_SOCKET_IFNAME)");
+  const ncclUniqueId id = msg.id;
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once; faults become abortable instead of hangs

@@ -5,7 +5,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/cpu/dispatch.h"
 
 namespace amp::comm {
 
@@ -37,6 +36,9 @@ ShmAllReduce::~ShmAllReduce() {
 
 namespace {
 
+// Below this many elements a reduction runs on one thread.
+constexpr long kParallelGrain = 1 << 15;
+
 template <class T>
 void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count, bool take_max, double scale) {
   const T k = static_cast<T>(scale);
@@ -47,7 +49,7 @@ void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count,
     // The common case (two ranks, a sum or an average), written so that it vectorises.
     T* __restrict a = src[0];
     T* __restrict b = src[1];
-#pragma omp parallel for simd schedule(static) if (n > cpu::kParallelGrain)
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
     for (long i = 0; i < n; ++i) {
       const T v = (a[i] + b[i]) * k;  // k == 1 leaves the sum as it is
       a[i] = v;
@@ -55,7 +57,7 @@ void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count,
     }
     return;
   }
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
   for (long i = 0; i < n; ++i) {
     T acc = src[0][i];
     for (size_t r = 1; r < src.size(); ++r) acc = take_max ? std::max(acc, src[r][i]) : acc + src[r][i];

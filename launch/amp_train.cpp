@@ -1,5 +1,9 @@
 // amp_train: `mpirun -np N amp_train --flags...` trains one replica per rank. Also runs without
 // mpirun, as a single process. Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.
+//
+// Setup is ordered so that no rank can be left inside a collective: every step that can fail on
+// one rank alone (device, files) runs first, the ranks agree on the outcome, and only then do the
+// collectives start (the NCCL communicator, the weight broadcast, the reducer's buffers).
 #include <mpi.h>
 
 #include <cstdio>
@@ -13,30 +17,32 @@
 #include "launch/device_comm.h"
 #include "launch/trainer.h"
 #include "runtime/cuda_support.h"
-#include "runtime/safetensors.h"
 #include "runtime/threads.h"
 
 using namespace amp;
 
 namespace {
 
-Device pick_device(launch::DeviceKind kind, int local_rank, bool announce) {
-  if (kind == launch::DeviceKind::cpu) return kCPU;
-  std::string reason;
-  if (kind == launch::DeviceKind::cuda || cuda_usable(&reason)) {
-    cuda_init(local_rank);  // throws a clear error when CUDA is not usable
-    return Device{DeviceType::cuda, 0};
-  }
-  if (announce && cuda_built()) std::printf("notice: no usable CUDA device (%s); training on the CPU\n", reason.c_str());
-  return kCPU;
-}
-
-// Every rank reports whether its setup worked, so that a bad file on one rank stops all of them.
-int agree(comm::Communicator& c, int code) {
-  if (c.size() == 1) return code;
-  Tensor t = full({1}, code, DType::f64);
+// The worst of every rank's value (a MAX all-reduce; ranks report 0 for success).
+int worst_over_ranks(comm::Communicator& c, int value) {
+  if (c.size() == 1) return value;
+  Tensor t = full({1}, value, DType::f64);
   c.all_reduce(t, comm::ReduceOp::max);
   return static_cast<int>(t.item());
+}
+
+// Every rank trains on the same kind of device. auto: CUDA only when every rank has a usable one.
+Device pick_device(launch::DeviceKind kind, comm::Communicator& c, bool announce) {
+  if (kind == launch::DeviceKind::cpu) return kCPU;
+  if (kind == launch::DeviceKind::cuda) return Device{DeviceType::cuda, 0};  // cuda_init() reports problems
+  std::string reason;
+  const bool here = cuda_usable(&reason);
+  const bool everywhere = worst_over_ranks(c, here ? 0 : 1) == 0;
+  if (everywhere) return Device{DeviceType::cuda, 0};
+  if (announce && cuda_built())
+    std::printf("notice: %s; training on the CPU\n",
+                here ? "not every rank has a usable CUDA device" : ("no usable CUDA device (" + reason + ")").c_str());
+  return kCPU;
 }
 
 }  // namespace
@@ -52,47 +58,59 @@ int main(int argc, char** argv) {
   const launch::TrainConfig& cfg = *cli.config;
 
   std::unique_ptr<comm::Communicator> host_comm;
-  if (mpi.size() > 1) host_comm = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
+  if (mpi.active() && mpi.size() > 1) host_comm = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
   else host_comm = std::make_unique<comm::LocalCommunicator>();
   host_comm->set_timeout(cfg.comm_timeout);
   set_num_threads(cfg.threads > 0 ? cfg.threads : comm::default_threads_per_rank(host_comm->local_size()));
 
+  // 1. What can fail on one rank alone: the device, then the model, weights and data files.
   std::unique_ptr<comm::Communicator> device_comm;
   std::unique_ptr<launch::Trainer> trainer;
   int code = 0;
-  std::string error;
-  try {
-    const Device device = pick_device(cfg.device, host_comm->local_rank(), rank0);
-    comm::Communicator* c = host_comm.get();
-    if (device.is_cuda() && mpi.active() && mpi.size() > 1) {
+  Device device = kCPU;
+  auto attempt = [&](const auto& step) {
+    if (code != 0) return;
+    try {
+      step();
+    } catch (const std::invalid_argument& e) {  // bad input: files, shapes
+      code = 2;
+      std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
+    } catch (const std::exception& e) {
+      code = 1;
+      std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
+    }
+  };
+  attempt([&] {
+    device = pick_device(cfg.device, *host_comm, rank0);
+    if (device.is_cuda()) cuda_init(host_comm->local_rank());
+  });
+  // 2. Agree, then the collective setup.
+  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  comm::Communicator* c = host_comm.get();
+  attempt([&] {
+    if (device.is_cuda() && host_comm->size() > 1) {
       device_comm = launch::make_device_communicator(MPI_COMM_WORLD, host_comm->local_rank());
       device_comm->set_timeout(cfg.comm_timeout);
       c = device_comm.get();
     }
-    trainer = std::make_unique<launch::Trainer>(cfg, *c, device);
-    if (rank0)
-      std::printf("amp_train: %d rank(s), %s, mlp %lldx%lld, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
-                  mpi.size(), device.str().c_str(), static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
-                  static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
-                  cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
-                  trainer->scaling() ? "on" : "off");
-  } catch (const std::invalid_argument& e) {  // bad input: files, shapes
-    code = 2;
-    error = e.what();
-  } catch (const std::exception& e) {
-    code = 1;
-    error = e.what();
-  }
-  if (!error.empty()) std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), error.c_str());
-  code = agree(*host_comm, code);
-  if (code != 0) return code;
+  });
+  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
+  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  if (rank0)
+    std::printf("amp_train: %d rank(s), %s, mlp %lldx%lld, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
+                mpi.size(), device.str().c_str(), static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
+                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
+                cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
+                trainer->scaling() ? "on" : "off");
 
+  // 3. Training: a failure here may leave peers inside a collective, so it tears the job down.
   try {
     trainer->run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
     std::fflush(stderr);
-    comm::MpiSession::abort(1);  // peers may be inside a collective: tear the job down
+    comm::MpiSession::abort(1);
   }
   return 0;
 }

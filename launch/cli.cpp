@@ -100,24 +100,30 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
-  require(c.lr >= 0.0f && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
-  require(c.momentum >= 0.0f && c.momentum < 1.0f, "--momentum", c.momentum, "must be in [0, 1)");
-  require(c.weight_decay >= 0.0f, "--weight-decay", c.weight_decay, "must be >= 0");
-  require(c.clip_grad_norm >= 0.0, "--clip-grad-norm", c.clip_grad_norm, "must be >= 0 (0 turns clipping off)");
-  require(c.clip_grad_value >= 0.0, "--clip-grad-value", c.clip_grad_value, "must be >= 0 (0 turns clipping off)");
-  require(c.grad_penalty >= 0.0, "--grad-penalty", c.grad_penalty, "must be >= 0");
+  require(c.lr >= 0.0 && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
+  require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum", c.momentum, "must be in [0, 1)");
+  require(c.weight_decay >= 0.0 && std::isfinite(c.weight_decay), "--weight-decay", c.weight_decay, "must be a finite number >= 0");
+  require(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm), "--clip-grad-norm", c.clip_grad_norm,
+          "must be a finite number >= 0 (0 turns clipping off)");
+  require(c.clip_grad_value >= 0.0 && std::isfinite(c.clip_grad_value), "--clip-grad-value", c.clip_grad_value,
+          "must be a finite number >= 0 (0 turns clipping off)");
+  require(c.grad_penalty >= 0.0 && std::isfinite(c.grad_penalty), "--grad-penalty", c.grad_penalty,
+          "must be a finite number >= 0");
   require(c.init_scale > 0.0f && std::isfinite(c.init_scale), "--init-scale", c.init_scale, "must be a positive number");
   require(c.growth_factor > 1.0f, "--growth-factor", c.growth_factor, "must be > 1");
   require(c.backoff_factor > 0.0f && c.backoff_factor < 1.0f, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
   require(c.hysteresis >= 1, "--hysteresis", c.hysteresis, "must be >= 1");
-  require(c.min_scale >= 0.0f, "--min-scale", c.min_scale, "must be >= 0");
+  require(c.min_scale >= 0.0f && std::isfinite(c.min_scale), "--min-scale", c.min_scale, "must be a finite number >= 0");
   require(c.max_scale >= c.min_scale, "--max-scale", c.max_scale, "must be >= --min-scale");
+  require(c.init_scale >= c.min_scale && c.init_scale <= c.max_scale, "--init-scale", c.init_scale,
+          "must lie in [--min-scale, --max-scale]");
   require(c.threads >= 0, "--threads", c.threads, "must be >= 0 (0: cores / local ranks)");
-  require(c.comm_timeout > 0.0, "--comm-timeout", c.comm_timeout, "must be > 0 seconds");
+  require(c.comm_timeout > 0.0 && std::isfinite(c.comm_timeout), "--comm-timeout", c.comm_timeout,
+          "must be a finite number of seconds > 0");
   require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
   require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
-  require(c.bucket_mb > 0.0, "--bucket-mb", c.bucket_mb, "must be > 0");
+  require(c.bucket_mb > 0.0 && c.bucket_mb <= 65536.0, "--bucket-mb", c.bucket_mb, "must be in (0, 65536]");
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

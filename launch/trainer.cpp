@@ -57,11 +57,6 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   if (!cfg_.init_weights.empty()) {
     nn::load_state_dict(*model_, safetensors::load(cfg_.init_weights), cfg_.init_weights);
   }
-  // Every replica starts from rank 0's weights, whatever happened before.
-  for (Tensor p : model_->parameters()) {
-    Tensor d = p.detach();
-    comm_.broadcast(d, 0);
-  }
   data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
                                    : load_dataset(cfg_.data, cfg_.width, device_);
   if (cfg_.optimizer == OptimizerKind::sgd) {
@@ -72,14 +67,23 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
                                           optim::AdamOptions{cfg_.lr, 0.9, 0.999, 1e-8, cfg_.weight_decay, false});
   }
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_, device_), &comm_);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::connect() {
+  if (reducer_) return;
+  // Every replica starts from rank 0's weights, whatever happened before.
+  for (Tensor p : model_->parameters()) {
+    Tensor d = p.detach();
+    comm_.broadcast(d, 0);
+  }
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
   ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
   ro.overlap = cfg_.overlap;
   reducer_ = std::make_unique<comm::GradientReducer>(model_->parameters(), comm_, ro);
 }
-
-Trainer::~Trainer() = default;
 
 Trainer::PendingStep Trainer::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -112,9 +116,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     if (cfg_.grad_penalty > 0.0) {
       // loss + lambda * ||grad loss||_2, the gradient taken through the scaled loss (PyTorch's recipe).
       std::vector<Tensor> g = grad({scaler_->scale(loss)}, params, {}, true, true);
-      const double inv = 1.0 / scaler_->get_scale();
+      const Tensor scale = scaler_->scale_snapshot();  // divided on the device: no host read
       Tensor sq = zeros({}, DType::f32, device_);
-      for (const Tensor& t : g) sq = add(sq, sum(pow(mul(t, inv), 2.0)));
+      for (const Tensor& t : g) sq = add(sq, sum(pow(div(t, scale), 2.0)));
       autocast ac(amp_dtype, autocasting);
       loss = add(loss, mul(sqrt(sq), cfg_.grad_penalty));
     }
@@ -183,6 +187,7 @@ void Trainer::check_replicas(int64_t step, TrainResult* result) {
 }
 
 TrainResult Trainer::run() {
+  connect();
   TrainResult result;
   const bool rank0 = comm_.rank() == 0;
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
@@ -226,8 +231,8 @@ TrainResult Trainer::run() {
   metrics.write(EndRecord{cfg_.steps, result.skipped_steps, result.final_scale, result.param_checksum,
                           result.replicas_consistent});
   metrics.close();
+  if (!rep.consistent) check_replicas(cfg_.steps, &result);  // throws, naming the ranks; saves nothing
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
-  if (!rep.consistent) check_replicas(cfg_.steps, &result);  // throws, naming the ranks
   return result;
 }
 

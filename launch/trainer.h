@@ -29,15 +29,18 @@ struct TrainResult {
 class Trainer {
  public:
   // Builds the model (seeded, or from --init-weights), the data, the optimizer and the scaler.
-  // Throws std::invalid_argument for bad input files.
+  // Only local work, no collective: a rank whose files are bad throws std::invalid_argument here,
+  // and the ranks can agree on that before any of them enters a collective.
   Trainer(const TrainConfig& config, comm::Communicator& comm, Device device);
   ~Trainer();
+  // Collective from here on: broadcasts rank 0's weights, sets up the reducer, trains.
   TrainResult run();
   nn::Sequential& model() { return *model_; }
   bool scaling() const { return scaler_->is_enabled(); }
-  const comm::GradientReducer& reducer() const { return *reducer_; }
+  const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
 
  private:
+  void connect();  // the collective part of the setup, once
   // A step whose work is issued and whose figures are on their way to the host.
   struct PendingStep {
     int64_t step;

@@ -55,18 +55,30 @@ Tensor sum(const Tensor& x_in, int64_t dim, bool keepdim) {
   return s.reshape(dropped);
 }
 
+// Reduced-precision means are summed and divided in fp32 and rounded once, as PyTorch does: a sum
+// rounded to fp16 first would overflow long before the mean does.
 Tensor mean(const Tensor& x_in) {
   Tensor x = x_in;
   autocast_inputs(OpKind::mean, {&x});
   if (x.numel() == 0) throw std::invalid_argument("mean of an empty tensor");
-  return mul(sum_to(x, Shape{}), 1.0 / static_cast<double>(x.numel()));
+  const Tensor wide = is_reduced_float(x.dtype()) ? cast(x, DType::f32) : x;
+  return cast(mul(sum_to(wide, Shape{}), 1.0 / static_cast<double>(x.numel())), x.dtype());
 }
 
 Tensor mean(const Tensor& x_in, int64_t dim, bool keepdim) {
   Tensor x = x_in;
   autocast_inputs(OpKind::mean, {&x});
-  const int64_t n = x.size(dim);
-  return mul(sum(x, dim, keepdim), 1.0 / static_cast<double>(n));
+  const int64_t d = wrap_dim(dim, x.dim());
+  const Tensor wide = is_reduced_float(x.dtype()) ? cast(x, DType::f32) : x;
+  Shape kept = x.shape();
+  kept[static_cast<size_t>(d)] = 1;
+  Tensor m = mul(sum_to(wide, kept), 1.0 / static_cast<double>(x.shape()[static_cast<size_t>(d)]));
+  if (!keepdim) {
+    Shape dropped = x.shape();
+    dropped.erase(dropped.begin() + d);
+    m = m.reshape(dropped);
+  }
+  return cast(m, x.dtype());
 }
 
 }  // namespace amp

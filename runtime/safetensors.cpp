@@ -63,16 +63,22 @@ std::vector<RawEntry> load_raw(const std::string& path) {
       const std::string dt = e.at("dtype").get<std::string>();
       const size_t elem = raw_dtype_size(dt);
       if (elem == 0) fail(path, "tensor '" + name + "' has unknown dtype " + dt);
+      const auto& dims = e.at("shape");
+      if (!dims.is_array()) fail(path, "tensor '" + name + "' has a malformed shape (not an array)");
       Shape shape;
-      for (const auto& d : e.at("shape")) {
+      uint64_t count = 1;
+      for (const auto& d : dims) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0)
+          fail(path, "tensor '" + name + "' has a malformed shape (dimensions must be integers >= 0)");
         const int64_t v = d.get<int64_t>();
-        if (v < 0) fail(path, "tensor '" + name + "' has a negative dimension");
+        if (__builtin_mul_overflow(count, static_cast<uint64_t>(v), &count) || count > (uint64_t{1} << 56))
+          fail(path, "tensor '" + name + "' has an impossibly large shape");
         shape.push_back(v);
       }
       const auto& offs = e.at("data_offsets");
       if (!offs.is_array() || offs.size() != 2) fail(path, "tensor '" + name + "' has malformed data_offsets");
       const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-      const uint64_t expect = static_cast<uint64_t>(shape_numel(shape)) * elem;
+      const uint64_t expect = count * elem;
       if (begin > end || end > data_size)
         fail(path, "truncated or corrupt: tensor '" + name + "' spans bytes [" + std::to_string(begin) + ", " +
                        std::to_string(end) + ") of a " + std::to_string(data_size) + "-byte data section");

@@ -126,8 +126,12 @@ double Tensor::item() const {
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape)
+  uint64_t count = 1;
+  for (int64_t d : shape) {
     if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape));
+    if (__builtin_mul_overflow(count, static_cast<uint64_t>(d), &count) || count > (uint64_t{1} << 56))
+      throw std::invalid_argument("shape " + shape_str(shape) + " is too large");
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   impl->shape = shape;

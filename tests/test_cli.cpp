@@ -76,7 +76,10 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--min-scale -1", "--min-scale"},    {"--min-scale 4 --max-scale 2", "--max-scale"},
       {"--threads -1", "--threads"},        {"--comm-timeout 0", "--comm-timeout"},
       {"--check-every -1", "--check-every"}, {"--log-every -1", "--log-every"},
-      {"--bucket-mb 0", "--bucket-mb"},     {"--inject-nonfinite 0", "--inject-nonfinite"},
+      {"--bucket-mb 0", "--bucket-mb"},     {"--bucket-mb inf", "--bucket-mb"},
+      {"--grad-penalty inf", "--grad-penalty"}, {"--clip-grad-norm inf", "--clip-grad-norm"},
+      {"--min-scale inf", "--min-scale"},   {"--init-scale 8 --max-scale 4", "--init-scale"},
+      {"--comm-timeout inf", "--comm-timeout"},     {"--inject-nonfinite 0", "--inject-nonfinite"},
       {"--inject-nonfinite 1:5", "--inject-nonfinite"}, {"--inject-nonfinite x", "--inject-nonfinite"},
       {"--steps many", "--steps"},          {"--no-such-flag", "no-such-flag"},
       {"--config /nonexistent.cfg", "--config"}};

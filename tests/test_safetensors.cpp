@@ -109,6 +109,24 @@ TEST(Safetensors, RejectsCorruptAndTruncatedFiles) {
   expect_rejected(gj, "corrupt header");
 
   expect_rejected(dir.file("missing.safetensors"), "cannot open");
+
+  // Hand-written headers: a shape whose element count wraps around, and a shape that is no array.
+  auto with_header = [&](const std::string& name, const std::string& json) {
+    std::string h = json;
+    while (h.size() % 8) h.push_back(' ');
+    std::string b(8, '\0');
+    uint64_t n = h.size();
+    std::memcpy(b.data(), &n, 8);
+    write_bytes(dir.file(name), b + h);
+    return dir.file(name);
+  };
+  expect_rejected(with_header("wrap.safetensors",
+                              R"({"x":{"dtype":"F32","shape":[72057594037927936,256],"data_offsets":[0,0]}})"),
+                  "impossibly large");
+  expect_rejected(with_header("scalar.safetensors", R"({"x":{"dtype":"F32","shape":5,"data_offsets":[0,4]}})"),
+                  "malformed shape");
+  expect_rejected(with_header("frac.safetensors", R"({"x":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})"),
+                  "malformed shape");
 }
 
 }  // namespace

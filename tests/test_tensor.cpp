@@ -104,8 +104,18 @@ TEST(Gemm, TransposesAndBetaAgainstFp64) {
   }
 }
 
+TEST(Tensor, ReducedPrecisionMeanDoesNotOverflow) {
+  // 10,000 halves of 10: their sum (1e5) overflows fp16, their mean does not.
+  const Tensor h = full({100, 100}, 10.0, DType::f16);
+  EXPECT_EQ(mean(h).item(), 10.0);
+  EXPECT_EQ(mean(h).dtype(), DType::f16);
+  EXPECT_EQ(mean(h, 0).to_vector(), std::vector<double>(100, 10.0));
+  EXPECT_EQ(mean(full({70000}, 1.0, DType::bf16)).item(), 1.0);
+}
+
 TEST(Tensor, FactoriesValidate) {
   EXPECT_THROW(empty({2, -1}), std::invalid_argument);
+  EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 30}), std::invalid_argument);
   EXPECT_THROW(from_vector({1, 2}, {3}), std::invalid_argument);
   EXPECT_THROW(full({2}, 1.0).item(), std::invalid_argument);
   Tensor i = from_int64({1, 2}, {2});
