@@ -68,6 +68,48 @@ TEST(Adam, ClosedFormWithConstantGradient) {
   expect_near_vec(run_constant_grad<optim::AdamW>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.1, false}, 3), want);
 }
 
+// PyTorch creates a parameter's state the first time it has a gradient: a parameter that joins late
+// starts from step 0 (its momentum buffer is its first gradient; Adam's bias corrections use t = 1).
+TEST(Optimizers, ParametersThatJoinLateStartFromStepZero) {
+  const double g = 0.5;
+  {
+    Tensor a = from_vector({1.0}, {1}).set_requires_grad(true), b = from_vector({1.0}, {1}).set_requires_grad(true);
+    optim::SGD opt({a, b}, optim::SgdOptions{0.1, 0.9, 0.5});
+    a.set_grad(full({1}, g));
+    opt.step();  // only a
+    a.set_grad(full({1}, g));
+    b.set_grad(full({1}, g));
+    opt.step();  // a: buf = 0.9 g + 0.5 g; b: buf = g (its first step)
+    EXPECT_NEAR(a.item(), 1.0 - 0.1 * g - 0.1 * 1.4 * g, 1e-7);
+    EXPECT_NEAR(b.item(), 1.0 - 0.1 * g, 1e-7);
+    EXPECT_EQ(opt.step_count(0), 2);
+    EXPECT_EQ(opt.step_count(1), 1);
+  }
+  {
+    Tensor a = from_vector({1.0}, {1}).set_requires_grad(true), b = from_vector({1.0}, {1}).set_requires_grad(true);
+    optim::Adam opt({a, b}, optim::AdamOptions{0.01});
+    for (int s = 0; s < 3; ++s) {
+      a.set_grad(full({1}, g));
+      b.set_grad(s == 2 ? full({1}, g) : Tensor());
+      opt.step();
+    }
+    // Bias-corrected, a constant gradient moves a parameter by lr * g / (|g| + eps) per step.
+    EXPECT_NEAR(a.item(), 1.0 - 3 * 0.01 * g / (g + 1e-8), 1e-6);
+    EXPECT_NEAR(b.item(), 1.0 - 0.01 * g / (g + 1e-8), 1e-6);
+    // A skipped step leaves the late joiner's count alone too.
+    b.set_grad(full({1}, g));
+    opt.step(full({1}, 1.0));
+    EXPECT_EQ(opt.step_count(1), 1);
+    // The state dict carries each parameter's count, and loading restores them.
+    auto sd = opt.state_dict();
+    optim::Adam other({from_vector({1.0}, {1}).set_requires_grad(true), from_vector({1.0}, {1}).set_requires_grad(true)},
+                      optim::AdamOptions{0.01});
+    other.load_state_dict(sd);
+    EXPECT_EQ(other.step_count(0), 3);
+    EXPECT_EQ(other.step_count(1), 1);
+  }
+}
+
 // The PyTorch fixture: the same batch, `steps` times zero_grad/forward/MSE/backward/step.
 template <class MakeOpt>
 void check_against_pytorch(const std::string& prefix, int steps, MakeOpt make) {

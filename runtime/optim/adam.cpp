@@ -17,17 +17,15 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
   if (o.amsgrad) add_state("max_exp_avg_sq");
 }
 
-void Adam::step(const Tensor& found_inf, const Tensor& grad_scale) {
-  std::vector<Tensor> params, grads;
-  std::vector<std::vector<Tensor>> st(options_.amsgrad ? 3 : 2);
-  std::vector<Tensor> all[3] = {state_.at("exp_avg"), state_.at("exp_avg_sq"),
-                                options_.amsgrad ? state_.at("max_exp_avg_sq") : std::vector<Tensor>()};
-  params_with_grad(&params, &grads, all, &st);
-  if (params.empty()) return;
+void Adam::step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+                      const Tensor& grad_scale) {
+  std::vector<Tensor> grads;
+  for (size_t i : index) grads.push_back(params_[i].grad());
   const AdamHyper h{lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_,
                     options_.amsgrad};
-  backend_for(params[0].device())
-      .adam_step(params, grads, st[0], st[1], options_.amsgrad ? st[2] : std::vector<Tensor>(), step_count_, h,
+  backend_for(params_[0].device())
+      .adam_step(select(params_, index), grads, select(state_.at("exp_avg"), index), select(state_.at("exp_avg_sq"), index),
+                 options_.amsgrad ? select(state_.at("max_exp_avg_sq"), index) : std::vector<Tensor>(), steps, h,
                  found_inf, grad_scale);
 }
 

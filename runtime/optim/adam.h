@@ -17,8 +17,11 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay = false);
-  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) override;
   const AdamOptions& options() const { return options_; }
+
+ protected:
+  void step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+                  const Tensor& grad_scale) override;
 
  private:
   AdamOptions options_;

@@ -14,14 +14,14 @@ SGD::SGD(std::vector<Tensor> params, SgdOptions o) : Optimizer(std::move(params)
   if (o.momentum != 0.0) add_state("momentum_buffer");
 }
 
-void SGD::step(const Tensor& found_inf, const Tensor& grad_scale) {
-  std::vector<Tensor> params, grads;
-  std::vector<std::vector<Tensor>> bufs(1);
+void SGD::step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+                     const Tensor& grad_scale) {
+  std::vector<Tensor> grads;
+  for (size_t i : index) grads.push_back(params_[i].grad());
   const bool momentum = options_.momentum != 0.0;
-  params_with_grad(&params, &grads, momentum ? &state_.at("momentum_buffer") : nullptr, &bufs);
-  if (params.empty()) return;
+  const std::vector<Tensor> bufs = momentum ? select(state_.at("momentum_buffer"), index) : std::vector<Tensor>();
   const SgdHyper h{lr_, options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov};
-  backend_for(params[0].device()).sgd_step(params, grads, bufs[0], step_count_, h, found_inf, grad_scale);
+  backend_for(params_[0].device()).sgd_step(select(params_, index), grads, bufs, steps, h, found_inf, grad_scale);
 }
 
 }  // namespace amp::optim

@@ -16,8 +16,11 @@ struct SgdOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SgdOptions options);
-  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor()) override;
   const SgdOptions& options() const { return options_; }
+
+ protected:
+  void step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+                  const Tensor& grad_scale) override;
 
  private:
   SgdOptions options_;
