@@ -1,5 +1,7 @@
 #include "runtime/gemm_check.h"
 
+#include "runtime/backend.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +20,14 @@ GemmDims check_gemm(bool ta, bool tb, const Tensor& a, const Tensor& b, const Te
     throw std::invalid_argument(std::string("gemm: ") + dtype_name(a.dtype()) + " inputs cannot write a " +
                                 dtype_name(c.dtype()) + " output (only fp16/bf16 inputs may write float32)");
   return d;
+}
+
+bool gemm_is_trivial(Backend& b, int64_t m, int64_t n, int64_t k, float beta, Tensor& c) {
+  if (m == 0 || n == 0) return true;
+  if (k != 0) return false;
+  if (beta == 0.0f) b.fill(c, 0.0);
+  else b.unary(UnaryOp::mul_scalar, c, c, beta);
+  return true;
 }
 
 }  // namespace amp

@@ -14,4 +14,9 @@ struct GemmDims {
 // inner sizes, a and b of one dtype, c of that dtype or float32 for fp16/bf16 inputs.
 GemmDims check_gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
 
+class Backend;
+// Handles the empty cases (no output, or k = 0: c = beta * c) and returns true, so that backends
+// never hand a BLAS a zero dimension; returns false when there is a real product to compute.
+bool gemm_is_trivial(Backend& b, int64_t m, int64_t n, int64_t k, float beta, Tensor& c);
+
 }  // namespace amp

@@ -113,6 +113,15 @@ TEST(Tensor, ReducedPrecisionMeanDoesNotOverflow) {
   EXPECT_EQ(mean(full({70000}, 1.0, DType::bf16)).item(), 1.0);
 }
 
+TEST(Gemm, EmptyInnerDimensionLeavesBetaTimesC) {
+  Tensor c = full({2, 3}, 4.0);
+  backend_for(kCPU).gemm(false, false, 1.0f, empty({2, 0}), empty({0, 3}), 0.5f, c);
+  EXPECT_EQ(c.to_vector(), std::vector<double>(6, 2.0));
+  backend_for(kCPU).gemm(false, false, 1.0f, empty({2, 0}), empty({0, 3}), 0.0f, c);
+  EXPECT_EQ(c.to_vector(), std::vector<double>(6, 0.0));
+  EXPECT_THROW(backend_for(kCPU).gemm(false, false, 1.0f, empty({2, 1}), empty({2, 3}), 0.0f, c), std::invalid_argument);
+}
+
 TEST(Tensor, FactoriesValidate) {
   EXPECT_THROW(empty({2, -1}), std::invalid_argument);
   EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 30}), std::invalid_argument);

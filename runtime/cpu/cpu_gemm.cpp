@@ -89,12 +89,7 @@ void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
 
 void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == 0.0f) fill(c, 0.0);
-    else unary(UnaryOp::mul_scalar, c, c, beta);
-    return;
-  }
+  if (gemm_is_trivial(*this, m, n, k, beta, c)) return;
   switch (a.dtype()) {
     case DType::f32:
       cpu_gemm_f32(ta, tb, m, n, k, alpha, a.data<float>(), b.data<float>(), beta, c.data<float>());

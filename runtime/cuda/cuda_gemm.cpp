@@ -38,12 +38,7 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Ten
   require_cuda(b, "gemm: b");
   require_cuda(c, "gemm: c");
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == 0.0f) fill(c, 0.0);
-    else unary(UnaryOp::mul_scalar, c, c, beta);
-    return;
-  }
+  if (gemm_is_trivial(*this, m, n, k, beta, c)) return;
 
   const ColumnMajorGemm g = column_major_gemm(ta, tb, m, n, k);
   const cublasOperation_t op_first = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
