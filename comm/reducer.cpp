@@ -81,6 +81,10 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
     if (!st.passthrough) b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
     b.pending = b.members;
   }
+  // Backward writes each parameter's first gradient straight into its bucket slice.
+  if (!st.passthrough)
+    for (Slot& s : st.slots)
+      s.param.set_grad_destination(st.buckets[s.bucket].buffer.view(static_cast<int64_t>(s.offset), s.param.shape()));
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < st.slots.size(); ++i) {
     st.slots[i].param.register_post_accumulate_grad_hook([weak, i](const Tensor&) {
@@ -89,7 +93,9 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
   }
 }
 
-GradientReducer::~GradientReducer() = default;
+GradientReducer::~GradientReducer() {
+  for (Slot& s : state_->slots) s.param.set_grad_destination(Tensor());  // the buckets go with us
+}
 
 void GradientReducer::prepare_for_backward(bool sync) {
   State& st = *state_;

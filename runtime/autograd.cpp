@@ -13,7 +13,23 @@ namespace amp {
 namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 thread_local bool t_grad_enabled = true;
+thread_local bool t_accumulating = false;
+
+// Restores the previous value on every exit, exceptions included.
+class ScopedFlag {
+ public:
+  ScopedFlag(bool* flag, bool value) : flag_(flag), prev_(*flag) { *flag = value; }
+  ~ScopedFlag() { *flag_ = prev_; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  bool* flag_;
+  bool prev_;
+};
 }  // namespace
+
+bool accumulating_backward() { return t_accumulating; }
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
@@ -33,7 +49,10 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& g) {
   Tensor existing = leaf.grad();
   if (!existing.defined()) {
     // Steal the incoming buffer when nothing else can see it; otherwise copy so later += is private.
-    const bool private_buffer = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+    // Computed in place into the leaf's destination: that view is the gradient, no copy.
+    const bool in_destination = leaf_->grad_destination && g.data_ptr() == Tensor(leaf_->grad_destination).data_ptr();
+    const bool private_buffer =
+        in_destination || (g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1);
     Tensor stored = GradMode::enabled() ? g : (private_buffer ? g.detach() : g.detach().clone());
     if (stored.dtype() != leaf.dtype()) {
       stored = cast(stored, leaf.dtype());
@@ -162,16 +181,10 @@ struct Engine {
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph,
               bool create_graph) {
   AutocastSuspend no_autocast;
-  const bool prev = GradMode::enabled();
-  GradMode::set_enabled(create_graph);
-  try {
-    Engine e;
-    e.run(roots, seeds, retain_graph || create_graph);
-  } catch (...) {
-    GradMode::set_enabled(prev);
-    throw;
-  }
-  GradMode::set_enabled(prev);
+  ScopedFlag grad_mode(&t_grad_enabled, create_graph);
+  ScopedFlag accumulating(&t_accumulating, true);
+  Engine e;
+  e.run(roots, seeds, retain_graph || create_graph);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
@@ -187,15 +200,11 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     keep.push_back(gradient_edge(inputs[i]));
     e.capture_index[keep.back().get()] = i;
   }
-  const bool prev = GradMode::enabled();
-  GradMode::set_enabled(create_graph);
-  try {
+  {
+    ScopedFlag grad_mode(&t_grad_enabled, create_graph);
+    ScopedFlag accumulating(&t_accumulating, false);
     e.run(outputs, seeds, retain_graph || create_graph);
-  } catch (...) {
-    GradMode::set_enabled(prev);
-    throw;
   }
-  GradMode::set_enabled(prev);
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!e.captured[i].defined() && !allow_unused)
       throw std::runtime_error("grad: input " + std::to_string(i) +

@@ -75,6 +75,10 @@ class NoGradGuard {
   bool prev_;
 };
 
+// True inside backward() (gradients go to .grad), false inside grad() and outside autograd: only
+// then may an op write a leaf's gradient into its grad_destination.
+bool accumulating_backward();
+
 // Records `fn` as the backward of `out` if grad mode is on and any input requires grad.
 Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn);
 // The node a gradient for `t` flows into (its grad_fn, or its leaf accumulator), or null.

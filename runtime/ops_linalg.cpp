@@ -11,6 +11,14 @@ namespace amp {
 namespace {
 bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
+// The destination a leaf's gradient may be written into: only inside backward() (never grad()),
+// with no graph of the gradient, for a leaf without a gradient yet, and of a matching dtype.
+Tensor into_destination(const Tensor& leaf, DType dtype) {
+  if (!accumulating_backward() || GradMode::enabled() || !leaf.is_leaf() || leaf.grad().defined()) return Tensor();
+  const Tensor dst = leaf.grad_destination();
+  return dst.defined() && dst.dtype() == dtype ? dst : Tensor();
+}
+
 void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     throw std::invalid_argument(std::string(op) + ": expected both operands to have the same dtype, but got " +
@@ -70,9 +78,27 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
     be.gemm(false, true, 1.0f, x2, w, 0.0f, y);
   }
   y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
-    return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(),
-                               needs(w) ? mm(g, x2, true, false) : Tensor(),
-                               needs(b) ? sum_to(g, b.shape()) : Tensor()};
+    Tensor gw, gb;
+    if (needs(w)) {
+      // A leaf weight's first gradient goes straight into its destination (its gradient bucket).
+      Tensor dst = into_destination(w, g.dtype());
+      if (dst.defined()) {
+        backend_for(g.device()).gemm(true, false, 1.0f, g, x2, 0.0f, dst);
+        gw = dst;
+      } else {
+        gw = mm(g, x2, true, false);
+      }
+    }
+    if (needs(b)) {
+      Tensor dst = into_destination(b, g.dtype());
+      if (dst.defined()) {
+        backend_for(g.device()).sum_to(g, dst);
+        gb = dst;
+      } else {
+        gb = sum_to(g, b.shape());
+      }
+    }
+    return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(), gw, gb};
   });
   if (in_shape.size() == 2) return y;
   Shape out_shape = in_shape;

@@ -49,6 +49,12 @@ Tensor& Tensor::set_requires_grad(bool r) {
   return *this;
 }
 
+void Tensor::set_grad_destination(const Tensor& dst) {
+  if (dst.defined() && (dst.shape() != shape() || dst.dtype() != dtype() || dst.device() != device()))
+    throw std::invalid_argument("a gradient destination must have the parameter's shape, dtype and device");
+  impl_->grad_destination = dst.impl_ptr();
+}
+
 void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
   amp::backward({*this}, gradient.defined() ? std::vector<Tensor>{gradient} : std::vector<Tensor>{}, retain_graph,
                 create_graph);

@@ -50,6 +50,9 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;        // the op that produced this tensor (null for leaves)
   std::weak_ptr<Node> grad_accumulator; // shared by every use of this leaf in a graph
   std::vector<GradHook> post_accumulate_hooks;
+  // Where a leaf's first gradient of a backward may be computed in place (a slice of a gradient
+  // bucket), so that it need not be copied there afterwards. Only used when .grad is undefined.
+  std::shared_ptr<TensorImpl> grad_destination;
 };
 
 class Tensor {
@@ -79,6 +82,9 @@ class Tensor {
   void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
   // Runs when this leaf's gradient is final for the current backward (after accumulation).
   void register_post_accumulate_grad_hook(GradHook hook) { impl_->post_accumulate_hooks.push_back(std::move(hook)); }
+  // Same shape and dtype as this leaf; ops that can write its gradient straight there do.
+  void set_grad_destination(const Tensor& dst);
+  Tensor grad_destination() const { return Tensor(impl_->grad_destination); }
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // shares storage, no autograd history
   // numel(shape) elements starting at element `first`, sharing storage; no autograd history.

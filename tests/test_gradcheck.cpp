@@ -136,6 +136,37 @@ TEST(Autograd, GradDoesNotTouchDotGradAndHooksFireOncePerLeaf) {
   EXPECT_TRUE(order[0] == "a5.000000" || order[1] == "a5.000000");
 }
 
+// A leaf's gradient destination (the reducer's bucket slice): the first gradient of a backward is
+// computed straight into it, with the same values; later ones accumulate into it as usual.
+TEST(Autograd, GradDestinationReceivesTheGradientInPlace) {
+  Generator gen(9);
+  const Tensor x = randn({6, 5}, gen);
+  Tensor w = randn({4, 5}, gen).set_requires_grad(true), b = randn({4}, gen).set_requires_grad(true);
+  sum(mul(linear(x, w, b), 3.0)).backward();
+  const auto gw_ref = w.grad().to_vector(), gb_ref = b.grad().to_vector();
+  w.set_grad(Tensor());
+  b.set_grad(Tensor());
+  Tensor dw = full({4, 5}, 7.0), db = full({4}, 7.0);
+  w.set_grad_destination(dw);
+  b.set_grad_destination(db);
+  sum(mul(linear(x, w, b), 3.0)).backward();
+  EXPECT_EQ(w.grad().data_ptr(), dw.data_ptr());
+  EXPECT_EQ(b.grad().data_ptr(), db.data_ptr());
+  EXPECT_EQ(dw.to_vector(), gw_ref);
+  EXPECT_EQ(db.to_vector(), gb_ref);
+  sum(mul(linear(x, w, b), 3.0)).backward();  // accumulates into the same memory
+  for (size_t i = 0; i < gw_ref.size(); ++i) EXPECT_FLOAT_EQ(static_cast<float>(dw.to_vector()[i]), static_cast<float>(2 * gw_ref[i]));
+  // grad(), with or without create_graph, never writes there.
+  w.set_grad(Tensor());
+  fill_(dw, 7.0);
+  for (bool create_graph : {false, true}) {
+    const auto g = grad({sum(mul(linear(x, w, b), 3.0))}, {w}, {}, create_graph, create_graph);
+    EXPECT_NE(g[0].data_ptr(), dw.data_ptr());
+    EXPECT_EQ(dw.to_vector(), std::vector<double>(20, 7.0));
+  }
+  EXPECT_THROW(w.set_grad_destination(zeros({5, 4})), std::invalid_argument);
+}
+
 TEST(Autograd, ErrorsAreClear) {
   Tensor x = from_vector({1.0}, {1});
   EXPECT_THROW(sum(x).backward(), std::runtime_error);  // nothing requires grad
