@@ -43,23 +43,28 @@ std::vector<Tensor> GradScaler::scale(const std::vector<Tensor>& losses) const {
   return out;
 }
 
+std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimizer* st) {
+  std::vector<Tensor> grads = opt.grads();
+  for (const Tensor& g : grads)
+    if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+  st->found_inf = grads.empty() ? Tensor() : zeros({1}, DType::f32, grads[0].device());
+  st->agreed = false;
+  return grads;
+}
+
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!options_.enabled) return;
   PerOptimizer& st = per_optimizer_[&opt];
   if (st.stage == Stage::unscaled)
     throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
   if (st.stage == Stage::stepped) throw std::runtime_error("unscale_() is being called after step().");
-  const std::vector<Tensor> grads = opt.grads();
-  for (const Tensor& g : grads)
-    if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+  const std::vector<Tensor> grads = checked_grads(opt, &st);
   if (!grads.empty()) {
-    st.found_inf = zeros({1}, DType::f32, grads[0].device());
     // One fused pass per dtype group (the backend rejects mixed dtypes in one call).
     std::map<DType, std::vector<Tensor>> by_dtype;
     for (const Tensor& g : grads) by_dtype[g.dtype()].push_back(g);
     for (auto& [dt, group] : by_dtype) backend_for(group[0].device()).unscale_and_check(group, scale_view(), st.found_inf);
   }
-  st.agreed = false;
   st.stage = Stage::unscaled;
 }
 
@@ -92,15 +97,11 @@ void GradScaler::step(optim::Optimizer& opt) {
   if (st.stage == Stage::ready) {
     // Check them read-only first; the fused step then unscales them (and writes them back) in its
     // own pass: one read pass instead of a separate read-write unscale pass.
-    const std::vector<Tensor> grads = opt.grads();
-    for (const Tensor& g : grads)
-      if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+    const std::vector<Tensor> grads = checked_grads(opt, &st);
     if (!grads.empty()) {
-      st.found_inf = zeros({1}, DType::f32, grads[0].device());
       backend_for(grads[0].device()).check_finite(grads, st.found_inf);
       grad_scale = scale_view();
     }
-    st.agreed = false;
   }
   if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
   agree_on_found_inf();

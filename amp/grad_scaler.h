@@ -80,6 +80,8 @@ class GradScaler {
     bool agreed = false;  // all-reduced over ranks
   };
   void validate() const;
+  // opt's gradients, none of them fp16 (PyTorch's error otherwise), with a fresh found_inf for st.
+  static std::vector<Tensor> checked_grads(optim::Optimizer& opt, PerOptimizer* st);
   Tensor scale_view() const;  // 0-d view of state_[0]
   void agree_on_found_inf();  // one small collective for every optimizer still pending
 

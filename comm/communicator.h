@@ -29,6 +29,13 @@ class Work {
   virtual bool test() = 0;
 };
 
+// A collective that finished before its call returned.
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -16,11 +16,6 @@ namespace {
 // Each rank's staging slot in the shared window: larger tensors go through it in chunks.
 constexpr size_t kShmSlotBytes = size_t{16} << 20;
 
-struct DoneWork final : Work {
-  void wait() override {}
-  bool test() override { return true; }
-};
-
 MPI_Datatype mpi_type(DType t, const char* op) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
@@ -136,7 +131,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
       break;
     }
     if (!registered) shm_->run(t, op == ReduceOp::max, scale, barrier);
-    return std::make_unique<DoneWork>();
+    return std::make_unique<CompletedWork>();
   }
   if (t.numel() > std::numeric_limits<int>::max())
     throw std::invalid_argument(what + ": more elements than one MPI call can carry; use smaller buckets");

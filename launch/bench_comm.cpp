@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "launch/bench_timing.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
 #include "comm/reducer.h"
@@ -23,14 +24,11 @@
 
 using namespace amp;
 namespace po = boost::program_options;
-using Clock = std::chrono::steady_clock;
+using Clock = launch::BenchClock;
+using launch::median;
+using launch::ms_since;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Median step time in ms. comm == nullptr: no reducer at all.
 double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, comm::Communicator* comm,
@@ -55,7 +53,7 @@ double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int 
     mse_loss((*model)(x), y).backward();
     if (reducer) reducer->finish();
     opt.step();
-    if (s >= warmup) t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (s >= warmup) t.push_back(ms_since(t0));
   }
   return median(t);
 }

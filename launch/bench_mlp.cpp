@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "amp/autocast.h"
+#include "launch/bench_timing.h"
 #include "amp/grad_scaler.h"
 #include "models/mlp.h"
 #include "runtime/backend.h"
@@ -22,7 +23,9 @@
 
 using namespace amp;
 namespace po = boost::program_options;
-using Clock = std::chrono::steady_clock;
+using Clock = launch::BenchClock;
+using launch::median;
+using launch::ms_since;
 
 namespace {
 
@@ -32,13 +35,6 @@ struct Mode {
   DType dtype;
   bool scaler;
 };
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct StepFigures {
   double step_ms, scaler_ms, peak_mb;

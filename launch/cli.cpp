@@ -18,27 +18,30 @@ namespace amp::launch {
   throw e;
 }
 
+// The value named s in a table of choices; the error lists the table, so the two cannot drift apart.
+template <class E>
+E choose(const std::string& s, std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string valid;
+  for (const auto& [name, value] : choices) {
+    if (s == name) return value;
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
+  }
+  invalid_value(s, valid);
+}
+
 void validate(boost::any& v, const std::vector<std::string>& values, AmpMode*, int) {
-  const std::string& s = po::validators::get_single_string(values);
-  if (s == "off") v = AmpMode::off;
-  else if (s == "fp16") v = AmpMode::fp16;
-  else if (s == "bf16") v = AmpMode::bf16;
-  else invalid_value(s, "off, fp16, bf16");
+  v = choose<AmpMode>(po::validators::get_single_string(values),
+                      {{"off", AmpMode::off}, {"fp16", AmpMode::fp16}, {"bf16", AmpMode::bf16}});
 }
 
 void validate(boost::any& v, const std::vector<std::string>& values, OptimizerKind*, int) {
-  const std::string& s = po::validators::get_single_string(values);
-  if (s == "sgd") v = OptimizerKind::sgd;
-  else if (s == "adamw") v = OptimizerKind::adamw;
-  else invalid_value(s, "sgd, adamw");
+  v = choose<OptimizerKind>(po::validators::get_single_string(values),
+                            {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}});
 }
 
 void validate(boost::any& v, const std::vector<std::string>& values, DeviceKind*, int) {
-  const std::string& s = po::validators::get_single_string(values);
-  if (s == "auto") v = DeviceKind::auto_;
-  else if (s == "cpu") v = DeviceKind::cpu;
-  else if (s == "cuda") v = DeviceKind::cuda;
-  else invalid_value(s, "auto, cpu, cuda");
+  v = choose<DeviceKind>(po::validators::get_single_string(values),
+                         {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}});
 }
 
 void validate(boost::any& v, const std::vector<std::string>& values, LossScale*, int) {

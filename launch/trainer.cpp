@@ -174,10 +174,14 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   return r;
 }
 
-void Trainer::check_replicas(int64_t step, TrainResult* result) {
+comm::ReplicaReport Trainer::check_replicas(TrainResult* result) {
   const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());
   result->param_checksum = comm::hash_hex(rep.hash);
   result->replicas_consistent = rep.consistent;
+  return rep;
+}
+
+void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
   if (!rep.consistent) {
     std::string ranks;
     for (int r : rep.differing_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
@@ -220,18 +224,17 @@ TrainResult Trainer::run() {
     }
     if (cur.figures->ready()) emit(finish(cur, now));
     else late = std::make_unique<PendingStep>(std::move(cur));
-    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps) check_replicas(step, &result);
+    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps)
+      require_consistent(check_replicas(&result), step);
   }
   if (late) emit(finish(*late, std::chrono::steady_clock::now()));
   comm_.set_context("the end-of-run replica check");
   result.final_scale = scaler_->get_scale();
-  const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());
-  result.param_checksum = comm::hash_hex(rep.hash);
-  result.replicas_consistent = rep.consistent;
+  const comm::ReplicaReport rep = check_replicas(&result);
   metrics.write(EndRecord{cfg_.steps, result.skipped_steps, result.final_scale, result.param_checksum,
                           result.replicas_consistent});
   metrics.close();
-  if (!rep.consistent) check_replicas(cfg_.steps, &result);  // throws, naming the ranks; saves nothing
+  require_consistent(rep, cfg_.steps);  // throws, naming the ranks, before anything is saved
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
   return result;
 }

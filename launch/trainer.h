@@ -9,6 +9,7 @@
 #include "amp/grad_scaler.h"
 #include "comm/communicator.h"
 #include "comm/reducer.h"
+#include "comm/replica_check.h"
 #include "launch/dataset.h"
 #include "launch/metrics.h"
 #include "launch/train_config.h"
@@ -49,7 +50,9 @@ class Trainer {
   };
   PendingStep train_step(int64_t step);
   StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
-  void check_replicas(int64_t step, TrainResult* result);
+  // Hashes and gathers the parameters (collective); records the result.
+  comm::ReplicaReport check_replicas(TrainResult* result);
+  static void require_consistent(const comm::ReplicaReport& rep, int64_t step);  // throws, naming the ranks
 
   TrainConfig cfg_;
   comm::Communicator& comm_;

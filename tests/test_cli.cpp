@@ -242,6 +242,19 @@ TEST(Cli, DeviceCudaWithoutAGpuFailsCleanly) {
   EXPECT_EQ(a.code, 0) << a.out;
 }
 
+// Under mpirun a bad input file stops every rank with exit code 2 before any collective: the ranks
+// agree on the setup's outcome instead of leaving one another inside a broadcast.
+TEST(Cli, BadInputUnderMpirunStopsEveryRankCleanly) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = run(kSmall + "--init-weights /nonexistent/w.safetensors --comm-timeout 30",
+                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 --oversubscribe");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_LT(secs, 20.0) << "no rank waited out a timeout";
+  EXPECT_NE(r.out.find("rank 0: error: /nonexistent/w.safetensors: cannot open"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: error: /nonexistent/w.safetensors: cannot open"), std::string::npos) << r.out;
+}
+
 TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
   const auto t0 = std::chrono::steady_clock::now();
   const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3",

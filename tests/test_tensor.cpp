@@ -122,6 +122,15 @@ TEST(Gemm, EmptyInnerDimensionLeavesBetaTimesC) {
   EXPECT_THROW(backend_for(kCPU).gemm(false, false, 1.0f, empty({2, 1}), empty({2, 3}), 0.0f, c), std::invalid_argument);
 }
 
+TEST(Backend, ReadbackCarriesScalarsAndRejectsTheRest) {
+  Backend& b = backend_for(kCPU);
+  auto r = b.start_readback({full({1}, 2.5), scalar_tensor(-1.0)});
+  EXPECT_TRUE(r->ready());
+  EXPECT_EQ(r->values(), (std::vector<double>{2.5, -1.0}));
+  EXPECT_THROW(b.start_readback({full({2}, 1.0)}), std::invalid_argument);
+  EXPECT_THROW(b.start_readback({full({1}, 1.0, DType::f64)}), std::invalid_argument);
+}
+
 TEST(Tensor, FactoriesValidate) {
   EXPECT_THROW(empty({2, -1}), std::invalid_argument);
   EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 30}), std::invalid_argument);
