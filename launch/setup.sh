@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that a fresh machine lacks. Idempotent, and quiet when nothing is missing.
+# Everything the build, the tests and the main job read comes from this one list; check it with
+# ../shared/tools/fresh-machine-diff (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
+#   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
+#                       calls find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
+#   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).
+#   ccache              optional: CMake uses it when present, and rebuilds get much faster.
 set -euo pipefail
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
-          nlohmann-json3-dev cmake g++ libgtest-dev)
+          ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
+          ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
