@@ -44,6 +44,13 @@ ncclDataType_t nccl_dtype(DType t) {
   throw std::invalid_argument("NCCL: unsupported dtype");
 }
 
+// "0.5" for sub-second limits, "300" for whole seconds.
+std::string seconds_str(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
 std::string describe(const char* what, const Tensor& t) {
   return std::string(what) + "(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
 }
@@ -119,10 +126,12 @@ struct NcclCommunicator::State {
         raise_locked();
       }
       if (Clock::now() > deadline) {
-        fail_locked(where(op, context) + ": " + expr + " still in progress after " + std::to_string(timeout_s) + " s");
+        fail_locked(where(op, context) + ": " + expr + " still in progress after " + seconds_str(timeout_s) + " s");
         raise_locked();
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // No sleep: a nonblocking call is usually done within microseconds, and a 50 us sleep per
+      // poll, several calls a step, adds up. Yield the core instead.
+      std::this_thread::yield();
     }
   }
 
@@ -366,9 +375,15 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_coalesced_async(std::vector<T
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclGroupStart());
-    for (Tensor& t : ts)
-      AMP_NCCL_CALL(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
-                                  nccl_op(rop), s.nccl, stream));
+    try {
+      for (Tensor& t : ts)
+        AMP_NCCL_CALL(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                                    nccl_dtype(t.dtype()), nccl_op(rop), s.nccl, stream));
+    } catch (...) {
+      // A group left open defers every later NCCL call of this thread for ever: close it first.
+      (void)ncclGroupEnd();
+      throw;
+    }
     AMP_NCCL_CALL(ncclGroupEnd());
   });
   return std::make_unique<NcclWork>(state_, std::move(done), ts);

@@ -31,6 +31,11 @@ void MetricsWriter::write(const StepRecord& r) {
   nlohmann::ordered_json j = {{"step", r.step},       {"loss", num(r.loss)}, {"scale", num(r.scale)},
                               {"skipped", r.skipped}, {"grad_norm", num(r.grad_norm)},
                               {"lr", r.lr},           {"step_ms", r.step_ms}};
+  if (r.device_launches >= 0) {
+    j["device_launches"] = r.device_launches;
+    j["device_host_syncs"] = r.device_host_syncs;
+    j["device_d2h_copies"] = r.device_d2h_copies;
+  }
   out_ << j.dump() << '\n';
 }
 

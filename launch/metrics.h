@@ -15,6 +15,9 @@ struct StepRecord {
   double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping)
   double lr;
   double step_ms;
+  // On the emulated GPU: what train_step issued (the one-step-late read of the previous step's
+  // figures is not in it). -1 elsewhere, and then not written.
+  int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;
 };
 
 struct EndRecord {

@@ -97,6 +97,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const std::vector<Tensor> params = model_->parameters();
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
+  const std::optional<DeviceCounters> counted_from = emulated_device_counters();
   const Tensor scale_used = scaler_->scale_snapshot();
 
   opt_->zero_grad();
@@ -148,7 +149,13 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  return PendingStep{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm})};
+  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm}), {}};
+  if (counted_from && device_.is_cuda()) {
+    const DeviceCounters now = *emulated_device_counters();
+    p.counted = DeviceCounters{now.launches - counted_from->launches, now.host_syncs - counted_from->host_syncs,
+                               now.d2h_copies - counted_from->d2h_copies};
+  }
+  return p;
 }
 
 StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point next_start) {
@@ -163,6 +170,11 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
   r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();
+  if (p.counted) {
+    r.device_launches = p.counted->launches;
+    r.device_host_syncs = p.counted->host_syncs;
+    r.device_d2h_copies = p.counted->d2h_copies;
+  }
   if (r.skipped && device_.is_cpu()) {
     // On the CPU a step's figures are final at once, so its gradients are still there to inspect.
     std::string names;
@@ -205,9 +217,14 @@ TrainResult Trainer::run() {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate = static_cast<double>(r.step * samples_per_step) / elapsed;
       const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
-      std::printf("step %lld/%lld  loss %.6g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs\n",
+      std::printf("step %lld/%lld  loss %.6g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
                   static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), r.loss, r.scale,
                   static_cast<long long>(result.skipped_steps), rate, eta);
+      if (r.device_launches >= 0)
+        std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
+                    static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),
+                    static_cast<long long>(r.device_d2h_copies));
+      std::printf("\n");
       std::fflush(stdout);
     }
   };

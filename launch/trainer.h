@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "amp/grad_scaler.h"
@@ -14,6 +15,7 @@
 #include "launch/metrics.h"
 #include "launch/train_config.h"
 #include "runtime/backend.h"
+#include "runtime/cuda_support.h"
 #include "runtime/nn/layers.h"
 #include "runtime/optim/optimizer.h"
 
@@ -47,6 +49,7 @@ class Trainer {
     int64_t step;
     std::chrono::steady_clock::time_point start;
     std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm
+    std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
   };
   PendingStep train_step(int64_t step);
   StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);

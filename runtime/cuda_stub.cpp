@@ -12,6 +12,8 @@ bool cuda_usable(std::string* reason) {
   return false;
 }
 
+std::optional<DeviceCounters> emulated_device_counters() { return std::nullopt; }
+
 void cuda_init(int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
 }

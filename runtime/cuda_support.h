@@ -1,6 +1,8 @@
 // The seam between device-independent code and the CUDA backend. runtime/cuda/cuda_support.cpp
 // implements it when the backend is built; runtime/cuda_stub.cpp otherwise. CMake picks the file.
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace amp {
@@ -11,5 +13,13 @@ bool cuda_usable(std::string* reason);
 // Selects device local_rank % device_count and registers the CUDA backend. Throws std::runtime_error
 // with a clear message when CUDA is not usable.
 void cuda_init(int local_rank);
+
+// What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
+// (a GEMM and a collective count one each), host synchronisations (calls that made the host wait
+// for device work) and device-to-host copies. nullopt on a real GPU and in builds without CUDA.
+struct DeviceCounters {
+  int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
+};
+std::optional<DeviceCounters> emulated_device_counters();
 
 }  // namespace amp

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "runtime/cuda/launch.cuh"
+
 namespace amp::cuda {
 
 struct SumOp {
@@ -25,7 +27,7 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
 // be a multiple of 32 and at most 1024.
 template <class T, class Op>
 __device__ T block_reduce(T v, Op op) {
-  __shared__ T warp_results[32];
+  AMP_SHARED(T[32], warp_results);
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int warps = static_cast<int>(blockDim.x) / 32;

@@ -1,8 +1,11 @@
 // CUDA backend: memory and copies. Kernels live in the .cu files named in cuda_backend.h.
 #include "runtime/cuda/cuda_backend.h"
 
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
@@ -49,44 +52,84 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
 void CudaBackend::synchronize() { AMP_CUDA_CHECK(cudaStreamSynchronize(context().stream())); }
 
 namespace {
-// Copies into pinned host memory on the compute stream, then an event: ready() polls the event.
+
+// Pinned slots for read-backs, made once and reused: cudaMallocHost is slow and cudaFreeHost
+// synchronises the whole device, so neither may happen in a training step. A slot is taken by a
+// read-back and given back by its destructor; when every slot is taken the ring grows by one.
+struct ReadbackSlot {
+  static constexpr size_t kCapacity = 16;  // floats per read-back
+  float* host = nullptr;
+  std::unique_ptr<Event> done;
+  bool busy = false;
+};
+
+class ReadbackRing {
+ public:
+  ReadbackSlot* acquire() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& s : slots_)
+      if (!s->busy) {
+        s->busy = true;
+        return s.get();
+      }
+    auto s = std::make_unique<ReadbackSlot>();
+    AMP_CUDA_CHECK(cudaMallocHost(&s->host, sizeof(float) * ReadbackSlot::kCapacity));
+    s->done = std::make_unique<Event>();
+    s->busy = true;
+    slots_.push_back(std::move(s));
+    return slots_.back().get();
+  }
+  void release(ReadbackSlot* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s->busy = false;  // later copies into it are queued after this one's on the same stream
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<ReadbackSlot>> slots_;  // never freed: see above
+};
+
+ReadbackRing& readback_ring() {
+  static ReadbackRing* ring = new ReadbackRing;  // never destroyed, like the context
+  return *ring;
+}
+
+// Copies into a pinned slot on the compute stream, then records the slot's event: ready() polls it.
 class CudaReadback final : public Readback {
  public:
   explicit CudaReadback(const std::vector<Tensor>& scalars) : n_(scalars.size()) {
-    AMP_CUDA_CHECK(cudaMallocHost(&host_, sizeof(float) * (n_ > 0 ? n_ : 1)));
-    AMP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    const cudaStream_t s = context().stream();
-    for (size_t i = 0; i < n_; ++i) {
-      const Tensor& t = scalars[i];
+    if (n_ > ReadbackSlot::kCapacity)
+      throw std::invalid_argument("readback: at most " + std::to_string(ReadbackSlot::kCapacity) + " values, got " +
+                                  std::to_string(n_));
+    for (const Tensor& t : scalars) {
       require_cuda(t, "readback tensor");
       if (t.dtype() != DType::f32 || t.numel() != 1)
         throw std::invalid_argument("readback: expected a 1-element float32 tensor");
-      AMP_CUDA_CHECK(cudaMemcpyAsync(host_ + i, t.data_ptr(), sizeof(float), cudaMemcpyDeviceToHost, s));
     }
-    AMP_CUDA_CHECK(cudaEventRecord(done_, s));
+    slot_ = readback_ring().acquire();  // after every check: nothing to give back on a throw
+    const cudaStream_t s = context().stream();
+    try {
+      for (size_t i = 0; i < n_; ++i)
+        AMP_CUDA_CHECK(cudaMemcpyAsync(slot_->host + i, scalars[i].data_ptr(), sizeof(float), cudaMemcpyDeviceToHost, s));
+      slot_->done->record(s);
+    } catch (...) {
+      readback_ring().release(slot_);
+      throw;
+    }
   }
-  ~CudaReadback() override {
-    AMP_CUDA_CHECK_NOTHROW(cudaEventSynchronize(done_));
-    AMP_CUDA_CHECK_NOTHROW(cudaEventDestroy(done_));
-    AMP_CUDA_CHECK_NOTHROW(cudaFreeHost(host_));
-  }
+  ~CudaReadback() override { readback_ring().release(slot_); }
   CudaReadback(const CudaReadback&) = delete;
   CudaReadback& operator=(const CudaReadback&) = delete;
-  bool ready() override {
-    const cudaError_t e = cudaEventQuery(done_);
-    if (e == cudaErrorNotReady) return false;
-    AMP_CUDA_CHECK(e);
-    return true;
-  }
+  // Event::query clears the NotReady that cudaEventQuery also leaves in the last-error slot.
+  bool ready() override { return slot_->done->query(); }
   std::vector<double> values() override {
-    AMP_CUDA_CHECK(cudaEventSynchronize(done_));  // waits for this copy only, not for later work
-    return std::vector<double>(host_, host_ + n_);
+    AMP_CUDA_CHECK(cudaEventSynchronize(slot_->done->get()));  // this copy only, not later work
+    return std::vector<double>(slot_->host, slot_->host + n_);
   }
 
  private:
   size_t n_;
-  float* host_ = nullptr;
-  cudaEvent_t done_ = nullptr;
+  ReadbackSlot* slot_ = nullptr;
 };
 }  // namespace
 

@@ -18,8 +18,10 @@ Context::Context(int device) : device_(device) {
   AMP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   AMP_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
   AMP_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kCublasWorkspaceBytes));
-  // Strict fp32 for fp32 GEMMs (no TF32), so fp32 results match the CPU backend's semantics.
-  AMP_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  // Strict fp32 for fp32 GEMMs (no TF32), so fp32 results match the CPU backend's semantics; and
+  // no reduced-precision (fp16/bf16) reductions in split-K: fp32 accumulation, one rounding.
+  AMP_CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 }
 
 namespace {

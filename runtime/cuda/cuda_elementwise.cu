@@ -103,7 +103,7 @@ namespace {
 template <class U>
 void launch_fill(void* d, int64_t n, U v) {
   Context& ctx = context();
-  fill_kernel<U><<<grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(static_cast<U*>(d), n, v);
+  AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), fill_kernel<U>)(static_cast<U*>(d), n, v);
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -123,7 +123,7 @@ void launch_unary(const Tensor& x, Tensor& y, double alpha) {
   using C = typename DevElem<T>::Compute;
   Context& ctx = context();
   const int64_t n = x.numel();
-  unary_kernel<K, T><<<grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(x.data<T>(), y.data<T>(), n,
+  AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), unary_kernel<K, T>)(x.data<T>(), y.data<T>(), n,
                                                                                  static_cast<C>(alpha));
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -134,7 +134,7 @@ void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
   const BroadcastIndex ia = make_broadcast_index(a.shape(), out.shape());
   const BroadcastIndex ib = make_broadcast_index(b.shape(), out.shape());
-  binary_kernel<K, T><<<grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(a.data<T>(), b.data<T>(),
+  AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), binary_kernel<K, T>)(a.data<T>(), b.data<T>(),
                                                                                   out.data<T>(), n, ia, ib);
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -169,7 +169,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
   Context& ctx = context();
   dispatch_float(src.dtype(), [&](auto S_tag) { using S = decltype(S_tag);
     dispatch_float(dst.dtype(), [&](auto D_tag) { using D = decltype(D_tag);
-      cast_kernel<S, D><<<grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(src.data<S>(), dst.data<D>(), n);
+      AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), cast_kernel<S, D>)(src.data<S>(), dst.data<D>(), n);
       AMP_CUDA_CHECK_LAUNCH();
     });
   });
@@ -230,9 +230,9 @@ void CudaBackend::broadcast_to(const Tensor& x, Tensor& out) {
   dispatch_bits(dtype_size(x.dtype()), [&](auto U_tag) { using U = decltype(U_tag);
     const unsigned grid = grid_for(n, ctx.sm_count());
     if (x.numel() == 1) {
-      fill_from_device_kernel<U><<<grid, kBlock, 0, ctx.stream()>>>(out.data<U>(), n, x.data<U>());
+      AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), fill_from_device_kernel<U>)(out.data<U>(), n, x.data<U>());
     } else {
-      gather_kernel<U><<<grid, kBlock, 0, ctx.stream()>>>(x.data<U>(), out.data<U>(), n, ix);
+      AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), gather_kernel<U>)(x.data<U>(), out.data<U>(), n, ix);
     }
     AMP_CUDA_CHECK_LAUNCH();
   });

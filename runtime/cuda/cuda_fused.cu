@@ -87,7 +87,7 @@ struct AdamOp {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
     // The fp64 coefficients once per block, as PyTorch computes them once per step on the host.
-    __shared__ math::AdamCoef c;
+    AMP_SHARED(math::AdamCoef, c);
     if (threadIdx.x == 0) c = math::adam_coef(h, static_cast<double>(*step_count) + 1.0);
     __syncthreads();
     float* param = static_cast<float*>(p[0]);
@@ -170,7 +170,7 @@ void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const Sca
   require_f32(state, "scaler state");
   require_f32(found_inf, "found_inf");
   if (state.numel() < 3) throw std::invalid_argument("scaler state must hold [scale, growth_tracker, hysteresis_left]");
-  update_scale_kernel<<<1, 1, 0, context().stream()>>>(state.data<float>(), found_inf.data<float>(), h);
+  AMP_LAUNCH(1, 1, 0, context().stream(), update_scale_kernel)(state.data<float>(), found_inf.data<float>(), h);
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -190,7 +190,7 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
     gather<2>({&params, &grads}, &ptrs, &numels);
     multi_tensor_apply<2>(ptrs, numels, SgdOp<false>{flag, step_count.data<float>(), gs, h});
   }
-  step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
+  AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -211,7 +211,7 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
     gather<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &ptrs, &numels);
     multi_tensor_apply<4>(ptrs, numels, AdamOp<false>{flag, step_count.data<float>(), gs, h});
   }
-  step_count_kernel<<<1, 1, 0, context().stream()>>>(step_count.data<float>(), flag);
+  AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }
 

@@ -43,7 +43,7 @@ struct NormOp {
 
 // Folds the partials in a fixed order into out, as the CPU does: out = max(out, norm) for the
 // inf-norm, out += sum otherwise.
-__global__ void norm_finish_kernel(const double* partial, int64_t count, bool inf_norm, float* out) {
+__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, int64_t count, bool inf_norm, float* out) {
   // out enters the fold once, through thread 0; -inf is the identity of the max.
   double acc = inf_norm ? (threadIdx.x == 0 ? static_cast<double>(out[0]) : -INFINITY) : 0.0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = inf_norm ? NanMaxOp{}(acc, partial[i]) : acc + partial[i];
@@ -130,7 +130,7 @@ void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tenso
     multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, inf_norm, partial.as<double>() + offset});
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
-  norm_finish_kernel<<<1, 1024, 0, context().stream()>>>(partial.as<double>(), blocks, inf_norm, out.data<float>());
+  AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, inf_norm, out.data<float>());
   AMP_CUDA_CHECK_LAUNCH();
 }
 

@@ -40,7 +40,7 @@ __global__ void sum_all_partial_kernel(const T* x, int64_t n, double* partial) {
 }
 
 template <class T>
-__global__ void sum_partials_kernel(const double* partial, int count, T* out) {
+__global__ void __launch_bounds__(1024) sum_partials_kernel(const double* partial, int count, T* out) {
   double acc = 0.0;
   for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) acc += partial[i];
   acc = block_reduce(acc, SumOp{});
@@ -90,7 +90,7 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
 }
 
 template <class T>
-__global__ void nll_loss_kernel(const T* logp, const int64_t* target, int64_t rows, int64_t cols, T* loss) {
+__global__ void __launch_bounds__(1024) nll_loss_kernel(const T* logp, const int64_t* target, int64_t rows, int64_t cols, T* loss) {
   double acc = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     const int64_t t = target[r];
@@ -119,9 +119,9 @@ void launch_sum_all(const Tensor& x, Tensor& out) {
   const int64_t n = x.numel();
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (n + 4 * kBlock - 1) / (4 * kBlock)), 1024));
   Scratch partial(sizeof(double) * static_cast<size_t>(blocks));
-  sum_all_partial_kernel<T><<<blocks, kBlock, 0, ctx.stream()>>>(x.data<T>(), n, partial.as<double>());
+  AMP_LAUNCH(blocks, kBlock, 0, ctx.stream(), sum_all_partial_kernel<T>)(x.data<T>(), n, partial.as<double>());
   AMP_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<T><<<1, 1024, 0, ctx.stream()>>>(partial.as<double>(), blocks, out.data<T>());
+  AMP_LAUNCH(1, 1024, 0, ctx.stream(), sum_partials_kernel<T>)(partial.as<double>(), blocks, out.data<T>());
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -148,10 +148,10 @@ void launch_sum_to(const Tensor& x, Tensor& out) {
   const int64_t outputs = out.numel();
   Context& ctx = context();
   if (outputs <= 4096 && reduced >= 256) {
-    sum_block_per_output_kernel<T><<<static_cast<unsigned>(outputs), kBlock, 0, ctx.stream()>>>(x.data<T>(), out.data<T>(),
+    AMP_LAUNCH(static_cast<unsigned>(outputs), kBlock, 0, ctx.stream(), sum_block_per_output_kernel<T>)(x.data<T>(), out.data<T>(),
                                                                                                 kept, red, reduced);
   } else {
-    sum_thread_per_output_kernel<T><<<grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(
+    AMP_LAUNCH(grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream(), sum_thread_per_output_kernel<T>)(
         x.data<T>(), out.data<T>(), outputs, kept, red, reduced);
   }
   AMP_CUDA_CHECK_LAUNCH();
@@ -185,7 +185,7 @@ void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
   const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    softmax_kernel<T><<<static_cast<unsigned>(rows), threads, 0, ctx.stream()>>>(x.data<T>(), y.data<T>(), cols, log);
+    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T>)(x.data<T>(), y.data<T>(), cols, log);
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
@@ -198,7 +198,7 @@ void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& los
   const int64_t rows = logp.shape()[0], cols = logp.shape()[1];
   Context& ctx = context();
   dispatch_float(logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    nll_loss_kernel<T><<<1, 1024, 0, ctx.stream()>>>(logp.data<T>(), target.data<int64_t>(), rows, cols, loss.data<T>());
+    AMP_LAUNCH(1, 1024, 0, ctx.stream(), nll_loss_kernel<T>)(logp.data<T>(), target.data<int64_t>(), rows, cols, loss.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
@@ -213,7 +213,7 @@ void CudaBackend::nll_loss_backward(const Tensor& grad, const Tensor& target, Te
   AMP_CUDA_CHECK(cudaMemsetAsync(grad_logp.data_ptr(), 0, grad_logp.nbytes(), ctx.stream()));
   if (rows == 0) return;
   dispatch_float(grad_logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    nll_loss_backward_kernel<T><<<grid_for(rows, ctx.sm_count()), kBlock, 0, ctx.stream()>>>(
+    AMP_LAUNCH(grid_for(rows, ctx.sm_count()), kBlock, 0, ctx.stream(), nll_loss_backward_kernel<T>)(
         grad.data<T>(), target.data<int64_t>(), rows, cols, grad_logp.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
   });

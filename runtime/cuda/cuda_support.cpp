@@ -10,6 +10,10 @@
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda_support.h"
 
+#if defined(AMP_CUDA_EMU)
+#include "emu.h"  // runtime/cuda/emu: the emulated GPU's counters
+#endif
+
 namespace amp {
 
 namespace {
@@ -36,6 +40,15 @@ int device_count(std::string* reason) {
 }  // namespace
 
 bool cuda_built() { return true; }
+
+std::optional<DeviceCounters> emulated_device_counters() {
+#if defined(AMP_CUDA_EMU)
+  const emu::Counters c = emu::counters();
+  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies};
+#else
+  return std::nullopt;
+#endif
+}
 
 bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
 

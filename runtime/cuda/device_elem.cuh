@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "runtime/cuda/launch.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -52,10 +54,8 @@ inline unsigned grid_for(int64_t n, int sm_count) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(needed, cap)));
 }
 
-#if defined(__CUDACC__)
 #define AMP_GRID_STRIDE(i, n)                                                                     \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);          \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-#endif
 
 }  // namespace amp::cuda

@@ -9,6 +9,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/multi_tensor_plan.h"
 
 namespace amp::cuda {
@@ -29,7 +30,7 @@ struct TensorListMeta {
 };
 
 template <int Depth, class Op>
-__global__ void multi_tensor_kernel(TensorListMeta<Depth> meta, Op op) {
+__global__ void __launch_bounds__(512) multi_tensor_kernel(TensorListMeta<Depth> meta, Op op) {
   const int slot = meta.block_slot[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kChunkSize;
   const int64_t end = begin + kChunkSize < meta.numel[slot] ? begin + kChunkSize : meta.numel[slot];
@@ -61,7 +62,7 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
     }
     meta.block_base = base;
     const auto blocks = static_cast<unsigned>(launch.block_slot.size());
-    multi_tensor_kernel<Depth, Op><<<blocks, 512, 0, ctx.stream()>>>(meta, op);
+    AMP_LAUNCH(blocks, 512, 0, ctx.stream(), multi_tensor_kernel<Depth, Op>)(meta, op);
     AMP_CUDA_CHECK_LAUNCH();
     base += blocks;
   }

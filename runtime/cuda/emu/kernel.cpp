@@ -1,0 +1,309 @@
+// The emulated GPU's kernel executor (kernel.h): every block of the grid, its threads as fibers.
+//
+// A block's threads run on one device thread under a round-robin scheduler. A thread runs until it
+// finishes or waits: at __syncthreads (released when every thread of the block has arrived at the
+// same call site) or at a shuffle (released when every lane its mask names has arrived at its own
+// shuffle of the same sequence number). When no thread can run and some have not finished, the
+// kernel is wrong: the fault names the kernel, the block and what each thread waits for.
+#if defined(__SANITIZE_ADDRESS__)
+#define BOOST_USE_UCONTEXT  // Boost.Context tells AddressSanitizer about stack switches only here
+#define BOOST_USE_ASAN
+#endif
+#include <boost/context/fiber.hpp>
+
+#include <cstdlib>
+#include <exception>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "kernel.h"
+
+namespace amp::emu {
+
+namespace {
+
+namespace bctx = boost::context;
+
+constexpr size_t kStackBytes = size_t{256} << 10;
+
+// Fiber stacks, reused from block to block (a grid has thousands of threads).
+class StackPool {
+ public:
+  bctx::stack_context allocate() {
+    void* base;
+    if (!free_.empty()) {
+      base = free_.back();
+      free_.pop_back();
+    } else {
+      base = std::malloc(kStackBytes);
+      if (base == nullptr) throw std::bad_alloc();
+    }
+    bctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = static_cast<char*>(base) + kStackBytes;
+    return sc;
+  }
+  void deallocate(bctx::stack_context& sc) { free_.push_back(static_cast<char*>(sc.sp) - sc.size); }
+
+ private:
+  std::vector<void*> free_;
+};
+
+// The allocator handed to Boost.Context: a handle on this device thread's pool.
+struct PoolAllocator {
+  StackPool* pool;
+  bctx::stack_context allocate() { return pool->allocate(); }
+  void deallocate(bctx::stack_context& sc) { pool->deallocate(sc); }
+};
+
+enum class Wait { none, barrier, shuffle, done };
+
+struct Thread {
+  ThreadContext ctx;
+  bctx::fiber fiber;     // the thread, while suspended
+  bctx::fiber back;      // the scheduler, while the thread runs
+  Wait wait = Wait::none;
+  std::source_location where;  // of the barrier or shuffle it waits at
+  uint32_t mask = 0;           // of the shuffle it waits at
+  int64_t shuffles = 0;        // shuffles this lane has arrived at
+  std::exception_ptr error;    // thrown by the kernel body: re-thrown by the scheduler
+};
+
+struct Warp {
+  uint64_t slot[2][32] = {};  // values of shuffle n in slot[n % 2]
+};
+
+struct Block {
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  Thread* running = nullptr;
+  int arrived = 0;  // at the barrier
+  std::string kernel;
+};
+
+thread_local Block* t_block = nullptr;
+thread_local uint64_t t_block_serial = 0;
+thread_local StackPool t_pool;
+
+Thread& self() {
+  if (t_block == nullptr || t_block->running == nullptr)
+    throw std::logic_error("a device function (__syncthreads, __shfl_*_sync, threadIdx) was called outside a kernel");
+  return *t_block->running;
+}
+
+void suspend(Thread& t) { t.back = std::move(t.back).resume(); }
+
+std::string site(const std::source_location& w) {
+  return std::string(w.file_name()) + ":" + std::to_string(w.line());
+}
+
+std::string block_name(const Block& b) {
+  const uint3 i = b.threads.front().ctx.block_idx;
+  return "kernel " + b.kernel + ", block (" + std::to_string(i.x) + "," + std::to_string(i.y) + "," +
+         std::to_string(i.z) + ")";
+}
+
+[[noreturn]] void kernel_error(const Block& b, const std::string& what) {
+  throw std::runtime_error(block_name(b) + ": " + what);
+}
+
+
+// Whether every lane that t's shuffle names has arrived at a shuffle of the same number.
+bool shuffle_ready(const Thread& t, const Block& b) {
+  const size_t warp_base = static_cast<size_t>(&t - b.threads.data()) / 32 * 32;
+  for (int lane = 0; lane < 32; ++lane) {
+    if (!(t.mask >> lane & 1u)) continue;
+    const Thread& other = b.threads[warp_base + static_cast<size_t>(lane)];
+    if (other.shuffles < t.shuffles) return false;
+  }
+  return true;
+}
+
+// Explains why no thread of b can run: a barrier or shuffle that not everyone reaches.
+std::string deadlock_report(const Block& b) {
+  std::ostringstream os;
+  int done = 0, at_barrier = 0;
+  for (const Thread& t : b.threads) {
+    done += t.wait == Wait::done;
+    at_barrier += t.wait == Wait::barrier;
+  }
+  if (at_barrier > 0)
+    os << "__syncthreads reached by " << at_barrier << " of " << b.threads.size() << " threads (" << done
+       << " finished without it)";
+  for (const Thread& t : b.threads) {
+    if (t.wait != Wait::shuffle) continue;
+    const size_t base = static_cast<size_t>(&t - b.threads.data()) / 32 * 32;
+    for (int lane = 0; lane < 32; ++lane) {
+      if (!(t.mask >> lane & 1u)) continue;
+      const Thread& other = b.threads[base + static_cast<size_t>(lane)];
+      if (other.shuffles < t.shuffles) {
+        if (at_barrier > 0) os << "; ";
+        os << "a shuffle at " << site(t.where) << " (thread " << (&t - b.threads.data()) << ", mask 0x" << std::hex
+           << t.mask << std::dec << ") waits for lane " << lane << ", which "
+           << (other.wait == Wait::done ? "has finished" : "waits elsewhere");
+        return os.str();
+      }
+    }
+  }
+  return os.str();
+}
+
+void run_block(Block& b, const std::function<void()>& body) {
+  for (Thread& t : b.threads) {
+    t.fiber = bctx::fiber(std::allocator_arg, PoolAllocator{&t_pool}, [&t, &body](bctx::fiber&& back) {
+      t.back = std::move(back);
+      try {
+        body();
+      } catch (const bctx::detail::forced_unwind&) {
+        throw;  // the block is being torn down
+      } catch (...) {
+        t.error = std::current_exception();  // exceptions must not cross the fiber's boundary
+      }
+      t.wait = Wait::done;
+      return std::move(t.back);
+    });
+  }
+  const size_t n = b.threads.size();
+  size_t finished = 0;
+  while (finished < n) {
+    bool progressed = false;
+    for (Thread& t : b.threads) {
+      if (t.wait == Wait::done || t.wait == Wait::barrier) continue;
+      if (t.wait == Wait::shuffle && !shuffle_ready(t, b)) continue;
+      t.wait = Wait::none;
+      b.running = &t;
+      t.fiber = std::move(t.fiber).resume();
+      b.running = nullptr;
+      if (t.error) std::rethrow_exception(t.error);
+      progressed = true;
+      if (t.wait == Wait::done) ++finished;
+    }
+    if (b.arrived > 0 && static_cast<size_t>(b.arrived) == n) {
+      // Everyone is at a barrier: the same one, or the kernel diverged.
+      const std::source_location first = b.threads.front().where;
+      for (const Thread& t : b.threads)
+        if (t.where.line() != first.line() || std::string(t.where.file_name()) != first.file_name())
+          kernel_error(b, "threads wait at different __syncthreads: " + site(first) + " and " + site(t.where));
+      for (Thread& t : b.threads) t.wait = Wait::none;
+      b.arrived = 0;
+      progressed = true;
+    }
+    if (!progressed && finished < n) kernel_error(b, deadlock_report(b));
+  }
+}
+
+}  // namespace
+
+ThreadContext& current_thread() { return self().ctx; }
+
+void syncthreads(std::source_location where) {
+  Thread& t = self();
+  t.wait = Wait::barrier;
+  t.where = where;
+  ++t_block->arrived;
+  suspend(t);
+}
+
+namespace {
+
+uint64_t shuffle(uint32_t mask, uint64_t bits, int src_lane_in_segment, int width, std::source_location where) {
+  Thread& t = self();
+  Block& b = *t_block;
+  const int tid = static_cast<int>(&t - b.threads.data());
+  const int lane = tid % 32;
+  const int warp_size = std::min<int>(32, static_cast<int>(b.threads.size()) - tid / 32 * 32);
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+    kernel_error(b, "shuffle at " + site(where) + ": width " + std::to_string(width) + " is not a power of 2 up to 32");
+  if (warp_size < 32 && (mask >> warp_size) != 0)
+    kernel_error(b, "shuffle at " + site(where) + ": mask names lanes past the block's last thread");
+  if (!(mask >> lane & 1u)) kernel_error(b, "shuffle at " + site(where) + ": the calling lane is not in its mask");
+  Warp& w = b.warps[static_cast<size_t>(tid / 32)];
+  const int64_t n = t.shuffles;
+  w.slot[n % 2][lane] = bits;
+  t.shuffles = n + 1;
+  t.mask = mask;
+  t.where = where;
+  t.wait = Wait::shuffle;
+  suspend(t);  // resumed once every lane of the mask has deposited shuffle n
+  const int segment = lane / width * width;
+  const int src = segment + src_lane_in_segment;
+  if (src_lane_in_segment < 0 || src_lane_in_segment >= width || !(mask >> src & 1u)) return bits;
+  return w.slot[n % 2][src];
+}
+
+}  // namespace
+
+namespace {
+int linear_lane() { return static_cast<int>(&self() - t_block->threads.data()) % 32; }
+}  // namespace
+
+uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width, std::source_location where) {
+  const int in_segment = linear_lane() % std::max(width, 1);
+  return shuffle(mask, bits, in_segment + static_cast<int>(delta), width, where);
+}
+
+uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where) {
+  const int in_segment = linear_lane() % std::max(width, 1);
+  return shuffle(mask, bits, in_segment ^ lane_mask, width, where);
+}
+
+void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char* name,
+                   std::function<void()> body, std::vector<std::pair<int, const void*>> pointers) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || shmem > 48 * 1024) {
+    set_last_error(cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (const cudaError_t s = sticky_error(); s != cudaSuccess) {
+    set_last_error(s);
+    return;
+  }
+  count_launch();
+  std::string kernel = name;
+  Op op;
+  op.name = "kernel " + kernel;
+  op.step = [grid, block, kernel, body = std::move(body), pointers = std::move(pointers)] {
+    for (const auto& [index, p] : pointers)
+      if (!is_device_range(p, 0) && !is_pinned_range(p, 0)) {
+        fault("kernel " + kernel + ": argument " + std::to_string(index) +
+                  " is a pointer to neither device nor pinned memory (a host pointer handed to a kernel?)",
+              cudaErrorIllegalAddress);
+        return true;
+      }
+    Block b;
+    b.kernel = kernel;
+    const size_t n = static_cast<size_t>(block.x) * block.y * block.z;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+      for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+          b.threads.clear();
+          b.threads.resize(n);
+          b.warps.assign((n + 31) / 32, Warp{});
+          b.arrived = 0;
+          const uint64_t serial = ++t_block_serial;
+          size_t i = 0;
+          for (unsigned tz = 0; tz < block.z; ++tz)
+            for (unsigned ty = 0; ty < block.y; ++ty)
+              for (unsigned tx = 0; tx < block.x; ++tx)
+                b.threads[i++].ctx = ThreadContext{uint3{tx, ty, tz}, uint3{bx, by, bz}, block, grid, serial};
+          Block* outer = t_block;
+          t_block = &b;
+          try {
+            run_block(b, body);
+          } catch (...) {
+            t_block = outer;
+            b.threads.clear();  // unwinds the suspended fibers
+            throw;
+          }
+          t_block = outer;
+        }
+    return true;
+  };
+  if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) set_last_error(err);
+}
+
+}  // namespace amp::emu

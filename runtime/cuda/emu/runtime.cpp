@@ -1,0 +1,670 @@
+// The emulated GPU's engine (device.h) and CUDA runtime API (cuda_runtime.h).
+//
+// One device thread runs the operations of every stream. An operation is eligible a seeded random
+// delay after it was enqueued (at once while a host thread waits for the device); among the
+// streams whose head is eligible, the device thread takes one at random. The legacy stream 0 waits
+// for all earlier work of the blocking streams and they for it; non-blocking streams order only
+// through events.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "device.h"
+#include "emu.h"
+
+namespace amp::emu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+long env_long(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0') {
+    std::fprintf(stderr, "emulated GPU: %s=%s is not an integer; using %ld\n", name, v, fallback);
+    return fallback;
+  }
+  return x;
+}
+
+struct Pending {
+  Op op;
+  uint64_t seq;              // global enqueue order, for the legacy stream's implicit waits
+  Clock::time_point eligible;
+};
+
+struct Stream {
+  bool blocking = true;      // created without cudaStreamNonBlocking: orders against stream 0
+  bool destroyed = false;    // released once its queue drains
+  std::deque<Pending> queue;
+};
+
+struct Event {
+  uint64_t recorded = 0;   // records issued
+  uint64_t completed = 0;  // the latest record that has run
+};
+
+class Engine {
+ public:
+  Engine() : rng_(static_cast<uint64_t>(env_long("AMP_EMU_SEED", 1))) {
+    device_ = std::thread([this] { run(); });
+    device_.detach();  // never joined: the engine lives for the whole process, like a driver
+  }
+
+  std::mutex m;
+  std::condition_variable device_cv, host_cv;
+  std::unordered_map<Stream*, std::unique_ptr<Stream>> streams;  // created streams
+  Stream legacy;                                                  // stream 0
+  int host_waiters = 0;
+  bool paused = false;
+  uint64_t next_seq = 0;
+  cudaError_t sticky = cudaSuccess;
+  std::atomic<cudaError_t> sticky_atomic{cudaSuccess};  // the same, readable without m
+  std::string sticky_message;
+  std::mt19937_64 rng_;
+
+  Stream* find(cudaStream_t s) {  // with m held
+    if (s == nullptr) return &legacy;
+    auto it = streams.find(reinterpret_cast<Stream*>(s));
+    return it == streams.end() || it->second->destroyed ? nullptr : it->second.get();
+  }
+
+  bool all_idle() const {  // with m held
+    if (!legacy.queue.empty()) return false;
+    for (const auto& [p, st] : streams)
+      if (!st->queue.empty()) return false;
+    return true;
+  }
+
+  cudaError_t enqueue(cudaStream_t s, Op op) {
+    std::lock_guard<std::mutex> lock(m);
+    if (sticky != cudaSuccess) return sticky;
+    Stream* st = find(s);
+    if (st == nullptr) return cudaErrorInvalidResourceHandle;
+    // Up to 200 us before anything may start: the host runs ahead, as it does with a real device.
+    const auto delay = std::chrono::microseconds(static_cast<int64_t>(rng_() % 200));
+    st->queue.push_back(Pending{std::move(op), next_seq++, Clock::now() + delay});
+    device_cv.notify_one();
+    return cudaSuccess;
+  }
+
+ private:
+  std::thread device_;
+
+  // Whether the head of st may run now, by the legacy stream's implicit ordering (m held).
+  bool ordered(const Stream* st) const {
+    const uint64_t seq = st->queue.front().seq;
+    if (st == &legacy) {
+      for (const auto& [p, other] : streams)
+        if (other->blocking && !other->queue.empty() && other->queue.front().seq < seq) return false;
+      return true;
+    }
+    return !st->blocking || legacy.queue.empty() || legacy.queue.front().seq > seq;
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(m);
+    for (;;) {
+      const auto now = Clock::now();
+      std::vector<Stream*> ready;
+      Clock::time_point next = Clock::time_point::max();
+      auto consider = [&](Stream* st) {
+        if (st->queue.empty() || !ordered(st)) return;
+        const auto when = st->queue.front().eligible;
+        if (host_waiters > 0 || when <= now) ready.push_back(st);
+        else next = std::min(next, when);
+      };
+      if (!paused) {
+        consider(&legacy);
+        for (auto& [p, st] : streams) consider(st.get());
+      }
+      if (ready.empty()) {
+        if (next == Clock::time_point::max()) device_cv.wait(lock);
+        else device_cv.wait_until(lock, next);
+        reap();
+        continue;
+      }
+      Stream* st = ready[rng_() % ready.size()];
+      Pending& head = st->queue.front();
+      bool done = true;
+      if (sticky == cudaSuccess) {
+        Op& op = head.op;
+        lock.unlock();
+        try {
+          done = op.step();
+        } catch (const std::exception& e) {
+          fault(op.name + ": " + e.what());
+        }
+        lock.lock();
+      }
+      if (done) {
+        st->queue.pop_front();
+        host_cv.notify_all();
+      } else {
+        // Waiting on peers or an event: poll again shortly, let the other streams go first.
+        head.eligible = Clock::now() + std::chrono::microseconds(20);
+        if (host_waiters > 0) {
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+          lock.lock();
+        }
+      }
+      reap();
+    }
+  }
+
+  void reap() {  // with m held: streams destroyed by the program go once they drain
+    for (auto it = streams.begin(); it != streams.end();) {
+      if (it->second->destroyed && it->second->queue.empty()) it = streams.erase(it);
+      else ++it;
+    }
+  }
+};
+
+Engine& engine() {
+  static Engine* e = new Engine;  // never destroyed: work may still be in flight at exit
+  return *e;
+}
+
+// Device and pinned allocations: base -> size.
+struct Memory {
+  std::mutex m;
+  std::map<uintptr_t, size_t> device, pinned;
+  size_t device_bytes = 0;
+  size_t limit = static_cast<size_t>(env_long("AMP_EMU_MEMORY_MB", 8192)) << 20;
+};
+Memory& memory() {
+  static Memory* mem = new Memory;
+  return *mem;
+}
+
+bool in_map(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = map.upper_bound(a);
+  if (it == map.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second && a + bytes >= a;
+}
+
+std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0};
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+int device_count() { return static_cast<int>(env_long("AMP_EMU_DEVICES", 8)); }
+
+// Every API call starts here: a sticky fault is returned by everything after it.
+cudaError_t result(cudaError_t err) {
+  if (err == cudaSuccess) {
+    const cudaError_t s = sticky_error();
+    return s == cudaSuccess ? s : set_last_error(s);
+  }
+  return set_last_error(err);
+}
+
+}  // namespace
+
+cudaError_t enqueue(cudaStream_t s, Op op) { return engine().enqueue(s, std::move(op)); }
+
+cudaError_t host_wait(const char*, const std::function<bool()>& pred) {
+  Engine& e = engine();
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lock(e.m);
+  ++e.host_waiters;
+  e.device_cv.notify_one();
+  e.host_cv.wait(lock, [&] { return e.sticky != cudaSuccess || pred(); });
+  --e.host_waiters;
+  return e.sticky;
+}
+
+void fault(const std::string& message, cudaError_t code) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  if (e.sticky != cudaSuccess) return;
+  e.sticky = code;
+  e.sticky_atomic = code;
+  e.sticky_message = message;
+  std::fprintf(stderr, "emulated GPU: device fault: %s\n", message.c_str());
+  std::fflush(stderr);
+  e.host_cv.notify_all();
+}
+
+cudaError_t sticky_error() { return engine().sticky_atomic.load(); }
+
+bool is_device_range(const void* p, size_t bytes) {
+  Memory& mem = memory();
+  std::lock_guard<std::mutex> lock(mem.m);
+  return in_map(mem.device, p, bytes);
+}
+
+bool is_pinned_range(const void* p, size_t bytes) {
+  Memory& mem = memory();
+  std::lock_guard<std::mutex> lock(mem.m);
+  return in_map(mem.pinned, p, bytes);
+}
+
+void count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+void count_d2h() { g_d2h.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t random_u64() {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  return e.rng_();
+}
+
+cudaError_t set_last_error(cudaError_t err) {
+  t_last_error = err;
+  return err;
+}
+
+Counters counters() {
+  return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load()};
+}
+
+std::string last_fault() {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  return e.sticky_message;
+}
+
+void clear_fault_for_testing() {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  e.sticky = cudaSuccess;
+  e.sticky_atomic = cudaSuccess;
+  e.sticky_message.clear();
+  t_last_error = cudaSuccess;
+}
+
+void pause_for_testing(bool paused) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  e.paused = paused;
+  e.device_cv.notify_one();
+}
+
+void drain_for_testing() {
+  Engine& e = engine();
+  std::unique_lock<std::mutex> lock(e.m);
+  ++e.host_waiters;
+  e.device_cv.notify_one();
+  e.host_cv.wait(lock, [&] { return e.all_idle(); });
+  --e.host_waiters;
+}
+
+}  // namespace amp::emu
+
+using namespace amp::emu;
+
+// --- devices and errors
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return result(cudaErrorInvalidValue);
+  *count = device_count();
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return result(cudaErrorInvalidDevice);
+  t_device = device;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return result(cudaErrorInvalidValue);
+  *device = t_device;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return result(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return result(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = static_cast<int>(std::max(1L, env_long("AMP_EMU_SMS", 2))); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; break;
+    default: return result(cudaErrorInvalidValue);
+  }
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  Engine& e = engine();
+  return result(host_wait("cudaDeviceSynchronize", [&] { return e.all_idle(); }));
+}
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t err = t_last_error;
+  t_last_error = cudaSuccess;
+  const cudaError_t s = sticky_error();
+  return s != cudaSuccess ? s : err;
+}
+
+cudaError_t cudaPeekAtLastError() {
+  const cudaError_t s = sticky_error();
+  return s != cudaSuccess ? s : t_last_error;
+}
+
+const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError: return "cudaErrorInitializationError";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorUnknown: return "cudaErrorUnknown";
+  }
+  return "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorUnknown: return "unknown error";
+  }
+  return "unknown error";
+}
+
+// --- memory
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (p == nullptr) return result(cudaErrorInvalidValue);
+  *p = nullptr;
+  if (bytes == 0) return result(cudaSuccess);
+  Memory& mem = memory();
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  {
+    std::lock_guard<std::mutex> lock(mem.m);
+    if (mem.device_bytes + rounded > mem.limit) return result(cudaErrorMemoryAllocation);
+  }
+  void* q = std::aligned_alloc(256, rounded);
+  if (q == nullptr) return result(cudaErrorMemoryAllocation);
+  std::memset(q, 0xff, rounded);  // NaN in every float type: uninitialised reads show
+  std::lock_guard<std::mutex> lock(mem.m);
+  mem.device.emplace(reinterpret_cast<uintptr_t>(q), bytes);
+  mem.device_bytes += rounded;
+  *p = q;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return result(cudaSuccess);
+  Memory& mem = memory();
+  {
+    std::lock_guard<std::mutex> lock(mem.m);
+    if (mem.device.find(reinterpret_cast<uintptr_t>(p)) == mem.device.end()) return result(cudaErrorInvalidValue);
+  }
+  // cudaFree waits for the whole device, as the real one does.
+  Engine& e = engine();
+  host_wait("cudaFree", [&] { return e.all_idle(); });
+  std::lock_guard<std::mutex> lock(mem.m);
+  auto it = mem.device.find(reinterpret_cast<uintptr_t>(p));
+  std::memset(p, 0xff, it->second);
+  mem.device_bytes -= (it->second + 255) / 256 * 256;
+  mem.device.erase(it);
+  std::free(p);
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (p == nullptr) return result(cudaErrorInvalidValue);
+  void* q = std::malloc(bytes > 0 ? bytes : 1);
+  if (q == nullptr) return result(cudaErrorMemoryAllocation);
+  Memory& mem = memory();
+  std::lock_guard<std::mutex> lock(mem.m);
+  mem.pinned.emplace(reinterpret_cast<uintptr_t>(q), bytes);
+  *p = q;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  if (p == nullptr) return result(cudaSuccess);
+  Memory& mem = memory();
+  {
+    std::lock_guard<std::mutex> lock(mem.m);
+    if (mem.pinned.find(reinterpret_cast<uintptr_t>(p)) == mem.pinned.end()) return result(cudaErrorInvalidValue);
+  }
+  // Like cudaFree, cudaFreeHost synchronises the device.
+  Engine& e = engine();
+  host_wait("cudaFreeHost", [&] { return e.all_idle(); });
+  std::lock_guard<std::mutex> lock(mem.m);
+  mem.pinned.erase(reinterpret_cast<uintptr_t>(p));
+  std::free(p);
+  return result(cudaSuccess);
+}
+
+namespace {
+
+// Resolves cudaMemcpyDefault and checks that each side is where kind says.
+cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind& kind) {
+  const bool dst_dev = is_device_range(dst, bytes), src_dev = is_device_range(src, bytes);
+  if (kind == cudaMemcpyDefault)
+    kind = src_dev ? (dst_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                   : (dst_dev ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+  const bool want_dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool want_src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+  if (dst_dev != want_dst_dev || src_dev != want_src_dev) {
+    std::fprintf(stderr, "emulated GPU: cudaMemcpy of %zu bytes: %s %p is %s, %s %p is %s\n", bytes, "dst", dst,
+                 dst_dev ? "device memory" : "not device memory", "src", src,
+                 src_dev ? "device memory" : "not device memory");
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (bytes == 0) return result(cudaSuccess);
+  if (dst == nullptr || src == nullptr) return result(cudaErrorInvalidValue);
+  if (const cudaError_t err = check_copy(dst, src, bytes, kind); err != cudaSuccess) return result(err);
+  Op op;
+  op.name = "cudaMemcpyAsync";
+  if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes)) {
+    // From pageable memory the source is staged before the call returns.
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                static_cast<const unsigned char*>(src) + bytes);
+    op.step = [dst, staged] {
+      std::memcpy(dst, staged->data(), staged->size());
+      return true;
+    };
+  } else {
+    op.step = [dst, src, bytes] {
+      std::memmove(dst, src, bytes);
+      return true;
+    };
+  }
+  if (kind == cudaMemcpyDeviceToHost) count_d2h();
+  if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) return result(err);
+  if (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes))
+    return cudaStreamSynchronize(stream);  // into pageable memory the host waits for the copy
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (err != cudaSuccess) return err;
+  return cudaStreamSynchronize(nullptr);
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return result(cudaSuccess);
+  if (!is_device_range(p, bytes)) return result(cudaErrorInvalidValue);
+  return result(enqueue(stream, Op{"cudaMemsetAsync", [p, value, bytes] {
+                                     std::memset(p, value, bytes);
+                                     return true;
+                                   }}));
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  const cudaError_t err = cudaMemsetAsync(p, value, bytes, nullptr);
+  if (err != cudaSuccess) return err;
+  return cudaStreamSynchronize(nullptr);
+}
+
+// --- streams
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  if (s == nullptr) return result(cudaErrorInvalidValue);
+  Engine& e = engine();
+  auto st = std::make_unique<Stream>();
+  st->blocking = (flags & cudaStreamNonBlocking) == 0;
+  std::lock_guard<std::mutex> lock(e.m);
+  *s = reinterpret_cast<cudaStream_t>(st.get());
+  e.streams.emplace(st.get(), std::move(st));
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  if (s == nullptr) return result(cudaErrorInvalidResourceHandle);
+  Stream* st = e.find(s);
+  if (st == nullptr) return result(cudaErrorInvalidResourceHandle);
+  st->destroyed = true;  // its queued work still runs; the device thread frees it afterwards
+  e.device_cv.notify_one();
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  Engine& e = engine();
+  Stream* st;
+  {
+    std::lock_guard<std::mutex> lock(e.m);
+    st = e.find(s);
+  }
+  if (st == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(host_wait("cudaStreamSynchronize", [st] { return st->queue.empty(); }));
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  Stream* st = e.find(s);
+  if (st == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (e.sticky != cudaSuccess) return set_last_error(e.sticky);
+  return st->queue.empty() ? cudaSuccess : set_last_error(cudaErrorNotReady);
+}
+
+// --- events
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
+  if (ev == nullptr) return result(cudaErrorInvalidValue);
+  *ev = reinterpret_cast<cudaEvent_t>(new Event);
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* ev) { return cudaEventCreateWithFlags(ev, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  // A record still queued refers to the event: it is retired, never freed (events are small).
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  Engine& e = engine();
+  auto* event = reinterpret_cast<Event*>(ev);
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e.m);
+    target = ++event->recorded;
+  }
+  return result(enqueue(s, Op{"cudaEventRecord", [&e, event, target] {
+                               std::lock_guard<std::mutex> lock(e.m);
+                               event->completed = std::max(event->completed, target);
+                               return true;
+                             }}));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  if (ev == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  if (e.sticky != cudaSuccess) return set_last_error(e.sticky);
+  auto* event = reinterpret_cast<Event*>(ev);
+  // As with the real runtime, NotReady also lands in the calling thread's last-error slot.
+  return event->completed >= event->recorded ? cudaSuccess : set_last_error(cudaErrorNotReady);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  Engine& e = engine();
+  auto* event = reinterpret_cast<Event*>(ev);
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e.m);
+    target = event->recorded;
+  }
+  // Counted even when the event is already complete: on a real device the call is a sync point.
+  return result(host_wait("cudaEventSynchronize", [event, target] { return event->completed >= target; }));
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  Engine& e = engine();
+  auto* event = reinterpret_cast<Event*>(ev);
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e.m);
+    target = event->recorded;  // the most recent record at the time of the call
+  }
+  return result(enqueue(s, Op{"cudaStreamWaitEvent", [&e, event, target] {
+                               std::lock_guard<std::mutex> lock(e.m);
+                               return event->completed >= target;
+                             }}));
+}

@@ -1,0 +1,20 @@
+// Kernel launches and static shared memory, written once for nvcc and for the emulated GPU
+// (runtime/cuda/emu, preset cuda-emu), which compiles the .cu files as host C++:
+//   AMP_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...);
+//   AMP_SHARED(T[32], name);   // a block's static __shared__ array or variable
+// The kernel comes last so that a template's commas need no parentheses.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#if defined(AMP_CUDA_EMU)
+#define AMP_LAUNCH(grid, block, shmem, stream, ...) \
+  ::amp::emu::launch((grid), (block), (shmem), (stream), #__VA_ARGS__, __VA_ARGS__)
+#define AMP_SHARED(type, name)                                         \
+  static thread_local ::amp::emu::SharedVar<type> name##_emu_shared_; \
+  auto& name = name##_emu_shared_.get()
+#else
+#define AMP_LAUNCH(grid, block, shmem, stream, ...) __VA_ARGS__<<<(grid), (block), (shmem), (stream)>>>
+#define AMP_SHARED(type, name) __shared__ std::type_identity_t<type> name
+#endif

@@ -1,0 +1,315 @@
+// The emulated GPU itself (preset cuda-emu): that it runs kernels as a GPU would, and that it
+// catches what a GPU would punish. Kernels written here, launched through AMP_LAUNCH like the
+// project's own.
+//
+// Each fault test checks the message, then clears the sticky fault (a real device would need a new
+// process) so that the next test starts clean.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "emu.h"
+#include "runtime/cuda/block_reduce.cuh"
+#include "runtime/cuda/device_elem.cuh"
+#include "runtime/cuda/launch.cuh"
+
+namespace amp {
+namespace {
+
+// --- kernels
+
+__global__ void half_the_block_at_a_barrier(int* out) {
+  if (threadIdx.x < 16) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void two_barrier_sites(int* out) {
+  if (threadIdx.x % 2 == 0) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_after_half_the_warp_left(float* out) {
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_down_sync(0xffffffffu, static_cast<float>(threadIdx.x), 1);
+}
+
+__global__ void full_mask_in_a_partial_warp(float* out) {
+  out[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void shuffle_down_and_xor(int* down, int* xr) {
+  const int v = static_cast<int>(threadIdx.x) * 10;
+  down[threadIdx.x] = __shfl_down_sync(0xffffffffu, v, 3);
+  xr[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 5);
+}
+
+template <class T>
+__global__ void block_sum(const T* x, int64_t n, T* out) {
+  T acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  acc = cuda::block_reduce(acc, cuda::SumOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+
+__global__ void read_shared_before_writing(float* out) {
+  AMP_SHARED(float[64], tile);
+  out[threadIdx.x] = tile[threadIdx.x];  // never written in this block
+  __syncthreads();
+  tile[threadIdx.x] = 1.0f;
+}
+
+__global__ void count_visits(int* hits, int64_t n) {
+  AMP_GRID_STRIDE(i, n) hits[i] += 1;
+}
+
+__global__ void set_to(float* p, float v) { p[0] = v; }
+__global__ void copy_first(const float* src, float* dst) { dst[0] = src[0]; }
+__global__ void throwing_kernel(int* p) {
+  if (threadIdx.x == 5) throw std::runtime_error("thread 5 gave up");
+  p[0] = 1;
+}
+
+// --- helpers
+
+class Emu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    emu::clear_fault_for_testing();
+    (void)cudaGetLastError();
+  }
+  void TearDown() override {
+    emu::pause_for_testing(false);
+    emu::drain_for_testing();
+    emu::clear_fault_for_testing();
+    (void)cudaGetLastError();
+  }
+  template <class T>
+  T* device(size_t n) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    allocations_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <class T>
+  std::vector<T> host(const T* d, size_t n) {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  ~Emu() override {
+    for (void* p : allocations_) (void)cudaFree(p);
+  }
+  std::vector<void*> allocations_;
+};
+
+// The fault the last kernel raised, after a synchronisation that must report it.
+std::string fault_after_sync() {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  return emu::last_fault();
+}
+
+// --- the execution model
+
+TEST_F(Emu, BlockReduceSumsEveryThreadsValueForAnyBlockSize) {
+  for (int threads : {32, 96, 256, 1024}) {
+    const int64_t n = 5000;
+    std::vector<double> x(n);
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) want += (x[static_cast<size_t>(i)] = static_cast<double>(i % 17) - 3.0);
+    double* dx = device<double>(n);
+    double* dout = device<double>(1);
+    ASSERT_EQ(cudaMemcpy(dx, x.data(), n * sizeof(double), cudaMemcpyHostToDevice), cudaSuccess);
+    AMP_LAUNCH(1, threads, 0, nullptr, block_sum<double>)(dx, n, dout);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(host(dout, 1)[0], want) << threads << " threads";
+  }
+}
+
+TEST_F(Emu, ShufflesFollowCudaSemantics) {
+  int* down = device<int>(64);
+  int* xr = device<int>(64);
+  AMP_LAUNCH(1, 64, 0, nullptr, shuffle_down_and_xor)(down, xr);
+  const std::vector<int> d = host(down, 64), x = host(xr, 64);
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32, warp = t / 32 * 32;
+    // Past the end of the warp, a lane keeps its own value.
+    EXPECT_EQ(d[static_cast<size_t>(t)], (lane + 3 < 32 ? warp + lane + 3 : t) * 10) << t;
+    EXPECT_EQ(x[static_cast<size_t>(t)], (warp + (lane ^ 5)) * 10) << t;
+  }
+}
+
+TEST_F(Emu, GridStrideLoopsIterateOverASmallDevice) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int64_t n = 100003;
+  const unsigned grid = cuda::grid_for(n, sms);
+  ASSERT_LT(static_cast<int64_t>(grid) * cuda::kBlock, n) << "the grid covers n in one pass: loops never iterate";
+  int* hits = device<int>(n);
+  ASSERT_EQ(cudaMemset(hits, 0, n * sizeof(int)), cudaSuccess);
+  AMP_LAUNCH(grid, cuda::kBlock, 0, nullptr, count_visits)(hits, n);
+  const std::vector<int> h = host(hits, static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[static_cast<size_t>(i)], 1) << i;
+}
+
+TEST_F(Emu, SharedMemoryIsPoisonedForEveryBlock) {
+  float* out = device<float>(64 * 3);
+  AMP_LAUNCH(3, 64, 0, nullptr, read_shared_before_writing)(out);
+  for (float v : host(out, 64 * 3)) EXPECT_TRUE(std::isnan(v));  // even after an earlier block wrote 1s
+}
+
+TEST_F(Emu, NewDeviceMemoryIsNaN) {
+  float* p = device<float>(10);
+  for (float v : host(p, 10)) EXPECT_TRUE(std::isnan(v));
+}
+
+// --- what a GPU would punish
+
+TEST_F(Emu, ABarrierThatHalfTheBlockSkipsIsAFault) {
+  int* out = device<int>(32);
+  AMP_LAUNCH(1, 32, 0, nullptr, half_the_block_at_a_barrier)(out);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("__syncthreads reached by 16 of 32 threads"), std::string::npos) << f;
+  EXPECT_NE(f.find("half_the_block_at_a_barrier"), std::string::npos) << f;
+}
+
+TEST_F(Emu, BarriersAtDifferentCallSitesAreAFault) {
+  int* out = device<int>(32);
+  AMP_LAUNCH(1, 32, 0, nullptr, two_barrier_sites)(out);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("different __syncthreads"), std::string::npos) << f;
+}
+
+TEST_F(Emu, AShuffleWaitingForLanesThatLeftIsAFault) {
+  float* out = device<float>(32);
+  AMP_LAUNCH(1, 32, 0, nullptr, shuffle_after_half_the_warp_left)(out);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("waits for lane 16, which has finished"), std::string::npos) << f;
+}
+
+TEST_F(Emu, AFullMaskInAPartialWarpIsAFault) {
+  float* out = device<float>(16);
+  AMP_LAUNCH(1, 16, 0, nullptr, full_mask_in_a_partial_warp)(out);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("mask names lanes past the block's last thread"), std::string::npos) << f;
+}
+
+TEST_F(Emu, AHostPointerHandedToAKernelIsAFault) {
+  float on_host = 0;
+  AMP_LAUNCH(1, 1, 0, nullptr, set_to)(&on_host, 1.0f);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress);
+  EXPECT_NE(emu::last_fault().find("neither device nor pinned memory"), std::string::npos) << emu::last_fault();
+  EXPECT_EQ(on_host, 0.0f);
+}
+
+TEST_F(Emu, AnExceptionInAKernelIsAFaultAndFaultsAreSticky) {
+  int* p = device<int>(1);
+  AMP_LAUNCH(1, 32, 0, nullptr, throwing_kernel)(p);
+  EXPECT_NE(fault_after_sync().find("thread 5 gave up"), std::string::npos);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);  // sticky: not cleared by reading it
+  EXPECT_EQ(cudaMemsetAsync(p, 0, 4, nullptr), cudaErrorLaunchFailure);
+}
+
+TEST_F(Emu, BadLaunchConfigurationsFailAtTheCallSite) {
+  int* out = device<int>(32);
+  AMP_LAUNCH(1, 2048, 0, nullptr, half_the_block_at_a_barrier)(out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  AMP_LAUNCH(0, 32, 0, nullptr, half_the_block_at_a_barrier)(out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // reading the slot clears it
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// --- asynchrony
+
+TEST_F(Emu, NothingRunsWhenEnqueuedAndNotReadyLandsInTheLastErrorSlot) {
+  float* d = device<float>(1);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, sizeof(float)), cudaSuccess);
+  pinned[0] = -1.0f;
+  cudaStream_t s;
+  cudaEvent_t e;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  emu::pause_for_testing(true);
+  AMP_LAUNCH(1, 1, 0, s, set_to)(d, 42.0f);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  EXPECT_EQ(pinned[0], -1.0f);  // the copy has not happened: the host must wait for the event
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorNotReady);  // as on a real device: clear it, or the next check throws
+  emu::pause_for_testing(false);
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  EXPECT_EQ(pinned[0], 42.0f);
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  (void)cudaEventDestroy(e);
+  (void)cudaStreamDestroy(s);
+  (void)cudaFreeHost(pinned);
+}
+
+// Two streams: a producer and a consumer. Without an event between them the consumer sometimes
+// runs first; with one it never does.
+TEST_F(Emu, AMissingEventBetweenStreamsChangesTheResult) {
+  float* x = device<float>(1);
+  float* y = device<float>(1);
+  cudaStream_t a, b;
+  cudaEvent_t e;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  for (bool with_event : {false, true}) {
+    int stale = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      AMP_LAUNCH(1, 1, 0, a, set_to)(x, 0.0f);
+      AMP_LAUNCH(1, 1, 0, a, set_to)(y, 0.0f);
+      ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+      emu::pause_for_testing(true);  // both streams' heads become ready together
+      AMP_LAUNCH(1, 1, 0, a, set_to)(x, static_cast<float>(trial + 1));
+      ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+      if (with_event) {
+        ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+      }
+      AMP_LAUNCH(1, 1, 0, b, copy_first)(x, y);
+      emu::pause_for_testing(false);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      stale += host(y, 1)[0] != static_cast<float>(trial + 1);
+    }
+    if (with_event) EXPECT_EQ(stale, 0);
+    else EXPECT_GT(stale, 0) << "the consumer never overtook the producer: stream order is not adversarial";
+  }
+  (void)cudaEventDestroy(e);
+  (void)cudaStreamDestroy(a);
+  (void)cudaStreamDestroy(b);
+}
+
+TEST_F(Emu, CountersSeeLaunchesHostSyncsAndDeviceToHostCopies) {
+  float* d = device<float>(1);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, sizeof(float)), cudaSuccess);
+  const emu::Counters before = emu::counters();
+  AMP_LAUNCH(1, 1, 0, nullptr, set_to)(d, 1.0f);
+  AMP_LAUNCH(1, 1, 0, nullptr, set_to)(d, 2.0f);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);  // no wait
+  const emu::Counters mid = emu::counters();
+  EXPECT_EQ(mid.launches - before.launches, 2);
+  EXPECT_EQ(mid.host_syncs - before.host_syncs, 0);
+  EXPECT_EQ(mid.d2h_copies - before.d2h_copies, 1);
+  float pageable = 0;
+  ASSERT_EQ(cudaMemcpyAsync(&pageable, d, sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  EXPECT_EQ(pageable, 2.0f);  // into pageable memory the copy makes the host wait
+  const emu::Counters after = emu::counters();
+  EXPECT_EQ(after.host_syncs - mid.host_syncs, 1);
+  EXPECT_EQ(after.d2h_copies - mid.d2h_copies, 1);
+  (void)cudaFreeHost(pinned);
+}
+
+}  // namespace
+}  // namespace amp

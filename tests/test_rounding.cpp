@@ -1,0 +1,78 @@
+// Every product in the shared per-element math is rounded before it is added: no a*b+c is fused
+// into one FMA, neither inline (this file's own compilation) nor in the CPU backend's library
+// code. nvcc builds the device code with --fmad=false; a compiler that contracted on the host would
+// make the CPU and the GPU round differently (GCC contracts C++ by default: the build passes
+// -ffp-contract=off).
+//
+// The inputs are chosen so that the fused and the unfused results differ: with lr = d = 1 + 2^-12,
+// lr * d = 1 + 2^-11 + 2^-24 rounds (a tie, to even) to 1 + 2^-11, so p - lr * d with p = 1 is
+// -2^-11 unfused and -2^-11 - 2^-24 fused. The reference rounds through volatile temporaries,
+// which no compiler may contract.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/backend.h"
+#include "runtime/optim_math.h"
+#include "runtime/tensor.h"
+
+namespace amp {
+namespace {
+
+constexpr float kOnePlus = 1.0f + 0x1p-12f;
+
+// Hides a value from the optimiser, so that the code under test is compiled, not constant-folded.
+float opaque(float v) {
+  volatile float x = v;
+  return x;
+}
+
+float two_roundings_sub(float p, float a, float b) {
+  volatile float prod = a * b;
+  volatile float r = p - prod;
+  return r;
+}
+
+TEST(Rounding, TheChosenInputsTellFusedFromUnfused) {
+  const float fused = std::fma(-kOnePlus, kOnePlus, 1.0f);
+  EXPECT_NE(fused, two_roundings_sub(1.0f, kOnePlus, kOnePlus));
+  EXPECT_EQ(two_roundings_sub(1.0f, kOnePlus, kOnePlus), -0x1p-11f);
+}
+
+TEST(Rounding, InlineSgdUpdateRoundsTheProductFirst) {
+  math::SgdCoef c{opaque(kOnePlus), 0.0f, 1.0f, 0.0f, false};
+  float p = opaque(1.0f);
+  math::sgd_update(&p, opaque(kOnePlus), nullptr, true, c);
+  EXPECT_EQ(p, two_roundings_sub(1.0f, kOnePlus, kOnePlus));
+}
+
+TEST(Rounding, CpuBackendSgdStepRoundsTheProductFirst) {
+  Tensor p = from_vector({1.0}, {1});
+  Tensor g = from_vector({static_cast<double>(kOnePlus)}, {1});
+  Tensor steps = zeros({1});
+  const SgdHyper h{static_cast<double>(kOnePlus), 0.0, 0.0, 0.0, false};
+  backend_for(kCPU).sgd_step({p}, {g}, {}, steps, h, Tensor(), Tensor());
+  EXPECT_EQ(static_cast<float>(p.item()), two_roundings_sub(1.0f, kOnePlus, kOnePlus));
+}
+
+TEST(Rounding, InlineAdamMomentRoundsEachProductFirst) {
+  // m = m * beta1 + (1 - beta1) * g: both products rounded, then the sum.
+  math::AdamCoef c{};
+  c.beta1 = opaque(kOnePlus);
+  c.one_minus_beta1 = 1.0f;
+  c.beta2 = 0.5f;
+  c.one_minus_beta2 = 0.5f;
+  c.eps = 1.0f;
+  c.decay = 1.0f;
+  c.neg_step_size = 0.0f;
+  c.bc2_sqrt = 1.0f;
+  float p = 0.0f, m = opaque(kOnePlus), v = 0.0f, vmax = 0.0f;
+  const float g = opaque(-1.0f);
+  math::adam_update(&p, g, &m, &v, &vmax, c);
+  volatile float prod = kOnePlus * kOnePlus;
+  volatile float want = prod + g;
+  EXPECT_EQ(m, want);
+}
+
+}  // namespace
+}  // namespace amp
