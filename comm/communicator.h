@@ -21,6 +21,16 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The one wording of a timed-out collective, for every communicator: "rank 1: all_reduce/avg(...)
+// did not complete within 0.5 s at step 3; a peer has stopped answering or died".
+inline std::string timeout_message(int rank, const std::string& what, double seconds, const std::string& context) {
+  std::string s = std::to_string(seconds);
+  s.erase(s.find_last_not_of('0') + 1);  // 3.000000 -> 3., 0.500000 -> 0.5
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return "rank " + std::to_string(rank) + ": " + what + " did not complete within " + s + " s" +
+         (context.empty() ? "" : " at " + context) + "; a peer has stopped answering or died";
+}
+
 // A collective in flight. wait() blocks (at most the communicator's timeout); test() polls.
 class Work {
  public:

@@ -105,9 +105,7 @@ void MpiCommunicator::wait_bounded(MPI_Request* req, const std::string& what) {
     if (flag) return;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout_s_)
-      throw CommError("rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
-                      std::to_string(static_cast<int>(timeout_s_)) + " s" + (context_.empty() ? "" : " at " + context_) +
-                      "; a peer has stopped answering or died");
+      throw CommError(timeout_message(rank_, what, timeout_s_, context_));
     // Spin briefly for latency, then back off so that a waiting rank does not steal a core.
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 100000 ? 1000 : 50));
   }

@@ -44,13 +44,6 @@ ncclDataType_t nccl_dtype(DType t) {
   throw std::invalid_argument("NCCL: unsupported dtype");
 }
 
-// "0.5" for sub-second limits, "300" for whole seconds.
-std::string seconds_str(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", s);
-  return buf;
-}
-
 std::string describe(const char* what, const Tensor& t) {
   return std::string(what) + "(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
 }
@@ -126,7 +119,7 @@ struct NcclCommunicator::State {
         raise_locked();
       }
       if (Clock::now() > deadline) {
-        fail_locked(where(op, context) + ": " + expr + " still in progress after " + seconds_str(timeout_s) + " s");
+        fail_locked(timeout_message(rank, "NCCL " + op + " (" + expr + ")", timeout_s, context));
         raise_locked();
       }
       // No sleep: a nonblocking call is usually done within microseconds, and a 50 us sleep per
@@ -181,9 +174,7 @@ struct NcclCommunicator::State {
           continue;
         }
         const double age = std::chrono::duration<double>(Clock::now() - f.start).count();
-        if (age > f.timeout_s)
-          fail_locked(where(f.op, f.context) + ": timed out after " + std::to_string(static_cast<int>(age)) +
-                      " s (a peer is gone or stuck)");
+        if (age > f.timeout_s) fail_locked(timeout_message(rank, "NCCL " + f.op, f.timeout_s, f.context));
         break;  // collectives complete in order: the oldest unfinished one decides
       }
     }
@@ -280,8 +271,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int local_rank) : state_(std::
   for (int done = 0; !done;) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (!done && std::chrono::duration<double>(Clock::now() - start).count() > timeout())
-      throw CommError("rank " + std::to_string(s.rank) + ": the NCCL unique id from rank 0 did not arrive within " +
-                      std::to_string(static_cast<int>(timeout())) + " s");
+      throw CommError(timeout_message(s.rank, "the broadcast of rank 0's NCCL unique id", timeout(), context()));
     if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   if (!msg.ok)
@@ -349,7 +339,8 @@ std::shared_ptr<cuda::Event> enqueue(NcclCommunicator::State& s, const std::stri
 
 }  // namespace
 
-#define AMP_NCCL_CALL(expr) s.check_locked((expr), #expr, op, context(), timeout())
+// Names the NCCL function only: the arguments make the message unreadable.
+#define AMP_NCCL_CALL(fn, ...) s.check_locked(fn(__VA_ARGS__), #fn, op, context(), timeout())
 
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(Tensor& t, ReduceOp rop) {
   require_cuda_tensor(t, "all_reduce");
@@ -357,8 +348,8 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_async(Tensor& t, ReduceOp rop
   const std::string op = describe((std::string("all_reduce/") + reduce_op_name(rop)).c_str(), t);
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
-    AMP_NCCL_CALL(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
-                                nccl_op(rop), s.nccl, stream));
+    AMP_NCCL_CALL(ncclAllReduce, t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
+                                nccl_op(rop), s.nccl, stream);
   });
   return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t});
 }
@@ -374,17 +365,17 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_coalesced_async(std::vector<T
                          " tensors, " + std::to_string(total) + " elements)";
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
-    AMP_NCCL_CALL(ncclGroupStart());
+    AMP_NCCL_CALL(ncclGroupStart);
     try {
       for (Tensor& t : ts)
-        AMP_NCCL_CALL(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
-                                    nccl_dtype(t.dtype()), nccl_op(rop), s.nccl, stream));
+        AMP_NCCL_CALL(ncclAllReduce, t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                                    nccl_dtype(t.dtype()), nccl_op(rop), s.nccl, stream);
     } catch (...) {
       // A group left open defers every later NCCL call of this thread for ever: close it first.
       (void)ncclGroupEnd();
       throw;
     }
-    AMP_NCCL_CALL(ncclGroupEnd());
+    AMP_NCCL_CALL(ncclGroupEnd);
   });
   return std::make_unique<NcclWork>(state_, std::move(done), ts);
 }
@@ -395,8 +386,8 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
   const std::string op = describe(("broadcast/root " + std::to_string(root)).c_str(), t);
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
-    AMP_NCCL_CALL(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
-                                root, s.nccl, stream));
+    AMP_NCCL_CALL(ncclBroadcast, t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
+                                root, s.nccl, stream);
   });
   done->block(cuda::context().stream());  // t is complete for every later compute-stream use
 }
@@ -410,8 +401,8 @@ Tensor NcclCommunicator::all_gather(const Tensor& t) {
   const std::string op = describe("all_gather", t);
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
-    AMP_NCCL_CALL(ncclAllGather(t.data_ptr(), out.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
-                                s.nccl, stream));
+    AMP_NCCL_CALL(ncclAllGather, t.data_ptr(), out.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
+                                s.nccl, stream);
   });
   done->block(cuda::context().stream());
   return out;
@@ -426,8 +417,7 @@ void NcclCommunicator::barrier() {
   while (!work->test()) {
     if (Clock::now() > deadline) {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      state_->fail_locked(state_->where("barrier", context()) + ": timed out after " +
-                          std::to_string(static_cast<int>(timeout())) + " s");
+      state_->fail_locked(timeout_message(state_->rank, "NCCL barrier", timeout(), context()));
       state_->raise_locked();
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));

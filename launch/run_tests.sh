@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Install, build (warnings are errors), and run the whole test suite through CTest.
-# With --asan: the same suite under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
+# Install, build (warnings are errors), and run the whole test suite through CTest, twice:
+#   build/release   the CPU backend (and the CUDA backend compiled by nvcc where it is installed),
+#   build/cuda-emu  the same suite with the CUDA backend, cuBLAS and NCCL on the emulated GPU, so
+#                   that --device cuda, test_cuda and test_nccl run without a GPU.
+# With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-preset=release
-[[ ${1:-} == --asan ]] && preset=asan
-launch/build.sh "$preset"
+presets=(release cuda-emu)
+[[ ${1:-} == --asan ]] && presets=(asan)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --preset "$preset" -j "${AMP_TEST_JOBS:-2}"
+for preset in "${presets[@]}"; do
+  echo "== run_tests: preset $preset"
+  launch/build.sh "$preset"
+  ctest --preset "$preset" -j "${AMP_TEST_JOBS:-2}"
+done

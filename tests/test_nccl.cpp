@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <nccl.h>
+
 #include "comm/nccl_communicator.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_support.h"
@@ -184,6 +186,29 @@ TEST_F(NcclTest, AStuckCollectiveBecomesACommErrorNamingRankOpAndContext) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+#if defined(AMP_CUDA_EMU)
+// A call that fails between ncclGroupStart and ncclGroupEnd must not leave the group open: NCCL
+// would defer every later call of this thread for ever. Only the emulated NCCL can make a call
+// fail on demand, and tell the group depth.
+TEST_F(NcclTest, AFailedCallInsideAGroupStillEndsTheGroup) {
+  {
+    comm::NcclCommunicator c(MPI_COMM_WORLD, local_rank_);  // of its own: the failure aborts it
+    c.set_timeout(20.0);
+    Tensor warm = ones({4}, DType::f32, kGPU);
+    c.all_reduce(warm, comm::ReduceOp::sum);  // every rank connected
+    std::vector<Tensor> bucket = {ones({8}, DType::f32, kGPU), ones({8}, DType::f32, kGPU)};
+    emu::nccl_fail_next_call_for_testing(ncclInvalidArgument);  // on every rank: nobody waits for a peer
+    EXPECT_THROW(c.all_reduce_coalesced_async(bucket, comm::ReduceOp::sum), comm::CommError);
+    EXPECT_EQ(emu::nccl_group_depth(), 0) << "the failed call left its NCCL group open";
+  }
+  // This thread's next collective runs at once instead of being deferred to a group end that never comes.
+  Tensor t = full({3}, comm_->rank() + 1.0, DType::f32, kGPU);
+  comm_->all_reduce(t, comm::ReduceOp::sum);
+  const int n = comm_->size();
+  EXPECT_EQ(t.to_vector()[2], n * (n + 1) / 2.0);
+}
+#endif
 
 }  // namespace
 }  // namespace amp

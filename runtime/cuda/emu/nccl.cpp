@@ -63,6 +63,7 @@ struct alignas(64) RankArea {
 };
 struct Header {
   uint64_t magic, nranks, joined;
+  uint64_t connected;  // ranks that have issued their first collective (lazy connection, NCCL >= 2.22)
   RankArea rank[kMaxRanks];
 };
 constexpr size_t kDataOffset = (sizeof(Header) + 4095) / 4096 * 4096;
@@ -217,11 +218,15 @@ struct ncclComm {
   std::mutex mutex;                     // guards issued
   uint64_t issued = 0;                  // operations enqueued so far: the next one's index
   std::atomic<uint64_t> running{0};     // operations run one at a time, in call order
+  bool connecting = false;              // this rank's first collective has been issued
   uint64_t seq = 0;                     // the last chunk done (device thread only)
 
   ~ncclComm() { munmap(base, kSegmentBytes); }
   char* slot(int r) const { return base + kDataOffset + static_cast<size_t>(r) * kSlotBytes; }
   bool joined() const { return load(hdr->joined) >= static_cast<uint64_t>(nranks); }
+  // As NCCL >= 2.22 does, the ranks connect on their first collective: until every rank has issued
+  // one, a nonblocking communicator reports ncclInProgress (a blocking one waits in the call).
+  bool connected() const { return load(hdr->connected) >= static_cast<uint64_t>(nranks); }
   void unlink() const { (void)shm_unlink(name.c_str()); }  // ENOENT (already unlinked) is fine
   void set_async(ncclResult_t r, const std::string& text) {
     int expected = ncclSuccess;
@@ -345,6 +350,14 @@ ncclResult_t launch(Pending p) {
   return ncclSuccess;
 }
 
+// A failure injected by a test (nccl_fail_next_call_for_testing), taken by the next collective call.
+std::atomic<int> g_injected{ncclSuccess};
+ncclResult_t take_injected_failure(const std::string& where) {
+  const int r = g_injected.exchange(ncclSuccess);
+  if (r == ncclSuccess) return ncclSuccess;
+  return fail(static_cast<ncclResult_t>(r), where + "failure injected by the test");
+}
+
 void owe_polls(ncclComm& c) { c.busy_polls.store(1 + static_cast<int>(random_u64() % 3)); }
 
 // Checks a collective's arguments, then runs it now or records it for ncclGroupEnd.
@@ -385,6 +398,13 @@ ncclResult_t collective(const char* fn, ncclComm_t handle, const Desc& d, const 
   coll.esize = es;
   coll.per_chunk = kSlotBytes / es;
   coll.nchunks = std::max<size_t>(1, (d.count + coll.per_chunk - 1) / coll.per_chunk);  // 1 even when empty
+  if (!comm->connecting) {
+    comm->connecting = true;
+    std::atomic_ref<uint64_t>(comm->hdr->connected).fetch_add(1);
+    if (comm->blocking)
+      while (!comm->connected()) std::this_thread::sleep_for(std::chrono::microseconds(200));  // no timeout, as NCCL
+  }
+  if (const ncclResult_t r = take_injected_failure(where); r != ncclSuccess) return r;
   Pending p{stream, fn, std::move(coll)};
   if (t_depth > 0) {
     t_grouped.push_back(std::move(p));
@@ -458,6 +478,7 @@ std::shared_ptr<ncclComm> release(ncclComm_t handle) {
 }  // namespace
 
 int amp::emu::nccl_group_depth() { return t_depth; }
+void amp::emu::nccl_fail_next_call_for_testing(ncclResult_t r) { g_injected.store(r); }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (id == nullptr) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
@@ -511,7 +532,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* asyncError) 
   while (owed > 0 && !c->busy_polls.compare_exchange_weak(owed, owed - 1)) {
   }
   if (const int e = c->error.load(); e != ncclSuccess) *asyncError = static_cast<ncclResult_t>(e);
-  else if (!c->joined() || owed > 0 || (c->finalizing.load() && c->unfinished.load() > 0)) *asyncError = ncclInProgress;
+  else if (!c->joined() || (c->connecting && !c->connected()) || owed > 0 ||
+           (c->finalizing.load() && c->unfinished.load() > 0))
+    *asyncError = ncclInProgress;
   else *asyncError = ncclSuccess;
   return ncclSuccess;
 }

@@ -8,7 +8,9 @@
 // ncclInvalidUsage naming what each rank called), operations on a communicator whose nonblocking
 // init is still in progress (ncclInvalidUsage), ncclGroupEnd without ncclGroupStart. Nonblocking
 // communicators answer ncclInProgress at random so that callers' polling is exercised. A peer that
-// died or stalls is never waited out: its collective stays pending, as on a real GPU.
+// died or stalls is never waited out: its collective stays pending, as on a real GPU. As since NCCL
+// 2.22, ranks connect lazily on their first collective: until all have issued one, a nonblocking
+// communicator answers ncclInProgress, and a blocking one waits inside the call.
 #pragma once
 #include <climits>
 #include <cstddef>
@@ -116,4 +118,7 @@ namespace amp::emu {
 // The calling thread's group depth (ncclGroupStart minus ncclGroupEnd): a test can prove that a
 // call that failed inside a group was still followed by ncclGroupEnd.
 int nccl_group_depth();
+// Makes the next collective call (ncclAllReduce, ncclBroadcast, ncclAllGather) of this process
+// fail with r, as a real one can fail inside a group.
+void nccl_fail_next_call_for_testing(ncclResult_t r);
 }  // namespace amp::emu
