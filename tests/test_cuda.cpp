@@ -148,19 +148,6 @@ TEST(CudaHost, BroadcastIndexMatchesCpuBroadcast) {
   EXPECT_THROW(cuda::make_broadcast_index({2, 3}, {3}), std::invalid_argument);
 }
 
-TEST(CudaHost, DeviceLoadsAndStoresMatchTheCpuConversions) {
-  const std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, 5.96e-8f, 3.0e38f, 1.00390625f,
-                                     std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
-  for (float v : values) {
-    EXPECT_EQ(cuda::DevElem<Half>::store(v).bits, Elem<Half>::store(v).bits) << v;
-    EXPECT_EQ(cuda::DevElem<BFloat16>::store(v).bits, Elem<BFloat16>::store(v).bits) << v;
-    const Half h = Elem<Half>::store(v);
-    const BFloat16 b = Elem<BFloat16>::store(v);
-    EXPECT_EQ(f32_bits(cuda::DevElem<Half>::load(h)), f32_bits(Elem<Half>::load(h)));
-    EXPECT_EQ(f32_bits(cuda::DevElem<BFloat16>::load(b)), f32_bits(Elem<BFloat16>::load(b)));
-  }
-}
-
 // ------------------------------------------------------------------------------------------------
 // CPU versus CUDA
 
@@ -702,10 +689,148 @@ TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
   EXPECT_EQ(b.allocate(0), nullptr);
 }
 
+// Shapes that change from step to step: a large cached block serves smaller requests by splitting,
+// instead of a new cudaMalloc for every distinct size (which piled up 110 MiB here before).
+TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
+  Backend& b = gpu();
+  b.synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  alloc.empty_cache();
+  const size_t base = alloc.reserved_bytes();
+  for (size_t mib = 20; mib >= 2; mib -= 2) {
+    void* p = b.allocate(mib << 20);
+    b.deallocate(p, mib << 20);
+  }
+  EXPECT_LE(alloc.reserved_bytes() - base, size_t{20} << 20);
+  // Two pieces of one segment do not overlap, and they merge back when both are free.
+  char* p = static_cast<char*>(b.allocate(size_t{6} << 20));
+  char* q = static_cast<char*>(b.allocate(size_t{8} << 20));
+  EXPECT_TRUE(q >= p + (size_t{6} << 20) || p >= q + (size_t{8} << 20));
+  b.deallocate(p, size_t{6} << 20);
+  b.deallocate(q, size_t{8} << 20);
+  void* whole = b.allocate(size_t{20} << 20);
+  EXPECT_LE(alloc.reserved_bytes() - base, size_t{20} << 20) << "the pieces did not merge back";
+  b.deallocate(whole, size_t{20} << 20);
+}
+
+// On the emulated GPU a recycled block comes back as NaN bytes, so a kernel that skips part of its
+// output cannot hide behind the values a previous tensor left there.
+TEST_F(CudaVsCpu, RecycledBlocksArePoisonedOnTheEmulatedGpu) {
+  if (!emulated_device_counters()) GTEST_SKIP() << "poisoning is on for the emulated GPU (or AMP_CUDA_POISON_FREED=1)";
+  Backend& b = gpu();
+  void* p = b.allocate(4096);
+  ASSERT_EQ(cudaMemsetAsync(p, 0, 4096, cuda::context().stream()), cudaSuccess);
+  b.deallocate(p, 4096);
+  void* q = b.allocate(4096);
+  ASSERT_EQ(q, p);
+  std::vector<unsigned char> host(4096);
+  b.copy_to_host(host.data(), q, 4096);
+  for (unsigned char c : host) ASSERT_EQ(c, 0xff);
+  b.deallocate(q, 4096);
+}
+
 TEST_F(CudaVsCpu, TensorRoundTripAndItem) {
   const Tensor x = random_cpu({1000}, DType::bf16, 5);
   EXPECT_TRUE(matches(x.to(kGPU).clone(), x, 0));
   EXPECT_DOUBLE_EQ(scalar_tensor(2.5, DType::f32, kGPU).item(), 2.5);
+}
+
+// Every fp16 and bf16 bit pattern through the device's loads (a cast kernel to fp32), and fp32
+// values around every rounding case through its stores, against the CPU's conversions. Run in
+// kernels, so that on a GPU it is nvcc's device code that is checked.
+TEST_F(CudaVsCpu, DeviceLoadsAndStoresMatchTheCpuConversionsBitForBit) {
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    std::vector<double> patterns;
+    Tensor bits = empty({65536}, narrow);
+    for (uint32_t b = 0; b < 65536; ++b) static_cast<uint16_t*>(bits.data_ptr())[b] = static_cast<uint16_t>(b);
+    Tensor c = empty({65536}, DType::f32), g = empty({65536}, DType::f32, kGPU);
+    cpu().cast(bits, c);
+    gpu().cast(bits.to(kGPU), g);
+    EXPECT_TRUE(matches(g, c, 0)) << "load " << dtype_name(narrow);
+    // Stores: fp32 values at, just below and just above every representable value's halfway points.
+    Tensor wide = empty({65536 * 3}, DType::f32);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float v = c.data<float>()[b];
+      float* w = wide.data<float>() + 3 * b;
+      w[0] = v;
+      w[1] = std::nextafter(v, std::numeric_limits<float>::infinity());
+      w[2] = std::nextafter(v, -std::numeric_limits<float>::infinity());
+    }
+    Tensor cn = empty({65536 * 3}, narrow), gn = empty({65536 * 3}, narrow, kGPU);
+    cpu().cast(wide, cn);
+    gpu().cast(wide.to(kGPU), gn);
+    EXPECT_TRUE(matches(gn, cn, 0)) << "store " << dtype_name(narrow);
+  }
+}
+
+// Polling a read-back that is not ready must leave nothing in CUDA's last-error slot: the next
+// launch check would report the NotReady as an error (every step of --device cuda died at step 2).
+TEST_F(CudaVsCpu, PollingAReadbackLeavesNoErrorForTheNextLaunch) {
+  Tensor busy = empty({1 << 22}, DType::f32, kGPU);
+  gpu().fill(busy, 1.0);  // the read-back queues behind this
+  Tensor x = full({1}, 3.0, DType::f32, kGPU), y = empty({8}, DType::f32, kGPU);
+  auto rb = gpu().start_readback({x});
+  const bool was_ready = rb->ready();
+  EXPECT_NO_THROW(gpu().fill(y, 2.0));
+  EXPECT_EQ(rb->values(), std::vector<double>{3.0});
+  if (emulated_device_counters()) {
+    EXPECT_FALSE(was_ready) << "the emulated device ran the fill at once";
+  }
+}
+
+// Read-backs are made every step: they must neither allocate pinned memory nor synchronise (the
+// old one called cudaMallocHost and, on destruction, cudaFreeHost, which waits for the device).
+TEST_F(CudaVsCpu, ReadbacksNeitherAllocateNorSynchronise) {
+  const auto before = emulated_device_counters();
+  if (!before) GTEST_SKIP() << "host synchronisations are counted on the emulated GPU only";
+  Tensor x = full({1}, 5.0, DType::f32, kGPU);
+  for (int step = 0; step < 20; ++step) {
+    auto late = gpu().start_readback({x, x});
+    auto unread = gpu().start_readback({x});  // dropped without being read
+  }
+  const auto after = emulated_device_counters();
+  EXPECT_EQ(after->host_syncs - before->host_syncs, 0);
+  auto rb = gpu().start_readback({x});
+  EXPECT_EQ(rb->values(), std::vector<double>{5.0});
+}
+
+// fp16 GEMMs accumulate in fp32 and round once into fp16. cuBLAS may otherwise split k and round
+// each partial sum into fp16 (reduced-precision reduction), which cuda_context.cpp disallows.
+// Reference: the exact sum of the fp16 products; wherever it is not so close to a halfway point
+// between fp16 values that fp32 accumulation error could cross it, the result must be its rounding.
+TEST_F(CudaVsCpu, HalfGemmAccumulatesInFp32AndRoundsOnce) {
+  const int64_t m = 48, n = 40, k = 1024;
+  const Tensor a = random_cpu({m, k}, DType::f16, 61, 0.0, 1.0), b = random_cpu({k, n}, DType::f16, 62, 0.0, 1.0);
+  Tensor g = empty({m, n}, DType::f16, kGPU);
+  gpu().gemm(false, false, 1.0f, a.to(kGPU), b.to(kGPU), 0.0f, g);
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector(), gv = g.to(kCPU).to_vector();
+  int checked = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0, abs_sum = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        exact += av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+        abs_sum += std::fabs(av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)]);
+      }
+      const double slack = static_cast<double>(k) * 0x1p-24 * abs_sum;  // fp32 accumulation, any order
+      auto to_half = [](double v) { return Elem<Half>::load(Elem<Half>::store(static_cast<float>(v))); };
+      if (to_half(exact - slack) != to_half(exact + slack)) continue;  // too close to call
+      ++checked;
+      ASSERT_EQ(gv[static_cast<size_t>(i * n + j)], to_half(exact)) << "element (" << i << ", " << j << ")";
+    }
+  EXPECT_GT(checked, m * n / 2);
+}
+
+// Norms, clipping and the finite check take floating tensors only, as on the CPU; an int64 tensor is
+// refused before anything runs (it used to get no block, leaving the norm's partial slots unwritten).
+TEST_F(CudaVsCpu, MultiTensorOpsRefuseNonFloatingTensors) {
+  const std::vector<Tensor> mixed = {ones({70000}, DType::f32, kGPU), zeros({70000}, DType::i64, kGPU)};
+  Tensor out = zeros({1}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().norm_accumulate(mixed, 2.0, out), std::invalid_argument);
+  EXPECT_THROW(gpu().check_finite(mixed, out), std::invalid_argument);
+  const std::vector<Tensor> mixed_cpu = {ones({7}, DType::f32), zeros({7}, DType::i64)};
+  Tensor out_cpu = zeros({1}, DType::f32);
+  EXPECT_THROW(cpu().norm_accumulate(mixed_cpu, 2.0, out_cpu), std::invalid_argument);
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "runtime/cuda/caching_allocator.h"
 
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -11,37 +9,75 @@
 namespace amp::cuda {
 
 size_t CachingAllocator::round_size(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20, kLimit = size_t{1} << 20;
-  const size_t unit = bytes < kLimit ? kSmall : kLarge;
+  const size_t unit = bytes < kSmallLimit ? kSmallUnit : kLargeUnit;
   return (bytes + unit - 1) / unit * unit;
+}
+
+CachingAllocator::~CachingAllocator() {
+  // The memory itself is the driver's to reclaim at exit (the context is never destroyed); only the
+  // bookkeeping goes.
+  for (Block* b : large_free_) delete b;
+  for (auto& [p, b] : large_live_) delete b;
+}
+
+void* CachingAllocator::malloc_locked(size_t rounded) {
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, rounded);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // out of memory is not sticky, but clear it before retrying
+    release_free_segments_locked();
+    err = cudaMalloc(&p, rounded);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    throw std::runtime_error("CUDA out of memory: tried to allocate " + std::to_string(rounded) + " bytes with " +
+                             std::to_string(current_) + " bytes in use and " + std::to_string(reserved_) +
+                             " reserved");
+  }
+  AMP_CUDA_CHECK(err);
+  reserved_ += rounded;
+  return p;
+}
+
+void* CachingAllocator::allocate_large_locked(size_t rounded) {
+  Block key{nullptr, rounded, true, nullptr, nullptr};
+  auto it = large_free_.lower_bound(&key);  // best fit: the smallest block that is large enough
+  Block* b;
+  if (it != large_free_.end()) {
+    b = *it;
+    large_free_.erase(it);
+    if (b->size - rounded >= kLargeUnit) {  // split: the rest stays cached
+      Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next};
+      if (b->next) b->next->prev = rest;
+      b->next = rest;
+      b->size = rounded;
+      large_free_.insert(rest);
+    }
+  } else {
+    b = new Block{static_cast<char*>(malloc_locked(rounded)), rounded, true, nullptr, nullptr};
+  }
+  b->free = false;
+  large_live_.emplace(b->ptr, b);
+  return b->ptr;
 }
 
 void* CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t rounded = round_size(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  void* p = nullptr;
-  auto it = cached_.find(rounded);
-  if (it != cached_.end()) {
-    p = it->second;
-    cached_.erase(it);
+  void* p;
+  if (rounded < kSmallLimit) {
+    auto it = small_free_.find(rounded);
+    if (it != small_free_.end()) {
+      p = it->second;
+      small_free_.erase(it);
+    } else {
+      p = malloc_locked(rounded);
+    }
+    small_live_.emplace(p, rounded);
   } else {
-    cudaError_t err = cudaMalloc(&p, rounded);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // out of memory is not sticky, but clear it before retrying
-      free_cached_locked();
-      err = cudaMalloc(&p, rounded);
-    }
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      throw std::runtime_error("CUDA out of memory: tried to allocate " + std::to_string(bytes) + " bytes with " +
-                               std::to_string(current_) + " bytes in use and " + std::to_string(reserved_) +
-                               " reserved");
-    }
-    AMP_CUDA_CHECK(err);
-    reserved_ += rounded;
+    p = allocate_large_locked(rounded);
   }
-  live_.emplace(p, rounded);
   current_ += bytes;
   if (current_ > peak_) peak_ = current_;
   return p;
@@ -50,27 +86,65 @@ void* CachingAllocator::allocate(size_t bytes) {
 void CachingAllocator::deallocate(void* p, size_t bytes) {
   if (p == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(p);
-  if (it == live_.end()) {
+  size_t size;
+  if (auto it = small_live_.find(p); it != small_live_.end()) {
+    size = it->second;
+    small_free_.emplace(size, p);
+    small_live_.erase(it);
+  } else if (auto jt = large_live_.find(p); jt != large_live_.end()) {
+    Block* b = jt->second;
+    large_live_.erase(jt);
+    size = b->size;
+    b->free = true;
+    // Merge with free neighbours of the same segment.
+    if (b->next && b->next->free) {
+      Block* n = b->next;
+      large_free_.erase(n);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      delete n;
+    }
+    if (b->prev && b->prev->free) {
+      Block* q = b->prev;
+      large_free_.erase(q);
+      q->size += b->size;
+      q->next = b->next;
+      if (b->next) b->next->prev = q;
+      delete b;
+      b = q;
+    }
+    large_free_.insert(b);
+  } else {
     std::fprintf(stderr, "CachingAllocator: freeing unknown pointer %p (ignored)\n", p);
     return;
   }
-  cached_.emplace(it->second, p);
-  live_.erase(it);
   current_ -= bytes;
+  if (poison_) AMP_CUDA_CHECK(cudaMemsetAsync(p, 0xff, size, poison_stream_));  // in stream order
 }
 
-void CachingAllocator::free_cached_locked() {
-  for (auto& [size, p] : cached_) {
+void CachingAllocator::release_free_segments_locked() {
+  for (auto& [size, p] : small_free_) {
     AMP_CUDA_CHECK_NOTHROW(cudaFree(p));
     reserved_ -= size;
   }
-  cached_.clear();
+  small_free_.clear();
+  for (auto it = large_free_.begin(); it != large_free_.end();) {
+    Block* b = *it;
+    if (b->prev == nullptr && b->next == nullptr) {  // a whole segment
+      AMP_CUDA_CHECK_NOTHROW(cudaFree(b->ptr));
+      reserved_ -= b->size;
+      delete b;
+      it = large_free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  free_cached_locked();
+  release_free_segments_locked();
 }
 
 size_t CachingAllocator::current_bytes() const {

@@ -1,40 +1,80 @@
-// A caching device allocator: freed blocks are kept and handed out again for the same rounded size,
-// so a training loop that allocates the same shapes every step stops calling cudaMalloc (which
-// synchronises the device) after its first step.
+// A caching device allocator: freed blocks are kept and handed out again, so a training loop stops
+// calling cudaMalloc (slow) and cudaFree (which synchronises the device) after its first step.
+//
+// - Small requests (under 1 MiB) round up to 512 bytes and reuse a cached block of exactly that size.
+// - Large requests round up to 2 MiB and take the smallest cached block that is large enough; what
+//   is left over, if 2 MiB or more, is split off and stays cached. Freed neighbours within one
+//   cudaMalloc segment merge again. So shapes that vary from step to step reuse memory instead of
+//   piling up new segments.
+// - When cudaMalloc fails, the segments that are entirely free go back to the driver (this waits for
+//   the device, as cudaFree does) and the request is tried once more.
 //
 // Blocks are reused in the order of the compute stream: a freed block may be handed to a kernel that
 // is queued after the last kernel that used it. Work on other streams (NCCL) must be joined to the
 // compute stream before its tensors are released; comm/nccl_communicator does so with events.
+// With poisoning on (the emulated GPU turns it on), a freed block is filled with 0xff bytes, NaN in
+// every float type, in stream order: a kernel that reads memory it never wrote shows it.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 namespace amp::cuda {
 
 class CachingAllocator {
  public:
+  CachingAllocator() = default;
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
   void* allocate(size_t bytes);
   void deallocate(void* p, size_t bytes);
-  // Returns every cached block to the driver.
+  // Returns every entirely free segment to the driver.
   void empty_cache();
+  void set_poison_freed(bool on, cudaStream_t stream) {
+    poison_ = on;
+    poison_stream_ = stream;
+  }
 
   size_t current_bytes() const;   // bytes requested by live allocations
   size_t peak_bytes() const;      // the maximum of current_bytes since the last reset
   size_t reserved_bytes() const;  // bytes obtained from cudaMalloc, live and cached
   void reset_peak_bytes();
 
-  // Below 1 MiB sizes round up to 512 bytes, above to 2 MiB: few distinct sizes, little waste.
+  static constexpr size_t kSmallLimit = size_t{1} << 20, kSmallUnit = 512, kLargeUnit = size_t{2} << 20;
   static size_t round_size(size_t bytes);
 
  private:
-  void free_cached_locked();
+  // A piece of a large segment; pieces of one segment form a list in address order.
+  struct Block {
+    char* ptr;
+    size_t size;
+    bool free;
+    Block *prev, *next;
+  };
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+
+  void* allocate_large_locked(size_t rounded);
+  void* malloc_locked(size_t rounded);  // cudaMalloc, retried once after releasing free segments
+  void release_free_segments_locked();
 
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> cached_;      // rounded size -> free block
-  std::unordered_map<void*, size_t> live_;   // live block -> rounded size
+  std::multimap<size_t, void*> small_free_;       // rounded size -> free small block
+  std::unordered_map<void*, size_t> small_live_;  // live small block -> rounded size
+  std::set<Block*, BySize> large_free_;
+  std::unordered_map<void*, Block*> large_live_;
   size_t current_ = 0, peak_ = 0, reserved_ = 0;
+  bool poison_ = false;
+  cudaStream_t poison_stream_ = nullptr;
 };
 
 }  // namespace amp::cuda

@@ -1,11 +1,13 @@
 #include "runtime/cuda/cuda_context.h"
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda_support.h"
 
 namespace amp::cuda {
 
@@ -20,6 +22,10 @@ Context::Context(int device) : device_(device) {
   AMP_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kCublasWorkspaceBytes));
   // Strict fp32 for fp32 GEMMs (no TF32), so fp32 results match the CPU backend's semantics; and
   // no reduced-precision (fp16/bf16) reductions in split-K: fp32 accumulation, one rounding.
+  // Freed blocks are filled with NaN on the emulated GPU (or with AMP_CUDA_POISON_FREED=1): a kernel
+  // that leaves part of its output unwritten then shows in every comparison.
+  const char* poison = std::getenv("AMP_CUDA_POISON_FREED");
+  allocator_.set_poison_freed(poison ? std::string(poison) == "1" : emulated_device_counters().has_value(), stream_);
   AMP_CUBLAS_CHECK(cublasSetMathMode(
       cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 }

@@ -96,9 +96,16 @@ struct CheckFiniteOp {
 
 // --- launchers
 
-// Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order.
+// Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order. A tensor of a
+// non-floating dtype is refused (with the CPU backend's message) before anything is launched: it
+// would get no block, and a norm's partial slots for its chunks would stay unwritten.
 template <class F>
 void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
+  for (const Tensor& x : xs) {
+    require_cuda(x, "tensor of a multi-tensor op");
+    if (!is_floating(x.dtype()))
+      throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
+  }
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     std::vector<std::array<void*, 1>> ptrs;
     std::vector<int64_t> numels;
@@ -118,7 +125,11 @@ void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
 void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
   require_cuda(out, "norm output");
   if (out.dtype() != DType::f32) throw std::invalid_argument("norm output must be float32");
-  for (const Tensor& x : xs) require_cuda(x, "tensor of a norm");
+  for (const Tensor& x : xs) {
+    require_cuda(x, "tensor of a norm");
+    if (!is_floating(x.dtype()))
+      throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
+  }
   const bool inf_norm = std::isinf(p);
   std::vector<int64_t> all;
   for (const Tensor& x : xs) all.push_back(x.numel());
