@@ -83,6 +83,15 @@ void* CachingAllocator::allocate(size_t bytes) {
   return p;
 }
 
+// b takes over the block after it, which goes.
+void CachingAllocator::absorb_next(Block* b) {
+  Block* n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next) n->next->prev = b;
+  delete n;
+}
+
 void CachingAllocator::deallocate(void* p, size_t bytes) {
   if (p == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -98,21 +107,13 @@ void CachingAllocator::deallocate(void* p, size_t bytes) {
     b->free = true;
     // Merge with free neighbours of the same segment.
     if (b->next && b->next->free) {
-      Block* n = b->next;
-      large_free_.erase(n);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next) n->next->prev = b;
-      delete n;
+      large_free_.erase(b->next);
+      absorb_next(b);
     }
     if (b->prev && b->prev->free) {
-      Block* q = b->prev;
-      large_free_.erase(q);
-      q->size += b->size;
-      q->next = b->next;
-      if (b->next) b->next->prev = q;
-      delete b;
-      b = q;
+      b = b->prev;
+      large_free_.erase(b);
+      absorb_next(b);
     }
     large_free_.insert(b);
   } else {

@@ -66,6 +66,7 @@ class CachingAllocator {
   void* allocate_large_locked(size_t rounded);
   void* malloc_locked(size_t rounded);  // cudaMalloc, retried once after releasing free segments
   void release_free_segments_locked();
+  static void absorb_next(Block* b);
 
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> small_free_;       // rounded size -> free small block

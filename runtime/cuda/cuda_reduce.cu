@@ -71,6 +71,28 @@ __global__ void sum_block_per_output_kernel(const T* x, T* out, MixedRadix kept,
   if (threadIdx.x == 0) out[j] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(acc));
 }
 
+// x viewed as [rows, cols] summed over its rows (the bias gradient: [N, M] -> [M]). A block owns 32
+// adjacent columns; its 8 rows of 32 threads walk the rows 8 apart, so each warp reads 32 adjacent
+// elements (coalesced) and nothing divides. The 8 partial sums of a column are added in a fixed
+// order: deterministic.
+constexpr int kColTile = 32, kRowLanes = 8;
+template <class T>
+__global__ void __launch_bounds__(kColTile * kRowLanes) sum_columns_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
+  AMP_SHARED(double[kRowLanes][kColTile], partial);
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  double acc = 0.0;
+  if (col < cols)
+    for (int64_t r = ty; r < rows; r += kRowLanes) acc += static_cast<double>(DevElem<T>::load(x[r * cols + col]));
+  partial[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    double total = 0.0;
+    for (int k = 0; k < kRowLanes; ++k) total += partial[k][tx];
+    out[col] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(total));
+  }
+}
+
 template <class T>
 __global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
   using C = typename DevElem<T>::Compute;
@@ -147,7 +169,18 @@ void launch_sum_to(const Tensor& x, Tensor& out) {
   for (int d = 0; d < red.n; ++d) reduced *= red.size[d];
   const int64_t outputs = out.numel();
   Context& ctx = context();
-  if (outputs <= 4096 && reduced >= 256) {
+  // The summed dims all lead and the kept ones all trail: x is [reduced, outputs].
+  bool leading = true;
+  for (int d = 0, seen_kept = 0; d < ob.ndim; ++d) {
+    const bool summed = ob.strides[d] == 0 && ob.out_shape[d] != 1;
+    if (summed && seen_kept) leading = false;
+    seen_kept |= !summed && ob.out_shape[d] != 1;
+  }
+  if (leading) {
+    const auto blocks = static_cast<unsigned>((outputs + kColTile - 1) / kColTile);
+    AMP_LAUNCH(blocks, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(x.data<T>(), out.data<T>(),
+                                                                                      reduced, outputs);
+  } else if (outputs <= 4096 && reduced >= 256) {
     AMP_LAUNCH(static_cast<unsigned>(outputs), kBlock, 0, ctx.stream(), sum_block_per_output_kernel<T>)(x.data<T>(), out.data<T>(),
                                                                                                 kept, red, reduced);
   } else {

@@ -46,21 +46,13 @@ void syncthreads(std::source_location where);
 uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width, std::source_location where);
 uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where);
 
-template <class T>
-T shfl_down(uint32_t mask, T v, unsigned delta, int width, std::source_location where) {
+// v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
+template <class T, class Exchange>
+T shuffle_value(T v, Exchange&& exchange) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "__shfl_*_sync: at most 8-byte values");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  bits = shfl_down_bits(mask, bits, delta, width, where);
-  std::memcpy(&v, &bits, sizeof(T));
-  return v;
-}
-template <class T>
-T shfl_xor(uint32_t mask, T v, int lane_mask, int width, std::source_location where) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "__shfl_*_sync: at most 8-byte values");
-  uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  bits = shfl_xor_bits(mask, bits, lane_mask, width, where);
+  bits = exchange(bits);
   std::memcpy(&v, &bits, sizeof(T));
   return v;
 }
@@ -141,10 +133,10 @@ inline void __syncthreads(std::source_location where = std::source_location::cur
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
                    std::source_location where = std::source_location::current()) {
-  return ::amp::emu::shfl_down(mask, v, delta, width, where);
+  return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_down_bits(mask, b, delta, width, where); });
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
                   std::source_location where = std::source_location::current()) {
-  return ::amp::emu::shfl_xor(mask, v, lane_mask, width, where);
+  return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_xor_bits(mask, b, lane_mask, width, where); });
 }
