@@ -3,7 +3,8 @@
 #   build/release   the CPU backend (and the CUDA backend compiled by nvcc where it is installed),
 #   build/cuda-emu  the same suite with the CUDA backend, cuBLAS and NCCL on the emulated GPU, so
 #                   that --device cuda, test_cuda and test_nccl run without a GPU.
-# With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan) instead.
+# With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead (build/asan).
+# The emulated GPU has a sanitizer preset too (cuda-emu-asan; see README, "The emulated GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets=(release cuda-emu)
