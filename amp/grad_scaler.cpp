@@ -68,22 +68,34 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   st.stage = Stage::unscaled;
 }
 
+bool GradScaler::sum_with_found_inf(const Tensor& t) {
+  if (!options_.enabled || comm_ == nullptr || comm_->size() <= 1) return false;
+  if (t.dtype() != DType::f32 || t.numel() != 1 || t.device() != state_.device())
+    throw std::invalid_argument("GradScaler::sum_with_found_inf: expected a 1-element float32 tensor on " +
+                                state_.device().str());
+  riders_.push_back(t);
+  return true;
+}
+
 void GradScaler::agree_on_found_inf() {
-  std::vector<PerOptimizer*> pending;
+  std::vector<Tensor*> slots;  // the found_infs still pending, then the riders
   for (auto& [opt, st] : per_optimizer_)
-    if (st.found_inf.defined() && !st.agreed) pending.push_back(&st);
-  if (pending.empty()) return;
-  if (comm_ != nullptr && comm_->size() > 1) {
-    // Every rank must take the same decision: MAX over ranks, all optimizers in one collective.
-    Tensor flags = empty({static_cast<int64_t>(pending.size())}, DType::f32, pending[0]->found_inf.device());
+    if (st.found_inf.defined() && !st.agreed) slots.push_back(&st.found_inf);
+  for (Tensor& r : riders_) slots.push_back(&r);
+  if (!slots.empty() && comm_ != nullptr && comm_->size() > 1) {
+    // Every rank must take the same decision: a SUM over ranks (non-zero if any rank overflowed), all
+    // optimizers and the riders in one collective.
+    Tensor flags = empty({static_cast<int64_t>(slots.size())}, DType::f32, slots[0]->device());
     Backend& b = backend_for(flags.device());
-    for (size_t i = 0; i < pending.size(); ++i)
-      b.copy(static_cast<float*>(flags.data_ptr()) + i, pending[i]->found_inf.data_ptr(), sizeof(float));
-    comm_->all_reduce(flags, comm::ReduceOp::max);
-    for (size_t i = 0; i < pending.size(); ++i)
-      b.copy(pending[i]->found_inf.data_ptr(), static_cast<float*>(flags.data_ptr()) + i, sizeof(float));
+    for (size_t i = 0; i < slots.size(); ++i)
+      b.copy(static_cast<float*>(flags.data_ptr()) + i, slots[i]->data_ptr(), sizeof(float));
+    comm_->all_reduce(flags, comm::ReduceOp::sum);
+    for (size_t i = 0; i < slots.size(); ++i)
+      b.copy(slots[i]->data_ptr(), static_cast<float*>(flags.data_ptr()) + i, sizeof(float));
   }
-  for (PerOptimizer* st : pending) st->agreed = true;
+  for (auto& [opt, st] : per_optimizer_)
+    if (st.found_inf.defined()) st.agreed = true;
+  riders_.clear();
 }
 
 void GradScaler::step(optim::Optimizer& opt) {

@@ -35,7 +35,8 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  // comm: when given, found_inf is all-reduced (MAX) over its ranks before any step or update.
+  // comm: when given, found_inf is summed over its ranks before any step or update (every rank then
+  // sees a non-zero total if any rank overflowed; PyTorch sums found_inf over devices the same way).
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* comm = nullptr);
 
   Tensor scale(const Tensor& loss) const;
@@ -62,6 +63,11 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
   // The found_inf of opt's last unscale_ (after the cross-rank agreement once step/update ran).
   bool found_inf(const optim::Optimizer& opt) const;
+  // Sums t (1-element float32, on the scaler's device) over the ranks in the same collective as this
+  // iteration's found_inf agreement: one small collective a step where there would be two. Returns
+  // false when this scaler runs no collective (disabled, no communicator, or one rank): the caller
+  // reduces t itself. Call it before step() or update().
+  bool sum_with_found_inf(const Tensor& t);
 
   // Device-side values for logging without a host sync: a copy of the current scale, and the
   // found_inf total that the last update() acted on (undefined before the first update).
@@ -89,6 +95,7 @@ class GradScaler {
   comm::Communicator* comm_;
   Tensor state_;  // [scale, growth_tracker, hysteresis_left], f32 on the device
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  std::vector<Tensor> riders_;  // summed with the next agreement (sum_with_found_inf)
   Tensor last_found_inf_;
 };
 

@@ -127,6 +127,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   reducer_->finish();  // gradients are now averaged over ranks (still scaled)
 
+  // The loss travels in the scaler's found_inf collective when there is one: one collective fewer.
+  const bool loss_rides = scaler_->sum_with_found_inf(loss_sum);
+
   for (const Injection& inj : cfg_.inject_nonfinite) {
     if (inj.step != step || inj.rank != comm_.rank()) continue;
     const float inf = std::numeric_limits<float>::infinity();
@@ -146,7 +149,11 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   scaler_->step(*opt_);
   scaler_->update();
 
-  comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
+  if (loss_rides) {
+    mul_(loss_sum, 1.0 / static_cast<double>(comm_.size()));  // the sum over ranks -> the mean, as avg does
+  } else {
+    comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
+  }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
   PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm}), {}};

@@ -149,6 +149,50 @@ TEST(Distributed, BucketsLaunchDuringBackward) {
   EXPECT_EQ(t2->reducer().launched_during_backward(), 0u);
 }
 
+// Forwards to a communicator and counts the collectives the trainer issues.
+class CountingCommunicator final : public comm::Communicator {
+ public:
+  explicit CountingCommunicator(comm::Communicator& inner) : inner_(inner) { set_timeout(inner.timeout()); }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  int local_rank() const override { return inner_.local_rank(); }
+  int local_size() const override { return inner_.local_size(); }
+  std::string name() const override { return "counting " + inner_.name(); }
+  std::unique_ptr<comm::Work> all_reduce_async(Tensor& t, comm::ReduceOp op) override {
+    ++all_reduces;
+    return inner_.all_reduce_async(t, op);
+  }
+  void broadcast(Tensor& t, int root) override { inner_.broadcast(t, root); }
+  Tensor all_gather(const Tensor& t) override { return inner_.all_gather(t); }
+  void barrier() override { inner_.barrier(); }
+  Tensor make_buffer(int64_t numel, DType dtype, Device device) override {
+    return inner_.make_buffer(numel, dtype, device);
+  }
+  int all_reduces = 0;
+
+ private:
+  comm::Communicator& inner_;
+};
+
+// A step costs the gradient buckets plus one small collective: found_inf and the loss travel
+// together (they used to be two, each a round trip, and on NCCL a host poll).
+TEST(Distributed, AStepIsTheBucketsPlusOneSmallCollective) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: one rank runs no collective";
+  for (bool scaled : {true, false}) {
+    TrainConfig c = base_config();
+    c.steps = 3;
+    c.check_every = 0;
+    if (scaled) c.amp = launch::AmpMode::fp16;
+    CountingCommunicator counting(w);
+    std::unique_ptr<launch::Trainer> t;
+    train(c, counting, nullptr, &t);
+    const int per_step_buckets = static_cast<int>(t->reducer().num_buckets());
+    // The end-of-run replica check is an all-gather, not counted here.
+    EXPECT_EQ(counting.all_reduces, c.steps * (per_step_buckets + 1)) << (scaled ? "fp16 + scaler" : "no scaler");
+  }
+}
+
 // The shared-memory all-reduce (large buffers on one node): the average over ranks, equal on every
 // rank, independent of how the buffer is split, and equal to MPI's own all-reduce.
 TEST(Distributed, SharedMemoryAllReduceMatchesMpi) {
