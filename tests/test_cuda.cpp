@@ -29,6 +29,10 @@
 #include "runtime/cuda_support.h"
 #include "runtime/tensor.h"
 
+#if defined(AMP_CUDA_EMU)
+#include "emu.h"  // the emulated GPU's launch records
+#endif
+
 namespace amp {
 namespace {
 
@@ -688,6 +692,33 @@ TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
   b.deallocate(again, 1000);
   EXPECT_EQ(b.allocate(0), nullptr);
 }
+
+#if defined(AMP_CUDA_EMU)
+// The bias gradient, [N, M] -> [M], with M past the old one-block-per-output limit: it used to go to
+// one thread per column (16 blocks on this device, each thread walking a column alone) or to one
+// block per column walking it with stride M (uncoalesced). Now a block owns 32 adjacent columns and
+// its warps read 32 adjacent elements: grid = ceil(M / 32), block 32 x 8.
+TEST_F(CudaVsCpu, BiasGradientSumIsCoalescedOverColumns) {
+  for (int64_t m : {int64_t{100}, int64_t{8192}}) {
+    const Tensor y = random_cpu({300, m}, DType::f32, 71);
+    Tensor cs = empty({m}, DType::f32), gs = empty({m}, DType::f32, kGPU);
+    cpu().sum_to(y, cs);
+    gpu().sum_to(y.to(kGPU), gs);
+    const auto launches = emu::recent_launches();
+    ASSERT_FALSE(launches.empty());
+    const emu::LaunchRecord& l = launches.back();
+    EXPECT_NE(l.kernel.find("sum_columns_kernel"), std::string::npos) << l.kernel;
+    EXPECT_EQ(l.grid_x, static_cast<unsigned>((m + 31) / 32));
+    EXPECT_EQ(l.block_x, 32u);
+    EXPECT_EQ(l.block_y, 8u);
+    EXPECT_TRUE(matches_sum(gs, cs, [&] {
+      Tensor as = empty({m}, DType::f64);
+      cpu().sum_to(abs_f64(y), as);
+      return as;
+    }(), 300));
+  }
+}
+#endif
 
 // Shapes that change from step to step: a large cached block serves smaller requests by splitting,
 // instead of a new cudaMalloc for every distinct size (which piled up 110 MiB here before).

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace amp::emu {
 
@@ -13,6 +14,14 @@ struct Counters {
   int64_t d2h_copies = 0;  // device-to-host copies
 };
 Counters counters();
+
+// The kernels launched so far (at most the last 256), as launched: name and geometry. A test can
+// check which kernel an op chose and with what grid.
+struct LaunchRecord {
+  std::string kernel;
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z;
+};
+std::vector<LaunchRecord> recent_launches();
 
 // The first device fault (a barrier or shuffle that not every thread reached, an out-of-range
 // pointer handed to a copy, an exception in a kernel), or "" when there was none.

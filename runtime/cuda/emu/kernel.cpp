@@ -18,7 +18,11 @@
 #include <string>
 #include <vector>
 
+#include <deque>
+#include <mutex>
+
 #include "device.h"
+#include "emu.h"
 #include "kernel.h"
 
 namespace amp::emu {
@@ -250,6 +254,16 @@ uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, s
   return shuffle(mask, bits, in_segment ^ lane_mask, width, where);
 }
 
+namespace {
+std::mutex g_launches_mutex;
+std::deque<LaunchRecord> g_launches;  // the last 256
+}  // namespace
+
+std::vector<LaunchRecord> recent_launches() {
+  std::lock_guard<std::mutex> lock(g_launches_mutex);
+  return std::vector<LaunchRecord>(g_launches.begin(), g_launches.end());
+}
+
 void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char* name,
                    std::function<void()> body, std::vector<std::pair<int, const void*>> pointers) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -264,6 +278,11 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
   }
   count_launch();
   std::string kernel = name;
+  {
+    std::lock_guard<std::mutex> lock(g_launches_mutex);
+    g_launches.push_back(LaunchRecord{kernel, grid.x, grid.y, grid.z, block.x, block.y, block.z});
+    if (g_launches.size() > 256) g_launches.pop_front();
+  }
   Op op;
   op.name = "kernel " + kernel;
   op.step = [grid, block, kernel, body = std::move(body), pointers = std::move(pointers)] {
