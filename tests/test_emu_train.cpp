@@ -45,7 +45,7 @@ Run train(const std::string& device, const std::string& args) {
   const std::string metrics = (dir / (device + ".jsonl")).string();
   const std::string weights = (dir / (device + ".safetensors")).string();
   const std::string cmd =
-      "env -i PATH=\"$PATH\" HOME=\"$HOME\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np 2 --oversubscribe " +
       std::string(AMP_TRAIN_BIN) + " --device " + device + " --threads 1 --log-every 0 --metrics " + metrics +
       " --save-weights " + weights + " " + args + " 2>&1";
@@ -80,6 +80,7 @@ void compare(const std::string& args, double step_tol, double weight_tol) {
     SCOPED_TRACE("step " + std::to_string(i + 1));
     EXPECT_EQ(g["skipped"], c["skipped"]);
     EXPECT_EQ(g["scale"].get<double>(), c["scale"].get<double>());  // bitwise
+    ASSERT_EQ(g["loss"].is_null(), c["loss"].is_null()) << "one run's loss is non-finite, the other's is not";
     if (!c["loss"].is_null()) {
       EXPECT_LE(rel(g["loss"].get<double>(), c["loss"].get<double>()), step_tol);
     }

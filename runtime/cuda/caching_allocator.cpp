@@ -121,7 +121,9 @@ void CachingAllocator::deallocate(void* p, size_t bytes) {
     return;
   }
   current_ -= bytes;
-  if (poison_) AMP_CUDA_CHECK(cudaMemsetAsync(p, 0xff, size, poison_stream_));  // in stream order
+  // In stream order; never throws: this runs in destructors, and after a device fault it must not
+  // turn the fault into std::terminate.
+  if (poison_) AMP_CUDA_CHECK_NOTHROW(cudaMemsetAsync(p, 0xff, size, poison_stream_));
 }
 
 void CachingAllocator::release_free_segments_locked() {

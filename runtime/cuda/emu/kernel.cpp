@@ -11,8 +11,10 @@
 // what the emulated GPU needs it for.
 #include <boost/context/fiber.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -155,7 +157,10 @@ std::string deadlock_report(const Block& b) {
   return os.str();
 }
 
-void run_block(Block& b, const std::function<void()>& body) {
+// The threads run in a seeded random order, reshuffled on every pass, and blocks in a random order:
+// code that relies on thread 0 (or block 0) running first, without a barrier, breaks here as it may
+// on a GPU (independent thread scheduling since Volta).
+void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng) {
   for (Thread& t : b.threads) {
     t.fiber = bctx::fiber(std::allocator_arg, PoolAllocator{&t_pool}, [&t, &body](bctx::fiber&& back) {
       t.back = std::move(back);
@@ -172,9 +177,13 @@ void run_block(Block& b, const std::function<void()>& body) {
   }
   const size_t n = b.threads.size();
   size_t finished = 0;
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
   while (finished < n) {
     bool progressed = false;
-    for (Thread& t : b.threads) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
+      Thread& t = b.threads[i];
       if (t.wait == Wait::done || t.wait == Wait::barrier) continue;
       if (t.wait == Wait::shuffle && !shuffle_ready(t, b)) continue;
       t.wait = Wait::none;
@@ -234,7 +243,12 @@ uint64_t shuffle(uint32_t mask, uint64_t bits, int src_lane_in_segment, int widt
   suspend(t);  // resumed once every lane of the mask has deposited shuffle n
   const int segment = lane / width * width;
   const int src = segment + src_lane_in_segment;
-  if (src_lane_in_segment < 0 || src_lane_in_segment >= width || !(mask >> src & 1u)) return bits;
+  if (src_lane_in_segment < 0 || src_lane_in_segment >= width) return bits;  // CUDA: the lane keeps its value
+  const Thread& other = b.threads[static_cast<size_t>(tid - lane + src)];
+  if (!(mask >> src & 1u)) return ~uint64_t{0};  // undefined on the GPU: poison (NaN) here
+  if (other.mask != mask)
+    kernel_error(b, "shuffle at " + site(where) + ": lanes " + std::to_string(lane) + " and " + std::to_string(src) +
+                        " name different masks");
   return w.slot[n % 2][src];
 }
 
@@ -285,7 +299,8 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
   }
   Op op;
   op.name = "kernel " + kernel;
-  op.step = [grid, block, kernel, body = std::move(body), pointers = std::move(pointers)] {
+  const uint64_t seed = random_u64();
+  op.step = [grid, block, kernel, seed, body = std::move(body), pointers = std::move(pointers)] {
     for (const auto& [index, p] : pointers)
       if (!is_device_range(p, 0) && !is_pinned_range(p, 0)) {
         fault("kernel " + kernel + ": argument " + std::to_string(index) +
@@ -296,9 +311,16 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
     Block b;
     b.kernel = kernel;
     const size_t n = static_cast<size_t>(block.x) * block.y * block.z;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-      for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
+    std::mt19937_64 rng(seed);
+    const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+    std::vector<uint64_t> block_order(blocks);
+    for (uint64_t i = 0; i < blocks; ++i) block_order[i] = i;
+    std::shuffle(block_order.begin(), block_order.end(), rng);
+    for (const uint64_t linear : block_order) {
+      const auto bx = static_cast<unsigned>(linear % grid.x);
+      const auto by = static_cast<unsigned>(linear / grid.x % grid.y);
+      const auto bz = static_cast<unsigned>(linear / grid.x / grid.y);
+      {
           b.threads.clear();
           b.threads.resize(n);
           b.warps.assign((n + 31) / 32, Warp{});
@@ -312,7 +334,7 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
           Block* outer = t_block;
           t_block = &b;
           try {
-            run_block(b, body);
+            run_block(b, body, rng);
           } catch (...) {
             t_block = outer;
             b.threads.clear();  // unwinds the suspended fibers
@@ -320,6 +342,7 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
           }
           t_block = outer;
         }
+    }
     return true;
   };
   if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) set_last_error(err);

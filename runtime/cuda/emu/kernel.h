@@ -90,6 +90,7 @@ class Launcher {
   template <class... A>
   void operator()(A&&... args) const {
     static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+    static_assert((sizeof(std::decay_t<P>) + ... + 0) <= 4096, "kernel parameters exceed CUDA's 4 KB limit");
     std::tuple<std::decay_t<P>...> params(static_cast<P>(std::forward<A>(args))...);
     std::vector<std::pair<int, const void*>> pointers;
     collect(params, pointers, std::index_sequence_for<P...>{});

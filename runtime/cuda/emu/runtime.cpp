@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -55,14 +56,25 @@ struct Stream {
   std::deque<Pending> queue;
 };
 
+// Records are numbered 1, 2, ...; each completes on its own (they may sit on different streams).
 struct Event {
-  uint64_t recorded = 0;   // records issued
-  uint64_t completed = 0;  // the latest record that has run
+  uint64_t recorded = 0;    // records enqueued
+  uint64_t done_upto = 0;   // every record up to this one has run
+  std::set<uint64_t> done;  // records past done_upto that have run
+  bool destroyed = false;   // kept (a queued record may still refer to it), but unusable
+  bool is_done(uint64_t record) const { return record <= done_upto || done.count(record) > 0; }
+  void complete(uint64_t record) {
+    done.insert(record);
+    while (done.count(done_upto + 1) > 0) done.erase(++done_upto);
+  }
 };
 
 class Engine {
  public:
-  Engine() : rng_(static_cast<uint64_t>(env_long("AMP_EMU_SEED", 1))) {
+  // The seed mixes in the MPI rank, so that the ranks of one job do not schedule in lockstep.
+  Engine()
+      : rng_(static_cast<uint64_t>(env_long("AMP_EMU_SEED", 1)) * 0x9e3779b97f4a7c15ull +
+             static_cast<uint64_t>(env_long("OMPI_COMM_WORLD_RANK", env_long("PMI_RANK", 0)))) {
     device_ = std::thread([this] { run(); });
     device_.detach();  // never joined: the engine lives for the whole process, like a driver
   }
@@ -150,6 +162,8 @@ class Engine {
           done = op.step();
         } catch (const std::exception& e) {
           fault(op.name + ": " + e.what());
+        } catch (...) {
+          fault(op.name + ": an exception that is not a std::exception");
         }
         lock.lock();
       }
@@ -170,6 +184,7 @@ class Engine {
   }
 
   void reap() {  // with m held: streams destroyed by the program go once they drain
+    if (host_waiters > 0) return;  // a waiter may still be looking at one
     for (auto it = streams.begin(); it != streams.end();) {
       if (it->second->destroyed && it->second->queue.empty()) it = streams.erase(it);
       else ++it;
@@ -516,11 +531,19 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       return true;
     };
   } else {
+    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (d < s + bytes && s < d + bytes) {
+      std::fprintf(stderr, "emulated GPU: cudaMemcpyAsync: source and destination overlap (undefined on a GPU)\n");
+      return result(cudaErrorInvalidValue);
+    }
     op.step = [dst, src, bytes] {
-      std::memmove(dst, src, bytes);
+      std::memcpy(dst, src, bytes);
       return true;
     };
   }
+  // Into pinned memory, the old contents are gone at once: a host read before the copy's event
+  // sees NaN bytes, not a plausible stale value.
+  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes)) std::memset(dst, 0xff, bytes);
   if (kind == cudaMemcpyDeviceToHost) count_d2h();
   if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) return result(err);
   if (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes))
@@ -609,62 +632,80 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
 
 cudaError_t cudaEventCreate(cudaEvent_t* ev) { return cudaEventCreateWithFlags(ev, cudaEventDefault); }
 
+namespace {
+// The event behind a handle, or nullptr for a null or destroyed one (m held).
+Event* live_event(cudaEvent_t ev) {
+  auto* event = reinterpret_cast<Event*>(ev);
+  return event == nullptr || event->destroyed ? nullptr : event;
+}
+}  // namespace
+
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
-  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
-  // A record still queued refers to the event: it is retired, never freed (events are small).
-  return result(cudaSuccess);
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  Event* event = live_event(ev);
+  if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  event->destroyed = true;  // never freed: a record still queued refers to it (events are small)
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
-  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
   Engine& e = engine();
-  auto* event = reinterpret_cast<Event*>(ev);
+  Event* event;
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(e.m);
-    target = ++event->recorded;
+    event = live_event(ev);
+    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+    target = event->recorded + 1;
   }
-  return result(enqueue(s, Op{"cudaEventRecord", [&e, event, target] {
-                               std::lock_guard<std::mutex> lock(e.m);
-                               event->completed = std::max(event->completed, target);
-                               return true;
-                             }}));
+  const cudaError_t err = enqueue(s, Op{"cudaEventRecord", [&e, event, target] {
+                                         std::lock_guard<std::mutex> lock(e.m);
+                                         event->complete(target);
+                                         return true;
+                                       }});
+  if (err != cudaSuccess) return result(err);  // not recorded: the event keeps its last record
+  std::lock_guard<std::mutex> lock(e.m);
+  event->recorded = std::max(event->recorded, target);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
-  if (ev == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.m);
+  Event* event = live_event(ev);
+  if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
   if (e.sticky != cudaSuccess) return set_last_error(e.sticky);
-  auto* event = reinterpret_cast<Event*>(ev);
   // As with the real runtime, NotReady also lands in the calling thread's last-error slot.
-  return event->completed >= event->recorded ? cudaSuccess : set_last_error(cudaErrorNotReady);
+  return event->is_done(event->recorded) ? cudaSuccess : set_last_error(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
   Engine& e = engine();
-  auto* event = reinterpret_cast<Event*>(ev);
+  Event* event;
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(e.m);
+    event = live_event(ev);
+    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
     target = event->recorded;
   }
   // Counted even when the event is already complete: on a real device the call is a sync point.
-  return result(host_wait("cudaEventSynchronize", [event, target] { return event->completed >= target; }));
+  return result(host_wait("cudaEventSynchronize", [event, target] { return event->is_done(target); }));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
-  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
   Engine& e = engine();
-  auto* event = reinterpret_cast<Event*>(ev);
+  Event* event;
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(e.m);
-    target = event->recorded;  // the most recent record at the time of the call
+    event = live_event(ev);
+    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+    target = event->recorded;  // the most recent record at the time of the call; 0: nothing to wait for
   }
   return result(enqueue(s, Op{"cudaStreamWaitEvent", [&e, event, target] {
                                std::lock_guard<std::mutex> lock(e.m);
-                               return event->completed >= target;
+                               return event->is_done(target);
                              }}));
 }
