@@ -161,6 +161,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     const DeviceCounters now = *emulated_device_counters();
     p.counted = DeviceCounters{now.launches - counted_from->launches, now.host_syncs - counted_from->host_syncs,
                                now.d2h_copies - counted_from->d2h_copies};
+    counted_.launches += p.counted->launches;
+    counted_.host_syncs += p.counted->host_syncs;
+    counted_.d2h_copies += p.counted->d2h_copies;
   }
   return p;
 }
@@ -252,6 +255,14 @@ TrainResult Trainer::run() {
       require_consistent(check_replicas(&result), step);
   }
   if (late) emit(finish(*late, std::chrono::steady_clock::now()));
+  if (emulated_device_counters() && device_.is_cuda()) {
+    // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
+    std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
+                "training steps\n",
+                comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
+                static_cast<long long>(counted_.d2h_copies), static_cast<long long>(cfg_.steps));
+    std::fflush(stdout);
+  }
   comm_.set_context("the end-of-run replica check");
   result.final_scale = scaler_->get_scale();
   const comm::ReplicaReport rep = check_replicas(&result);

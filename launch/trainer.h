@@ -64,6 +64,7 @@ class Trainer {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<GradScaler> scaler_;
+  DeviceCounters counted_;  // the emulated GPU's counts over every train_step, this rank
   std::unique_ptr<comm::GradientReducer> reducer_;
   struct {
     int rank = -1;

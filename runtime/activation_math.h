@@ -6,8 +6,9 @@
 
 namespace amp::math {
 
+// NaN passes through, as in PyTorch (x > 0 is false for NaN: the second test keeps it).
 template <class T>
-AMP_HD T relu(T x) { return x > T(0) ? x : T(0); }
+AMP_HD T relu(T x) { return x > T(0) || x != x ? x : T(0); }
 // PyTorch's threshold_backward: the gradient passes where the input was positive.
 template <class T>
 AMP_HD T relu_backward(T g, T x) { return x > T(0) ? g : T(0); }

@@ -96,6 +96,11 @@ void compare(const std::string& args, double step_tol, double weight_tol) {
     }
     EXPECT_FALSE(c.contains("device_launches")) << "the CPU run reports device counters";
   }
+  // Every rank reports its own counts: a sync on rank 1 only would not show in rank 0's metrics.
+  for (int rank : {0, 1}) {
+    const std::string line = "amp_train: rank " + std::to_string(rank) + ": emulated GPU: 0 host syncs";
+    EXPECT_NE(gpu.out.find(line), std::string::npos) << "rank " << rank << ":\n" << gpu.out;
+  }
   ASSERT_EQ(cpu.weights.size(), gpu.weights.size());
   for (const auto& [name, cw] : cpu.weights) {
     const std::vector<double> c = cw.to_vector(), g = gpu.weights.at(name).to_vector();

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 
 #include "runtime/backend.h"
 #include "runtime/ops.h"
@@ -138,6 +139,24 @@ TEST(Tensor, FactoriesValidate) {
   EXPECT_THROW(full({2}, 1.0).item(), std::invalid_argument);
   Tensor i = from_int64({1, 2}, {2});
   EXPECT_THROW(i.set_requires_grad(true), std::invalid_argument);
+}
+
+// ReLU lets NaN through, as PyTorch does: a NaN in the weights or the data must reach the loss, not
+// turn into a normal-looking 0. Its gradient is 0 there (threshold_backward: x > 0 is false).
+TEST(Activation, ReluPropagatesNaNInEveryDtype) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor x = from_vector({nan, -1.0, 0.0, 2.0, -inf, inf}, {6}, dt);
+    const std::vector<double> y = relu(x).to_vector();
+    EXPECT_TRUE(std::isnan(y[0])) << dtype_name(dt);
+    EXPECT_EQ(y[1], 0.0);
+    EXPECT_EQ(y[2], 0.0);
+    EXPECT_EQ(y[3], 2.0);
+    EXPECT_EQ(y[4], 0.0);
+    EXPECT_EQ(y[5], inf);
+    const std::vector<double> g = relu_backward(from_vector({1, 1, 1, 1, 1, 1}, {6}, dt), x).to_vector();
+    EXPECT_EQ(g, (std::vector<double>{0, 0, 0, 1, 0, 1})) << dtype_name(dt);
+  }
 }
 
 }  // namespace
