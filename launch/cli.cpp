@@ -1,5 +1,7 @@
 #include "launch/cli.h"
 
+#include "launch/trainer.h"
+
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <fstream>
@@ -127,6 +129,9 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
   require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
   require(c.bucket_mb > 0.0 && c.bucket_mb <= 65536.0, "--bucket-mb", c.bucket_mb, "must be in (0, 65536]");
+  if (!c.inject_nonfinite.empty() && !scaler_options(c, kCPU).enabled)
+    throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
+                   "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

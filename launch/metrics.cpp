@@ -1,7 +1,5 @@
 #include "launch/metrics.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -14,16 +12,20 @@ namespace {
 nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
-  out_.open(tmp_, std::ios::trunc);
-  if (!out_) throw std::invalid_argument("--metrics: cannot open '" + tmp_ + "' for writing");
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  out_.open(path_, std::ios::trunc);
+  if (!out_) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing");
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (out_.is_open()) {
-    out_.close();
-    std::remove(tmp_.c_str());
-  }
+  if (out_.is_open()) out_.close();
+}
+
+// One write per line: the line is built first, then written and flushed whole.
+void MetricsWriter::line(const std::string& json) {
+  out_.write((json + '\n').data(), static_cast<std::streamsize>(json.size() + 1));
+  out_.flush();
+  if (!out_) throw std::runtime_error("--metrics: cannot write '" + path_ + "'");
 }
 
 void MetricsWriter::write(const StepRecord& r) {
@@ -36,7 +38,7 @@ void MetricsWriter::write(const StepRecord& r) {
     j["device_host_syncs"] = r.device_host_syncs;
     j["device_d2h_copies"] = r.device_d2h_copies;
   }
-  out_ << j.dump() << '\n';
+  line(j.dump());
 }
 
 void MetricsWriter::write(const EndRecord& r) {
@@ -47,7 +49,7 @@ void MetricsWriter::write(const EndRecord& r) {
                               {"final_scale", num(r.final_scale)},
                               {"param_checksum", r.param_checksum},
                               {"replicas_consistent", r.replicas_consistent}};
-  out_ << j.dump() << '\n';
+  line(j.dump());
 }
 
 void MetricsWriter::close() {
@@ -55,10 +57,7 @@ void MetricsWriter::close() {
   out_.flush();
   const bool ok = static_cast<bool>(out_);
   out_.close();
-  if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    std::remove(tmp_.c_str());
-    throw std::runtime_error("--metrics: cannot write '" + path_ + "'");
-  }
+  if (!ok) throw std::runtime_error("--metrics: cannot write '" + path_ + "'");
 }
 
 }  // namespace amp::launch

@@ -1,5 +1,7 @@
-// Metrics as JSON Lines (DESIGN §9): one record per optimizer step, then one "end" record. Written
-// to FILE.tmp and renamed to FILE by close(), so a crashed run leaves no half-written FILE.
+// Metrics as JSON Lines (DESIGN §9): one record per optimizer step, then one "end" record, written
+// to FILE itself as training goes (`tail -f` works), a whole line at a time, flushed per record. A
+// run that dies leaves every finished step's line and no partial one; the "end" record marks a run
+// that finished.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -32,15 +34,16 @@ class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
   explicit MetricsWriter(const std::string& path);
-  ~MetricsWriter();  // an unclosed writer removes its temporary file
+  ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const StepRecord& r);
   void write(const EndRecord& r);
-  void close();  // flush and rename into place
+  void close();  // flush and close; throws if anything could not be written
 
  private:
-  std::string path_, tmp_;
+  void line(const std::string& json);
+  std::string path_;
   std::ofstream out_;
 };
 

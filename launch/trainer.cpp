@@ -220,6 +220,13 @@ TrainResult Trainer::run() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
   auto emit = [&](const StepRecord& r) {
+    // A non-finite loss that no scaler skipped would be trained on, and the weights go NaN
+    // quietly: stop, naming the step (the same on every rank: the loss is averaged over ranks).
+    if (!std::isfinite(r.loss) && !r.skipped)
+      throw std::runtime_error("step " + std::to_string(r.step) + ": the loss is " +
+                               (std::isnan(r.loss) ? "NaN" : "infinite") +
+                               " and no loss scaler skipped the step (non-finite data or weights, or a learning "
+                               "rate that diverges); stopping before the weights are corrupted");
     result.records.push_back(r);
     result.skipped_steps += r.skipped;
     metrics.write(r);
@@ -263,6 +270,10 @@ TrainResult Trainer::run() {
                 static_cast<long long>(counted_.d2h_copies), static_cast<long long>(cfg_.steps));
     std::fflush(stdout);
   }
+  if (result.skipped_steps == cfg_.steps)
+    throw std::runtime_error("every one of the " + std::to_string(cfg_.steps) +
+                             " steps was skipped for non-finite gradients: nothing was trained (final scale " +
+                             std::to_string(scaler_->get_scale()) + ")");
   comm_.set_context("the end-of-run replica check");
   result.final_scale = scaler_->get_scale();
   const comm::ReplicaReport rep = check_replicas(&result);

@@ -45,7 +45,8 @@ const char* const kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 "
     "mpirun -np 2 --oversubscribe";
 
-const std::string kSmall = " --width 8 --layers 2 --steps 2 --batch-size 4 --log-every 0 --threads 1 ";
+const std::string kNoSteps = " --width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 ";
+const std::string kSmall = kNoSteps + "--steps 2 ";
 
 struct TempDir {
   fs::path path = fs::temp_directory_path() / ("amp_cli_" + std::to_string(::getpid()));
@@ -281,6 +282,47 @@ TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
   EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
   EXPECT_LT(secs, 60.0);
   EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
+}
+
+// Metrics are written as training goes, a whole line per step, to the file itself: a run stopped
+// halfway (here: killed while rank 0 stalls at step 4) leaves its finished steps readable.
+TEST(Cli, MetricsAreWrittenAsTrainingGoes) {
+  TempDir d;
+  const RunResult r = run(kNoSteps + "--steps 10 --metrics " + d.file("m.jsonl"), "AMP_DEBUG_STALL=0:4 timeout 8");
+  EXPECT_EQ(r.code, 124) << "the stalled run was not the one killed: " << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  // Steps 1-3 on the CPU; on a GPU a step's figures are read one step late, so steps 1-2.
+  ASSERT_GE(recs.size(), 2u) << r.out;
+  ASSERT_LE(recs.size(), 3u) << r.out;
+  for (size_t i = 0; i < recs.size(); ++i) EXPECT_EQ(recs[i]["step"], static_cast<int>(i) + 1);
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d.path)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1) << "a temporary file was left";
+}
+
+// A loss that goes non-finite with no scaler to skip the step stops the run, naming the step,
+// instead of training on NaN and exiting 0.
+TEST(Cli, ANonFiniteLossStopsTheRun) {
+  const RunResult r = run(kNoSteps + "--steps 20 --lr 1e30 --amp off");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(r.code, 128) << "a clean exit, not a crash: " << r.out;
+  EXPECT_NE(r.out.find("the loss is"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no loss scaler skipped the step"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ARunWhoseEveryStepWasSkippedFails) {
+  const RunResult r = run(kNoSteps + "--steps 2 --amp fp16 --inject-nonfinite 1 --inject-nonfinite 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(r.code, 128) << r.out;
+  EXPECT_NE(r.out.find("every one of the 2 steps was skipped"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InjectingNonFiniteGradientsNeedsAScaler) {
+  for (const std::string amp : {"--amp off", "--amp bf16", "--amp fp16 --loss-scale off"}) {
+    const RunResult r = run(kSmall + amp + " --inject-nonfinite 1");
+    EXPECT_EQ(r.code, 2) << amp << ": " << r.out;
+    EXPECT_NE(r.out.find("--inject-nonfinite"), std::string::npos) << r.out;
+  }
 }
 
 }  // namespace
