@@ -14,6 +14,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
 #include "launch/cli.h"
+#include "launch/output_path.h"
 #include "launch/device_comm.h"
 #include "launch/trainer.h"
 #include "runtime/cuda_support.h"
@@ -80,6 +81,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
     }
   };
+  attempt([&] {  // rank 0 writes the outputs: check them before anything runs
+    if (!rank0) return;
+    launch::check_output_path("--save-weights", cfg.save_weights);
+    launch::check_output_path("--metrics", cfg.metrics);
+  });
   attempt([&] {
     device = pick_device(cfg.device, *host_comm, rank0);
     if (device.is_cuda()) cuda_init(host_comm->local_rank());

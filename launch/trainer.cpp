@@ -279,9 +279,16 @@ TrainResult Trainer::run() {
   const comm::ReplicaReport rep = check_replicas(&result);
   metrics.write(EndRecord{cfg_.steps, result.skipped_steps, result.final_scale, result.param_checksum,
                           result.replicas_consistent});
-  metrics.close();
+  // One output's failure must not cost the other: the weights are saved even if the metrics fail.
+  std::string metrics_error;
+  try {
+    metrics.close();
+  } catch (const std::exception& e) {
+    metrics_error = e.what();
+  }
   require_consistent(rep, cfg_.steps);  // throws, naming the ranks, before anything is saved
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
+  if (!metrics_error.empty()) throw std::runtime_error(metrics_error);
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -122,7 +123,18 @@ void save(const std::string& path, const NamedTensors& tensors) {
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // the data section starts 8-byte aligned
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Through a symbolic link, the file it names is replaced and the link stays; a directory, device
+  // or FIFO is never replaced.
+  std::error_code ec;
+  std::string target = path;
+  if (std::filesystem::is_symlink(path, ec)) {  // (a path that does not exist yet is no link)
+    target = std::filesystem::weakly_canonical(path, ec).string();
+    if (ec) fail(path, "cannot resolve the symbolic link: " + ec.message());
+  }
+  const auto st = std::filesystem::status(target, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    fail(path, "exists and is not a regular file; refusing to replace it");
+  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail(path, "cannot open '" + tmp + "' for writing");
@@ -144,7 +156,7 @@ void save(const std::string& path, const NamedTensors& tensors) {
       fail(path, "write failed (disk full?)");
     }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail(path, std::string("cannot rename temporary file: ") + std::strerror(errno));
   }

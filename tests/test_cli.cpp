@@ -325,5 +325,42 @@ TEST(Cli, InjectingNonFiniteGradientsNeedsAScaler) {
   }
 }
 
+// Output paths are checked before the first step: exit 2 at once, naming the flag, instead of a
+// failure after the whole run.
+TEST(Cli, BadOutputPathsAreRefusedBeforeTraining) {
+  TempDir d;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--save-weights /nonexistent_dir/w.safetensors", "--save-weights"},
+      {"--save-weights " + d.path.string(), "--save-weights"},
+      {"--save-weights /dev/null", "--save-weights"},
+      {"--metrics /nonexistent_dir/m.jsonl", "--metrics"},
+      {"--metrics " + d.path.string(), "--metrics"},
+  };
+  for (const auto& [args, flag] : bad) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult r = run(kNoSteps + "--steps 100000 " + args);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(flag), std::string::npos) << r.out;
+    EXPECT_LT(secs, 20.0) << args << ": the run trained before failing";
+  }
+}
+
+// Saving through a symbolic link replaces the file it names and keeps the link.
+TEST(Cli, SavingThroughASymlinkKeepsTheLink) {
+  TempDir d;
+  fs::create_directories(d.path / "real");
+  const fs::path target = d.path / "real" / "w.safetensors", link = d.path / "link.safetensors";
+  { std::ofstream(target) << "old"; }
+  fs::create_symlink(target, link);
+  const RunResult r = run(kSmall + "--save-weights " + link.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link was replaced by a file";
+  EXPECT_GT(fs::file_size(target), 100u) << "the linked file was not written";
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d.path / "real")) files += e.is_regular_file();
+  EXPECT_EQ(files, 1) << "a temporary file was left";
+}
+
 }  // namespace
 }  // namespace amp

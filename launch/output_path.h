@@ -1,0 +1,12 @@
+// Output files (--save-weights, --metrics) are checked before the first step, so that a typo costs
+// seconds, not a whole run: the directory must exist and be writable, and the file, if it exists,
+// must be a regular file (a symlink is followed: the file it names is the one written).
+#pragma once
+#include <string>
+
+namespace amp::launch {
+
+// Throws std::invalid_argument naming flag and path when path cannot be written as a file.
+void check_output_path(const char* flag, const std::string& path);
+
+}  // namespace amp::launch
