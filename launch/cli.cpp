@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -204,7 +205,13 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   CliResult res;
   try {
     po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, all), vm);
+    // No abbreviations (--wid would become --width, and break when a flag is added), and no words
+    // that belong to no flag (--amp fp16 bf16, steps=5): both are usage errors.
+    const auto style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(all).style(style).run();
+    const std::vector<std::string> stray = po::collect_unrecognized(parsed.options, po::include_positional);
+    if (!stray.empty()) throw UsageError("unexpected argument '" + stray.front() + "' (every value follows its flag)");
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::ostringstream os;
       os << all;
@@ -213,10 +220,18 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     }
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(file, ec))  // a directory, FIFO or /dev/zero: never read
+        throw UsageError("--config: '" + file + "' is not a regular file");
       std::ifstream in(file);
       if (!in) throw UsageError("--config: cannot open '" + file + "'");
       try {
-        po::store(po::parse_config_file(in, all), vm);  // values already set by the command line win
+        const po::parsed_options from_file = po::parse_config_file(in, all);
+        // Every value of the file is checked, even one the command line overrides, and a key given
+        // twice is an error: a typo in a config must not wait for the day the override goes.
+        po::variables_map alone;
+        po::store(from_file, alone);
+        po::store(from_file, vm);  // values already set by the command line win
       } catch (const po::error& e) {
         throw UsageError("--config " + file + ": " + e.what());
       }

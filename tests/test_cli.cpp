@@ -1,6 +1,7 @@
 // amp_train as users run it: flag validation, --config layering, bad safetensors files, the
 // weights round trip, the metrics format, --device cuda without a GPU, and a stalled rank.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -360,6 +361,32 @@ TEST(Cli, SavingThroughASymlinkKeepsTheLink) {
   int files = 0;
   for (auto& e : fs::directory_iterator(d.path / "real")) files += e.is_regular_file();
   EXPECT_EQ(files, 1) << "a temporary file was left";
+}
+
+// Abbreviated flags, stray words, and config files that are not files or that hide bad values.
+TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
+  TempDir d;
+  const std::string fifo = d.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  { std::ofstream(d.file("bad_value.cfg")) << "lr = abc\n"; }
+  { std::ofstream(d.file("twice.cfg")) << "lr = 0.1\nlr = 0.2\n"; }
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--wid 16", "--wid"},
+      {"--amp fp16 bf16", "unexpected argument 'bf16'"},
+      {"steps=5", "unexpected argument 'steps=5'"},
+      {"--config " + d.path.string(), "not a regular file"},
+      {"--config /dev/zero", "not a regular file"},
+      {"--config " + fifo, "not a regular file"},
+      {"--config " + d.file("bad_value.cfg") + " --lr 0.1", "--config"},
+      {"--config " + d.file("twice.cfg"), "--config"},
+  };
+  for (const auto& [args, says] : bad) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult r = run(kSmall + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0) << args;
+  }
 }
 
 }  // namespace
