@@ -17,9 +17,15 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
 
 std::vector<char> read_all(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    fail(path, std::filesystem::is_directory(st) ? "is a directory, not a safetensors file"
+                                                 : "is not a regular file (a device or FIFO?)");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "cannot open file for reading");
   const std::streamsize size = in.tellg();
+  if (size < 0) fail(path, "cannot tell the file's size");
   std::vector<char> bytes(static_cast<size_t>(size));
   in.seekg(0);
   if (size > 0 && !in.read(bytes.data(), size)) fail(path, "cannot read file");

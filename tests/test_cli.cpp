@@ -389,5 +389,18 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
   }
 }
 
+// A directory or a device where a weights or data file belongs: exit 2 naming it (it used to be
+// read as a file of absurd size: std::bad_alloc, and no name).
+TEST(Cli, ADirectoryOrDeviceGivenAsAnInputFileIsNamed) {
+  TempDir d;
+  for (const std::string flag : {"--init-weights", "--data"})
+    for (const std::string& path : {d.path.string(), std::string("/dev/zero")}) {
+      const RunResult r = run(kSmall + flag + " " + path);
+      EXPECT_EQ(r.code, 2) << flag << " " << path << ": " << r.out;
+      EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+      EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+    }
+}
+
 }  // namespace
 }  // namespace amp
