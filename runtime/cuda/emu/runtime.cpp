@@ -448,24 +448,31 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   return result(cudaSuccess);
 }
 
-cudaError_t cudaFree(void* p) {
+namespace {
+
+// cudaFree and cudaFreeHost: an allocation of `map` is released once the whole device is idle (both
+// calls synchronise the device, as the real ones do), poisoned first, then given back to the heap.
+cudaError_t free_after_device(std::map<uintptr_t, size_t> Memory::*map, void* p, const char* what, bool device) {
   if (p == nullptr) return result(cudaSuccess);
   Memory& mem = memory();
   {
     std::lock_guard<std::mutex> lock(mem.m);
-    if (mem.device.find(reinterpret_cast<uintptr_t>(p)) == mem.device.end()) return result(cudaErrorInvalidValue);
+    if ((mem.*map).find(reinterpret_cast<uintptr_t>(p)) == (mem.*map).end()) return result(cudaErrorInvalidValue);
   }
-  // cudaFree waits for the whole device, as the real one does.
   Engine& e = engine();
-  host_wait("cudaFree", [&] { return e.all_idle(); });
+  host_wait(what, [&] { return e.all_idle(); });
   std::lock_guard<std::mutex> lock(mem.m);
-  auto it = mem.device.find(reinterpret_cast<uintptr_t>(p));
+  auto it = (mem.*map).find(reinterpret_cast<uintptr_t>(p));
   std::memset(p, 0xff, it->second);
-  mem.device_bytes -= (it->second + 255) / 256 * 256;
-  mem.device.erase(it);
+  if (device) mem.device_bytes -= (it->second + 255) / 256 * 256;
+  (mem.*map).erase(it);
   std::free(p);
   return result(cudaSuccess);
 }
+
+}  // namespace
+
+cudaError_t cudaFree(void* p) { return free_after_device(&Memory::device, p, "cudaFree", true); }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
@@ -478,21 +485,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   return result(cudaSuccess);
 }
 
-cudaError_t cudaFreeHost(void* p) {
-  if (p == nullptr) return result(cudaSuccess);
-  Memory& mem = memory();
-  {
-    std::lock_guard<std::mutex> lock(mem.m);
-    if (mem.pinned.find(reinterpret_cast<uintptr_t>(p)) == mem.pinned.end()) return result(cudaErrorInvalidValue);
-  }
-  // Like cudaFree, cudaFreeHost synchronises the device.
-  Engine& e = engine();
-  host_wait("cudaFreeHost", [&] { return e.all_idle(); });
-  std::lock_guard<std::mutex> lock(mem.m);
-  mem.pinned.erase(reinterpret_cast<uintptr_t>(p));
-  std::free(p);
-  return result(cudaSuccess);
-}
+cudaError_t cudaFreeHost(void* p) { return free_after_device(&Memory::pinned, p, "cudaFreeHost", false); }
 
 namespace {
 
