@@ -158,12 +158,8 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
   PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm}), {}};
   if (counted_from && device_.is_cuda()) {
-    const DeviceCounters now = *emulated_device_counters();
-    p.counted = DeviceCounters{now.launches - counted_from->launches, now.host_syncs - counted_from->host_syncs,
-                               now.d2h_copies - counted_from->d2h_copies};
-    counted_.launches += p.counted->launches;
-    counted_.host_syncs += p.counted->host_syncs;
-    counted_.d2h_copies += p.counted->d2h_copies;
+    p.counted = *emulated_device_counters() - *counted_from;
+    counted_ += *p.counted;
   }
   return p;
 }

@@ -19,6 +19,13 @@ void cuda_init(int local_rank);
 // for device work) and device-to-host copies. nullopt on a real GPU and in builds without CUDA.
 struct DeviceCounters {
   int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
+  DeviceCounters operator-(const DeviceCounters& o) const {
+    return {launches - o.launches, host_syncs - o.host_syncs, d2h_copies - o.d2h_copies};
+  }
+  DeviceCounters& operator+=(const DeviceCounters& o) {
+    launches += o.launches, host_syncs += o.host_syncs, d2h_copies += o.d2h_copies;
+    return *this;
+  }
 };
 std::optional<DeviceCounters> emulated_device_counters();
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -694,28 +695,37 @@ TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
 }
 
 #if defined(AMP_CUDA_EMU)
-// The bias gradient, [N, M] -> [M], with M past the old one-block-per-output limit: it used to go to
-// one thread per column (16 blocks on this device, each thread walking a column alone) or to one
-// block per column walking it with stride M (uncoalesced). Now a block owns 32 adjacent columns and
-// its warps read 32 adjacent elements: grid = ceil(M / 32), block 32 x 8.
+// The bias gradient, [N, M] -> [M]: it used to go to one thread per column (16 blocks on this
+// device, each thread walking a column alone) or to one block per column walking it with stride M
+// (uncoalesced). Now a block owns 32 adjacent columns and its warps read 32 adjacent elements: grid
+// ceil(M / 32) x splits, block 32 x 8. Few columns over many rows are split over more blocks (grid.y),
+// whose partial sums a second kernel adds; many columns need one split.
 TEST_F(CudaVsCpu, BiasGradientSumIsCoalescedOverColumns) {
-  for (int64_t m : {int64_t{100}, int64_t{8192}}) {
-    const Tensor y = random_cpu({300, m}, DType::f32, 71);
+  for (int64_t m : {int64_t{40}, int64_t{8192}}) {
+    const Tensor y = random_cpu({3000, m}, DType::f32, 71);
     Tensor cs = empty({m}, DType::f32), gs = empty({m}, DType::f32, kGPU);
     cpu().sum_to(y, cs);
     gpu().sum_to(y.to(kGPU), gs);
     const auto launches = emu::recent_launches();
-    ASSERT_FALSE(launches.empty());
-    const emu::LaunchRecord& l = launches.back();
-    EXPECT_NE(l.kernel.find("sum_columns_kernel"), std::string::npos) << l.kernel;
+    auto it = std::find_if(launches.rbegin(), launches.rend(),
+                           [](const emu::LaunchRecord& r) { return r.kernel.find("sum_columns_kernel") != std::string::npos; });
+    ASSERT_NE(it, launches.rend()) << "the columns kernel did not run";
+    const emu::LaunchRecord& l = *it;
     EXPECT_EQ(l.grid_x, static_cast<unsigned>((m + 31) / 32));
     EXPECT_EQ(l.block_x, 32u);
     EXPECT_EQ(l.block_y, 8u);
+    if (m == 40) {
+      EXPECT_GT(l.grid_y, 1u) << "2 column blocks over 3000 rows: the rows should be split";
+      EXPECT_NE(launches.back().kernel.find("sum_column_partials_kernel"), std::string::npos);
+    } else {
+      EXPECT_EQ(l.grid_y, 1u);
+      EXPECT_EQ(it, launches.rbegin());
+    }
     EXPECT_TRUE(matches_sum(gs, cs, [&] {
       Tensor as = empty({m}, DType::f64);
       cpu().sum_to(abs_f64(y), as);
       return as;
-    }(), 300));
+    }(), 3000));
   }
 }
 #endif

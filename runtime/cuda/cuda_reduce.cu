@@ -71,24 +71,39 @@ __global__ void sum_block_per_output_kernel(const T* x, T* out, MixedRadix kept,
   if (threadIdx.x == 0) out[j] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(acc));
 }
 
-// x viewed as [rows, cols] summed over its rows (the bias gradient: [N, M] -> [M]). A block owns 32
-// adjacent columns; its 8 rows of 32 threads walk the rows 8 apart, so each warp reads 32 adjacent
-// elements (coalesced) and nothing divides. The 8 partial sums of a column are added in a fixed
-// order: deterministic.
+// x viewed as [rows, cols] summed over its rows (the bias gradient: [N, M] -> [M]). Block (bx, by)
+// owns 32 adjacent columns and the by-th run of rows_per_split rows; its 8 rows of 32 threads walk
+// those rows 8 apart, so each warp reads 32 adjacent elements (coalesced) and nothing divides. With
+// one split the block writes the column sums; with several (few columns, many rows: more blocks to
+// fill the GPU) it writes its partial sums and sum_column_partials_kernel adds them. Every addition
+// happens in a fixed order: deterministic.
 constexpr int kColTile = 32, kRowLanes = 8;
 template <class T>
-__global__ void __launch_bounds__(kColTile * kRowLanes) sum_columns_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
+__global__ void __launch_bounds__(kColTile * kRowLanes)
+    sum_columns_kernel(const T* x, T* out, double* split_partials, int64_t rows, int64_t cols, int64_t rows_per_split) {
   AMP_SHARED(double[kRowLanes][kColTile], partial);
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t last = first + rows_per_split < rows ? first + rows_per_split : rows;
   double acc = 0.0;
   if (col < cols)
-    for (int64_t r = ty; r < rows; r += kRowLanes) acc += static_cast<double>(DevElem<T>::load(x[r * cols + col]));
+    for (int64_t r = first + ty; r < last; r += kRowLanes) acc += static_cast<double>(DevElem<T>::load(x[r * cols + col]));
   partial[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && col < cols) {
     double total = 0.0;
     for (int k = 0; k < kRowLanes; ++k) total += partial[k][tx];
+    if (split_partials != nullptr) split_partials[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    else out[col] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(total));
+  }
+}
+
+template <class T>
+__global__ void sum_column_partials_kernel(const double* split_partials, int64_t splits, int64_t cols, T* out) {
+  AMP_GRID_STRIDE(col, cols) {
+    double total = 0.0;
+    for (int64_t s = 0; s < splits; ++s) total += split_partials[s * cols + col];
     out[col] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(total));
   }
 }
@@ -177,9 +192,23 @@ void launch_sum_to(const Tensor& x, Tensor& out) {
     seen_kept |= !summed && ob.out_shape[d] != 1;
   }
   if (leading) {
-    const auto blocks = static_cast<unsigned>((outputs + kColTile - 1) / kColTile);
-    AMP_LAUNCH(blocks, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(x.data<T>(), out.data<T>(),
-                                                                                      reduced, outputs);
+    // Enough blocks to fill the GPU a few times over; each split keeps at least 64 rows.
+    const int64_t col_blocks = (outputs + kColTile - 1) / kColTile;
+    const int64_t wanted = (4 * static_cast<int64_t>(ctx.sm_count()) + col_blocks - 1) / col_blocks;
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, (reduced + 63) / 64, 65535}));
+    const int64_t rows_per_split = (reduced + splits - 1) / splits;
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits));
+    if (splits == 1) {
+      AMP_LAUNCH(grid, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(
+          x.data<T>(), out.data<T>(), nullptr, reduced, outputs, rows_per_split);
+    } else {
+      Scratch partials(sizeof(double) * static_cast<size_t>(splits * outputs));
+      AMP_LAUNCH(grid, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(
+          x.data<T>(), out.data<T>(), partials.as<double>(), reduced, outputs, rows_per_split);
+      AMP_CUDA_CHECK_LAUNCH();
+      AMP_LAUNCH(grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream(), sum_column_partials_kernel<T>)(
+          partials.as<double>(), splits, outputs, out.data<T>());
+    }
   } else if (outputs <= 4096 && reduced >= 256) {
     AMP_LAUNCH(static_cast<unsigned>(outputs), kBlock, 0, ctx.stream(), sum_block_per_output_kernel<T>)(x.data<T>(), out.data<T>(),
                                                                                                 kept, red, reduced);

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -631,6 +632,19 @@ Event* live_event(cudaEvent_t ev) {
   auto* event = reinterpret_cast<Event*>(ev);
   return event == nullptr || event->destroyed ? nullptr : event;
 }
+
+// A live event and its latest record number (0: never recorded), read under the engine's lock.
+struct LatestRecord {
+  Event* event;
+  uint64_t record;
+};
+std::optional<LatestRecord> latest_record(cudaEvent_t ev) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  Event* event = live_event(ev);
+  if (event == nullptr) return std::nullopt;
+  return LatestRecord{event, event->recorded};
+}
 }  // namespace
 
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
@@ -644,14 +658,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   Engine& e = engine();
-  Event* event;
-  uint64_t target;
-  {
-    std::lock_guard<std::mutex> lock(e.m);
-    event = live_event(ev);
-    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
-    target = event->recorded + 1;
-  }
+  const auto latest = latest_record(ev);
+  if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  Event* event = latest->event;
+  const uint64_t target = latest->record + 1;
   const cudaError_t err = enqueue(s, Op{"cudaEventRecord", [&e, event, target] {
                                          std::lock_guard<std::mutex> lock(e.m);
                                          event->complete(target);
@@ -674,29 +684,20 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  Engine& e = engine();
-  Event* event;
-  uint64_t target;
-  {
-    std::lock_guard<std::mutex> lock(e.m);
-    event = live_event(ev);
-    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
-    target = event->recorded;
-  }
+  const auto latest = latest_record(ev);
+  if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  Event* event = latest->event;
+  const uint64_t target = latest->record;
   // Counted even when the event is already complete: on a real device the call is a sync point.
   return result(host_wait("cudaEventSynchronize", [event, target] { return event->is_done(target); }));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
   Engine& e = engine();
-  Event* event;
-  uint64_t target;
-  {
-    std::lock_guard<std::mutex> lock(e.m);
-    event = live_event(ev);
-    if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
-    target = event->recorded;  // the most recent record at the time of the call; 0: nothing to wait for
-  }
+  const auto latest = latest_record(ev);  // the most recent record at the call; 0: nothing to wait for
+  if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  Event* event = latest->event;
+  const uint64_t target = latest->record;
   return result(enqueue(s, Op{"cudaStreamWaitEvent", [&e, event, target] {
                                std::lock_guard<std::mutex> lock(e.m);
                                return event->is_done(target);
