@@ -5,11 +5,12 @@
 #   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
 #                       calls find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
 #   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).
+#   clang libclang-rt-14-dev  the safetensors fuzz target (libFuzzer; tests/scripts/fuzz_safetensors.sh).
 #   ccache              optional: CMake uses it when present, and rebuilds get much faster.
 set -euo pipefail
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
-          ccache)
+          clang libclang-rt-14-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

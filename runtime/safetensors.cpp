@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,7 +11,6 @@
 namespace amp::safetensors {
 
 namespace {
-constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
 
@@ -33,75 +31,14 @@ std::vector<char> read_all(const std::string& path) {
 }
 }  // namespace
 
-static size_t raw_dtype_size(const std::string& dt) {
-  DType t;
-  if (dtype_from_safetensors_name(dt, &t)) return dtype_size(t);
-  if (dt == "U8" || dt == "I8" || dt == "BOOL") return 1;
-  if (dt == "U16" || dt == "I16") return 2;
-  if (dt == "U32" || dt == "I32") return 4;
-  if (dt == "U64") return 8;
-  return 0;
-}
-
 std::vector<RawEntry> load_raw(const std::string& path) {
   const std::vector<char> bytes = read_all(path);
-  if (bytes.size() < 8) fail(path, "truncated: " + std::to_string(bytes.size()) + " bytes, no header length");
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
-  if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8)
-    fail(path, "corrupt or truncated: header length " + std::to_string(header_len) + " exceeds the file (" +
-                   std::to_string(bytes.size()) + " bytes)");
-  nlohmann::ordered_json header;
-  try {
-    header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("corrupt header: ") + e.what());
-  }
-  if (!header.is_object()) fail(path, "corrupt header: not a JSON object");
-  const size_t data_start = 8 + header_len;
-  const size_t data_size = bytes.size() - data_start;
-
-  std::vector<std::pair<uint64_t, RawEntry>> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string& name = it.key();
-    const auto& e = it.value();
-    try {
-      const std::string dt = e.at("dtype").get<std::string>();
-      const size_t elem = raw_dtype_size(dt);
-      if (elem == 0) fail(path, "tensor '" + name + "' has unknown dtype " + dt);
-      const auto& dims = e.at("shape");
-      if (!dims.is_array()) fail(path, "tensor '" + name + "' has a malformed shape (not an array)");
-      Shape shape;
-      uint64_t count = 1;
-      for (const auto& d : dims) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0)
-          fail(path, "tensor '" + name + "' has a malformed shape (dimensions must be integers >= 0)");
-        const int64_t v = d.get<int64_t>();
-        if (__builtin_mul_overflow(count, static_cast<uint64_t>(v), &count) || count > (uint64_t{1} << 56))
-          fail(path, "tensor '" + name + "' has an impossibly large shape");
-        shape.push_back(v);
-      }
-      const auto& offs = e.at("data_offsets");
-      if (!offs.is_array() || offs.size() != 2) fail(path, "tensor '" + name + "' has malformed data_offsets");
-      const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-      const uint64_t expect = count * elem;
-      if (begin > end || end > data_size)
-        fail(path, "truncated or corrupt: tensor '" + name + "' spans bytes [" + std::to_string(begin) + ", " +
-                       std::to_string(end) + ") of a " + std::to_string(data_size) + "-byte data section");
-      if (end - begin != expect)
-        fail(path, "tensor '" + name + "' holds " + std::to_string(end - begin) + " bytes, but " + dt + " " +
-                       shape_str(shape) + " needs " + std::to_string(expect));
-      const char* src = bytes.data() + data_start + begin;
-      entries.emplace_back(begin, RawEntry{name, dt, shape, std::vector<char>(src, src + expect)});
-    } catch (const nlohmann::json::exception& ex) {
-      fail(path, "tensor '" + name + "' has a malformed header entry: " + ex.what());
-    }
-  }
-  // File order: by data offset, header order among equals.
-  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const Layout layout = parse_layout(bytes.data(), bytes.size(), path);
   std::vector<RawEntry> out;
-  for (auto& e : entries) out.push_back(std::move(e.second));
+  for (const EntryLayout& e : layout.entries) {
+    const char* src = bytes.data() + layout.data_start + e.begin;
+    out.push_back(RawEntry{e.name, e.dtype, e.shape, std::vector<char>(src, src + (e.end - e.begin))});
+  }
   return out;
 }
 

@@ -1,22 +1,16 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header, then raw little-endian
 // data. Parameters keep PyTorch's names and layouts, so files interoperate with torch.
 #pragma once
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/safetensors_format.h"
 #include "runtime/tensor.h"
 
 namespace amp::safetensors {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-// Every error names the file and what is wrong with it.
-class Error : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 // One header entry with its bytes, for dtypes this runtime has no tensor type for (U16, U8, ...).
 struct RawEntry {
@@ -25,10 +19,10 @@ struct RawEntry {
   Shape shape;
   std::vector<char> bytes;
 };
-// Reads and validates the whole file (header, offsets, sizes), in header order.
+// Reads and validates the whole file (safetensors_format.h), in data order.
 std::vector<RawEntry> load_raw(const std::string& path);
 
-// Loads every tensor onto the CPU, in the file's header order. Rejects truncated or corrupt files.
+// Loads every tensor onto the CPU, in data order. Rejects truncated or corrupt files.
 NamedTensors load(const std::string& path);
 // Writes to a temporary file in the same folder, then renames it: no half-written file is left.
 void save(const std::string& path, const NamedTensors& tensors);

@@ -129,5 +129,104 @@ TEST(Safetensors, RejectsCorruptAndTruncatedFiles) {
                   "malformed shape");
 }
 
+// The format, enforced: each of these files was once read as data (issue #14, item 3).
+TEST(Safetensors, EnforcesTheFormat) {
+  TempDir dir;
+  // A file from a header and a data section; pad: what follows the JSON in the header.
+  auto file = [&](const std::string& name, const std::string& json, const std::string& data,
+                  const std::string& pad = "") {
+    std::string h = json + pad;
+    std::string b(8, '\0');
+    const uint64_t n = h.size();
+    std::memcpy(b.data(), &n, 8);
+    write_bytes(dir.file(name), b + h + data);
+    return dir.file(name);
+  };
+  const std::string eight(8, '\x01');
+  const std::string two_f32 =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  // The control: a well-formed file loads, padded with spaces or not, with string metadata.
+  EXPECT_EQ(safetensors::load(file("ok.st", two_f32, eight)).size(), 2u);
+  EXPECT_EQ(safetensors::load(file("pad.st", two_f32, eight, "   ")).size(), 2u);
+  EXPECT_EQ(safetensors::load(file("meta.st", R"({"__metadata__":{"format":"pt"},)" + two_f32.substr(1), eight)).size(),
+            2u);
+  // An empty tensor may sit anywhere, also where another begins.
+  EXPECT_EQ(safetensors::load(file("empty.st",
+                                   R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                   R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[8,8]}})",
+                                   eight))
+                .size(),
+            2u);
+
+  expect_rejected(file("overlap.st",
+                       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                       eight),
+                  "overlaps");
+  expect_rejected(file("hole.st",
+                       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("b":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}})",
+                       eight),
+                  "belong to no tensor");
+  expect_rejected(file("trailing.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight),
+                  "trailing byte");
+  expect_rejected(file("dup.st",
+                       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                       eight),
+                  "appears twice");
+  expect_rejected(file("dupfield.st", R"({"a":{"dtype":"F32","shape":[1],"dtype":"U8","data_offsets":[0,4]}})",
+                       eight.substr(0, 4)),
+                  "appears twice");
+  expect_rejected(file("fracoff.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.5]}})",
+                       eight.substr(0, 4)),
+                  "data_offsets");
+  expect_rejected(file("negoff.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", ""),
+                  "data_offsets");
+  expect_rejected(file("strdtype.st", R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", eight.substr(0, 4)),
+                  "dtype");
+  expect_rejected(file("field.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})",
+                       eight.substr(0, 4)),
+                  "unknown field 'x'");
+  expect_rejected(file("notobj.st", R"({"a":[1,2]})", ""), "not an object");
+  expect_rejected(file("meta_num.st", R"({"__metadata__":{"epoch":3}})", ""), "strings to strings");
+  expect_rejected(file("meta_arr.st", R"({"__metadata__":["x"]})", ""), "__metadata__");
+  expect_rejected(file("nulpad.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight.substr(0, 4),
+                       std::string(3, '\0')),
+                  "padded with spaces");
+  expect_rejected(file("nlpad.st", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight.substr(0, 4),
+                       "\n"),
+                  "padded with spaces");
+  expect_rejected(file("array.st", "[]", ""), "begin with '{'");
+
+  // A header length one byte off in either direction shifts everything: refused, never read.
+  Generator g(3);
+  const std::string good = dir.file("good.st");
+  safetensors::save(good, {{"w", randn({4, 4}, g)}, {"b", randn({4}, g)}});
+  const std::string bytes = read_bytes(good);
+  for (int delta : {-1, 1, -8, 8}) {
+    std::string b = bytes;
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    n += static_cast<uint64_t>(static_cast<int64_t>(delta));
+    std::memcpy(b.data(), &n, 8);
+    const std::string f = dir.file("shift" + std::to_string(delta) + ".st");
+    write_bytes(f, b);
+    EXPECT_THROW(safetensors::load(f), safetensors::Error) << "header length off by " << delta;
+  }
+}
+
+// Every input that once got through, or crashed the reader, under tests/fuzz/corpus/regressions:
+// each one is an Error now (the fuzz target runs them too, under the sanitizers).
+TEST(Safetensors, RegressionCorpusIsRejected) {
+  const fs::path dir = fs::path(AMP_FUZZ_CORPUS_DIR) / "regressions";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++n;
+    EXPECT_THROW(safetensors::load_raw(e.path().string()), safetensors::Error) << e.path();
+  }
+  EXPECT_GT(n, 10);
+}
+
 }  // namespace
 }  // namespace amp
