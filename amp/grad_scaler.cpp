@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "comm/coalesced.h"
 #include "runtime/backend.h"
 #include "runtime/ops.h"
 
@@ -78,21 +79,13 @@ bool GradScaler::sum_with_found_inf(const Tensor& t) {
 }
 
 void GradScaler::agree_on_found_inf() {
-  std::vector<Tensor*> slots;  // the found_infs still pending, then the riders
+  std::vector<Tensor> slots;  // the found_infs still pending, then the riders
   for (auto& [opt, st] : per_optimizer_)
-    if (st.found_inf.defined() && !st.agreed) slots.push_back(&st.found_inf);
-  for (Tensor& r : riders_) slots.push_back(&r);
-  if (!slots.empty() && comm_ != nullptr && comm_->size() > 1) {
-    // Every rank must take the same decision: a SUM over ranks (non-zero if any rank overflowed), all
-    // optimizers and the riders in one collective.
-    Tensor flags = empty({static_cast<int64_t>(slots.size())}, DType::f32, slots[0]->device());
-    Backend& b = backend_for(flags.device());
-    for (size_t i = 0; i < slots.size(); ++i)
-      b.copy(static_cast<float*>(flags.data_ptr()) + i, slots[i]->data_ptr(), sizeof(float));
-    comm_->all_reduce(flags, comm::ReduceOp::sum);
-    for (size_t i = 0; i < slots.size(); ++i)
-      b.copy(slots[i]->data_ptr(), static_cast<float*>(flags.data_ptr()) + i, sizeof(float));
-  }
+    if (st.found_inf.defined() && !st.agreed) slots.push_back(st.found_inf);
+  slots.insert(slots.end(), riders_.begin(), riders_.end());
+  // Every rank must take the same decision: a SUM over ranks (non-zero if any rank overflowed), all
+  // optimizers and the riders in one collective.
+  if (comm_ != nullptr) comm::all_reduce_scalars(*comm_, slots, comm::ReduceOp::sum);
   for (auto& [opt, st] : per_optimizer_)
     if (st.found_inf.defined()) st.agreed = true;
   riders_.clear();

@@ -6,14 +6,21 @@
 // collectives start (the NCCL communicator, the weight broadcast, the reducer's buffers).
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
 #include "launch/cli.h"
+#include "launch/interrupt.h"
 #include "launch/output_path.h"
 #include "launch/device_comm.h"
 #include "launch/trainer.h"
@@ -46,52 +53,111 @@ Device pick_device(launch::DeviceKind kind, comm::Communicator& c, bool announce
   return kCPU;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  comm::MpiSession mpi(&argc, &argv);
-  const bool rank0 = mpi.rank() == 0;
-  const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
-  if (!cli.config) {
-    if (rank0) std::fprintf(cli.exit_code == 0 ? stdout : stderr, "%s\n", cli.message.c_str());
-    return cli.exit_code;
+// A setup stage's outcome, agreed: every rank learns the worst exit code, and rank 0 prints each
+// distinct error once, naming the ranks it came from (not N copies of one message).
+int agree(comm::Communicator& c, int code, const std::string& message) {
+  if (c.size() == 1) {
+    if (code != 0) std::fprintf(stderr, "amp_train: error: %s\n", message.c_str());
+    return code;
   }
-  const launch::TrainConfig& cfg = *cli.config;
+  constexpr int64_t kChars = 1024;
+  Tensor mine = zeros({1 + kChars}, DType::f64);
+  double* m = static_cast<double*>(mine.data_ptr());
+  m[0] = code;
+  for (size_t i = 0; i < message.size() && i < static_cast<size_t>(kChars); ++i)
+    m[1 + i] = static_cast<unsigned char>(message[i]);
+  const Tensor all = c.all_gather(mine);
+  const double* a = static_cast<const double*>(all.data_ptr());
+  int worst = 0;
+  std::vector<std::pair<std::string, std::vector<int>>> errors;  // message, the ranks that met it
+  for (int r = 0; r < c.size(); ++r) {
+    const double* row = a + r * (1 + kChars);
+    worst = std::max(worst, static_cast<int>(row[0]));
+    if (row[0] == 0) continue;
+    std::string msg;
+    for (int64_t i = 0; i < kChars && row[1 + i] != 0; ++i) msg.push_back(static_cast<char>(row[1 + i]));
+    auto it = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.first == msg; });
+    if (it == errors.end()) errors.push_back({msg, {r}});
+    else it->second.push_back(r);
+  }
+  if (c.rank() == 0)
+    for (const auto& [msg, ranks] : errors) {
+      std::string who = ranks.size() == 1 ? "rank " : "ranks ";
+      for (size_t i = 0; i < ranks.size(); ++i) who += (i ? ", " : "") + std::to_string(ranks[i]);
+      std::fprintf(stderr, "amp_train: error (%s): %s\n", who.c_str(), msg.c_str());
+    }
+  return worst;
+}
 
-  std::unique_ptr<comm::Communicator> host_comm;
+// A message that already names its rank ("rank 1: NCCL ... did not complete") is not prefixed twice.
+void report_fatal(int rank, const std::string& what) {
+  const std::string own = "rank " + std::to_string(rank) + ": ";
+  std::fprintf(stderr, "amp_train: rank %d: error: %s\n", rank, what.rfind(own, 0) == 0 ? what.c_str() + own.size() : what.c_str());
+  std::fflush(stderr);
+}
+
+// Test hook for the fault tests: AMP_DEBUG_STALL=RANK:0 makes that rank stop answering before the
+// first collective of the set-up (RANK:STEP, STEP >= 1, is the trainer's).
+void debug_stall_in_setup(int rank) {
+  const char* s = std::getenv("AMP_DEBUG_STALL");
+  int r = -1;
+  long long step = -1;
+  if (s == nullptr || std::sscanf(s, "%d:%lld", &r, &step) != 2 || r != rank || step != 0) return;
+  std::fprintf(stderr, "amp_train: rank %d: stalling in the set-up (AMP_DEBUG_STALL)\n", rank);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, std::unique_ptr<comm::Communicator>& host_comm,
+                        std::unique_ptr<comm::Communicator>& device_comm, std::unique_ptr<launch::Trainer>& trainer) {
+  const bool rank0 = mpi.rank() == 0;
   if (mpi.active() && mpi.size() > 1) host_comm = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
   else host_comm = std::make_unique<comm::LocalCommunicator>();
   host_comm->set_timeout(cfg.comm_timeout);
   set_num_threads(cfg.threads > 0 ? cfg.threads : comm::default_threads_per_rank(host_comm->local_size()));
 
-  // 1. What can fail on one rank alone: the device, then the model, weights and data files.
-  std::unique_ptr<comm::Communicator> device_comm;
-  std::unique_ptr<launch::Trainer> trainer;
+  // Each stage runs on every rank; a rank whose stage fails reports it in the agreement that
+  // follows. A collective that fails (a timeout) is rethrown: its peers may still be inside it.
   int code = 0;
-  Device device = kCPU;
-  auto attempt = [&](const auto& step) {
+  std::string message;
+  auto attempt = [&](const auto& stage) {
     if (code != 0) return;
     try {
-      step();
-    } catch (const std::invalid_argument& e) {  // bad input: files, shapes
+      stage();
+    } catch (const comm::CommError&) {
+      throw;
+    } catch (const std::invalid_argument& e) {  // bad input: files, shapes, sizes
       code = 2;
-      std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
+      message = e.what();
+    } catch (const std::bad_alloc&) {
+      code = 1;
+      message = "out of memory while setting up (is --width or --batch-size too large for this machine?)";
     } catch (const std::exception& e) {
       code = 1;
-      std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
+      message = e.what();
     }
   };
+  auto agreed = [&](const char* context) {
+    host_comm->set_context(std::string("the set-up (") + context + ")");
+    return (code = agree(*host_comm, code, message)) == 0;
+  };
+
+  // 1. What can fail on one rank alone: the outputs, the device, then the model, weights and data.
+  debug_stall_in_setup(mpi.rank());
+  Device device = kCPU;
   attempt([&] {  // rank 0 writes the outputs: check them before anything runs
     if (!rank0) return;
     launch::check_output_path("--save-weights", cfg.save_weights);
     launch::check_output_path("--metrics", cfg.metrics);
+    for (const std::string& t : launch::remove_stale_temporaries(cfg.save_weights))
+      std::printf("notice: removed '%s', a temporary file left by a run that was killed while saving\n", t.c_str());
   });
+  host_comm->set_context("the set-up (choosing the device)");
   attempt([&] {
     device = pick_device(cfg.device, *host_comm, rank0);
     if (device.is_cuda()) cuda_init(host_comm->local_rank());
   });
-  // 2. Agree, then the collective setup.
-  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  if (!agreed("agreeing on the device")) return code;
+  // 2. The collective set-up.
   comm::Communicator* c = host_comm.get();
   attempt([&] {
     if (device.is_cuda() && host_comm->size() > 1) {
@@ -100,23 +166,60 @@ int main(int argc, char** argv) {
       c = device_comm.get();
     }
   });
-  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  if (!agreed("creating the device communicator")) return code;
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
-  if ((code = worst_over_ranks(*host_comm, code)) != 0) return code;
+  if (!agreed("building the model and loading the data")) return code;
   if (rank0)
     std::printf("amp_train: %d rank(s), %s, mlp %lldx%lld, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
                 mpi.size(), device.str().c_str(), static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off");
+  std::fflush(stdout);
 
-  // 3. Training: a failure here may leave peers inside a collective, so it tears the job down.
-  try {
-    trainer->run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "amp_train: rank %d: error: %s\n", mpi.rank(), e.what());
-    std::fflush(stderr);
-    comm::MpiSession::abort(1);
+  // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/interrupt.h).
+  launch::install_interrupt_handlers();
+  const launch::TrainResult result = trainer->run();
+  if (result.interrupted_by != 0) {
+    if (rank0)
+      std::fprintf(stderr, "amp_train: interrupted by %s after step %lld of %lld%s\n",
+                   launch::signal_label(result.interrupted_by), static_cast<long long>(result.steps_done),
+                   static_cast<long long>(cfg.steps),
+                   cfg.save_weights.empty() ? "" : ("; weights saved to " + cfg.save_weights).c_str());
+    return 128 + result.interrupted_by;
   }
   return 0;
+}
+
+// The communicators and the trainer outlive the handler: a rank that fails alone must not run their
+// destructors (some are collective: freeing a shared window waits for peers that may never come).
+int train(comm::MpiSession& mpi, const launch::TrainConfig& cfg) {
+  std::unique_ptr<comm::Communicator> host_comm, device_comm;
+  std::unique_ptr<launch::Trainer> trainer;
+  try {
+    return train_on_every_rank(mpi, cfg, host_comm, device_comm, trainer);
+  } catch (const launch::JobError&) {
+    throw;  // every rank is here: the collective destructors meet
+  } catch (const std::exception& e) {
+    // This rank alone, perhaps with peers inside a collective: the whole job is torn down.
+    report_fatal(mpi.rank(), e.what());
+    comm::MpiSession::abort(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::MpiSession mpi(&argc, &argv);
+  const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
+  if (!cli.config) {
+    if (mpi.rank() == 0) std::fprintf(cli.exit_code == 0 ? stdout : stderr, "%s\n", cli.message.c_str());
+    return cli.exit_code;
+  }
+  try {
+    return train(mpi, *cli.config);
+  } catch (const launch::JobError& e) {  // met by every rank at the same point: reported once, a clean end
+    if (mpi.rank() == 0) std::fprintf(stderr, "amp_train: error: %s\n", e.what());
+    return 1;
+  }
 }

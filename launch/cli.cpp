@@ -2,6 +2,8 @@
 
 #include "launch/trainer.h"
 
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
@@ -99,6 +101,32 @@ void require(bool ok, const char* flag, const T& value, const std::string& rule)
   throw UsageError(os.str());
 }
 
+// Sizes that cannot fit are refused here, naming the flag, rather than as a bad_alloc later. The
+// estimate is a floor (fp32 weights, gradients, two optimizer slots and the reducer's buckets; a
+// micro-batch's activations, saved for backward, with their gradients), held against this
+// machine's physical memory.
+void check_memory(const TrainConfig& c) {
+  const long double gib = 1024.0L * 1024.0L * 1024.0L;
+  const long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  if (ram <= 0) return;
+  const long double w = static_cast<long double>(c.width), layers = static_cast<long double>(c.layers);
+  const long double model = layers * w * (w + 1) * 4 * 5;
+  const long double activations = static_cast<long double>(c.batch_size) * w * (layers + 2) * 4 * 4;
+  auto need = [&](long double bytes) {
+    std::ostringstream os;
+    os.precision(3);
+    os << bytes / gib << " GiB, and this machine has " << ram / gib << " GiB";
+    return os.str();
+  };
+  if (model > ram)
+    throw UsageError("--width " + std::to_string(c.width) + " with --layers " + std::to_string(c.layers) +
+                     ": the model alone needs at least " + need(model));
+  if (model + activations > ram)
+    throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --width " + std::to_string(c.width) +
+                     ": a micro-batch's activations and the model need at least " + need(model + activations) +
+                     "; use more --micro-batches of a smaller --batch-size");
+}
+
 void check_ranges(const TrainConfig& c, int world_size) {
   require(c.model == "mlp", "--model", c.model, "must be mlp");
   require(c.width >= 1, "--width", c.width, "must be >= 1");
@@ -133,6 +161,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (!c.inject_nonfinite.empty() && !scaler_options(c, kCPU).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
+  check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

@@ -49,6 +49,7 @@ void MetricsWriter::write(const EndRecord& r) {
                               {"final_scale", num(r.final_scale)},
                               {"param_checksum", r.param_checksum},
                               {"replicas_consistent", r.replicas_consistent}};
+  if (!r.interrupted_by.empty()) j["interrupted_by"] = r.interrupted_by;
   line(j.dump());
 }
 

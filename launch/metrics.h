@@ -17,17 +17,19 @@ struct StepRecord {
   double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping)
   double lr;
   double step_ms;
+  bool stop_requested = false;  // a rank got SIGINT/SIGTERM before this step's figures were reduced
   // On the emulated GPU: what train_step issued (the one-step-late read of the previous step's
   // figures is not in it). -1 elsewhere, and then not written.
   int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;
 };
 
 struct EndRecord {
-  int64_t steps;
+  int64_t steps;  // the steps trained (fewer than asked when interrupted)
   int64_t skipped_steps;
   double final_scale;
   std::string param_checksum;
   bool replicas_consistent;
+  std::string interrupted_by;  // "SIGTERM", ..., or empty (and then not written)
 };
 
 class MetricsWriter {

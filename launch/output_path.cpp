@@ -1,10 +1,15 @@
 #include "launch/output_path.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
+
+#include "runtime/safetensors.h"
 
 namespace amp::launch {
 
@@ -31,6 +36,27 @@ void check_output_path(const char* flag, const std::string& path) {
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec)) fail("the directory '" + dir.string() + "' does not exist");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("the directory '" + dir.string() + "' is not writable");
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  if (path.empty()) return removed;
+  std::error_code ec;
+  fs::path target = path;
+  if (fs::is_symlink(target, ec)) target = fs::weakly_canonical(target, ec);  // save() writes beside the target
+  fs::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = target.filename().string() + safetensors::kTemporaryInfix;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours)
+    if (it->is_regular_file(ec) && fs::remove(it->path(), ec)) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 }  // namespace amp::launch

@@ -3,10 +3,15 @@
 // must be a regular file (a symlink is followed: the file it names is the one written).
 #pragma once
 #include <string>
+#include <vector>
 
 namespace amp::launch {
 
 // Throws std::invalid_argument naming flag and path when path cannot be written as a file.
 void check_output_path(const char* flag, const std::string& path);
+
+// Removes the temporaries that a killed save of path left behind ("NAME.tmp.PID", safetensors.h,
+// whose process is gone), and returns their names. Another live process's temporary is kept.
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
 
 }  // namespace amp::launch

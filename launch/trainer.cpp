@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -11,7 +12,9 @@
 #include "amp/autocast.h"
 #include "amp/clip_grad.h"
 #include "amp/overflow.h"
+#include "comm/coalesced.h"
 #include "comm/replica_check.h"
+#include "launch/interrupt.h"
 #include "models/mlp.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
@@ -22,6 +25,16 @@
 #include "runtime/safetensors.h"
 
 namespace amp::launch {
+
+namespace {
+// A number for the progress line: "nan" and "inf" as PyTorch prints them, never "-nan".
+std::string number_str(double v) {
+  if (std::isnan(v)) return "nan";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+}  // namespace
 
 GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
   GradScalerOptions o;
@@ -127,8 +140,11 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   reducer_->finish();  // gradients are now averaged over ranks (still scaled)
 
-  // The loss travels in the scaler's found_inf collective when there is one: one collective fewer.
-  const bool loss_rides = scaler_->sum_with_found_inf(loss_sum);
+  // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
+  // collective when there is one: every rank learns it from the same reduced figures, so every rank
+  // stops after the same step.
+  Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
+  const bool figures_ride = scaler_->sum_with_found_inf(loss_sum) && scaler_->sum_with_found_inf(stop);
 
   for (const Injection& inj : cfg_.inject_nonfinite) {
     if (inj.step != step || inj.rank != comm_.rank()) continue;
@@ -149,14 +165,14 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   scaler_->step(*opt_);
   scaler_->update();
 
-  if (loss_rides) {
+  if (figures_ride) {
     mul_(loss_sum, 1.0 / static_cast<double>(comm_.size()));  // the sum over ranks -> the mean, as avg does
   } else {
-    comm_.all_reduce(loss_sum, comm::ReduceOp::avg);
+    comm::all_reduce_scalars(comm_, {loss_sum, stop}, comm::ReduceOp::avg);
   }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm}), {}};
+  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm, stop}), {}};
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
     counted_ += *p.counted;
@@ -172,6 +188,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   r.scale = v[1];
   r.skipped = v[2] != 0.0;
   r.grad_norm = v[3];
+  r.stop_requested = v[4] != 0.0;
   r.lr = opt_->lr();
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
@@ -203,7 +220,7 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
   if (!rep.consistent) {
     std::string ranks;
     for (int r : rep.differing_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    throw std::runtime_error("replica check failed after step " + std::to_string(step) + ": the parameters of rank(s) " +
+    throw JobError("replica check failed after step " + std::to_string(step) + ": the parameters of rank(s) " +
                              ranks + " differ from rank 0's");
   }
 }
@@ -215,23 +232,31 @@ TrainResult Trainer::run() {
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
   const auto start = std::chrono::steady_clock::now();
   const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+  bool stopping = false;  // every rank sets it at the same step (the flag is in the reduced figures)
   auto emit = [&](const StepRecord& r) {
     // A non-finite loss that no scaler skipped would be trained on, and the weights go NaN
     // quietly: stop, naming the step (the same on every rank: the loss is averaged over ranks).
     if (!std::isfinite(r.loss) && !r.skipped)
-      throw std::runtime_error("step " + std::to_string(r.step) + ": the loss is " +
+      throw JobError("step " + std::to_string(r.step) + ": the loss is " +
                                (std::isnan(r.loss) ? "NaN" : "infinite") +
                                " and no loss scaler skipped the step (non-finite data or weights, or a learning "
                                "rate that diverges); stopping before the weights are corrupted");
     result.records.push_back(r);
     result.skipped_steps += r.skipped;
     metrics.write(r);
-    if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps)) {
+    if (r.stop_requested && !stopping) {
+      stopping = true;
+      if (rank0)
+        std::printf("amp_train: interrupted (SIGINT or SIGTERM): stopping after step %lld of %lld%s\n",
+                    static_cast<long long>(r.step), static_cast<long long>(cfg_.steps),
+                    cfg_.save_weights.empty() ? "" : ", then saving the weights");
+    }
+    if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps || stopping)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate = static_cast<double>(r.step * samples_per_step) / elapsed;
       const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
-      std::printf("step %lld/%lld  loss %.6g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
-                  static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), r.loss, r.scale,
+      std::printf("step %lld/%lld  loss %s  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
+                  static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.scale,
                   static_cast<long long>(result.skipped_steps), rate, eta);
       if (r.device_launches >= 0)
         std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
@@ -244,7 +269,8 @@ TrainResult Trainer::run() {
   // A step's figures are read once the next step's work is issued (one step late), unless they
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
-  for (int64_t step = 1; step <= cfg_.steps; ++step) {
+  for (int64_t step = 1; step <= cfg_.steps && !stopping; ++step) {
+    result.steps_done = step;
     comm_.set_context("step " + std::to_string(step));
     PendingStep cur = train_step(step);
     const auto now = std::chrono::steady_clock::now();
@@ -254,7 +280,7 @@ TrainResult Trainer::run() {
     }
     if (cur.figures->ready()) emit(finish(cur, now));
     else late = std::make_unique<PendingStep>(std::move(cur));
-    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps)
+    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
       require_consistent(check_replicas(&result), step);
   }
   if (late) emit(finish(*late, std::chrono::steady_clock::now()));
@@ -266,15 +292,17 @@ TrainResult Trainer::run() {
                 static_cast<long long>(counted_.d2h_copies), static_cast<long long>(cfg_.steps));
     std::fflush(stdout);
   }
-  if (result.skipped_steps == cfg_.steps)
-    throw std::runtime_error("every one of the " + std::to_string(cfg_.steps) +
+  if (result.skipped_steps == result.steps_done && result.steps_done > 0)
+    throw JobError("every one of the " + std::to_string(result.steps_done) +
                              " steps was skipped for non-finite gradients: nothing was trained (final scale " +
-                             std::to_string(scaler_->get_scale()) + ")");
+                             number_str(scaler_->get_scale()) + ")");
   comm_.set_context("the end-of-run replica check");
   result.final_scale = scaler_->get_scale();
   const comm::ReplicaReport rep = check_replicas(&result);
-  metrics.write(EndRecord{cfg_.steps, result.skipped_steps, result.final_scale, result.param_checksum,
-                          result.replicas_consistent});
+  if (stopping) result.interrupted_by = interrupt_signal() != 0 ? interrupt_signal() : SIGTERM;
+  metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
+                          result.replicas_consistent,
+                          stopping ? signal_label(result.interrupted_by) : ""});
   // One output's failure must not cost the other: the weights are saved even if the metrics fail.
   std::string metrics_error;
   try {
@@ -282,7 +310,7 @@ TrainResult Trainer::run() {
   } catch (const std::exception& e) {
     metrics_error = e.what();
   }
-  require_consistent(rep, cfg_.steps);  // throws, naming the ranks, before anything is saved
+  require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
   if (!metrics_error.empty()) throw std::runtime_error(metrics_error);
   return result;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "amp/grad_scaler.h"
@@ -21,8 +22,18 @@
 
 namespace amp::launch {
 
+// A failure that every rank meets at the same point with the same message (a non-finite loss, a
+// replica mismatch, every step skipped): no peer is left inside a collective, so the job can end
+// cleanly, and rank 0 alone needs to report it.
+class JobError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct TrainResult {
   std::vector<StepRecord> records;  // every step's record (rank 0's view)
+  int64_t steps_done = 0;           // cfg.steps, or fewer when interrupted
+  int interrupted_by = 0;           // the signal that stopped the run early (this rank's, else SIGTERM), or 0
   int64_t skipped_steps = 0;
   double final_scale = 1.0;
   std::string param_checksum;
@@ -48,7 +59,7 @@ class Trainer {
   struct PendingStep {
     int64_t step;
     std::chrono::steady_clock::time_point start;
-    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm
+    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm, stop
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
   };
   PendingStep train_step(int64_t step);

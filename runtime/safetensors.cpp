@@ -77,7 +77,7 @@ void save(const std::string& path, const NamedTensors& tensors) {
   const auto st = std::filesystem::status(target, ec);
   if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
     fail(path, "exists and is not a regular file; refusing to replace it");
-  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = target + kTemporaryInfix + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail(path, "cannot open '" + tmp + "' for writing");

@@ -24,7 +24,9 @@ std::vector<RawEntry> load_raw(const std::string& path);
 
 // Loads every tensor onto the CPU, in data order. Rejects truncated or corrupt files.
 NamedTensors load(const std::string& path);
-// Writes to a temporary file in the same folder, then renames it: no half-written file is left.
+// Writes to a temporary file in the same folder (NAME.tmp.PID), then renames it: no half-written file
+// is left under NAME.
+inline constexpr const char* kTemporaryInfix = ".tmp.";
 void save(const std::string& path, const NamedTensors& tensors);
 // The tensor called name, or an Error naming the file and the missing tensor.
 const Tensor& find(const NamedTensors& tensors, const std::string& name, const std::string& path);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "runtime/cuda_support.h"
@@ -270,8 +271,117 @@ TEST(Cli, BadInputUnderMpirunStopsEveryRankCleanly) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_LT(secs, 20.0) << "no rank waited out a timeout";
-  EXPECT_NE(r.out.find("rank 0: error: /nonexistent/w.safetensors: cannot open"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("rank 1: error: /nonexistent/w.safetensors: cannot open"), std::string::npos) << r.out;
+  // Both ranks met the same error: it is printed once, naming both.
+  const std::string says = "error (ranks 0, 1): /nonexistent/w.safetensors: cannot open";
+  const size_t at = r.out.find(says);
+  EXPECT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("/nonexistent/w.safetensors", at + says.size()), std::string::npos) << "printed twice: " << r.out;
+}
+
+// A rank that stops answering during the set-up: the others time out there, naming the set-up,
+// and the job ends with exit 1 (it used to escape every handler: SIGABRT, exit 134, a backtrace).
+TEST(Cli, ASetupCollectiveThatTimesOutIsReportedAndEndsTheJob) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = run(kSmall + "--comm-timeout 1", std::string("AMP_DEBUG_STALL=1:0 ") + kMpirun);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_LT(secs, 60.0);
+  EXPECT_NE(r.out.find("did not complete within 1 s at the set-up"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// Sizes that cannot fit in memory are usage errors naming the flag, not std::bad_alloc.
+TEST(Cli, ImpossibleSizesAreRefusedByFlag) {
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--width 2000000 --steps 1", "--width"},
+           {"--batch-size 4000000000000000000 --steps 1", "--batch-size"},
+           {"--batch-size 100000000 --width 1024 --steps 1", "--batch-size"}}) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(flag), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("GiB"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+  }
+}
+
+// Runs a shell script with AMP (the binary) and D (a temporary directory) set; returns its output.
+std::string shell(const std::string& script, const TempDir& d) {
+  const std::string cmd = "cd " + d.path.string() + " && env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP=" + AMP_TRAIN_BIN +
+                          " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+                          "timeout 120 bash -c '" + script + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// SIGTERM (or Ctrl-C) stops the run after the step in flight, on every rank at the same step,
+// saves the weights, closes the metrics with an end record, and exits non-zero. The control: a
+// run of exactly that many steps ends with the same parameters.
+TEST(Cli, SigtermFinishesTheStepSavesAndExitsNonZero) {
+  for (const std::string& launcher : {std::string(""), std::string("mpirun -np 2 --oversubscribe ")}) {
+    TempDir d;
+    const std::string args = kNoSteps + "--metrics m.jsonl --save-weights w.safetensors";
+    const std::string out = shell(launcher + "$AMP " + args + " --steps 100000000 & p=$!; "
+                                  "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.1; done; "
+                                  "kill -TERM $p; wait $p; echo exit=$?", d);
+    EXPECT_EQ(out.find("exit=0"), std::string::npos) << launcher << out;
+    if (launcher.empty()) {
+      EXPECT_NE(out.find("exit=143"), std::string::npos) << out;
+    }
+    EXPECT_NE(out.find("interrupted by SIGTERM"), std::string::npos) << launcher << out;
+    const auto recs = read_jsonl(d.file("m.jsonl"));
+    ASSERT_GE(recs.size(), 4u) << out;
+    const auto& end = recs.back();
+    ASSERT_EQ(end["event"], "end") << out;
+    EXPECT_EQ(end["interrupted_by"], "SIGTERM");
+    const int64_t steps = end["steps"];
+    EXPECT_EQ(static_cast<int64_t>(recs.size()) - 1, steps) << "one record per step trained";
+    ASSERT_TRUE(fs::exists(d.file("w.safetensors"))) << out;
+    EXPECT_EQ(safetensors::load(d.file("w.safetensors")).size(), 4u);
+
+    const std::string control =
+        shell(launcher + "$AMP " + kNoSteps + "--metrics c.jsonl --steps " + std::to_string(steps), d);
+    const auto crecs = read_jsonl(d.file("c.jsonl"));
+    ASSERT_FALSE(crecs.empty()) << control;
+    EXPECT_EQ(crecs.back()["param_checksum"], end["param_checksum"]) << "the saved state is not step " << steps;
+  }
+}
+
+// A save killed halfway leaves NAME.tmp.PID; the next run removes it (and only temporaries of
+// processes that are gone), and says so.
+TEST(Cli, StaleTemporariesOfAKilledSaveAreRemoved) {
+  TempDir d;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);  // a pid that is surely gone
+  const std::string stale = d.file("w.safetensors.tmp." + std::to_string(child));
+  const std::string live = d.file("w.safetensors.tmp." + std::to_string(::getpid()));
+  const std::string other = d.file("w.safetensors.tmp.notapid");
+  for (const std::string& f : {stale, live, other}) std::ofstream(f) << "partial";
+  const RunResult r = run(kSmall + "--save-weights " + d.file("w.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(stale)) << r.out;
+  EXPECT_NE(r.out.find("removed '" + stale + "'"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(live)) << "the temporary of a live process was removed";
+  EXPECT_TRUE(fs::exists(other));
+}
+
+// The progress line says "nan" as PyTorch does, never the C library's "-nan".
+TEST(Cli, ProgressLinePrintsNanPlainly) {
+  TempDir d;
+  ASSERT_EQ(run(kSmall + "--save-weights " + d.file("w.safetensors")).code, 0);
+  auto sd = safetensors::load(d.file("w.safetensors"));
+  for (auto& [name, t] : sd) t = mul(t, std::numeric_limits<double>::quiet_NaN());
+  safetensors::save(d.file("nan.safetensors"), sd);
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --threads 1 --steps 2 --log-every 1 --amp fp16 "
+                          "--init-weights " + d.file("nan.safetensors"));
+  EXPECT_EQ(r.code, 1) << "every step was skipped: " << r.out;
+  EXPECT_NE(r.out.find("loss nan"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("-nan"), std::string::npos) << r.out;
 }
 
 TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
@@ -289,8 +399,9 @@ TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
 // halfway (here: killed while rank 0 stalls at step 4) leaves its finished steps readable.
 TEST(Cli, MetricsAreWrittenAsTrainingGoes) {
   TempDir d;
-  const RunResult r = run(kNoSteps + "--steps 10 --metrics " + d.file("m.jsonl"), "AMP_DEBUG_STALL=0:4 timeout 8");
-  EXPECT_EQ(r.code, 124) << "the stalled run was not the one killed: " << r.out;
+  // SIGKILL: a SIGTERM would ask the stalled run to stop after its step, which it never finishes.
+  const RunResult r = run(kNoSteps + "--steps 10 --metrics " + d.file("m.jsonl"), "AMP_DEBUG_STALL=0:4 timeout -s KILL 8");
+  EXPECT_EQ(r.code, 128 + 9) << "the stalled run was not the one killed: " << r.out;
   const auto recs = read_jsonl(d.file("m.jsonl"));
   // Steps 1-3 on the CPU; on a GPU a step's figures are read one step late, so steps 1-2.
   ASSERT_GE(recs.size(), 2u) << r.out;
