@@ -247,9 +247,8 @@ TrainResult Trainer::run() {
     if (r.stop_requested && !stopping) {
       stopping = true;
       if (rank0)
-        std::printf("amp_train: interrupted (SIGINT or SIGTERM): stopping after step %lld of %lld%s\n",
-                    static_cast<long long>(r.step), static_cast<long long>(cfg_.steps),
-                    cfg_.save_weights.empty() ? "" : ", then saving the weights");
+        std::printf("amp_train: interrupted (SIGINT or SIGTERM): finishing the step in flight%s; a second signal "
+                    "stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights");
     }
     if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps || stopping)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -289,7 +288,7 @@ TrainResult Trainer::run() {
     std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
                 "training steps\n",
                 comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
-                static_cast<long long>(counted_.d2h_copies), static_cast<long long>(cfg_.steps));
+                static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
     std::fflush(stdout);
   }
   if (result.skipped_steps == result.steps_done && result.steps_done > 0)

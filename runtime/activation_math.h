@@ -9,9 +9,10 @@ namespace amp::math {
 // NaN passes through, as in PyTorch (x > 0 is false for NaN: the second test keeps it).
 template <class T>
 AMP_HD T relu(T x) { return x > T(0) || x != x ? x : T(0); }
-// PyTorch's threshold_backward: the gradient passes where the input was positive.
+// PyTorch's threshold_backward(grad, result, 0): zero where the result is <= 0, the gradient
+// elsewhere, so it passes where the input was positive or NaN (NaN <= 0 is false).
 template <class T>
-AMP_HD T relu_backward(T g, T x) { return x > T(0) ? g : T(0); }
+AMP_HD T relu_backward(T g, T x) { return x <= T(0) ? T(0) : g; }
 
 // GELU, exact form: x * Phi(x).
 template <class T>

@@ -49,5 +49,29 @@ TEST(ClipGradValue, ClampsEveryElement) {
   EXPECT_THROW(clip_grad_value_({a}, -1.0), std::invalid_argument);
 }
 
+// The NaN audit for clipping, as torch.nn.utils does it: the inf-norm (a max) of a NaN is NaN, the
+// clip coefficient min(1, max_norm / NaN) is NaN and every gradient becomes NaN, and clamping keeps
+// a NaN (so the scaler, which checks after clipping, still sees it).
+TEST(ClipGradNorm, NaNPropagatesThroughNormsCoefficientAndClamp) {
+  for (double p : {2.0, 1.0, static_cast<double>(INFINITY)}) {
+    for (int at = 0; at < 3; ++at) {
+      Tensor a = zeros({3}).set_requires_grad(true), b = zeros({2}).set_requires_grad(true);
+      std::vector<double> va = {1.0, -4.0, 2.0};
+      va[static_cast<size_t>(at)] = NAN;
+      a.set_grad(from_vector(va, {3}));
+      b.set_grad(from_vector({3.0, 0.5}, {2}));
+      EXPECT_TRUE(std::isnan(clip_grad_norm_({a, b}, 1.0, p).item())) << "p " << p << " at " << at;
+      for (double g : b.grad().to_vector()) EXPECT_TRUE(std::isnan(g)) << "p " << p;
+    }
+  }
+  Tensor c = zeros({3}).set_requires_grad(true);
+  c.set_grad(from_vector({NAN, 5.0, -5.0}, {3}));
+  clip_grad_value_({c}, 1.0);
+  const std::vector<double> v = c.grad().to_vector();
+  EXPECT_TRUE(std::isnan(v[0]));
+  EXPECT_EQ(v[1], 1.0);
+  EXPECT_EQ(v[2], -1.0);
+}
+
 }  // namespace
 }  // namespace amp

@@ -142,7 +142,7 @@ TEST(Tensor, FactoriesValidate) {
 }
 
 // ReLU lets NaN through, as PyTorch does: a NaN in the weights or the data must reach the loss, not
-// turn into a normal-looking 0. Its gradient is 0 there (threshold_backward: x > 0 is false).
+// turn into a normal-looking 0. Its gradient passes there, as threshold_backward's (NaN <= 0 is false).
 TEST(Activation, ReluPropagatesNaNInEveryDtype) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
@@ -155,7 +155,38 @@ TEST(Activation, ReluPropagatesNaNInEveryDtype) {
     EXPECT_EQ(y[4], 0.0);
     EXPECT_EQ(y[5], inf);
     const std::vector<double> g = relu_backward(from_vector({1, 1, 1, 1, 1, 1}, {6}, dt), x).to_vector();
-    EXPECT_EQ(g, (std::vector<double>{0, 0, 0, 1, 0, 1})) << dtype_name(dt);
+    EXPECT_EQ(g, (std::vector<double>{1, 0, 0, 1, 0, 1})) << dtype_name(dt);
+  }
+}
+
+// The NaN audit: every reduction, max and loss lets a NaN through as PyTorch does (softmax's row
+// max must not skip it; a sum or mean of a NaN is NaN), so no NaN becomes a normal-looking number.
+TEST(NaN, ReductionsSoftmaxAndLossesPropagateIt) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const std::string name = dtype_name(dt);
+    // Row 0 holds a NaN (first, in the middle, last: a max that starts from the first element or
+    // compares one way only would skip it in one of the positions), row 1 does not.
+    for (int at = 0; at < 3; ++at) {
+      std::vector<double> v = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0};
+      v[static_cast<size_t>(at)] = nan;
+      const Tensor x = from_vector(v, {2, 3}, dt);
+      for (const Tensor& s : {softmax(x), log_softmax(x)}) {
+        const std::vector<double> y = s.to_vector();
+        for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i)])) << name << " at " << at;
+        for (int i = 3; i < 6; ++i) EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(i)])) << name;
+      }
+      EXPECT_TRUE(std::isnan(sum(x).item())) << name;
+      EXPECT_TRUE(std::isnan(mean(x).item())) << name;
+      const std::vector<double> rows = sum(x, 1).to_vector();
+      EXPECT_TRUE(std::isnan(rows[0]) && std::isfinite(rows[1])) << name;
+      const std::vector<double> cols = sum(x, 0).to_vector();
+      for (int c = 0; c < 3; ++c) EXPECT_EQ(std::isnan(cols[static_cast<size_t>(c)]), c == at) << name;
+      EXPECT_TRUE(std::isnan(mse_loss(x, zeros({2, 3}, dt)).item())) << name;
+      if (dt == DType::f32 || dt == DType::f64) {
+        EXPECT_TRUE(std::isnan(cross_entropy(x, from_int64({2, 0}, {2})).item())) << name;
+      }
+    }
   }
 }
 
