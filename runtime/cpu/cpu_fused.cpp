@@ -141,7 +141,7 @@ void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor
       } else {
         double sum = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n > cpu::kParallelGrain)
-        for (long i = 0; i < n; ++i) sum += std::pow(std::fabs(static_cast<double>(Elem<T>::load(d[i]))), p);
+        for (long i = 0; i < n; ++i) sum += math::norm_term(std::fabs(static_cast<double>(Elem<T>::load(d[i]))), p);
         acc += sum;
       }
     });

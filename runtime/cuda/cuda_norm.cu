@@ -34,7 +34,7 @@ struct NormOp {
     double acc = 0.0;
     AMP_MT_LOOP(i, begin, end) {
       const double a = fabs(static_cast<double>(DevElem<T>::load(x[i])));
-      acc = inf_norm ? NanMaxOp{}(acc, a) : acc + pow(a, p);
+      acc = inf_norm ? NanMaxOp{}(acc, a) : acc + math::norm_term(a, p);
     }
     acc = inf_norm ? block_reduce(acc, NanMaxOp{}) : block_reduce(acc, SumOp{});
     if (threadIdx.x == 0) partial[block] = acc;
