@@ -60,12 +60,12 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
     if (code != 0) std::fprintf(stderr, "amp_train: error: %s\n", message.c_str());
     return code;
   }
-  constexpr int64_t kChars = 1024;
-  Tensor mine = zeros({1 + kChars}, DType::f64);
+  constexpr size_t kChars = 4096;  // a longer message is cut, and says so
+  const std::string text = message.size() <= kChars ? message : message.substr(0, kChars - 16) + " [... cut short]";
+  Tensor mine = zeros({1 + static_cast<int64_t>(kChars)}, DType::f64);
   double* m = static_cast<double*>(mine.data_ptr());
   m[0] = code;
-  for (size_t i = 0; i < message.size() && i < static_cast<size_t>(kChars); ++i)
-    m[1 + i] = static_cast<unsigned char>(message[i]);
+  for (size_t i = 0; i < text.size(); ++i) m[1 + i] = static_cast<unsigned char>(text[i]);
   const Tensor all = c.all_gather(mine);
   const double* a = static_cast<const double*>(all.data_ptr());
   int worst = 0;
@@ -75,7 +75,7 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
     worst = std::max(worst, static_cast<int>(row[0]));
     if (row[0] == 0) continue;
     std::string msg;
-    for (int64_t i = 0; i < kChars && row[1 + i] != 0; ++i) msg.push_back(static_cast<char>(row[1 + i]));
+    for (size_t i = 0; i < kChars && row[1 + i] != 0; ++i) msg.push_back(static_cast<char>(row[1 + i]));
     auto it = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.first == msg; });
     if (it == errors.end()) errors.push_back({msg, {r}});
     else it->second.push_back(r);

@@ -1,6 +1,8 @@
 #include "launch/dataset.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "models/mlp.h"
 #include "runtime/autograd.h"
@@ -12,8 +14,15 @@ namespace amp::launch {
 
 namespace {
 
+// The synthetic stream is a pool of pool_samples() samples that repeats, like a file: sample j is
+// pool sample j mod P. Each chunk of kChunk pool samples is generated the first time a step needs
+// it (x from the counter-based normal stream, y by the teacher) and kept, so after the first pass
+// over the pool a step pays for no data at all. Chunks depend on the sample index alone, never on
+// the batch, rank count or device, so every configuration sees the same samples.
 class Synthetic final : public Dataset {
  public:
+  static constexpr int64_t kChunk = 256;
+
   Synthetic(int64_t width, uint64_t seed, Device device) : width_(width), seed_(seed), device_(device) {
     Generator gen(seed ^ 0x7465616368657200ull);  // the teacher's own stream
     teacher_ = models::make_mlp({width, width, width, 2}, gen, device);
@@ -25,20 +34,44 @@ class Synthetic final : public Dataset {
       const bool hidden = i < 2;
       if (w.dim() == 2) normal_(w, 0.0, std::sqrt((hidden ? 2.0 : 1.0) / static_cast<double>(width)), gen);
     }
+    chunks_.resize(static_cast<size_t>(pool_samples(width) / kChunk));
   }
   std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) override {
-    Tensor x = empty({count, width_}, DType::f32, device_);
-    backend_for(device_).fill_normal(x, seed_, static_cast<uint64_t>(first * width_), 0.0, 1.0);
-    NoGradGuard no_grad;
-    return {x, (*teacher_)(x)};
+    Tensor x = empty({count, width_}, DType::f32, device_), y = empty({count, width_}, DType::f32, device_);
+    Backend& b = backend_for(device_);
+    const int64_t pool = static_cast<int64_t>(chunks_.size()) * kChunk;
+    const size_t row = static_cast<size_t>(width_) * sizeof(float);
+    for (int64_t done = 0; done < count;) {  // one copy per run of rows inside one chunk
+      const int64_t j = (first + done) % pool, c = j / kChunk, in = j % kChunk;
+      const int64_t n = std::min(count - done, kChunk - in);
+      const auto& [cx, cy] = chunk(c);
+      b.copy(static_cast<char*>(x.data_ptr()) + static_cast<size_t>(done) * row,
+             static_cast<const char*>(cx.data_ptr()) + static_cast<size_t>(in) * row, static_cast<size_t>(n) * row);
+      b.copy(static_cast<char*>(y.data_ptr()) + static_cast<size_t>(done) * row,
+             static_cast<const char*>(cy.data_ptr()) + static_cast<size_t>(in) * row, static_cast<size_t>(n) * row);
+      done += n;
+    }
+    return {x, y};
   }
   std::string describe() const override { return "synthetic (random 2-layer teacher)"; }
 
  private:
+  const std::pair<Tensor, Tensor>& chunk(int64_t c) {
+    auto& slot = chunks_[static_cast<size_t>(c)];
+    if (!slot.first.defined()) {
+      Tensor x = empty({kChunk, width_}, DType::f32, device_);
+      backend_for(device_).fill_normal(x, seed_, static_cast<uint64_t>(c * kChunk * width_), 0.0, 1.0);
+      NoGradGuard no_grad;
+      slot = {x, (*teacher_)(x)};
+    }
+    return slot;
+  }
+
   int64_t width_;
   uint64_t seed_;
   Device device_;
   std::shared_ptr<nn::Sequential> teacher_;
+  std::vector<std::pair<Tensor, Tensor>> chunks_;  // generated on first use
 };
 
 class FromFile final : public Dataset {
@@ -66,6 +99,13 @@ class FromFile final : public Dataset {
 };
 
 }  // namespace
+
+int64_t pool_samples(int64_t width) {
+  constexpr int64_t kBudget = int64_t{256} << 20;  // bytes of x and y together
+  const int64_t fit = kBudget / (2 * width * static_cast<int64_t>(sizeof(float)));
+  const int64_t chunks = std::clamp<int64_t>(fit / Synthetic::kChunk, 1, 65536 / Synthetic::kChunk);
+  return chunks * Synthetic::kChunk;
+}
 
 std::unique_ptr<Dataset> make_synthetic(int64_t width, uint64_t seed, Device device) {
   return std::make_unique<Synthetic>(width, seed, device);

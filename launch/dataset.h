@@ -19,9 +19,12 @@ class Dataset {
   virtual std::string describe() const = 0;
 };
 
-// x ~ N(0, 1) from a counter-based stream (sample j uses counters j·width...), y = teacher(x) with a
-// fixed random 2-layer ReLU teacher, so the loss can fall.
+// x ~ N(0, 1) from a counter-based stream (pool sample j uses counters j·width...), y = teacher(x)
+// with a fixed random 2-layer ReLU teacher, so the loss can fall. The stream repeats a pool of
+// pool_samples(width) samples, each generated once, on first use.
 std::unique_ptr<Dataset> make_synthetic(int64_t width, uint64_t seed, Device device);
+// 256 MiB of x and y at most, between 256 and 65536 samples, a multiple of 256.
+int64_t pool_samples(int64_t width);
 // x and y from a safetensors file ([N, width] float32 each); the stream wraps around modulo N.
 // Throws std::invalid_argument naming the file, the tensor, the expected and the actual shape.
 std::unique_ptr<Dataset> load_dataset(const std::string& path, int64_t width, Device device);

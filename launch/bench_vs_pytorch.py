@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""amp_train beside PyTorch: the same MLP, batch, optimizer, threads and steps, timed the same way.
+
+Runs `amp_train` (its per-step `step_ms` from --metrics) and the equivalent PyTorch loop on the CPU,
+for fp32 and bf16 autocast, at 2048 x 256 and 4096 x 512 by default, and prints each median step,
+and amp_train's ratio to the faster PyTorch. PyTorch comes from Debian's python3-torch
+(/usr/bin/python3) and, with --venv, from the newest wheel on PyPI in a virtual environment that
+--make-venv creates (a large download: the wheel pulls CUDA libraries, about 3.5 GB; only the CPU
+is used). Python is needed by this script only, never by the build or the tests.
+
+  launch/bench_vs_pytorch.py                          # Debian's PyTorch
+  launch/bench_vs_pytorch.py --make-venv --venv .venv-torch
+  launch/bench_vs_pytorch.py --sizes 2048x256 --modes fp32 --steps 30
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+TORCH_LOOP = r'''
+import json, sys, time, torch
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+torch.manual_seed(0)
+w, b, layers = cfg["width"], cfg["batch"], cfg["layers"]
+mods = []
+for i in range(layers):
+    mods.append(torch.nn.Linear(w, w))
+    if i + 1 < layers:
+        mods.append(torch.nn.ReLU())
+model = torch.nn.Sequential(*mods)
+opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+# A pool of samples produced once, as amp_train's synthetic data is (after its first pass).
+pool = 16
+xs = torch.randn(pool, b, w)
+with torch.no_grad():
+    ys = torch.relu(xs @ torch.randn(w, w) / w ** 0.5)
+times = []
+for step in range(cfg["steps"]):
+    t0 = time.perf_counter()
+    x, y = xs[step % pool], ys[step % pool]
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["bf16"]):
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+    loss.backward()
+    opt.step()
+    loss_value = loss.item()  # amp_train reads its loss every step too
+    times.append((time.perf_counter() - t0) * 1e3)
+print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_value}))
+'''
+
+
+def median_after(times, warmup):
+    return statistics.median(times[warmup:])
+
+
+def run_amp_train(binary, width, batch, layers, mode, steps, threads):
+    with tempfile.TemporaryDirectory() as d:
+        metrics = os.path.join(d, "m.jsonl")
+        cmd = [binary, "--device", "cpu", "--width", str(width), "--layers", str(layers), "--batch-size", str(batch),
+               "--steps", str(steps), "--amp", "off" if mode == "fp32" else "bf16", "--threads", str(threads),
+               "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9", "--log-every", "0", "--metrics", metrics]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(metrics) as f:
+            recs = [json.loads(line) for line in f]
+        return [r["step_ms"] for r in recs if "step" in r and "event" not in r]
+
+
+def run_torch(python, width, batch, layers, mode, steps, threads):
+    cfg = {"width": width, "batch": batch, "layers": layers, "steps": steps, "threads": threads, "lr": 0.01,
+           "momentum": 0.9, "bf16": mode == "bf16"}
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([python, "-c", TORCH_LOOP, json.dumps(cfg)], check=True, capture_output=True, text=True,
+                         env=env)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return res["times"], res["version"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--amp-train", default=os.path.join(root, "build/release/launch/amp_train"))
+    ap.add_argument("--sizes", default="2048x256,4096x512", help="WIDTHxBATCH,... (default: %(default)s)")
+    ap.add_argument("--modes", default="fp32,bf16")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the median (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--system-python", default="/usr/bin/python3", help="the interpreter with Debian's python3-torch")
+    ap.add_argument("--venv", help="a virtual environment with PyTorch from PyPI, compared too")
+    ap.add_argument("--make-venv", action="store_true", help="create --venv and pip install torch into it first")
+    a = ap.parse_args()
+    if a.steps <= a.warmup:
+        ap.error("--steps must exceed --warmup")
+    if not os.access(a.amp_train, os.X_OK):
+        ap.error(f"--amp-train: {a.amp_train} is not an executable (build it: launch/build.sh release)")
+    if a.make_venv:
+        if not a.venv:
+            ap.error("--make-venv needs --venv DIR")
+        subprocess.run([sys.executable, "-m", "venv", a.venv], check=True)
+        subprocess.run([os.path.join(a.venv, "bin/pip"), "install", "-q", "torch"], check=True)
+    peers = []
+    versions = {}
+    if subprocess.run([a.system_python, "-c", "import torch"], capture_output=True).returncode == 0:
+        peers.append(("debian", a.system_python))
+    else:
+        print(f"note: {a.system_python} has no torch (apt-get install python3-torch)", file=sys.stderr)
+    if a.venv:
+        peers.append(("pypi", os.path.join(a.venv, "bin/python")))
+    if not peers:
+        sys.exit("no PyTorch to compare with: install python3-torch, or pass --venv (with --make-venv)")
+
+    sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
+    print(f"{'size':>10} {'mode':>5} {'amp_train ms':>13} " + " ".join(f"{'torch ' + n + ' ms':>17}" for n, _ in peers) +
+          f" {'ratio':>6}")
+    for width, batch in sizes:
+        for mode in a.modes.split(","):
+            ours = median_after(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads), a.warmup)
+            theirs = []
+            for name, python in peers:
+                times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads)
+                versions[name] = version
+                theirs.append((median_after(times, a.warmup), name))
+            best = min(t for t, _ in theirs)
+            print(f"{width:>5}x{batch:<4} {mode:>5} {ours:>13.1f} " + " ".join(f"{t:>17.1f}" for t, _ in theirs) +
+                  f" {ours / best:>6.2f}", flush=True)
+    print("ratio: amp_train's median step over the faster PyTorch's; PyTorch " +
+          ", ".join(f"{n} {v}" for n, v in versions.items()))
+
+
+if __name__ == "__main__":
+    main()

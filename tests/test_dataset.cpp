@@ -1,0 +1,51 @@
+// The synthetic data stream: a pool of samples that repeats, each sample a function of its index
+// alone (never of the batch, the chunk it was generated in, or the device), as a file would be.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "launch/dataset.h"
+#include "runtime/ops.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+std::vector<double> row_of(const Tensor& t, int64_t r) {
+  const std::vector<double> all = t.to_vector();
+  const int64_t w = t.shape()[1];
+  return {all.begin() + r * w, all.begin() + (r + 1) * w};
+}
+
+TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
+  const int64_t width = 16, pool = launch::pool_samples(width);
+  EXPECT_EQ(pool % 256, 0);
+  EXPECT_GE(pool, 256);
+  auto data = launch::make_synthetic(width, 7, kCPU);
+  // A batch that crosses a chunk boundary (256) row by row equals single-sample requests, asked
+  // in another order from a fresh stream (so the chunks are generated in another order too).
+  auto fresh = launch::make_synthetic(width, 7, kCPU);
+  const auto [x, y] = data->rows(250, 12);
+  for (int64_t k = 11; k >= 0; --k) {
+    const auto [x1, y1] = fresh->rows(250 + k, 1);
+    EXPECT_EQ(row_of(x, k), row_of(x1, 0)) << k;
+    EXPECT_EQ(row_of(y, k), row_of(y1, 0)) << k;
+  }
+  // The pool wraps: sample pool + j is sample j, also across the wrap inside one request.
+  const auto [xw, yw] = data->rows(pool - 2, 4);
+  const auto [x0, y0] = data->rows(0, 2);
+  EXPECT_EQ(row_of(xw, 2), row_of(x0, 0));
+  EXPECT_EQ(row_of(yw, 3), row_of(y0, 1));
+  EXPECT_NE(row_of(xw, 1), row_of(x0, 1));
+  // Another seed, other samples; x is standard normal and y is not degenerate.
+  auto other = launch::make_synthetic(width, 8, kCPU);
+  EXPECT_NE(row_of(other->rows(0, 1).first, 0), row_of(x0, 0));
+  const auto [xs, ys] = data->rows(0, 256);
+  const double m = mean(xs).item(), var = mean(mul(xs, xs)).item() - m * m;
+  EXPECT_NEAR(m, 0.0, 0.05);
+  EXPECT_NEAR(var, 1.0, 0.1);
+  EXPECT_GT(mean(mul(ys, ys)).item(), 0.1);
+}
+
+}  // namespace
+}  // namespace amp
