@@ -53,6 +53,11 @@ class Synthetic final : public Dataset {
     }
     return {x, y};
   }
+  void prepare(int64_t first, int64_t count) override {
+    const int64_t pool = static_cast<int64_t>(chunks_.size()) * kChunk;
+    for (int64_t j = first; j < first + count; j += kChunk) chunk((j % pool) / kChunk);
+    chunk(((first + count - 1) % pool) / kChunk);
+  }
   std::string describe() const override { return "synthetic (random 2-layer teacher)"; }
 
  private:

