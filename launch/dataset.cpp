@@ -58,6 +58,7 @@ class Synthetic final : public Dataset {
     for (int64_t j = first; j < first + count; j += kChunk) chunk((j % pool) / kChunk);
     chunk(((first + count - 1) % pool) / kChunk);
   }
+  bool all_prepared() const override { return made_ == chunks_.size(); }
   std::string describe() const override { return "synthetic (random 2-layer teacher)"; }
 
  private:
@@ -68,6 +69,7 @@ class Synthetic final : public Dataset {
       backend_for(device_).fill_normal(x, seed_, static_cast<uint64_t>(c * kChunk * width_), 0.0, 1.0);
       NoGradGuard no_grad;
       slot = {x, (*teacher_)(x)};
+      ++made_;
     }
     return slot;
   }
@@ -77,6 +79,7 @@ class Synthetic final : public Dataset {
   Device device_;
   std::shared_ptr<nn::Sequential> teacher_;
   std::vector<std::pair<Tensor, Tensor>> chunks_;  // generated on first use
+  size_t made_ = 0;
 };
 
 class FromFile final : public Dataset {

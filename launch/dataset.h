@@ -18,6 +18,8 @@ class Dataset {
   virtual std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) = 0;
   // Makes rows [first, first + count) ready, so that rows() then only copies them.
   virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
+  // True when every row is ready (a file's always are; the synthetic pool once each chunk is made).
+  virtual bool all_prepared() const { return true; }
   virtual std::string describe() const = 0;
 };
 

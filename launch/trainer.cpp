@@ -98,6 +98,11 @@ void Trainer::connect() {
   reducer_ = std::make_unique<comm::GradientReducer>(model_->parameters(), comm_, ro);
 }
 
+int64_t Trainer::first_sample(int64_t step) const {
+  const int64_t B = cfg_.batch_size, K = cfg_.micro_batches, R = comm_.size();
+  return (step - 1) * B * K * R + comm_.rank() * K * B;
+}
+
 Trainer::PendingStep Trainer::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   if (stall_.rank == comm_.rank() && stall_.step == step) {
@@ -105,8 +110,8 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
                  static_cast<long long>(step));
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
-  const int64_t B = cfg_.batch_size, K = cfg_.micro_batches, R = comm_.size();
-  const int64_t first = (step - 1) * B * K * R + comm_.rank() * K * B;
+  const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
+  const int64_t first = first_sample(step);
   const std::vector<Tensor> params = model_->parameters();
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
@@ -228,6 +233,10 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 
 TrainResult Trainer::run() {
   connect();
+  // Synthetic samples are made before the first step, as a file is read before it: the steps this
+  // rank will take touch at most the pool (256 MiB), and no step then pays for data.
+  for (int64_t step = 1; step <= cfg_.steps && !data_->all_prepared(); ++step)
+    data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
   TrainResult result;
   const bool rank0 = comm_.rank() == 0;
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();

@@ -63,6 +63,7 @@ class Trainer {
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
   };
   PendingStep train_step(int64_t step);
+  int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
   StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
   // Hashes and gathers the parameters (collective); records the result.
   comm::ReplicaReport check_replicas(TrainResult* result);
