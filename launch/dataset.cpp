@@ -39,7 +39,7 @@ class Synthetic final : public Dataset {
   std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) override {
     Tensor x = empty({count, width_}, DType::f32, device_), y = empty({count, width_}, DType::f32, device_);
     Backend& b = backend_for(device_);
-    const int64_t pool = static_cast<int64_t>(chunks_.size()) * kChunk;
+    const int64_t pool = period();
     const size_t row = static_cast<size_t>(width_) * sizeof(float);
     for (int64_t done = 0; done < count;) {  // one copy per run of rows inside one chunk
       const int64_t j = (first + done) % pool, c = j / kChunk, in = j % kChunk;
@@ -54,11 +54,11 @@ class Synthetic final : public Dataset {
     return {x, y};
   }
   void prepare(int64_t first, int64_t count) override {
-    const int64_t pool = static_cast<int64_t>(chunks_.size()) * kChunk;
+    const int64_t pool = period();
     for (int64_t j = first; j < first + count; j += kChunk) chunk((j % pool) / kChunk);
     chunk(((first + count - 1) % pool) / kChunk);
   }
-  bool all_prepared() const override { return made_ == chunks_.size(); }
+  int64_t period() const override { return static_cast<int64_t>(chunks_.size()) * kChunk; }
   std::string describe() const override { return "synthetic (random 2-layer teacher)"; }
 
  private:
@@ -69,7 +69,6 @@ class Synthetic final : public Dataset {
       backend_for(device_).fill_normal(x, seed_, static_cast<uint64_t>(c * kChunk * width_), 0.0, 1.0);
       NoGradGuard no_grad;
       slot = {x, (*teacher_)(x)};
-      ++made_;
     }
     return slot;
   }
@@ -79,7 +78,6 @@ class Synthetic final : public Dataset {
   Device device_;
   std::shared_ptr<nn::Sequential> teacher_;
   std::vector<std::pair<Tensor, Tensor>> chunks_;  // generated on first use
-  size_t made_ = 0;
 };
 
 class FromFile final : public Dataset {

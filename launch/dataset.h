@@ -18,8 +18,8 @@ class Dataset {
   virtual std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) = 0;
   // Makes rows [first, first + count) ready, so that rows() then only copies them.
   virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
-  // True when every row is ready (a file's always are; the synthetic pool once each chunk is made).
-  virtual bool all_prepared() const { return true; }
+  // Rows that prepare() can make: the stream repeats with this period (0: all rows are ready).
+  virtual int64_t period() const { return 0; }
   virtual std::string describe() const = 0;
 };
 

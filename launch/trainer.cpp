@@ -1,10 +1,12 @@
 #include "launch/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 #include <limits>
 #include <stdexcept>
@@ -115,7 +117,6 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const std::vector<Tensor> params = model_->parameters();
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
-  data_->prepare(first, K * B);  // data made on first use is not the step's work: not counted
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
   const Tensor scale_used = scaler_->scale_snapshot();
 
@@ -233,10 +234,15 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 
 TrainResult Trainer::run() {
   connect();
-  // Synthetic samples are made before the first step, as a file is read before it: the steps this
-  // rank will take touch at most the pool (256 MiB), and no step then pays for data.
-  for (int64_t step = 1; step <= cfg_.steps && !data_->all_prepared(); ++step)
-    data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
+  // Synthetic samples are made before the first step, as a file is read before it, so that no step
+  // pays for data (nor counts it on the emulated GPU). This rank's rows repeat once the steps have
+  // gone around the pool P: after P / gcd(E, P) steps, E the samples of a step.
+  if (const int64_t pool = data_->period(); pool > 0) {
+    const int64_t per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+    const int64_t cycle = pool / std::gcd(per_step, pool);
+    for (int64_t step = 1; step <= std::min(cfg_.steps, cycle); ++step)
+      data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
+  }
   TrainResult result;
   const bool rank0 = comm_.rank() == 0;
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
