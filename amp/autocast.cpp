@@ -1,7 +1,8 @@
 #include "amp/autocast.h"
 
-#include <stdexcept>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "runtime/autocast_policy.h"
@@ -16,22 +17,34 @@ struct CachedCast {
   Tensor cast;
 };
 
-struct AutocastState {
+struct DeviceState {
   bool enabled = false;
-  DType dtype = DType::f16;
+  DType dtype;
+  CastLists lists = CastLists::of_device_type;
+};
+
+struct AutocastState {
+  DeviceState cuda{false, DType::f16, CastLists::of_device_type};
+  DeviceState cpu{false, DType::bf16, CastLists::of_device_type};
+  bool cache_enabled = true;
   int depth = 0;
   // (fp32 leaf parameter, target dtype) -> its cast: a bf16 region nested in an fp16 one gets its own.
   std::map<std::pair<const TensorImpl*, DType>, CachedCast> cache;
+  DeviceState& of(DeviceType t) { return t == DeviceType::cuda ? cuda : cpu; }
 };
 
 thread_local AutocastState t_state;
 
-bool eligible(const Tensor& t) { return t.defined() && is_floating(t.dtype()) && t.dtype() != DType::f64; }
+// Floating, not float64, and on the region's device type (PyTorch's is_autocast_eligible).
+bool eligible(const Tensor& t, DeviceType device_type) {
+  return t.defined() && is_floating(t.dtype()) && t.dtype() != DType::f64 && t.device().type == device_type;
+}
 
-Tensor cast_to(const Tensor& t, DType dtype) {
+Tensor cast_to(const Tensor& t, DType dtype, DType region_dtype) {
   if (t.dtype() == dtype) return t;
-  // A parameter (fp32 leaf that requires grad) is cast once per region and reused.
-  const bool cacheable = dtype == t_state.dtype && t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32;
+  // A parameter (fp32 leaf that requires grad) cast to the region's dtype is cast once per region.
+  const bool cacheable = t_state.cache_enabled && dtype == region_dtype && t.is_leaf() && t.requires_grad() &&
+                         t.dtype() == DType::f32;
   if (!cacheable) return cast(t, dtype);
   const auto key = std::make_pair(static_cast<const TensorImpl*>(t.impl()), dtype);
   auto it = t_state.cache.find(key);
@@ -41,54 +54,71 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   return c;
 }
 
-void hook(OpKind, CastPolicy policy, Tensor* const* inputs, size_t n) {
-  switch (policy) {
-    case CastPolicy::lower_precision:
-      for (size_t i = 0; i < n; ++i)
-        if (eligible(*inputs[i])) *inputs[i] = cast_to(*inputs[i], t_state.dtype);
-      break;
-    case CastPolicy::fp32:
-      for (size_t i = 0; i < n; ++i)
-        if (eligible(*inputs[i])) *inputs[i] = cast_to(*inputs[i], DType::f32);
-      break;
-    case CastPolicy::promote: {
-      bool any = false;
-      DType widest = DType::f16;
-      for (size_t i = 0; i < n; ++i) {
-        const Tensor& t = *inputs[i];
-        if (!t.defined() || !is_floating(t.dtype())) continue;
-        widest = any ? promote_types(widest, t.dtype()) : t.dtype();
-        any = true;
-      }
-      for (size_t i = 0; i < n; ++i)
-        if (inputs[i]->defined() && is_floating(inputs[i]->dtype())) *inputs[i] = inputs[i]->to(widest);
-      break;
-    }
-    case CastPolicy::passthrough:
-      break;
-  }
+// PyTorch's promote_type: start from the region's dtype; fp32 wins; fp64 inputs are ignored (and
+// left as they are). A float16 input in a bfloat16 region (PyTorch raises) promotes to fp32.
+DType promoted(DType region_dtype, Tensor* const* inputs, size_t n, DeviceType device_type) {
+  DType to = region_dtype;
+  for (size_t i = 0; i < n; ++i)
+    if (eligible(*inputs[i], device_type)) to = promote_types(to, inputs[i]->dtype());
+  return to;
 }
+
+void hook(OpKind op, Tensor* const* inputs, size_t n) {
+  // The op's device type is its inputs' (PyTorch dispatches on them the same way).
+  const Tensor* first = nullptr;
+  for (size_t i = 0; i < n && first == nullptr; ++i)
+    if (inputs[i]->defined()) first = inputs[i];
+  if (first == nullptr) return;
+  const DeviceType device_type = first->device().type;
+  const DeviceState& st = t_state.of(device_type);
+  if (!st.enabled) return;
+  DType to;
+  switch (cast_policy(op, st.lists == CastLists::cuda ? DeviceType::cuda : device_type)) {
+    case CastPolicy::lower_precision: to = st.dtype; break;
+    case CastPolicy::fp32: to = DType::f32; break;
+    case CastPolicy::promote: to = promoted(st.dtype, inputs, n, device_type); break;
+    case CastPolicy::passthrough: return;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (eligible(*inputs[i], device_type)) *inputs[i] = cast_to(*inputs[i], to, st.dtype);
+}
+
+bool any_enabled() { return t_state.cuda.enabled || t_state.cpu.enabled; }
 
 }  // namespace
 
-autocast::autocast(DType dtype, bool enabled) : prev_enabled_(t_state.enabled), prev_dtype_(t_state.dtype) {
-  if (enabled && dtype != DType::f16 && dtype != DType::bf16)
-    throw std::invalid_argument(std::string("autocast: dtype must be float16 or bfloat16, got ") + dtype_name(dtype));
-  t_state.enabled = enabled;
-  t_state.dtype = dtype;
+autocast::autocast(DeviceType device_type, std::optional<DType> dtype, bool enabled, bool cache_enabled,
+                   CastLists lists)
+    : device_type_(device_type) {
+  DeviceState& st = t_state.of(device_type);
+  const DType d = dtype.value_or(device_type == DeviceType::cuda ? DType::f16 : DType::bf16);
+  if (enabled && d != DType::f16 && d != DType::bf16)
+    throw std::invalid_argument(std::string("autocast: dtype must be float16 or bfloat16, got ") + dtype_name(d));
+  prev_enabled_ = st.enabled;
+  prev_dtype_ = st.dtype;
+  prev_lists_ = st.lists;
+  prev_cache_enabled_ = t_state.cache_enabled;
+  st.enabled = enabled;
+  st.dtype = d;
+  st.lists = lists;
+  t_state.cache_enabled = cache_enabled;
   ++t_state.depth;
-  set_autocast_hook(enabled ? &hook : nullptr);
+  set_autocast_hook(any_enabled() ? &hook : nullptr);
 }
 
 autocast::~autocast() {
-  t_state.enabled = prev_enabled_;
-  t_state.dtype = prev_dtype_;
-  set_autocast_hook(prev_enabled_ ? &hook : nullptr);
+  DeviceState& st = t_state.of(device_type_);
+  st.enabled = prev_enabled_;
+  st.dtype = prev_dtype_;
+  st.lists = prev_lists_;
+  t_state.cache_enabled = prev_cache_enabled_;
+  set_autocast_hook(any_enabled() ? &hook : nullptr);
   if (--t_state.depth == 0) t_state.cache.clear();
 }
 
-bool is_autocast_enabled() { return t_state.enabled; }
-DType get_autocast_dtype() { return t_state.dtype; }
+bool is_autocast_enabled(DeviceType device_type) { return t_state.of(device_type).enabled; }
+DType get_autocast_dtype(DeviceType device_type) { return t_state.of(device_type).dtype; }
+bool is_autocast_cache_enabled() { return t_state.cache_enabled; }
 size_t autocast_cache_size() { return t_state.cache.size(); }
 void clear_autocast_cache() { t_state.cache.clear(); }
 

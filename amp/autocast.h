@@ -1,24 +1,41 @@
 // autocast: a region in which ops cast their inputs per their policy (runtime/autocast_policy.h),
-// like torch.autocast. Thread-local; regions nest; leaving the outermost region clears the cast cache.
+// like torch.autocast(device_type, dtype, enabled, cache_enabled). A region applies to the ops whose
+// inputs live on its device type; each device type has its own state and default dtype (CUDA:
+// float16, CPU: bfloat16). Thread-local; regions nest and restore what they found; leaving the
+// outermost region clears the cast cache.
 #pragma once
+#include <optional>
+
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 
 namespace amp {
 
+// Which op lists a region casts by. PyTorch's CPU lists differ from its CUDA ones (softmax, exp,
+// log, pow and sum are fp32 ops on CUDA and run in the region's dtype on the CPU). `cuda` makes a CPU
+// region cast exactly as a CUDA one, so that a CPU run computes in the dtypes a GPU run does:
+// amp_train uses it, and the CPU backend then stands in for the GPU number for number.
+enum class CastLists : uint8_t { of_device_type, cuda };
+
 class autocast {
  public:
-  explicit autocast(DType dtype = DType::f16, bool enabled = true);
+  explicit autocast(DeviceType device_type, std::optional<DType> dtype = std::nullopt, bool enabled = true,
+                    bool cache_enabled = true, CastLists lists = CastLists::of_device_type);
   ~autocast();
   autocast(const autocast&) = delete;
   autocast& operator=(const autocast&) = delete;
 
  private:
+  DeviceType device_type_;
   bool prev_enabled_;
   DType prev_dtype_;
+  CastLists prev_lists_;
+  bool prev_cache_enabled_;
 };
 
-bool is_autocast_enabled();
-DType get_autocast_dtype();
+bool is_autocast_enabled(DeviceType device_type);
+DType get_autocast_dtype(DeviceType device_type);
+bool is_autocast_cache_enabled();
 // Number of cached casts of fp32 parameters in the current region (for tests and diagnostics).
 size_t autocast_cache_size();
 void clear_autocast_cache();

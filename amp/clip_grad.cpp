@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "runtime/backend.h"
+#include "runtime/number_format.h"
 #include "runtime/ops.h"
 
 namespace amp {
@@ -15,28 +16,48 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
     if (p.grad().defined()) out.push_back(p.grad());
   return out;
 }
+
+// torch.linalg.vector_norm of xs taken as one vector, as a 1-element float32 tensor on `device`.
+Tensor vector_norm(const std::vector<Tensor>& xs, double p, Device device) {
+  Tensor acc = full({1}, std::isinf(p) && p < 0.0 ? INFINITY : 0.0, DType::f32, device);
+  backend_for(device).norm_accumulate(xs, p, acc);
+  if (std::isinf(p) || p == 0.0 || p == 1.0) return acc;  // max, min, count and sum are the norm
+  if (p == 2.0) return sqrt(acc);
+  return pow(acc, 1.0 / p);
+}
 }  // namespace
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
-  if (!(max_norm >= 0.0)) throw std::invalid_argument("clip_grad_norm_: max_norm must be >= 0, got " + std::to_string(max_norm));
-  if (!(norm_type > 0.0)) throw std::invalid_argument("clip_grad_norm_: norm_type must be > 0");
-  const std::vector<Tensor> grads = grads_of(params);
-  if (grads.empty()) return scalar_tensor(0.0);
-  Backend& b = backend_for(grads[0].device());
-  Tensor acc = zeros({1}, DType::f32, grads[0].device());
-  b.norm_accumulate(grads, norm_type, acc);
-  Tensor total = std::isinf(norm_type) ? acc : pow(acc, 1.0 / norm_type);
+Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type, bool error_if_nonfinite) {
+  if (tensors.empty()) return scalar_tensor(0.0);
+  const Device first = tensors[0].device();
+  std::vector<Tensor> norms;
+  norms.reserve(tensors.size());
+  for (const Tensor& t : tensors) norms.push_back(vector_norm({t}, norm_type, t.device()).to(first));
+  const Tensor total = vector_norm(norms, norm_type, first).reshape({});
   if (error_if_nonfinite && !std::isfinite(total.item()))
-    throw std::runtime_error("The total norm of order " + std::to_string(norm_type) +
+    throw std::runtime_error("The total norm of order " + float_repr(norm_type) +
                              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "
                              "this error and scale the gradients by the non-finite norm anyway, set "
                              "`error_if_nonfinite=false`");
-  b.clip_by_norm(grads, total, max_norm);
-  return total.reshape({});
+  return total;
+}
+
+void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm, const Tensor& total_norm) {
+  const std::vector<Tensor> grads = grads_of(params);
+  if (grads.empty()) return;
+  if (!total_norm.defined() || total_norm.numel() != 1)
+    throw std::invalid_argument("clip_grads_with_norm_: total_norm must be a 1-element tensor");
+  const Device dev = grads[0].device();
+  backend_for(dev).clip_by_norm(grads, total_norm.to(DType::f32).to(dev), max_norm);
+}
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  const Tensor total = get_total_norm(grads_of(params), norm_type, error_if_nonfinite);
+  clip_grads_with_norm_(params, max_norm, total);
+  return total;
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
-  if (!(clip_value >= 0.0)) throw std::invalid_argument("clip_grad_value_: clip_value must be >= 0");
   const std::vector<Tensor> grads = grads_of(params);
   if (grads.empty()) return;
   backend_for(grads[0].device()).clamp(grads, -clip_value, clip_value);

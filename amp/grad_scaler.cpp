@@ -4,44 +4,46 @@
 #include <stdexcept>
 
 #include "comm/coalesced.h"
+#include "runtime/number_format.h"
 #include "runtime/backend.h"
 #include "runtime/ops.h"
 
 namespace amp {
 
 GradScaler::GradScaler(GradScalerOptions o, comm::Communicator* comm) : options_(o), comm_(comm) {
-  validate();
-  state_ = from_vector({o.init_scale, 0.0, static_cast<double>(o.hysteresis)}, {3}, DType::f32, o.device);
+  if (o.enabled) validate();  // a disabled scaler takes any factors, as PyTorch's does
 }
 
 void GradScaler::validate() const {
   const GradScalerOptions& o = options_;
-  if (!(o.growth_factor > 1.0f)) throw std::invalid_argument("The growth factor must be > 1.0. Got " + std::to_string(o.growth_factor));
-  if (!(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f))
-    throw std::invalid_argument("The backoff factor must be < 1.0 and > 0. Got " + std::to_string(o.backoff_factor));
+  if (!(o.growth_factor > 1.0)) throw std::invalid_argument("The growth factor must be > 1.0. Got " + float_repr(o.growth_factor));
+  if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0))
+    throw std::invalid_argument("The backoff factor must be < 1.0 and > 0. Got " + float_repr(o.backoff_factor));
   if (o.growth_interval < 1) throw std::invalid_argument("growth_interval must be a positive integer. Got " + std::to_string(o.growth_interval));
-  if (!(o.init_scale > 0.0f) || !std::isfinite(o.init_scale))
-    throw std::invalid_argument("init_scale must be positive and finite. Got " + std::to_string(o.init_scale));
+  if (!(o.init_scale > 0.0) || !std::isfinite(static_cast<float>(o.init_scale)))
+    throw std::invalid_argument("init_scale must be positive and finite in float32. Got " + float_repr(o.init_scale));
   if (o.hysteresis < 1) throw std::invalid_argument("hysteresis must be >= 1. Got " + std::to_string(o.hysteresis));
   if (o.min_scale < 0.0f || !(o.max_scale >= o.min_scale))
     throw std::invalid_argument("min_scale must be >= 0 and <= max_scale");
 }
 
-Tensor GradScaler::scale_view() const {
-  Tensor v = state_.detach();
-  v.impl()->shape = {};  // element 0 of the state is the scale
-  return v;
+void GradScaler::require_state(const char* funcname) const {
+  if (!scale_.defined())
+    throw std::runtime_error(std::string("Attempted ") + funcname +
+                             " but _scale is None.  This may indicate your script did not use "
+                             "scaler.scale(loss or outputs) earlier in the iteration.");
 }
 
-Tensor GradScaler::scale(const Tensor& loss) const {
-  if (!options_.enabled) return loss;
-  return mul(loss, scale_view().to(loss.device()).to(promote_types(loss.dtype(), DType::f32)));
+void GradScaler::lazy_init(Device device) {
+  scale_ = full({}, options_.init_scale, DType::f32, device);
+  tracker_ = from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(options_.hysteresis)}, {2},
+                         DType::i64, device);
 }
 
-std::vector<Tensor> GradScaler::scale(const std::vector<Tensor>& losses) const {
-  std::vector<Tensor> out;
-  for (const Tensor& l : losses) out.push_back(scale(l));
-  return out;
+Tensor GradScaler::scale(const Tensor& outputs) {
+  if (!options_.enabled) return outputs;
+  if (!scale_.defined()) lazy_init(outputs.device());
+  return mul(outputs, scale_.to(outputs.device()));
 }
 
 std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimizer* st) {
@@ -55,6 +57,7 @@ std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimize
 
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!options_.enabled) return;
+  require_state("unscale_");
   PerOptimizer& st = per_optimizer_[&opt];
   if (st.stage == Stage::unscaled)
     throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
@@ -64,16 +67,17 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
     // One fused pass per dtype group (the backend rejects mixed dtypes in one call).
     std::map<DType, std::vector<Tensor>> by_dtype;
     for (const Tensor& g : grads) by_dtype[g.dtype()].push_back(g);
-    for (auto& [dt, group] : by_dtype) backend_for(group[0].device()).unscale_and_check(group, scale_view(), st.found_inf);
+    const Tensor scale = scale_.to(grads[0].device());
+    for (auto& [dt, group] : by_dtype) backend_for(group[0].device()).unscale_and_check(group, scale, st.found_inf);
   }
   st.stage = Stage::unscaled;
 }
-
 bool GradScaler::sum_with_found_inf(const Tensor& t) {
   if (!options_.enabled || comm_ == nullptr || comm_->size() <= 1) return false;
-  if (t.dtype() != DType::f32 || t.numel() != 1 || t.device() != state_.device())
+  require_state("sum_with_found_inf");
+  if (t.dtype() != DType::f32 || t.numel() != 1 || t.device() != scale_.device())
     throw std::invalid_argument("GradScaler::sum_with_found_inf: expected a 1-element float32 tensor on " +
-                                state_.device().str());
+                                scale_.device().str());
   riders_.push_back(t);
   return true;
 }
@@ -96,6 +100,7 @@ void GradScaler::step(optim::Optimizer& opt) {
     opt.step();
     return;
   }
+  require_state("step");
   PerOptimizer& st = per_optimizer_[&opt];
   if (st.stage == Stage::stepped) throw std::runtime_error("step() has already been called since the last update().");
   Tensor grad_scale;
@@ -105,7 +110,7 @@ void GradScaler::step(optim::Optimizer& opt) {
     const std::vector<Tensor> grads = checked_grads(opt, &st);
     if (!grads.empty()) {
       backend_for(grads[0].device()).check_finite(grads, st.found_inf);
-      grad_scale = scale_view();
+      grad_scale = scale_.to(grads[0].device());
     }
   }
   if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
@@ -116,23 +121,24 @@ void GradScaler::step(optim::Optimizer& opt) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
+  require_state("update");
   agree_on_found_inf();
   Tensor total;
   for (auto& [opt, st] : per_optimizer_) {
     if (!st.found_inf.defined()) continue;
     if (!total.defined()) {
-      total = st.found_inf.clone();
+      total = st.found_inf.to(scale_.device()).clone();
     } else {
-      add_(total, st.found_inf);
+      add_(total, st.found_inf.to(scale_.device()));
     }
   }
   if (!total.defined()) throw std::runtime_error("No inf checks were recorded prior to update.");
   last_found_inf_ = total;
   if (options_.error_at_min_scale && options_.min_scale > 0.0f) {
     // Opt-in check: reads two device values on the host.
-    const float s = get_scale();
+    const double s = get_scale();
     if (total.item() != 0.0 && s <= options_.min_scale)
-      throw std::runtime_error("Current loss scale already at minimum (" + std::to_string(s) +
+      throw std::runtime_error("Current loss scale already at minimum (" + float_repr(s) +
                                ") and gradients still overflow: training cannot continue");
   }
   if (!options_.dynamic) {
@@ -141,39 +147,58 @@ void GradScaler::update() {
   }
   const ScaleUpdateHyper h{options_.growth_factor, options_.backoff_factor, options_.growth_interval,
                            options_.hysteresis, options_.min_scale, options_.max_scale};
-  backend_for(state_.device()).update_scale(state_, total.to(state_.device()), h);
+  backend_for(scale_.device()).update_scale(scale_, tracker_, total, h);
   per_optimizer_.clear();
 }
 
-void GradScaler::update(float new_scale) {
+void GradScaler::update(double new_scale) {
   if (!options_.enabled) return;
-  if (!(new_scale > 0.0f) || !std::isfinite(new_scale))
-    throw std::invalid_argument("new_scale must be positive and finite, got " + std::to_string(new_scale));
-  Tensor s = scale_view();
-  fill_(s, new_scale);
+  require_state("update");
+  // PyTorch fills any float; a scale that is not positive and finite in float32 would silently zero
+  // or poison every gradient, so it is refused here.
+  if (!(new_scale > 0.0) || !std::isfinite(static_cast<float>(new_scale)))
+    throw std::invalid_argument("new_scale must be positive and finite in float32, got " + float_repr(new_scale));
+  fill_(scale_, new_scale);
   per_optimizer_.clear();
 }
 
-Tensor GradScaler::scale_snapshot() const {
-  return options_.enabled ? scale_view().clone() : scalar_tensor(1.0, DType::f32, state_.device());
+void GradScaler::update(const Tensor& new_scale) {
+  if (!options_.enabled) return;
+  require_state("update");
+  const char* reason = "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor with requires_grad=False.";
+  if (!new_scale.defined() || new_scale.device() != scale_.device() || new_scale.numel() != 1 ||
+      new_scale.requires_grad() || !is_floating(new_scale.dtype()))
+    throw std::invalid_argument(reason);
+  copy_(scale_, new_scale.reshape({}).to(DType::f32));
+  per_optimizer_.clear();
 }
 
-float GradScaler::get_scale() const { return options_.enabled ? static_cast<float>(scale_view().item()) : 1.0f; }
+Tensor GradScaler::scale_snapshot(Device device) const {
+  if (!options_.enabled) return scalar_tensor(1.0, DType::f32, device);
+  return scale_.defined() ? scale_.clone() : full({}, options_.init_scale, DType::f32, device);
+}
 
-int GradScaler::get_growth_tracker() const { return static_cast<int>(state_.to_vector()[1]); }
+double GradScaler::get_scale() const {
+  if (!options_.enabled) return 1.0;
+  return scale_.defined() ? scale_.item() : options_.init_scale;
+}
+
+int GradScaler::get_growth_tracker() const {
+  return static_cast<int>(tracker_.defined() ? tracker_.to_vector()[0] : static_cast<double>(init_growth_tracker_));
+}
 
 bool GradScaler::found_inf(const optim::Optimizer& opt) const {
   auto it = per_optimizer_.find(&opt);
   return it != per_optimizer_.end() && it->second.found_inf.defined() && it->second.found_inf.item() != 0.0;
 }
 
-void GradScaler::set_growth_factor(float v) {
-  const float old = options_.growth_factor;
+void GradScaler::set_growth_factor(double v) {
+  const double old = options_.growth_factor;
   options_.growth_factor = v;
   try { validate(); } catch (...) { options_.growth_factor = old; throw; }
 }
-void GradScaler::set_backoff_factor(float v) {
-  const float old = options_.backoff_factor;
+void GradScaler::set_backoff_factor(double v) {
+  const double old = options_.backoff_factor;
   options_.backoff_factor = v;
   try { validate(); } catch (...) { options_.backoff_factor = old; throw; }
 }
@@ -185,12 +210,11 @@ void GradScaler::set_growth_interval(int v) {
 
 std::map<std::string, double> GradScaler::state_dict() const {
   if (!options_.enabled) return {};
-  const auto s = state_.to_vector();
-  return {{"scale", s[0]},
+  return {{"scale", get_scale()},
           {"growth_factor", options_.growth_factor},
           {"backoff_factor", options_.backoff_factor},
           {"growth_interval", options_.growth_interval},
-          {"_growth_tracker", s[1]}};
+          {"_growth_tracker", get_growth_tracker()}};
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
@@ -200,14 +224,19 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
     if (!state.count(k)) throw std::invalid_argument(std::string("GradScaler state_dict is missing '") + k + "'");
   GradScalerOptions o = options_;
-  o.growth_factor = static_cast<float>(state.at("growth_factor"));
-  o.backoff_factor = static_cast<float>(state.at("backoff_factor"));
+  o.init_scale = state.at("scale");
+  o.growth_factor = state.at("growth_factor");
+  o.backoff_factor = state.at("backoff_factor");
   o.growth_interval = static_cast<int>(state.at("growth_interval"));
   const GradScalerOptions old = options_;
   options_ = o;
   try { validate(); } catch (...) { options_ = old; throw; }
-  Tensor host = from_vector({state.at("scale"), state.at("_growth_tracker"), static_cast<double>(o.hysteresis)}, {3});
-  copy_(state_, host.to(state_.device()));
+  init_growth_tracker_ = static_cast<int64_t>(state.at("_growth_tracker"));
+  if (scale_.defined()) {
+    fill_(scale_, o.init_scale);
+    copy_(tracker_, from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(o.hysteresis)}, {2},
+                                DType::i64, tracker_.device()));
+  }
 }
 
 }  // namespace amp

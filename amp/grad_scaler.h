@@ -2,8 +2,10 @@
 // peers' extensions (hysteresis, min/max scale, error at the minimum) and, with a communicator, a
 // found_inf that every rank agrees on.
 //
-// The scale, the growth tracker and each optimizer's found_inf live on the parameters' device. The
-// step path never reads them on the host: the optimizer's fused step reads found_inf itself.
+// As in PyTorch, the scale (0-dim float32) and the growth tracker (an integer) are created by the
+// first scale() call, on the device of the first output it scales; each optimizer's found_inf lives
+// on its gradients' device. The step path never reads them on the host: the optimizer's fused step
+// reads found_inf itself.
 #pragma once
 #include <limits>
 #include <map>
@@ -17,9 +19,11 @@
 namespace amp {
 
 struct GradScalerOptions {
-  float init_scale = 65536.0f;
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
+  // Doubles, as PyTorch keeps its Python floats: the scale is stored in float32 and each update
+  // computes (float)((double)scale * factor).
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
   int growth_interval = 2000;
   bool enabled = true;
   // false: a constant scale (Megatron's ConstantGradScaler): overflows still skip the step, but
@@ -30,7 +34,6 @@ struct GradScalerOptions {
   float min_scale = 0.0f;
   float max_scale = std::numeric_limits<float>::infinity();
   bool error_at_min_scale = false;  // throw when the scale overflows while already at min_scale
-  Device device = kCPU;
 };
 
 class GradScaler {
@@ -39,8 +42,17 @@ class GradScaler {
   // sees a non-zero total if any rank overflowed; PyTorch sums found_inf over devices the same way).
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* comm = nullptr);
 
-  Tensor scale(const Tensor& loss) const;
-  std::vector<Tensor> scale(const std::vector<Tensor>& losses) const;
+  // outputs * scale, by ordinary type promotion (a float16 [N] output stays float16; a 0-dim loss
+  // becomes float32). The first call creates the scaler's state on the output's device.
+  Tensor scale(const Tensor& outputs);
+  // Nested lists keep their structure, as PyTorch's scale() of an iterable does.
+  template <class T>
+  std::vector<T> scale(const std::vector<T>& outputs) {
+    std::vector<T> out;
+    out.reserve(outputs.size());
+    for (const T& o : outputs) out.push_back(scale(o));
+    return out;
+  }
   // Multiplies opt's gradients by 1/scale (fp64 reciprocal) and records found_inf, in one fused pass.
   void unscale_(optim::Optimizer& opt);
   // The optimizer's step, which skips itself when found_inf is set. Without an explicit unscale_
@@ -48,14 +60,18 @@ class GradScaler {
   // (writing them back unscaled, as PyTorch's fused optimizers do).
   void step(optim::Optimizer& opt);
   // _amp_update_scale_ from this iteration's found_inf; resets every optimizer's state.
+  // Every one of unscale_, step and update throws before the first scale(), as PyTorch's does.
   void update();
-  void update(float new_scale);
+  void update(double new_scale);
+  // A 1-element float32 tensor on the scaler's device, that requires no gradient (PyTorch's rule).
+  void update(const Tensor& new_scale);
 
-  float get_scale() const;  // 1 when disabled; reads the device value
-  float get_growth_factor() const { return options_.growth_factor; }
-  void set_growth_factor(float v);
-  float get_backoff_factor() const { return options_.backoff_factor; }
-  void set_backoff_factor(float v);
+  // The scale (init_scale before the first scale(); 1 when disabled); reads the device value.
+  double get_scale() const;
+  double get_growth_factor() const { return options_.growth_factor; }
+  void set_growth_factor(double v);
+  double get_backoff_factor() const { return options_.backoff_factor; }
+  void set_backoff_factor(double v);
   int get_growth_interval() const { return options_.growth_interval; }
   void set_growth_interval(int v);
   int get_growth_tracker() const;
@@ -69,9 +85,10 @@ class GradScaler {
   // reduces t itself. Call it before step() or update().
   bool sum_with_found_inf(const Tensor& t);
 
-  // Device-side values for logging without a host sync: a copy of the current scale, and the
-  // found_inf total that the last update() acted on (undefined before the first update).
-  Tensor scale_snapshot() const;
+  // Device-side values for logging without a host sync: a copy of the current scale (on `device`
+  // before the first scale()), and the found_inf total that the last update() acted on (undefined
+  // before the first update).
+  Tensor scale_snapshot(Device device) const;
   Tensor last_found_inf() const { return last_found_inf_; }
 
   // Keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker (PyTorch's).
@@ -86,14 +103,17 @@ class GradScaler {
     bool agreed = false;  // all-reduced over ranks
   };
   void validate() const;
+  void require_state(const char* funcname) const;  // PyTorch's "Attempted step but _scale is None"
+  void lazy_init(Device device);
   // opt's gradients, none of them fp16 (PyTorch's error otherwise), with a fresh found_inf for st.
   static std::vector<Tensor> checked_grads(optim::Optimizer& opt, PerOptimizer* st);
-  Tensor scale_view() const;  // 0-d view of state_[0]
   void agree_on_found_inf();  // one small collective for every optimizer still pending
 
   GradScalerOptions options_;
   comm::Communicator* comm_;
-  Tensor state_;  // [scale, growth_tracker, hysteresis_left], f32 on the device
+  Tensor scale_;    // 0-dim float32, undefined until the first scale()
+  Tensor tracker_;  // int64 [growth_tracker, hysteresis_left], beside scale_
+  int64_t init_growth_tracker_ = 0;  // what load_state_dict set before the state exists
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
   std::vector<Tensor> riders_;  // summed with the next agreement (sum_with_found_inf)
   Tensor last_found_inf_;

@@ -45,7 +45,7 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
   auto model = models::make_mlp({width, width, width, layers}, gen, dev);
   const Tensor x = randn({batch, width}, gen, DType::f32, dev), y = randn({batch, width}, gen, DType::f32, dev);
   optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4});
-  GradScaler scaler(GradScalerOptions{.enabled = m.scaler, .device = dev});
+  GradScaler scaler(GradScalerOptions{.enabled = m.scaler});
   Backend& b = backend_for(dev);
   std::vector<double> step_ms, scaler_ms, peak;
   for (int s = 0; s < warmup + steps; ++s) {
@@ -55,7 +55,7 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
     opt.zero_grad();
     Tensor loss;
     {
-      autocast ac(m.dtype, m.autocasting);
+      autocast ac(dev.type, m.dtype, m.autocasting, true, CastLists::cuda);
       loss = mse_loss((*model)(x), y);
     }
     // The scaler's own work, timed with the device drained around each part: scale(), the

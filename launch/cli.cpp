@@ -143,9 +143,10 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a finite number >= 0 (0 turns clipping off)");
   require(c.grad_penalty >= 0.0 && std::isfinite(c.grad_penalty), "--grad-penalty", c.grad_penalty,
           "must be a finite number >= 0");
-  require(c.init_scale > 0.0f && std::isfinite(c.init_scale), "--init-scale", c.init_scale, "must be a positive number");
-  require(c.growth_factor > 1.0f, "--growth-factor", c.growth_factor, "must be > 1");
-  require(c.backoff_factor > 0.0f && c.backoff_factor < 1.0f, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
+  require(c.init_scale > 0.0 && std::isfinite(static_cast<float>(c.init_scale)), "--init-scale", c.init_scale,
+          "must be a positive number within float32's range");
+  require(c.growth_factor > 1.0, "--growth-factor", c.growth_factor, "must be > 1");
+  require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
   require(c.hysteresis >= 1, "--hysteresis", c.hysteresis, "must be >= 1");
   require(c.min_scale >= 0.0f && std::isfinite(c.min_scale), "--min-scale", c.min_scale, "must be a finite number >= 0");
@@ -158,7 +159,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
   require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
   require(c.bucket_mb > 0.0 && c.bucket_mb <= 65536.0, "--bucket-mb", c.bucket_mb, "must be in (0, 65536]");
-  if (!c.inject_nonfinite.empty() && !scaler_options(c, kCPU).enabled)
+  if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
   check_memory(c);

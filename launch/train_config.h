@@ -44,9 +44,9 @@ struct TrainConfig {
   // AMP
   AmpMode amp = AmpMode::off;
   LossScale loss_scale;
-  float init_scale = 65536.0f;
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
   int growth_interval = 2000;
   int hysteresis = 1;
   float min_scale = 0.0f;

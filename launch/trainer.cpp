@@ -38,7 +38,7 @@ std::string number_str(double v) {
 }
 }  // namespace
 
-GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
+GradScalerOptions scaler_options(const TrainConfig& c) {
   GradScalerOptions o;
   o.init_scale = c.init_scale;
   o.growth_factor = c.growth_factor;
@@ -47,7 +47,6 @@ GradScalerOptions scaler_options(const TrainConfig& c, Device device) {
   o.hysteresis = c.hysteresis;
   o.min_scale = c.min_scale;
   o.max_scale = c.max_scale;
-  o.device = device;
   switch (c.loss_scale.kind) {
     case LossScale::Kind::auto_: o.enabled = c.amp == AmpMode::fp16; break;  // bf16 needs no scaling
     case LossScale::Kind::dynamic: o.enabled = true; break;
@@ -81,7 +80,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     opt_ = std::make_unique<optim::AdamW>(model_->parameters(),
                                           optim::AdamOptions{cfg_.lr, 0.9, 0.999, 1e-8, cfg_.weight_decay, false});
   }
-  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_, device_), &comm_);
+  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
 }
 
 Trainer::~Trainer() = default;
@@ -118,7 +117,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
-  const Tensor scale_used = scaler_->scale_snapshot();
+  const Tensor scale_used = scaler_->scale_snapshot(device_);
 
   opt_->zero_grad();
   Tensor loss_sum = zeros({1}, DType::f32, device_);
@@ -127,7 +126,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     auto [x, y] = data_->rows(first + m * B, B);
     Tensor loss;
     {
-      autocast ac(amp_dtype, autocasting);
+      autocast ac(device_.type, amp_dtype, autocasting, true, CastLists::cuda);
       loss = div(mse_loss((*model_)(x), y), static_cast<double>(K));
     }
     {
@@ -137,10 +136,10 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     if (cfg_.grad_penalty > 0.0) {
       // loss + lambda * ||grad loss||_2, the gradient taken through the scaled loss (PyTorch's recipe).
       std::vector<Tensor> g = grad({scaler_->scale(loss)}, params, {}, true, true);
-      const Tensor scale = scaler_->scale_snapshot();  // divided on the device: no host read
+      const Tensor scale = scaler_->scale_snapshot(device_);  // divided on the device: no host read
       Tensor sq = zeros({}, DType::f32, device_);
       for (const Tensor& t : g) sq = add(sq, sum(pow(div(t, scale), 2.0)));
-      autocast ac(amp_dtype, autocasting);
+      autocast ac(device_.type, amp_dtype, autocasting, true, CastLists::cuda);
       loss = add(loss, mul(sqrt(sq), cfg_.grad_penalty));
     }
     scaler_->scale(loss).backward();

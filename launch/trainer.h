@@ -85,6 +85,6 @@ class Trainer {
 };
 
 // The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
-GradScalerOptions scaler_options(const TrainConfig& c, Device device);
+GradScalerOptions scaler_options(const TrainConfig& c);
 
 }  // namespace amp::launch

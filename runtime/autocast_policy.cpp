@@ -13,7 +13,7 @@ void set_autocast_hook(AutocastHook h) { t_hook = h; }
 
 const char* op_name(OpKind op) {
   switch (op) {
-#define AMP_OP_NAME(op, policy) \
+#define AMP_OP_NAME(op, cuda_policy, cpu_policy) \
   case OpKind::op:              \
     return #op;
     AMP_FOR_EACH_OP_POLICY(AMP_OP_NAME)
@@ -25,7 +25,7 @@ const char* op_name(OpKind op) {
 void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs) {
   if (t_hook == nullptr) return;
   std::vector<Tensor*> v(inputs);
-  t_hook(op, cast_policy(op), v.data(), v.size());
+  t_hook(op, v.data(), v.size());
 }
 
 }  // namespace amp

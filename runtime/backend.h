@@ -12,13 +12,13 @@
 namespace amp {
 
 // Element-wise unary functions y = f(x, alpha); alpha is unused by most.
-enum class UnaryOp : uint8_t { neg, exp, log, sqrt, relu, gelu, gelu_tanh, pow_scalar, mul_scalar, add_scalar, copy };
+enum class UnaryOp : uint8_t { neg, exp, log, sqrt, relu, gelu, gelu_tanh, pow_scalar, mul_scalar, div_scalar, add_scalar, copy };
 // Element-wise binary functions with broadcasting. The *_backward ones take (grad, x).
 enum class BinaryOp : uint8_t { add, sub, mul, div, relu_backward, gelu_backward, gelu_tanh_backward };
 
 // GradScaler's update rule and the peers' extensions; see amp_math.h.
 struct ScaleUpdateHyper {
-  float growth_factor, backoff_factor;
+  double growth_factor, backoff_factor;  // doubles, as PyTorch passes them: (float)((double)scale * factor)
   int growth_interval, hysteresis;
   float min_scale, max_scale;
 };
@@ -73,8 +73,9 @@ class Backend {
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).
   virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
-  // state = [scale, growth_tracker, hysteresis_left], f32 on the device; see amp_math.h update_scale.
-  virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
+  // scale: float32 (0-dim or 1 element); tracker: int64 [growth_tracker, hysteresis_left], both on
+  // the device; see amp_math.h update_scale.
+  virtual void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
   // found_inf = 1 if any element of xs is inf or NaN (never reset here). Read-only.
   virtual void check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) = 0;
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
@@ -88,9 +89,10 @@ class Backend {
                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                          const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                          const Tensor& found_inf, const Tensor& grad_scale) = 0;
-  // out (1-element f32) = sum over tensors of sum |x|^p (p = 2: squares; p = inf: max |x|).
+  // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
+  // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
-  // xs *= min(1, max_norm / (total_norm + 1e-6)), with total_norm a 1-element device tensor.
+  // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;
 };

@@ -57,4 +57,12 @@ DType promote_types(DType a, DType b) {
   return DType::f32;  // f16 with bf16 promotes to f32, as in PyTorch
 }
 
+DType result_type(DType a, bool a_is_0dim, DType b, bool b_is_0dim) {
+  if (a_is_0dim == b_is_0dim) return promote_types(a, b);
+  const DType dimensioned = a_is_0dim ? b : a;
+  const DType zero_dim = a_is_0dim ? a : b;
+  // Categories: a floating 0-dim tensor outranks an integer dimensioned one; nothing else does.
+  return !is_floating(dimensioned) && is_floating(zero_dim) ? zero_dim : dimensioned;
+}
+
 }  // namespace amp

@@ -19,6 +19,10 @@ inline bool is_floating(DType t) { return t != DType::i64; }
 inline bool is_reduced_float(DType t) { return t == DType::f16 || t == DType::bf16; }
 // The wider of two floating dtypes, as PyTorch's type promotion picks it.
 DType promote_types(DType a, DType b);
+// The dtype of a binary op between tensors of dtypes a and b, as torch.result_type decides it: a
+// 0-dim tensor ranks below a dimensioned one, so it decides the dtype only when its category
+// (integer < floating) is higher. float16[N] * float32[] is float16; int64[N] * float32[] is float32.
+DType result_type(DType a, bool a_is_0dim, DType b, bool b_is_0dim);
 
 // Loads and stores between storage types and the compute type (float, or double for f64).
 template <class S>

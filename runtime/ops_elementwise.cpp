@@ -43,9 +43,10 @@ Tensor unary_forward(UnaryOp op, const Tensor& x, double alpha = 0.0) {
   return y;
 }
 
-// Binary ops compute in the promoted dtype of their inputs (differentiable casts).
+// Binary ops compute in their inputs' result type (differentiable casts), with PyTorch's rule that a
+// 0-dim tensor does not widen a dimensioned one of the same category.
 void promote(Tensor& a, Tensor& b) {
-  const DType t = promote_types(a.dtype(), b.dtype());
+  const DType t = result_type(a.dtype(), a.dim() == 0, b.dtype(), b.dim() == 0);
   a = a.to(t);
   b = b.to(t);
 }
@@ -105,7 +106,11 @@ Tensor mul(const Tensor& a, double s) {
   return record("MulScalarBackward", unary_forward(UnaryOp::mul_scalar, a, s), {a},
                 [s](const Tensor& g) { return std::vector<Tensor>{mul(g, s)}; });
 }
-Tensor div(const Tensor& a, double s) { return mul(a, 1.0 / s); }
+// A true division, as PyTorch's `t / 4` (x / s and x * (1 / s) differ in the last bit).
+Tensor div(const Tensor& a, double s) {
+  return record("DivScalarBackward", unary_forward(UnaryOp::div_scalar, a, s), {a},
+                [s](const Tensor& g) { return std::vector<Tensor>{div(g, s)}; });
+}
 
 Tensor neg(const Tensor& x_in) {
   Tensor x = x_in;

@@ -28,7 +28,9 @@ void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+Tensor mm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::mm, {&a, &b});
   check_gemm_operands("mm", a, b);
   if (a.dim() != 2 || b.dim() != 2)
     throw std::invalid_argument("mm: expected 2-D operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));

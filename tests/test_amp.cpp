@@ -78,7 +78,7 @@ void train(nn::Sequential& model, optim::Optimizer& opt, GradScaler* scaler, con
     if (i % static_cast<size_t>(c.accumulate) == 0) opt.zero_grad();
     Tensor loss;
     {
-      autocast ac(DType::f16, c.fp16);
+      autocast ac(DeviceType::cpu, DType::f16, c.fp16);
       loss = mse_loss(model(data[i].first), data[i].second);
       if (c.accumulate > 1) loss = div(loss, static_cast<double>(c.accumulate));
     }
@@ -91,7 +91,7 @@ void train(nn::Sequential& model, optim::Optimizer& opt, GradScaler* scaler, con
       } else {
         g = grad({loss}, params, {}, true, true);
       }
-      autocast ac(DType::f16, c.fp16);
+      autocast ac(DeviceType::cpu, DType::f16, c.fp16);
       loss = add(loss, grad_norm_of(g));
     }
     const bool last_micro = (i + 1) % static_cast<size_t>(c.accumulate) == 0;
@@ -192,15 +192,19 @@ TEST(Autocast, DtypesUnderFp16) {
   const Tensor x = randn({2, 4}, gen);
   Tensor out, loss;
   {
-    autocast ac(DType::f16);
-    EXPECT_TRUE(is_autocast_enabled());
+    autocast ac(DeviceType::cpu, DType::f16, true, true, CastLists::cuda);
+    EXPECT_TRUE(is_autocast_enabled(DeviceType::cpu));
+    EXPECT_FALSE(is_autocast_enabled(DeviceType::cuda)) << "a CPU region leaves CUDA ops alone";
     out = lin(x);
     loss = mse_loss(out, zeros({2, 3}));
-    EXPECT_EQ(add(out, ones({2, 3})).dtype(), DType::f32) << "promote picks the widest";
+    EXPECT_EQ(add(out, ones({2, 3})).dtype(), DType::f32) << "ordinary promotion: f16[2,3] + f32[2,3]";
+    EXPECT_EQ(add(out, ones({})).dtype(), DType::f16) << "a 0-dim f32 does not widen a dimensioned f16";
     EXPECT_EQ(relu(out).dtype(), DType::f16) << "pass-through keeps the input dtype";
-    EXPECT_EQ(softmax(out).dtype(), DType::f32);
+    EXPECT_EQ(softmax(out).dtype(), DType::f32) << "CUDA's fp32 list";
+    EXPECT_EQ(mm(x, x, false, true).dtype(), DType::f16) << "mm is a lower-precision op";
+    EXPECT_EQ(mm(x.to(DType::f64), x.to(DType::f64), false, true).dtype(), DType::f64) << "fp64 is not eligible";
   }
-  EXPECT_FALSE(is_autocast_enabled());
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::cpu));
   EXPECT_EQ(out.dtype(), DType::f16);
   EXPECT_EQ(loss.dtype(), DType::f32);
   loss.backward();
@@ -208,29 +212,61 @@ TEST(Autocast, DtypesUnderFp16) {
   EXPECT_EQ(lin.bias.grad().dtype(), DType::f32);
 }
 
+// PyTorch's CPU lists: softmax, exp, log, pow and sum are not fp32 ops there; a CPU region's default
+// dtype is bfloat16 and a CUDA region's float16.
+TEST(Autocast, CpuListsAndDefaultsPerDeviceType) {
+  Generator gen(1);
+  const Tensor x = randn({2, 4}, gen).to(DType::bf16);
+  {
+    autocast ac(DeviceType::cpu);
+    EXPECT_EQ(get_autocast_dtype(DeviceType::cpu), DType::bf16);
+    EXPECT_EQ(softmax(x).dtype(), DType::bf16);
+    EXPECT_EQ(exp(x).dtype(), DType::bf16);
+    EXPECT_EQ(sum(x).dtype(), DType::bf16);
+    EXPECT_EQ(mse_loss(x, x).dtype(), DType::f32) << "mse_loss is on the CPU's fp32 list too";
+    EXPECT_EQ(matmul(x.to(DType::f32), x.to(DType::f32).reshape({4, 2})).dtype(), DType::bf16);
+  }
+  {
+    autocast ac(DeviceType::cuda);
+    EXPECT_EQ(get_autocast_dtype(DeviceType::cuda), DType::f16);
+    EXPECT_EQ(matmul(x.to(DType::f32), x.to(DType::f32).reshape({4, 2})).dtype(), DType::f32)
+        << "a CUDA region does not touch CPU tensors";
+  }
+}
+
+TEST(Autocast, CacheDisabledCastsEveryTime) {
+  Generator gen(0);
+  nn::Linear lin(4, 4, gen);
+  const Tensor x = randn({2, 4}, gen);
+  autocast ac(DeviceType::cpu, DType::f16, true, /*cache_enabled=*/false);
+  EXPECT_FALSE(is_autocast_cache_enabled());
+  lin(x);
+  EXPECT_EQ(autocast_cache_size(), 0u);
+}
+
 TEST(Autocast, CastCacheOncePerOutermostRegion) {
   Generator gen(0);
   nn::Linear lin(4, 4, gen);
   const Tensor x = randn({2, 4}, gen);
   {
-    autocast outer(DType::f16);
+    autocast outer(DeviceType::cpu, DType::f16);
     const Tensor a = lin(x);
     const Tensor b = lin(a);  // the same weight again: no second cast
     EXPECT_EQ(autocast_cache_size(), 2u);
     {
-      autocast inner(DType::f16);
+      autocast inner(DeviceType::cpu, DType::f16);
       lin(x);
       EXPECT_EQ(autocast_cache_size(), 2u);
     }
     EXPECT_EQ(autocast_cache_size(), 2u) << "leaving an inner region keeps the cache";
     {
-      autocast off(DType::f16, false);
+      autocast off(DeviceType::cpu, DType::f16, false);
       EXPECT_EQ(lin(x).dtype(), DType::f32) << "a disabled nested region runs in fp32";
     }
     EXPECT_EQ(lin(x).dtype(), DType::f16) << "the outer region is restored";
   }
   EXPECT_EQ(autocast_cache_size(), 0u);
-  EXPECT_THROW(autocast(DType::f32), std::invalid_argument);
+  EXPECT_THROW(autocast(DeviceType::cpu, DType::f32), std::invalid_argument);
 }
 
 TEST(Autocast, Bf16MlpMatchesPyTorch) {
@@ -238,7 +274,7 @@ TEST(Autocast, Bf16MlpMatchesPyTorch) {
   auto mlp = test::fixture_mlp();
   Tensor out;
   {
-    autocast ac(DType::bf16);
+    autocast ac(DeviceType::cpu, DType::bf16);
     out = (*mlp)(test::fixture_tensor(f, "x"));
   }
   EXPECT_EQ(out.dtype(), DType::bf16);
@@ -257,7 +293,7 @@ TEST(Underflow, ShownNotAssumed) {
   nn::Linear l1(32, 32, gen), l2(32, 32, gen);
   const Tensor x = randn({16, 32}, gen), y = randn({16, 32}, gen);
   auto zeros_in_activation_grad = [&](double scale) {
-    autocast ac(DType::f16);
+    autocast ac(DeviceType::cpu, DType::f16);
     const Tensor h = l1(x);
     const Tensor loss = mul(mse_loss(l2(h), y), 1e-5);  // dL/dh ~ 1e-8
     const Tensor g = grad({mul(loss, scale)}, {h}, {}, false, false)[0];

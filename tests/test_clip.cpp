@@ -38,7 +38,43 @@ TEST(ClipGradNorm, InfNormAndNonFinite) {
   b.grad().data<float>()[1] = NAN;
   EXPECT_THROW(clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true), std::runtime_error);
   EXPECT_TRUE(std::isnan(clip_grad_norm_({a, b}, 1.0).item()));  // PyTorch's default: scale by NaN
-  EXPECT_THROW(clip_grad_norm_({a, b}, -1.0), std::invalid_argument);
+}
+
+// torch.nn.utils 2.x takes the norm of the per-tensor norms, accepts every norm_type that
+// torch.linalg.vector_norm does, and any max_norm. Expected values by hand: a = [1, -4, 2],
+// b = [3, 0.5].
+TEST(ClipGradNorm, EveryNormTypeAndMaxNormAsPyTorch) {
+  Tensor a = zeros({3}).set_requires_grad(true), b = zeros({2}).set_requires_grad(true);
+  auto reset = [&] {
+    a.set_grad(from_vector({1.0, -4.0, 2.0}, {3}));
+    b.set_grad(from_vector({3.0, 0.5}, {2}));
+  };
+  reset();
+  EXPECT_EQ(get_total_norm({a.grad(), b.grad()}, -INFINITY).item(), 0.5) << "min |x|";
+  EXPECT_EQ(get_total_norm({a.grad(), b.grad()}, 0.0).item(), 2.0) << "the count of tensors with a nonzero";
+  EXPECT_NEAR(get_total_norm({a.grad(), b.grad()}, 3.0).item(), std::cbrt(100.125), 1e-5);
+  // p = 1/2: each norm is (sum sqrt|x|)^2, and so is the norm of the two.
+  const double half = std::pow(1.0 + 2.0 + std::sqrt(2.0) + std::sqrt(3.0) + std::sqrt(0.5), 2.0);
+  EXPECT_NEAR(get_total_norm({a.grad(), b.grad()}, 0.5).item(), half, 1e-5 * half);
+  EXPECT_EQ(get_total_norm({}).item(), 0.0);
+  // A negative max_norm flips the gradients: the factor is (5.5 + 1e-6)^-1 * -1.
+  const Tensor total = clip_grad_norm_({a, b}, -1.0);
+  EXPECT_EQ(total.item(), 5.5);
+  const float coef = (1.0f / (5.5f + 1e-6f)) * -1.0f;
+  EXPECT_EQ(a.grad().to_vector()[1], static_cast<double>(-4.0f * coef));
+  // clip_grads_with_norm_ with a norm the caller computed.
+  reset();
+  clip_grads_with_norm_({a, b}, 2.0, scalar_tensor(4.0));
+  EXPECT_EQ(b.grad().to_vector()[0], static_cast<double>(3.0f * ((1.0f / (4.0f + 1e-6f)) * 2.0f)));
+  // The error names the order as Python prints it.
+  b.grad().data<float>()[0] = INFINITY;
+  try {
+    clip_grad_norm_({a, b}, 1.0, 2.0, true);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("The total norm of order 2.0 for gradients from `parameters` is non-finite", 0), 0u)
+        << e.what();
+  }
 }
 
 TEST(ClipGradValue, ClampsEveryElement) {
@@ -46,7 +82,8 @@ TEST(ClipGradValue, ClampsEveryElement) {
   a.set_grad(from_vector({-3.0, -0.1, 0.2, 5.0}, {4}));
   clip_grad_value_({a}, 0.5);
   EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{-0.5, static_cast<double>(-0.1f), static_cast<double>(0.2f), 0.5}));
-  EXPECT_THROW(clip_grad_value_({a}, -1.0), std::invalid_argument);
+  clip_grad_value_({a}, -1.0);  // torch.clamp with min > max: every element becomes max
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{-1.0, -1.0, -1.0, -1.0}));
 }
 
 // The NaN audit for clipping, as torch.nn.utils does it: the inf-norm (a max) of a NaN is NaN, the

@@ -518,23 +518,25 @@ TEST_F(CudaVsCpu, UnscaleAndCheckWithInjectedNonFinites) {
 }
 
 TEST_F(CudaVsCpu, UpdateScaleSequences) {
-  const ScaleUpdateHyper hypers[] = {{2.0f, 0.5f, 3, 1, 0.0f, std::numeric_limits<float>::infinity()},
-                                     {2.0f, 0.25f, 2, 3, 1.0f, 1e5f}};
+  const ScaleUpdateHyper hypers[] = {{2.0, 0.5, 3, 1, 0.0f, std::numeric_limits<float>::infinity()},
+                                     {2.0, 0.25, 2, 3, 1.0f, 1e5f},
+                                     {1.1, 0.9, 1, 1, 0.0f, std::numeric_limits<float>::infinity()}};
   const int found[] = {0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0};
   for (const ScaleUpdateHyper& h : hypers) {
-    Tensor c = from_vector({65536.0, 0.0, static_cast<double>(h.hysteresis)}, {3});
-    Tensor g = c.to(kGPU).clone();
+    Tensor cs = full({}, 1000.0), ct = from_vector({0.0, static_cast<double>(h.hysteresis)}, {2}, DType::i64);
+    Tensor gs = cs.to(kGPU).clone(), gt = ct.to(kGPU).clone();
     for (int f : found) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
-      cpu().update_scale(c, flag, h);
-      gpu().update_scale(g, flag.to(kGPU), h);
-      ASSERT_TRUE(matches(g, c, 0)) << "state after found_inf " << f;
+      cpu().update_scale(cs, ct, flag, h);
+      gpu().update_scale(gs, gt, flag.to(kGPU), h);
+      ASSERT_TRUE(matches(gs, cs, 0)) << "scale after found_inf " << f;
+      ASSERT_EQ(gt.to_vector(), ct.to_vector()) << "tracker after found_inf " << f;
     }
   }
   // Growth stops short of inf.
-  Tensor g = from_vector({3e38, 0.0, 1.0}, {3}, DType::f32, kGPU);
-  gpu().update_scale(g, zeros({1}, DType::f32, kGPU), {2.0f, 0.5f, 1, 1, 0.0f, std::numeric_limits<float>::infinity()});
-  EXPECT_FLOAT_EQ(static_cast<float>(g.to_vector()[0]), 3e38f);
+  Tensor gs = full({}, 3e38, DType::f32, kGPU), gt = from_vector({0.0, 1.0}, {2}, DType::i64, kGPU);
+  gpu().update_scale(gs, gt, zeros({1}, DType::f32, kGPU), {2.0, 0.5, 1, 1, 0.0f, std::numeric_limits<float>::infinity()});
+  EXPECT_FLOAT_EQ(static_cast<float>(gs.item()), 3e38f);
 }
 
 struct OptimState {

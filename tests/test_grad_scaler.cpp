@@ -22,6 +22,7 @@ struct Rig {
   Tensor p = zeros({4}).set_requires_grad(true);
   optim::SGD opt{{p}, optim::SgdOptions{0.1}};
   void iterate(GradScaler& s, bool inf) {
+    s.scale(scalar_tensor(1.0));  // as a real iteration does (and the first one creates the state)
     p.set_grad(full({4}, inf ? INFINITY : 1.0));
     s.step(opt);
     s.update();
@@ -72,6 +73,7 @@ TEST(GradScaler, GrowthNeverOverflowsToInf) {
 
 TEST(GradScaler, UpdateWithNewScale) {
   GradScaler s;
+  s.scale(scalar_tensor(1.0));
   s.update(1024.0f);
   EXPECT_EQ(s.get_scale(), 1024.0f);
   EXPECT_THROW(s.update(-1.0f), std::invalid_argument);
@@ -89,6 +91,16 @@ void expect_message(const std::function<void()>& f, const std::string& msg) {
 TEST(GradScaler, StateMachineErrorsUseTorchsMessages) {
   GradScaler s;
   Rig r;
+  expect_message([&] { s.unscale_(r.opt); },
+                 "Attempted unscale_ but _scale is None.  This may indicate your script did not use "
+                 "scaler.scale(loss or outputs) earlier in the iteration.");
+  expect_message([&] { s.step(r.opt); },
+                 "Attempted step but _scale is None.  This may indicate your script did not use "
+                 "scaler.scale(loss or outputs) earlier in the iteration.");
+  expect_message([&] { s.update(); },
+                 "Attempted update but _scale is None.  This may indicate your script did not use "
+                 "scaler.scale(loss or outputs) earlier in the iteration.");
+  s.scale(scalar_tensor(1.0));
   r.p.set_grad(full({4}, 1.0));
   s.unscale_(r.opt);
   expect_message([&] { s.unscale_(r.opt); }, "unscale_() has already been called on this optimizer since the last update().");
@@ -103,8 +115,10 @@ TEST(GradScaler, StateMachineErrorsUseTorchsMessages) {
   Tensor h = zeros({2}).set_requires_grad(true);
   optim::SGD opt2({h}, optim::SgdOptions{0.1});
   h.set_grad(zeros({2}, DType::f16));
+  s2.scale(scalar_tensor(1.0));
   expect_message([&] { s2.unscale_(opt2); }, "Attempting to unscale FP16 gradients.");
   GradScaler s3;
+  s3.scale(scalar_tensor(1.0));
   expect_message([&] { s3.update(); }, "No inf checks were recorded prior to update.");
 }
 
@@ -128,6 +142,8 @@ TEST(GradScaler, FusedStepEqualsUnscaleThenStep) {
         const double bad = poisoned && i == 1 ? INFINITY : 0.0;
         a.set_grad(from_vector({0.3 * 3, -0.7 * 3, 0.1 * 3 + bad}, {3}));
         b.set_grad(from_vector({0.3 * 3, -0.7 * 3, 0.1 * 3 + bad}, {3}));
+        sa.scale(scalar_tensor(1.0));
+        sb.scale(scalar_tensor(1.0));
         sa.unscale_(*oa);
         sa.step(*oa);
         sa.update();

@@ -83,13 +83,14 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
   std::vector<Tensor> params = {full({1000}, 1.0, DType::f32, kGPU), full({77}, -2.0, DType::f32, kGPU)};
   std::vector<Tensor> bufs = {zeros({1000}, DType::f32, kGPU), zeros({77}, DType::f32, kGPU)};
   Tensor step = zeros({1}, DType::f32, kGPU);
-  Tensor scaler = from_vector({65536.0, 0.0, 1.0}, {3}, DType::f32, kGPU);
-  const ScaleUpdateHyper h{2.0f, 0.5f, 2000, 1, 0.0f, std::numeric_limits<float>::infinity()};
+  Tensor scaler = full({}, 65536.0, DType::f32, kGPU);
+  Tensor tracker = from_vector({0.0, 1.0}, {2}, DType::i64, kGPU);
+  const ScaleUpdateHyper h{2.0, 0.5, 2000, 1, 0.0f, std::numeric_limits<float>::infinity()};
   const SgdHyper sgd{0.1, 0.9, 0.0, 0.0, false};
 
   for (int iteration = 0; iteration < 2; ++iteration) {
     const bool inject = iteration == 0;
-    const double scale = scaler.to_vector()[0];
+    const double scale = scaler.item();
     // Scaled gradients, averaged over ranks.
     std::vector<Tensor> grads = {full({1000}, scale * 0.5, DType::f32, kGPU), full({77}, scale, DType::f32, kGPU)};
     for (Tensor& g : grads) comm_->all_reduce_async(g, comm::ReduceOp::avg)->wait();
@@ -97,21 +98,21 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
     if (inject && rank == last) gpu.fill(grads[1], std::numeric_limits<double>::infinity());
 
     Tensor found_inf = zeros({1}, DType::f32, kGPU);
-    gpu.unscale_and_check(grads, scaler, found_inf);  // reads the scale, scaler[0], on the device
+    gpu.unscale_and_check(grads, scaler, found_inf);  // reads the scale on the device
     EXPECT_EQ(found_inf.item(), inject && rank == last ? 1.0 : 0.0) << "rank " << rank << " before the all-reduce";
     comm_->all_reduce(found_inf, comm::ReduceOp::max);
     EXPECT_EQ(found_inf.item(), inject ? 1.0 : 0.0) << "rank " << rank;
 
     gpu.sgd_step(params, grads, bufs, step, sgd, found_inf, Tensor());
-    gpu.update_scale(scaler, found_inf, h);
+    gpu.update_scale(scaler, tracker, found_inf, h);
     if (inject) {
       EXPECT_EQ(params[0].to_vector()[0], 1.0) << "parameters moved on a skipped step";
       EXPECT_EQ(step.item(), 0.0) << "the step count moved on a skipped step";
-      EXPECT_EQ(scaler.to_vector()[0], 32768.0) << "the scale did not back off";
+      EXPECT_EQ(scaler.item(), 32768.0) << "the scale did not back off";
     } else {
       EXPECT_FLOAT_EQ(static_cast<float>(params[0].to_vector()[0]), 1.0f - 0.1f * 0.5f);
       EXPECT_EQ(step.item(), 1.0);
-      EXPECT_EQ(scaler.to_vector()[1], 1.0) << "the growth tracker did not count the good step";
+      EXPECT_EQ(tracker.to_vector()[0], 1.0) << "the growth tracker did not count the good step";
     }
     expect_same_on_every_rank(*comm_, params[0], "parameters");
     expect_same_on_every_rank(*comm_, params[1], "parameters");

@@ -237,6 +237,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) {
         else map_unary<T>(x, y, [a](C v) { return std::pow(v, a); });
         break;
       case UnaryOp::mul_scalar: map_unary<T>(x, y, [a](C v) { return v * a; }); break;
+      case UnaryOp::div_scalar: map_unary<T>(x, y, [a](C v) { return v / a; }); break;
       case UnaryOp::add_scalar: map_unary<T>(x, y, [a](C v) { return v + a; }); break;
       case UnaryOp::copy: map_unary<T>(x, y, [](C v) { return v; }); break;
     }

@@ -31,13 +31,14 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
   bool any = false;
   cpu::dispatch_float(dt, [&](auto T_tag) {
     using T = decltype(T_tag);
+    using C = typename Elem<T>::Compute;
     for (const Tensor& g : grads) {
       T* d = g.data<T>();
       const long n = static_cast<long>(g.numel());
       int bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
       for (long i = 0; i < n; ++i) {
-        const float v = static_cast<float>(Elem<T>::load(d[i]));
+        const C v = Elem<T>::load(d[i]);
         bad |= math::is_nonfinite(v) ? 1 : 0;
         d[i] = Elem<T>::store(math::unscale_element(v, inv));
       }
@@ -55,16 +56,18 @@ void CpuBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) 
       const T* d = x.data<T>();
       const long n = static_cast<long>(x.numel());
 #pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
-      for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(static_cast<float>(Elem<T>::load(d[i]))) ? 1 : 0;
+      for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(Elem<T>::load(d[i])) ? 1 : 0;
     });
   }
   if (bad) found_inf.data<float>()[0] = 1.0f;
 }
 
-void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) {
-  require_f32(state, "scaler state");
-  math::update_scale(state.data<float>(), found_inf.data<float>()[0], h.growth_factor, h.backoff_factor,
-                     h.growth_interval, h.hysteresis, h.min_scale, h.max_scale);
+void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {
+  require_f32(scale, "scale");
+  if (tracker.dtype() != DType::i64 || tracker.numel() != 2)
+    throw std::invalid_argument("scaler tracker must be int64 [growth_tracker, hysteresis_left]");
+  math::update_scale(scale.data<float>(), tracker.data<int64_t>(), found_inf.data<float>()[0], h.growth_factor,
+                     h.backoff_factor, h.growth_interval, h.hysteresis, h.min_scale, h.max_scale);
 }
 
 void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -121,23 +124,25 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
 }
 
 void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
-  const bool inf_norm = std::isinf(p);
-  double acc = inf_norm ? static_cast<double>(out.data<float>()[0]) : 0.0;
+  const bool extremum = std::isinf(p);
+  const bool lowest = extremum && p < 0.0;  // p = -inf: the smallest |x|
+  double acc = extremum ? static_cast<double>(out.data<float>()[0]) : 0.0;
   for (const Tensor& x : xs) {
     cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
       const T* d = x.data<T>();
       const long n = static_cast<long>(x.numel());
-      if (inf_norm) {
-        // NaN is tracked apart: OpenMP's max reduction would drop it when combining threads.
-        double mx = 0.0;
+      if (extremum) {
+        // NaN is tracked apart: OpenMP's max and min reductions would drop it when combining threads.
+        double mx = 0.0, mn = INFINITY;
         bool nan = false;
-#pragma omp parallel for schedule(static) reduction(max : mx) reduction(|| : nan) if (n > cpu::kParallelGrain)
+#pragma omp parallel for schedule(static) reduction(max : mx) reduction(min : mn) reduction(|| : nan) if (n > cpu::kParallelGrain)
         for (long i = 0; i < n; ++i) {
           const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
           nan = nan || std::isnan(a);
           mx = a > mx ? a : mx;
+          mn = a < mn ? a : mn;
         }
-        acc = (nan || std::isnan(acc)) ? NAN : std::max(acc, mx);
+        acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
       } else {
         double sum = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n > cpu::kParallelGrain)
@@ -146,17 +151,15 @@ void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor
       }
     });
   }
-  if (inf_norm) out.data<float>()[0] = static_cast<float>(acc);
+  if (extremum) out.data<float>()[0] = static_cast<float>(acc);
   else out.data<float>()[0] += static_cast<float>(acc);
 }
 
 void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
-  // torch.nn.utils.clip_grad_norm_: multiply by min(1, max_norm / (norm + 1e-6)), always.
-  const float coef = static_cast<float>(max_norm) / (total_norm.data<float>()[0] + 1e-6f);
-  const float clamped = std::min(coef, 1.0f);
+  const float coef = math::clip_coefficient(total_norm.data<float>()[0], static_cast<float>(max_norm));
   for (const Tensor& x : xs) {
     Tensor t = x;
-    unary(UnaryOp::mul_scalar, t, t, clamped);
+    unary(UnaryOp::mul_scalar, t, t, coef);
   }
 }
 

@@ -44,7 +44,7 @@ __global__ void cast_kernel(const S* s, D* d, int64_t n) {
 }
 
 // pow with exponent 2 is a separate op so that it is v * v exactly, as on the CPU.
-enum class UnaryKind { neg, exp, log, sqrt, relu, gelu, gelu_tanh, square, pow, mul, add, copy };
+enum class UnaryKind { neg, exp, log, sqrt, relu, gelu, gelu_tanh, square, pow, mul, div, add, copy };
 
 template <UnaryKind K, class C>
 __device__ __forceinline__ C unary_fn(C v, C a) {
@@ -58,6 +58,7 @@ __device__ __forceinline__ C unary_fn(C v, C a) {
   else if constexpr (K == UnaryKind::square) return v * v;
   else if constexpr (K == UnaryKind::pow) return std::pow(v, a);
   else if constexpr (K == UnaryKind::mul) return v * a;
+  else if constexpr (K == UnaryKind::div) return v / a;
   else if constexpr (K == UnaryKind::add) return v + a;
   else return v;
 }
@@ -193,6 +194,7 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) {
         else launch_unary<UnaryKind::pow, T>(x, y, alpha);
         break;
       case UnaryOp::mul_scalar: launch_unary<UnaryKind::mul, T>(x, y, alpha); break;
+      case UnaryOp::div_scalar: launch_unary<UnaryKind::div, T>(x, y, alpha); break;
       case UnaryOp::add_scalar: launch_unary<UnaryKind::add, T>(x, y, alpha); break;
       case UnaryOp::copy: launch_unary<UnaryKind::copy, T>(x, y, alpha); break;
     }

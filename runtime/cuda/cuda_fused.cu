@@ -32,7 +32,7 @@ struct UnscaleOp {
     const float inv = math::inverse_scale(*scale);
     bool bad = false;
     AMP_MT_LOOP(i, begin, end) {
-      const float v = static_cast<float>(DevElem<T>::load(g[i]));
+      const typename DevElem<T>::Compute v = DevElem<T>::load(g[i]);
       bad = bad || math::is_nonfinite(v);
       g[i] = DevElem<T>::store(math::unscale_element(v, inv));
     }
@@ -40,8 +40,8 @@ struct UnscaleOp {
   }
 };
 
-__global__ void update_scale_kernel(float* state, const float* found_inf, ScaleUpdateHyper h) {
-  math::update_scale(state, *found_inf, h.growth_factor, h.backoff_factor, h.growth_interval, h.hysteresis,
+__global__ void update_scale_kernel(float* scale, int64_t* tracker, const float* found_inf, ScaleUpdateHyper h) {
+  math::update_scale(scale, tracker, *found_inf, h.growth_factor, h.backoff_factor, h.growth_interval, h.hysteresis,
                      h.min_scale, h.max_scale);
 }
 
@@ -166,11 +166,15 @@ void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tens
   });
 }
 
-void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdateHyper& h) {
-  require_f32(state, "scaler state");
+void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {
+  require_f32(scale, "scale");
   require_f32(found_inf, "found_inf");
-  if (state.numel() < 3) throw std::invalid_argument("scaler state must hold [scale, growth_tracker, hysteresis_left]");
-  AMP_LAUNCH(1, 1, 0, context().stream(), update_scale_kernel)(state.data<float>(), found_inf.data<float>(), h);
+  require_cuda(scale, "scale");
+  require_cuda(tracker, "scaler tracker");
+  if (tracker.dtype() != DType::i64 || tracker.numel() != 2)
+    throw std::invalid_argument("scaler tracker must be int64 [growth_tracker, hysteresis_left]");
+  AMP_LAUNCH(1, 1, 0, context().stream(), update_scale_kernel)(scale.data<float>(), tracker.data<int64_t>(),
+                                                               found_inf.data<float>(), h);
   AMP_CUDA_CHECK_LAUNCH();
 }
 

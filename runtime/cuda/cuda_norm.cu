@@ -17,39 +17,55 @@ namespace amp::cuda {
 
 namespace {
 
-// The CPU's max for the inf-norm: a NaN anywhere wins, so a NaN gradient gives a NaN norm.
+// The CPU's max for the inf-norm (min for -inf): a NaN anywhere wins, so a NaN gradient gives a NaN norm.
 struct NanMaxOp {
   __device__ __forceinline__ double operator()(double a, double b) const { return (b > a || isnan(b)) ? b : a; }
 };
+struct NanMinOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return (b < a || isnan(b)) ? b : a; }
+};
+
+enum class NormKind { sum, max, min };
 
 // --- ops and kernels
+
+__device__ __forceinline__ double norm_fold(NormKind k, double acc, double v) {
+  return k == NormKind::max ? NanMaxOp{}(acc, v) : k == NormKind::min ? NanMinOp{}(acc, v) : acc + v;
+}
+__device__ __forceinline__ double norm_block_reduce(NormKind k, double v) {
+  return k == NormKind::max ? block_reduce(v, NanMaxOp{}) : k == NormKind::min ? block_reduce(v, NanMinOp{})
+                                                                                : block_reduce(v, SumOp{});
+}
+__device__ __forceinline__ double norm_identity(NormKind k) {
+  return k == NormKind::max ? -INFINITY : k == NormKind::min ? INFINITY : 0.0;
+}
 
 template <class T>
 struct NormOp {
   double p;
-  bool inf_norm;
+  NormKind kind;
   double* partial;  // one slot per block of this dtype group
   __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t block) const {
     const T* x = static_cast<const T*>(ptrs[0]);
-    double acc = 0.0;
+    double acc = norm_identity(kind);
     AMP_MT_LOOP(i, begin, end) {
       const double a = fabs(static_cast<double>(DevElem<T>::load(x[i])));
-      acc = inf_norm ? NanMaxOp{}(acc, a) : acc + math::norm_term(a, p);
+      acc = norm_fold(kind, acc, kind == NormKind::sum ? math::norm_term(a, p) : a);
     }
-    acc = inf_norm ? block_reduce(acc, NanMaxOp{}) : block_reduce(acc, SumOp{});
+    acc = norm_block_reduce(kind, acc);
     if (threadIdx.x == 0) partial[block] = acc;
   }
 };
 
 // Folds the partials in a fixed order into out, as the CPU does: out = max(out, norm) for the
-// inf-norm, out += sum otherwise.
-__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, int64_t count, bool inf_norm, float* out) {
-  // out enters the fold once, through thread 0; -inf is the identity of the max.
-  double acc = inf_norm ? (threadIdx.x == 0 ? static_cast<double>(out[0]) : -INFINITY) : 0.0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = inf_norm ? NanMaxOp{}(acc, partial[i]) : acc + partial[i];
-  acc = inf_norm ? block_reduce(acc, NanMaxOp{}) : block_reduce(acc, SumOp{});
+// inf-norm (min for -inf), out += sum otherwise.
+__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, int64_t count, NormKind kind, float* out) {
+  // out enters the fold once, through thread 0.
+  double acc = kind != NormKind::sum && threadIdx.x == 0 ? static_cast<double>(out[0]) : norm_identity(kind);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = norm_fold(kind, acc, partial[i]);
+  acc = norm_block_reduce(kind, acc);
   if (threadIdx.x == 0) {
-    if (inf_norm) out[0] = static_cast<float>(acc);
+    if (kind != NormKind::sum) out[0] = static_cast<float>(acc);
     else out[0] += static_cast<float>(acc);
   }
 }
@@ -60,9 +76,8 @@ struct ClipOp {
   float max_norm;
   __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t) const {
     using C = typename DevElem<T>::Compute;
-    // torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), applied always.
-    const float coef = max_norm / (*total_norm + 1e-6f);
-    const C a = static_cast<C>(static_cast<double>(1.0f < coef ? 1.0f : coef));
+    // torch.nn.utils.clip_grads_with_norm_'s factor, applied always.
+    const C a = static_cast<C>(static_cast<double>(math::clip_coefficient(*total_norm, max_norm)));
     T* x = static_cast<T*>(ptrs[0]);
     AMP_MT_LOOP(i, begin, end) x[i] = DevElem<T>::store(static_cast<C>(DevElem<T>::load(x[i])) * a);
   }
@@ -89,7 +104,7 @@ struct CheckFiniteOp {
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     const T* x = static_cast<const T*>(p[0]);
     bool bad = false;
-    AMP_MT_LOOP(i, begin, end) { bad = bad || math::is_nonfinite(static_cast<float>(DevElem<T>::load(x[i]))); }
+    AMP_MT_LOOP(i, begin, end) { bad = bad || math::is_nonfinite(DevElem<T>::load(x[i])); }
     if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
   }
 };
@@ -130,7 +145,7 @@ void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tenso
     if (!is_floating(x.dtype()))
       throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
   }
-  const bool inf_norm = std::isinf(p);
+  const NormKind kind = !std::isinf(p) ? NormKind::sum : p > 0 ? NormKind::max : NormKind::min;
   std::vector<int64_t> all;
   for (const Tensor& x : xs) all.push_back(x.numel());
   const int64_t blocks = multi_tensor_block_count(all, kChunkSize);
@@ -138,10 +153,10 @@ void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tenso
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, inf_norm, partial.as<double>() + offset});
+    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial.as<double>() + offset});
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
-  AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, inf_norm, out.data<float>());
+  AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, kind, out.data<float>());
   AMP_CUDA_CHECK_LAUNCH();
 }
 
