@@ -1,6 +1,7 @@
 #include "launch/cli.h"
 
 #include "launch/trainer.h"
+#include "runtime/number_format.h"
 
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 namespace po = boost::program_options;
 
@@ -42,6 +44,11 @@ void validate(boost::any& v, const std::vector<std::string>& values, AmpMode*, i
 void validate(boost::any& v, const std::vector<std::string>& values, OptimizerKind*, int) {
   v = choose<OptimizerKind>(po::validators::get_single_string(values),
                             {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}});
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, LrSchedule*, int) {
+  v = choose<LrSchedule>(po::validators::get_single_string(values),
+                         {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}});
 }
 
 void validate(boost::any& v, const std::vector<std::string>& values, DeviceKind*, int) {
@@ -93,11 +100,29 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Values as a person writes them: 0.9, not 0.90000000000000002.
+template <class T>
+std::string printable(const T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return float_repr(static_cast<double>(v));
+  } else {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
+}
+
+// An option whose --help shows its default as printable() writes it.
+template <class T>
+po::typed_value<T>* with_default(T* v) {
+  return po::value(v)->default_value(*v, printable(*v));
+}
+
 template <class T>
 void require(bool ok, const char* flag, const T& value, const std::string& rule) {
   if (ok) return;
   std::ostringstream os;
-  os << flag << " " << rule << ", got " << value;
+  os << flag << " " << rule << ", got " << printable(value);
   throw UsageError(os.str());
 }
 
@@ -136,7 +161,19 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
   require(c.lr >= 0.0 && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum", c.momentum, "must be in [0, 1)");
-  require(c.weight_decay >= 0.0 && std::isfinite(c.weight_decay), "--weight-decay", c.weight_decay, "must be a finite number >= 0");
+  if (c.weight_decay)
+    require(*c.weight_decay >= 0.0 && std::isfinite(*c.weight_decay), "--weight-decay", *c.weight_decay,
+            "must be a finite number >= 0");
+  require(c.beta1 >= 0.0 && c.beta1 < 1.0, "--beta1", c.beta1, "must be in [0, 1)");
+  require(c.beta2 >= 0.0 && c.beta2 < 1.0, "--beta2", c.beta2, "must be in [0, 1)");
+  require(c.warmup_steps >= 0, "--warmup-steps", c.warmup_steps, "must be >= 0");
+  require(c.decay_steps >= 0, "--decay-steps", c.decay_steps, "must be >= 0 (0: --steps)");
+  require(c.min_lr >= 0.0 && c.min_lr <= c.lr, "--min-lr", c.min_lr, "must lie in [0, --lr]");
+  if (c.lr_schedule == LrSchedule::cosine) {
+    const int64_t decay = c.decay_steps > 0 ? c.decay_steps : c.steps;
+    require(decay > c.warmup_steps, "--warmup-steps", c.warmup_steps,
+            "must be below --decay-steps (or --steps): the cosine needs at least one step");
+  }
   require(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm), "--clip-grad-norm", c.clip_grad_norm,
           "must be a finite number >= 0 (0 turns clipping off)");
   require(c.clip_grad_value >= 0.0 && std::isfinite(c.clip_grad_value), "--clip-grad-value", c.clip_grad_value,
@@ -183,49 +220,57 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("help,h", "print this help and exit")
     ("config", po::value(&config_file), "read options from FILE (key = value, same names); the command line wins")
     ("device", po::value(&c.device)->default_value(c.device, "auto"), "auto|cpu|cuda (auto: CUDA when present)")
-    ("threads", po::value(&c.threads)->default_value(c.threads), "CPU threads per rank (0: cores / ranks on the node)")
-    ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the model init and the synthetic data")
+    ("threads", with_default(&c.threads), "CPU threads per rank (0: cores / ranks on the node)")
+    ("seed", with_default(&c.seed), "seed of the model init and the synthetic data")
     ("metrics", po::value(&c.metrics), "write per-step metrics as JSON Lines to FILE (rank 0)")
-    ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps on rank 0 (0: off)");
+    ("log-every", with_default(&c.log_every), "progress line every N steps on rank 0 (0: off)");
   po::options_description model("Model");
   model.add_options()
-    ("model", po::value(&c.model)->default_value(c.model), "model: mlp")
-    ("width", po::value(&c.width)->default_value(c.width), "hidden width (also the input and output size)")
-    ("layers", po::value(&c.layers)->default_value(c.layers), "number of Linear layers")
+    ("model", with_default(&c.model), "model: mlp")
+    ("width", with_default(&c.width), "hidden width (also the input and output size)")
+    ("layers", with_default(&c.layers), "number of Linear layers")
     ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
     ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
   po::options_description training("Training");
   training.add_options()
-    ("data", po::value(&c.data)->default_value(c.data), "synthetic, or a safetensors FILE with x, y [N, width]")
-    ("steps", po::value(&c.steps)->default_value(c.steps), "optimizer steps")
-    ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank per micro-batch")
-    ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches accumulated per step")
+    ("data", with_default(&c.data), "synthetic, or a safetensors FILE with x, y [N, width]")
+    ("steps", with_default(&c.steps), "optimizer steps")
+    ("batch-size", with_default(&c.batch_size), "samples per rank per micro-batch")
+    ("micro-batches", with_default(&c.micro_batches), "micro-batches accumulated per step")
     ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer, "sgd"), "sgd|adamw")
-    ("lr", po::value(&c.lr)->default_value(c.lr), "learning rate")
-    ("momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")
-    ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (AdamW: decoupled)")
-    ("clip-grad-norm", po::value(&c.clip_grad_norm)->default_value(c.clip_grad_norm), "clip the total 2-norm (0: off)")
-    ("clip-grad-value", po::value(&c.clip_grad_value)->default_value(c.clip_grad_value), "clamp each gradient (0: off)")
-    ("grad-penalty", po::value(&c.grad_penalty)->default_value(c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
+    ("lr", with_default(&c.lr), "learning rate")
+    ("momentum", with_default(&c.momentum), "SGD momentum")
+    ("weight-decay", po::value<double>()->value_name("arg (=sgd: 0.0, adamw: 0.01)")->notifier([&c](double v) { c.weight_decay = v; }),
+     "weight decay (AdamW: decoupled)")
+    ("beta1", with_default(&c.beta1), "AdamW beta1")
+    ("beta2", with_default(&c.beta2), "AdamW beta2")
+    ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule, "constant"),
+     "constant|cosine (cosine: linear warmup over --warmup-steps, cosine decay to --min-lr at --decay-steps)")
+    ("warmup-steps", with_default(&c.warmup_steps), "steps of linear warmup from lr/(N+1) to lr (cosine)")
+    ("min-lr", with_default(&c.min_lr), "the lr the cosine decays to")
+    ("decay-steps", with_default(&c.decay_steps), "step at which the cosine reaches --min-lr (0: --steps)")
+    ("clip-grad-norm", with_default(&c.clip_grad_norm), "clip the total 2-norm (0: off)")
+    ("clip-grad-value", with_default(&c.clip_grad_value), "clamp each gradient (0: off)")
+    ("grad-penalty", with_default(&c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
   po::options_description ampo("AMP");
   ampo.add_options()
     ("amp", po::value(&c.amp)->default_value(c.amp, "off"), "autocast dtype: off|fp16|bf16")
     ("loss-scale", po::value(&c.loss_scale)->default_value(c.loss_scale, "auto"),
      "auto|dynamic|off|<number> (auto: dynamic with fp16, off with bf16 and off)")
-    ("init-scale", po::value(&c.init_scale)->default_value(c.init_scale), "initial dynamic loss scale")
-    ("growth-factor", po::value(&c.growth_factor)->default_value(c.growth_factor), "scale growth factor")
-    ("backoff-factor", po::value(&c.backoff_factor)->default_value(c.backoff_factor), "scale backoff factor")
-    ("growth-interval", po::value(&c.growth_interval)->default_value(c.growth_interval), "clean steps between growths")
-    ("hysteresis", po::value(&c.hysteresis)->default_value(c.hysteresis), "consecutive overflows before a backoff")
-    ("min-scale", po::value(&c.min_scale)->default_value(c.min_scale), "lower bound of the scale")
+    ("init-scale", with_default(&c.init_scale), "initial dynamic loss scale")
+    ("growth-factor", with_default(&c.growth_factor), "scale growth factor")
+    ("backoff-factor", with_default(&c.backoff_factor), "scale backoff factor")
+    ("growth-interval", with_default(&c.growth_interval), "clean steps between growths")
+    ("hysteresis", with_default(&c.hysteresis), "consecutive overflows before a backoff")
+    ("min-scale", with_default(&c.min_scale), "lower bound of the scale")
     ("max-scale", po::value(&c.max_scale)->default_value(c.max_scale, "inf"), "upper bound of the scale")
     ("inject-nonfinite", po::value(&c.inject_nonfinite)->value_name("STEP[:RANK]"),
      "put an inf into a gradient of RANK (default 0) at STEP; repeatable");
   po::options_description dist("Distributed");
   dist.add_options()
-    ("comm-timeout", po::value(&c.comm_timeout)->default_value(c.comm_timeout), "seconds any collective may take")
-    ("check-every", po::value(&c.check_every)->default_value(c.check_every), "replica check every N steps (0: end only)")
-    ("bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")
+    ("comm-timeout", with_default(&c.comm_timeout), "seconds any collective may take")
+    ("check-every", with_default(&c.check_every), "replica check every N steps (0: end only)")
+    ("bucket-mb", with_default(&c.bucket_mb), "gradient bucket size in MiB")
     ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it");
 
   po::options_description all("amp_train: data-parallel mixed-precision training\n\n"

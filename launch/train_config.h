@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@ namespace amp::launch {
 
 enum class AmpMode { off, fp16, bf16 };
 enum class OptimizerKind { sgd, adamw };
+enum class LrSchedule { constant, cosine };
 enum class DeviceKind { auto_, cpu, cuda };
 // --loss-scale: auto (dynamic for fp16, off otherwise), dynamic, off, or a constant value.
 struct LossScale {
@@ -35,8 +37,15 @@ struct TrainConfig {
   int64_t micro_batches = 1;
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.01;
-  double momentum = 0.9;
-  double weight_decay = 0.0;
+  double momentum = 0.0;  // torch.optim.SGD's default
+  std::optional<double> weight_decay;  // unset: PyTorch's default for the optimizer (SGD 0, AdamW 0.01)
+  double beta1 = 0.9, beta2 = 0.999;   // AdamW
+  // Learning-rate schedule: constant, or cosine (linear warmup over warmup_steps, then cosine decay
+  // to min_lr at decay_steps, then min_lr). decay_steps 0: --steps.
+  LrSchedule lr_schedule = LrSchedule::constant;
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  int64_t decay_steps = 0;
   uint64_t seed = 0;
   double clip_grad_norm = 0.0;   // 0: off
   double clip_grad_value = 0.0;  // 0: off

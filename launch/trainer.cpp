@@ -38,6 +38,28 @@ std::string number_str(double v) {
 }
 }  // namespace
 
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt) {
+  if (c.lr_schedule == LrSchedule::constant) return nullptr;
+  // Cosine: LinearLR from lr / (W + 1) to lr over W steps, then CosineAnnealingLR down to min_lr at
+  // the decay step, then min_lr (a LambdaLR), chained by SequentialLR as a PyTorch user writes it.
+  const int64_t warmup = c.warmup_steps;
+  const int64_t decay = c.decay_steps > 0 ? c.decay_steps : c.steps;
+  std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+  std::vector<int64_t> milestones;
+  if (warmup > 0) {
+    parts.push_back(std::make_unique<optim::LinearLR>(opt, 1.0 / static_cast<double>(warmup + 1), 1.0, warmup));
+    milestones.push_back(warmup);
+  }
+  parts.push_back(std::make_unique<optim::CosineAnnealingLR>(opt, decay - warmup, c.min_lr));
+  if (decay < c.steps) {
+    const double floor = c.lr > 0.0 ? c.min_lr / c.lr : 0.0;
+    parts.push_back(std::make_unique<optim::LambdaLR>(opt, [floor](int64_t) { return floor; }));
+    milestones.push_back(decay);
+  }
+  if (parts.size() == 1) return std::move(parts[0]);
+  return std::make_unique<optim::SequentialLR>(opt, std::move(parts), std::move(milestones));
+}
+
 GradScalerOptions scaler_options(const TrainConfig& c) {
   GradScalerOptions o;
   o.init_scale = c.init_scale;
@@ -74,13 +96,24 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
                                    : load_dataset(cfg_.data, cfg_.width, device_);
   if (cfg_.optimizer == OptimizerKind::sgd) {
-    opt_ = std::make_unique<optim::SGD>(model_->parameters(),
-                                        optim::SgdOptions{cfg_.lr, cfg_.momentum, 0.0, cfg_.weight_decay, false});
+    optim::SgdOptions o;
+    o.lr = cfg_.lr;
+    o.momentum = cfg_.momentum;
+    o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
+    opt_ = std::make_unique<optim::SGD>(model_->parameters(), o);
   } else {
-    opt_ = std::make_unique<optim::AdamW>(model_->parameters(),
-                                          optim::AdamOptions{cfg_.lr, 0.9, 0.999, 1e-8, cfg_.weight_decay, false});
+    optim::AdamWOptions o;
+    o.lr = cfg_.lr;
+    o.beta1 = cfg_.beta1;
+    o.beta2 = cfg_.beta2;
+    o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
+    opt_ = std::make_unique<optim::AdamW>(model_->parameters(), o);
   }
+  scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
+  // The scaler's state is created by its first scale(), on that output's device: do it here, so that
+  // the first counted step launches what every other step does.
+  scaler_->scale(zeros({}, DType::f32, device_));
 }
 
 Trainer::~Trainer() = default;
@@ -178,7 +211,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm, stop}), {}};
+  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm, stop}), {},
+                opt_->lr()};
+  if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
     counted_ += *p.counted;
@@ -195,7 +230,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   r.skipped = v[2] != 0.0;
   r.grad_norm = v[3];
   r.stop_requested = v[4] != 0.0;
-  r.lr = opt_->lr();
+  r.lr = p.lr;
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
   r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();

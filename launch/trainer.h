@@ -18,6 +18,7 @@
 #include "runtime/backend.h"
 #include "runtime/cuda_support.h"
 #include "runtime/nn/layers.h"
+#include "runtime/optim/lr_scheduler.h"
 #include "runtime/optim/optimizer.h"
 
 namespace amp::launch {
@@ -61,6 +62,7 @@ class Trainer {
     std::chrono::steady_clock::time_point start;
     std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm, stop
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
+    double lr = 0.0;  // the learning rate this step used
   };
   PendingStep train_step(int64_t step);
   int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
@@ -75,6 +77,7 @@ class Trainer {
   std::shared_ptr<nn::Sequential> model_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
   std::unique_ptr<GradScaler> scaler_;
   DeviceCounters counted_;  // the emulated GPU's counts over every train_step, this rank
   std::unique_ptr<comm::GradientReducer> reducer_;
@@ -86,5 +89,7 @@ class Trainer {
 
 // The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
 GradScalerOptions scaler_options(const TrainConfig& c);
+// The --lr-schedule as PyTorch schedulers on opt (null for a constant lr).
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt);
 
 }  // namespace amp::launch

@@ -578,9 +578,9 @@ void expect_state_matches(const OptimState& g, const OptimState& c, double tol, 
 }
 
 TEST_F(CudaVsCpu, SgdStepsAndSkips) {
-  const SgdHyper hypers[] = {{0.1, 0.0, 0.0, 0.0, false},
-                             {0.05, 0.9, 0.1, 1e-2, false},
-                             {0.05, 0.9, 0.0, 0.0, true}};
+  const SgdHyper hypers[] = {{0.1, 0.0, 0.0, 0.0, false, false},
+                             {0.05, 0.9, 0.1, 1e-2, false, true},
+                             {0.05, 0.9, 0.0, 0.0, true, false}};
   for (const SgdHyper& h : hypers) {
     OptimState c = make_state(kCPU);
     OptimState g = make_state(kGPU, &c);
@@ -606,9 +606,10 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
 }
 
 TEST_F(CudaVsCpu, AdamStepsAndSkips) {
-  const AdamHyper hypers[] = {{1e-3, 0.9, 0.999, 1e-8, 0.0, false, false},
-                              {1e-3, 0.9, 0.999, 1e-8, 1e-2, true, false},
-                              {1e-2, 0.8, 0.99, 1e-6, 1e-2, false, true}};
+  const AdamHyper hypers[] = {{1e-3, 0.9, 0.999, 1e-8, 0.0, false, false, false},
+                              {1e-3, 0.9, 0.999, 1e-8, 1e-2, true, false, true},
+                              {1e-2, 0.8, 0.99, 1e-6, 1e-2, false, true, false},
+                              {0.6, 0.3, 0.99, 1e-6, 0.0, false, true, true}};  // lerp's other branch
   for (const AdamHyper& h : hypers) {
     OptimState c = make_state(kCPU);
     OptimState g = make_state(kGPU, &c);

@@ -86,7 +86,7 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
   Tensor scaler = full({}, 65536.0, DType::f32, kGPU);
   Tensor tracker = from_vector({0.0, 1.0}, {2}, DType::i64, kGPU);
   const ScaleUpdateHyper h{2.0, 0.5, 2000, 1, 0.0f, std::numeric_limits<float>::infinity()};
-  const SgdHyper sgd{0.1, 0.9, 0.0, 0.0, false};
+  const SgdHyper sgd{0.1, 0.9, 0.0, 0.0, false, false};
 
   for (int iteration = 0; iteration < 2; ++iteration) {
     const bool inject = iteration == 0;

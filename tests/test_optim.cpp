@@ -34,21 +34,21 @@ void expect_near_vec(const std::vector<double>& got, const std::vector<double>& 
 TEST(Sgd, ClosedFormMomentumDampeningNesterov) {
   const double g[2] = {0.5, -1.0}, p0[2] = {1.0, -2.0};
   // Plain: p - 2 lr g.
-  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0, 0, 0, false}, 2),
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0, 0, 0, false, false}, 2),
                   {p0[0] - 0.2 * g[0], p0[1] - 0.2 * g[1]});
   // Momentum 0.9: buf1 = g, buf2 = 1.9 g -> p0 - 0.1 g - 0.19 g.
-  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0, 0, false}, 2),
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0, 0, false, false}, 2),
                   {p0[0] - 0.29 * g[0], p0[1] - 0.29 * g[1]});
   // Dampening 0.5: buf = g, 1.4 g, 1.76 g -> p0 - 0.416 g.
-  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0.5, 0, false}, 3),
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0.5, 0, false, false}, 3),
                   {p0[0] - 0.416 * g[0], p0[1] - 0.416 * g[1]});
   // Nesterov: d1 = 1.9 g, d2 = g + 0.9 * 1.9 g = 2.71 g -> p0 - 0.461 g.
-  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0, 0, true}, 2),
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0.9, 0, 0, true, false}, 2),
                   {p0[0] - 0.461 * g[0], p0[1] - 0.461 * g[1]});
   // Weight decay 0.1 without momentum: p <- p - lr (g + wd p) = 0.99 p - 0.1 g, twice.
   std::vector<double> want(2);
   for (int i = 0; i < 2; ++i) want[static_cast<size_t>(i)] = 0.99 * (0.99 * p0[i] - 0.1 * g[i]) - 0.1 * g[i];
-  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0, 0, 0.1, false}, 2), want);
+  expect_near_vec(run_constant_grad<optim::SGD>(optim::SgdOptions{0.1, 0, 0, 0.1, false, false}, 2), want);
 }
 
 TEST(Adam, ClosedFormWithConstantGradient) {
@@ -57,15 +57,15 @@ TEST(Adam, ClosedFormWithConstantGradient) {
   const double g[2] = {0.5, -1.0}, p0[2] = {1.0, -2.0}, lr = 0.01, eps = 1e-8;
   std::vector<double> want(2);
   for (int i = 0; i < 2; ++i) want[static_cast<size_t>(i)] = p0[i] - 3 * lr * g[i] / (std::fabs(g[i]) + eps);
-  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0, false}, 3), want);
-  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0, true}, 3), want);
+  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0, false, false}, 3), want);
+  expect_near_vec(run_constant_grad<optim::Adam>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0, true, false}, 3), want);
   // AdamW: p <- p (1 - lr wd) - lr g / (|g| + eps), three times.
   const double c = 1 - lr * 0.1;
   for (int i = 0; i < 2; ++i) {
     const double u = lr * g[i] / (std::fabs(g[i]) + eps);
     want[static_cast<size_t>(i)] = ((p0[i] * c - u) * c - u) * c - u;
   }
-  expect_near_vec(run_constant_grad<optim::AdamW>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.1, false}, 3), want);
+  expect_near_vec(run_constant_grad<optim::AdamW>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.1, false, false}, 3), want);
 }
 
 // PyTorch creates a parameter's state the first time it has a gradient: a parameter that joins late
@@ -129,37 +129,39 @@ void check_against_pytorch(const std::string& prefix, int steps, MakeOpt make) {
 TEST(Optimizers, MatchPyTorchOnTheMlp) {
   using P = std::vector<Tensor>;
   check_against_pytorch("sgd_m0.9_wd0.01.after2.", 2, [](P p) {
-    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0, 0.01, false});
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0, 0.01, false, false});
   });
   check_against_pytorch("sgd_nesterov.after2.", 2, [](P p) {
-    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0, 0, true});
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0, 0, true, false});
   });
   check_against_pytorch("sgd_damp0.5.after3.", 3, [](P p) {
-    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0.5, 0, false});
+    return std::make_unique<optim::SGD>(p, optim::SgdOptions{0.1, 0.9, 0.5, 0, false, false});
   });
   check_against_pytorch("adam_wd0.01.after3.", 3, [](P p) {
-    return std::make_unique<optim::Adam>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, false});
+    return std::make_unique<optim::Adam>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, false, false});
   });
   check_against_pytorch("adamw_wd0.01.after3.", 3, [](P p) {
-    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, false});
+    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, false, false});
   });
   check_against_pytorch("adamw_amsgrad.after3.", 3, [](P p) {
-    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true});
+    return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true, false});
   });
 }
 
 TEST(Optimizers, FoundInfLeavesEverythingUntouched) {
   Tensor p = from_vector({1.0, -2.0}, {2}).set_requires_grad(true);
-  optim::AdamW opt({p}, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true});
+  optim::AdamW opt({p}, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true, false});
   p.set_grad(from_vector({0.5, -1.0}, {2}));
   opt.step();
-  const auto before = opt.state_dict();
   std::map<std::string, std::vector<double>> saved;
-  for (auto& [k, t] : before) saved[k] = t.to_vector();
+  const optim::OptimizerStateDict before = opt.state_dict();
+  for (auto& [k, t] : before.state.at(0)) saved[k] = t.to_vector();
   const auto p_before = p.to_vector();
   opt.step(full({1}, 1.0));  // found_inf set: skip
   EXPECT_EQ(p.to_vector(), p_before);
-  for (auto& [k, t] : opt.state_dict()) EXPECT_EQ(t.to_vector(), saved[k]) << k;
+  const optim::OptimizerStateDict after = opt.state_dict();
+  for (auto& [k, t] : after.state.at(0)) EXPECT_EQ(t.to_vector(), saved[k]) << k;
+  EXPECT_EQ(saved.size(), 4u) << "step, exp_avg, exp_avg_sq, max_exp_avg_sq";
   EXPECT_EQ(opt.step_count(), 1);
   opt.step(full({1}, 0.0));  // found_inf clear: step
   EXPECT_NE(p.to_vector(), p_before);
@@ -169,7 +171,7 @@ TEST(Optimizers, FoundInfLeavesEverythingUntouched) {
 TEST(Optimizers, RejectBadOptions) {
   Tensor p = zeros({2}).set_requires_grad(true);
   EXPECT_THROW(optim::SGD({p}, optim::SgdOptions{-1.0}), std::invalid_argument);
-  EXPECT_THROW(optim::SGD({p}, optim::SgdOptions{0.1, 0.0, 0.0, 0.0, true}), std::invalid_argument);
+  EXPECT_THROW(optim::SGD({p}, optim::SgdOptions{0.1, 0.0, 0.0, 0.0, true, false}), std::invalid_argument);
   EXPECT_THROW(optim::Adam({p}, optim::AdamOptions{0.1, 1.0}), std::invalid_argument);
   EXPECT_THROW(optim::SGD({}, optim::SgdOptions{}), std::invalid_argument);
 }

@@ -40,7 +40,7 @@ TEST(Rounding, TheChosenInputsTellFusedFromUnfused) {
 }
 
 TEST(Rounding, InlineSgdUpdateRoundsTheProductFirst) {
-  math::SgdCoef c{opaque(kOnePlus), 0.0f, 1.0f, 0.0f, false};
+  math::SgdCoef c{opaque(kOnePlus), 0.0f, 1.0f, 0.0f, false, false};
   float p = opaque(1.0f);
   math::sgd_update(&p, opaque(kOnePlus), nullptr, true, c);
   EXPECT_EQ(p, two_roundings_sub(1.0f, kOnePlus, kOnePlus));
@@ -50,28 +50,31 @@ TEST(Rounding, CpuBackendSgdStepRoundsTheProductFirst) {
   Tensor p = from_vector({1.0}, {1});
   Tensor g = from_vector({static_cast<double>(kOnePlus)}, {1});
   Tensor steps = zeros({1});
-  const SgdHyper h{static_cast<double>(kOnePlus), 0.0, 0.0, 0.0, false};
+  const SgdHyper h{static_cast<double>(kOnePlus), 0.0, 0.0, 0.0, false, false};
   backend_for(kCPU).sgd_step({p}, {g}, {}, steps, h, Tensor(), Tensor());
   EXPECT_EQ(static_cast<float>(p.item()), two_roundings_sub(1.0f, kOnePlus, kOnePlus));
 }
 
 TEST(Rounding, InlineAdamMomentRoundsEachProductFirst) {
-  // m = m * beta1 + (1 - beta1) * g: both products rounded, then the sum.
+  // m = lerp(m, g, w) = m + w * (g - m) for |w| < 0.5: the product rounded, then the sum. With
+  // w = (1 + 2^-12) / 4, m = -1 and g = 3 + 2^-10, g - m = 4 (1 + 2^-12) exactly and w (g - m) is
+  // (1 + 2^-12)^2, whose 2^-24 survives only in a fused result.
   math::AdamCoef c{};
-  c.beta1 = opaque(kOnePlus);
-  c.one_minus_beta1 = 1.0f;
+  c.beta1 = 0.5f;
+  c.one_minus_beta1 = opaque(kOnePlus / 4.0f);
   c.beta2 = 0.5f;
   c.one_minus_beta2 = 0.5f;
   c.eps = 1.0f;
   c.decay = 1.0f;
   c.neg_step_size = 0.0f;
   c.bc2_sqrt = 1.0f;
-  float p = 0.0f, m = opaque(kOnePlus), v = 0.0f, vmax = 0.0f;
-  const float g = opaque(-1.0f);
+  float p = 0.0f, m = opaque(-1.0f), v = 0.0f, vmax = 0.0f;
+  const float g = opaque(3.0f + 1.0f / 1024.0f);
   math::adam_update(&p, g, &m, &v, &vmax, c);
-  volatile float prod = kOnePlus * kOnePlus;
-  volatile float want = prod + g;
+  volatile float prod = (kOnePlus / 4.0f) * (g - -1.0f);
+  volatile float want = -1.0f + prod;
   EXPECT_EQ(m, want);
+  EXPECT_NE(m, std::fma(kOnePlus / 4.0f, g + 1.0f, -1.0f)) << "the inputs do not tell fused from unfused";
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// torch.optim.Adam and AdamW: betas, eps, weight_decay (L2 or decoupled), amsgrad.
+// torch.optim.Adam and AdamW: betas, eps, weight_decay (L2 or decoupled), amsgrad, maximize.
 #pragma once
 #include "runtime/backend.h"
 #include "runtime/optim/optimizer.h"
@@ -12,26 +12,37 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool amsgrad = false;
+  bool maximize = false;
+};
+
+// AdamW's options: the same fields, with PyTorch's AdamW default weight_decay of 1e-2.
+struct AdamWOptions : AdamOptions {
+  AdamWOptions() { weight_decay = 1e-2; }
 };
 
 class Adam : public Optimizer {
  public:
-  Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay = false);
-  const AdamOptions& options() const { return options_; }
+  Adam(std::vector<Tensor> params, AdamOptions options) : Adam(one_group(std::move(params), options)) {}
+  explicit Adam(const std::vector<ParamGroup<AdamOptions>>& groups, bool decoupled_weight_decay = false);
+  const AdamOptions& options(size_t group = 0) const { return options_.at(group); }
 
  protected:
-  void step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+  void step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
                   const Tensor& grad_scale) override;
+  nlohmann::json group_hyper(size_t group) const override;
+  void load_group_hyper(size_t group, const nlohmann::json& h) override;
 
  private:
-  AdamOptions options_;
+  std::vector<AdamOptions> options_;  // per group; lr lives in the base
   bool decoupled_;
 };
 
-// AdamW: decoupled weight decay. PyTorch's default weight_decay for AdamW is 1e-2.
+// AdamW: decoupled weight decay (p *= 1 - lr * weight_decay before the Adam update).
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options, true) {}
+  AdamW(std::vector<Tensor> params, AdamOptions options = AdamWOptions())
+      : Adam(one_group(std::move(params), options), true) {}
+  explicit AdamW(const std::vector<ParamGroup<AdamOptions>>& groups) : Adam(groups, true) {}
 };
 
 }  // namespace amp::optim

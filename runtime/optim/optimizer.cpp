@@ -1,18 +1,31 @@
 #include "runtime/optim/optimizer.h"
 
+#include <set>
 #include <stdexcept>
 
 #include "runtime/ops.h"
 
 namespace amp::optim {
 
-Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
-  if (params_.empty()) throw std::invalid_argument("optimizer got an empty parameter list");
-  for (const Tensor& p : params_)
-    if (!p.is_leaf() || !p.requires_grad())
-      throw std::invalid_argument("optimizer can only optimize leaf tensors that require grad");
-  cohort_of_.assign(params_.size(), 0);
-  cohort_steps_.push_back(zeros({1}, DType::f32, params_[0].device()));
+Optimizer::Optimizer(const std::vector<std::vector<Tensor>>& groups, const std::vector<double>& lrs)
+    : group_lr_(lrs), initial_lr_(lrs.size()) {
+  if (groups.empty()) throw std::invalid_argument("optimizer got an empty parameter list");
+  std::set<const TensorImpl*> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].empty()) throw std::invalid_argument("optimizer got an empty parameter list (group " + std::to_string(g) + ")");
+    for (const Tensor& p : groups[g]) {
+      if (!p.is_leaf() || !p.requires_grad())
+        throw std::invalid_argument("optimizer can only optimize leaf tensors that require grad");
+      if (!seen.insert(p.impl()).second) throw std::invalid_argument("some parameters appear in more than one parameter group");
+      if (p.device() != groups[0][0].device())
+        throw std::invalid_argument("optimizer parameters must all be on one device, got " + groups[0][0].device().str() +
+                                    " and " + p.device().str());
+      params_.push_back(p);
+      group_of_.push_back(g);
+      cohort_of_.push_back(g);  // one cohort per group to begin with
+    }
+    cohort_steps_.push_back(zeros({1}, DType::f32, groups[0][0].device()));
+  }
 }
 
 void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale) {
@@ -35,7 +48,7 @@ void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale) {
       cohort_steps_.push_back(cohort_steps_[cohort].clone());
       for (size_t i : index) cohort_of_[i] = target;
     }
-    step_group(index, cohort_steps_[target], found_inf, grad_scale);
+    step_group(group_of_[index[0]], index, cohort_steps_[target], found_inf, grad_scale);
   }
 }
 
@@ -57,6 +70,17 @@ std::vector<Tensor> Optimizer::grads() const {
   return out;
 }
 
+std::vector<Tensor> Optimizer::param_group_params(size_t group) const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (group_of_[i] == group) out.push_back(params_[i]);
+  return out;
+}
+
+void Optimizer::set_lr(double lr) {
+  for (double& l : group_lr_) l = lr;
+}
+
 int64_t Optimizer::step_count(size_t param) const {
   return static_cast<int64_t>(cohort_steps_.at(cohort_of_.at(param)).item());
 }
@@ -67,43 +91,98 @@ std::vector<Tensor> Optimizer::select(const std::vector<Tensor>& all, const std:
   return out;
 }
 
-std::vector<Tensor>& Optimizer::add_state(const std::string& name) {
+std::vector<Tensor>& Optimizer::add_state(const std::string& name, const std::vector<bool>& in_group) {
   std::vector<Tensor>& v = state_[name];
-  for (const Tensor& p : params_) v.push_back(zeros_like(p));
+  for (size_t i = 0; i < params_.size(); ++i)
+    v.push_back(in_group.empty() || in_group.at(group_of_[i]) ? zeros_like(params_[i]) : Tensor());
   return v;
 }
 
-std::map<std::string, Tensor> Optimizer::state_dict() const {
-  std::map<std::string, Tensor> out;
-  for (size_t i = 0; i < params_.size(); ++i) out["step." + std::to_string(i)] = cohort_steps_[cohort_of_[i]];
-  for (const auto& [name, tensors] : state_)
-    for (size_t i = 0; i < tensors.size(); ++i) out[name + "." + std::to_string(i)] = tensors[i];
-  return out;
+OptimizerStateDict Optimizer::state_dict() const {
+  OptimizerStateDict sd;
+  std::map<size_t, double> count;  // cohort -> steps taken (one host read per cohort)
+  for (size_t c = 0; c < cohort_steps_.size(); ++c) count[c] = cohort_steps_[c].item();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const size_t c = cohort_of_[i];
+    if (count[c] == 0.0) continue;  // never stepped: no state yet, as in PyTorch
+    std::map<std::string, Tensor>& st = sd.state[static_cast<int64_t>(i)];
+    if (step_in_state()) st["step"] = cohort_steps_[c].reshape({}).clone();
+    for (const auto& [name, tensors] : state_)
+      if (tensors[i].defined()) st[name] = tensors[i];
+  }
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    nlohmann::json h = group_hyper(g);
+    if (initial_lr_[g]) h["initial_lr"] = *initial_lr_[g];
+    h["params"] = nlohmann::json::array();
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (group_of_[i] == g) h["params"].push_back(i);
+    sd.param_groups.push_back(h);
+  }
+  return sd;
 }
 
-void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
-  const auto expected = state_dict();
-  for (const auto& [name, t] : expected) {
-    auto it = state.find(name);
-    if (it == state.end()) throw std::invalid_argument("optimizer state_dict is missing '" + name + "'");
-    if (it->second.numel() != t.numel())
-      throw std::invalid_argument("optimizer state '" + name + "' has shape " + shape_str(it->second.shape()) +
-                                  ", expected " + shape_str(t.shape()));
-  }
-  for (const auto& [name, tensors] : state_)
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      Tensor dst = tensors[i];
-      copy_(dst, state.at(name + "." + std::to_string(i)).to(dst.device()));
+void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
+  if (!sd.param_groups.is_array() || sd.param_groups.size() != num_param_groups())
+    throw std::invalid_argument("loaded state dict has a different number of parameter groups");
+  // Saved ids map to this optimizer's parameters in order, group by group (PyTorch's rule).
+  std::map<int64_t, size_t> index_of;
+  size_t next = 0;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    const nlohmann::json& h = sd.param_groups[g];
+    if (!h.is_object() || !h.contains("params") || !h["params"].is_array())
+      throw std::invalid_argument("loaded state dict: parameter group " + std::to_string(g) + " has no 'params' list");
+    if (h["params"].size() != param_group_params(g).size())
+      throw std::invalid_argument("loaded state dict contains a parameter group that doesn't match the size of optimizer's group");
+    for (const auto& id : h["params"]) {
+      if (!id.is_number_integer()) throw std::invalid_argument("loaded state dict: a parameter id is not an integer");
+      index_of[id.get<int64_t>()] = next++;
     }
-  // Parameters with equal step counts share a cohort again (loading is not a hot path).
-  std::map<double, size_t> by_count;
+  }
+  std::vector<const std::map<std::string, Tensor>*> saved(params_.size(), nullptr);
+  for (const auto& [id, st] : sd.state) {
+    auto it = index_of.find(id);
+    if (it == index_of.end()) throw std::invalid_argument("loaded state dict has state for unknown parameter " + std::to_string(id));
+    saved[it->second] = &st;
+  }
+  auto expect = [](const std::map<std::string, Tensor>& st, const std::string& name, const Shape& shape, size_t i) {
+    auto it = st.find(name);
+    if (it == st.end() || !it->second.defined())
+      throw std::invalid_argument("optimizer state of parameter " + std::to_string(i) + " is missing '" + name + "'");
+    if (it->second.numel() != shape_numel(shape))
+      throw std::invalid_argument("optimizer state '" + name + "' of parameter " + std::to_string(i) + " has shape " +
+                                  shape_str(it->second.shape()) + ", expected " + shape_str(shape));
+    return it->second;
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (saved[i] == nullptr) continue;
+    if (step_in_state()) expect(*saved[i], "step", {}, i);
+    for (const auto& [name, tensors] : state_)
+      if (tensors[i].defined()) expect(*saved[i], name, tensors[i].shape(), i);
+  }
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    load_group_hyper(g, sd.param_groups[g]);
+    const nlohmann::json& h = sd.param_groups[g];
+    initial_lr_[g] = h.contains("initial_lr") ? std::optional<double>(h["initial_lr"].get<double>()) : std::nullopt;
+  }
+  std::vector<double> steps(params_.size(), 0.0);
+  for (auto& [name, tensors] : state_)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].defined()) continue;
+      Tensor dst = tensors[i];
+      if (saved[i] != nullptr) copy_(dst, saved[i]->at(name).reshape(dst.shape()).to(dst.dtype()).to(dst.device()));
+      else fill_(dst, 0.0);
+    }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (saved[i] != nullptr) steps[i] = step_in_state() ? saved[i]->at("step").item() : 1.0;
+  // Parameters of a group with equal step counts share a cohort again (loading is not a hot path).
+  std::map<std::pair<size_t, double>, size_t> cohort_of_key;
   cohort_steps_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
-    const double n = state.at("step." + std::to_string(i)).item();
-    auto it = by_count.find(n);
-    if (it == by_count.end()) {
-      it = by_count.emplace(n, cohort_steps_.size()).first;
-      cohort_steps_.push_back(full({1}, n, DType::f32, params_[0].device()));
+    const auto key = std::make_pair(group_of_[i], steps[i]);
+    auto it = cohort_of_key.find(key);
+    if (it == cohort_of_key.end()) {
+      it = cohort_of_key.emplace(key, cohort_steps_.size()).first;
+      cohort_steps_.push_back(full({1}, steps[i], DType::f32, params_[0].device()));
     }
     cohort_of_[i] = it->second;
   }

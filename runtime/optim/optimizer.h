@@ -1,24 +1,43 @@
-// Optimizer base: parameters, zero_grad, device-resident step counts, and a fused step that takes
-// an optional device-resident found_inf flag (GradScaler's skip, without a host sync).
+// Optimizer base: parameter groups (each with its own hyperparameters, as torch.optim's
+// param_groups), zero_grad, device-resident step counts, a fused step that takes an optional
+// device-resident found_inf flag (GradScaler's skip, without a host sync), and a state_dict laid out
+// as PyTorch's: {"state": {id: {name: tensor}}, "param_groups": [{..., "params": [ids]}]}.
 //
 // PyTorch keeps a step count per parameter, created the first time the parameter has a gradient.
-// Here parameters with the same step history share one device counter (a cohort), so the usual
-// case is one counter and one fused launch per step; a step that updates only some members of a
-// cohort splits it, on the device and without a host sync. A parameter that first gets a gradient
-// late therefore starts from step 0 (momentum buffer = its first gradient, Adam's bias
-// corrections from t = 1), exactly as in PyTorch.
+// Here parameters of one group with the same step history share one device counter (a cohort), so
+// the usual case is one counter and one fused launch per group and step; a step that updates only
+// some members of a cohort splits it, on the device and without a host sync. A parameter that
+// first gets a gradient late therefore starts from step 0 (momentum buffer = its first gradient,
+// Adam's bias corrections from t = 1), exactly as in PyTorch.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/tensor.h"
 
 namespace amp::optim {
 
+// One group of parameters and its hyperparameters (Options: SgdOptions, AdamOptions, ...).
+template <class Options>
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;
+};
+
+// torch.optim.Optimizer.state_dict(): parameters are numbered across groups, in order; a parameter
+// has state once it has been stepped. param_groups holds each group's hyperparameters under
+// PyTorch's keys, and "params".
+struct OptimizerStateDict {
+  std::map<int64_t, std::map<std::string, Tensor>> state;
+  nlohmann::json param_groups = nlohmann::json::array();
+};
+
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -31,32 +50,57 @@ class Optimizer {
   // set_to_none=true drops the gradients (PyTorch 2's default); false zeroes them in place.
   void zero_grad(bool set_to_none = true);
 
-  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<Tensor>& params() const { return params_; }  // every group's, in order
   std::vector<Tensor> grads() const;   // the defined gradients, in parameter order
   int64_t step_count(size_t param = 0) const;  // that parameter's steps taken (reads the device)
-  double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
 
-  // State tensors by name: per parameter i "step.<i>" and "<buffer>.<i>". Loading checks names and
-  // shapes.
-  std::map<std::string, Tensor> state_dict() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state);
+  size_t num_param_groups() const { return group_lr_.size(); }
+  std::vector<Tensor> param_group_params(size_t group) const;
+  // The learning rate of a group (group["lr"]); set_lr without a group sets every group's.
+  double lr(size_t group = 0) const { return group_lr_.at(group); }
+  void set_lr(double lr, size_t group) { group_lr_.at(group) = lr; }
+  void set_lr(double lr);
+  // group["initial_lr"]: the first scheduler attached sets it; later ones keep it.
+  std::optional<double> initial_lr(size_t group) const { return initial_lr_.at(group); }
+  void set_initial_lr(size_t group, double lr) { initial_lr_.at(group) = lr; }
+
+  OptimizerStateDict state_dict() const;
+  // Checks group sizes, names and shapes; takes the hyperparameters of the saved groups.
+  void load_state_dict(const OptimizerStateDict& sd);
 
  protected:
-  // One fused launch over the parameters `index` (all of one cohort), whose step count is `steps`.
-  virtual void step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+  // groups: each group's parameters; lrs: each group's learning rate.
+  Optimizer(const std::vector<std::vector<Tensor>>& groups, const std::vector<double>& lrs);
+  // One fused launch over the parameters `index` (all of one cohort of `group`), whose step count is
+  // `steps`.
+  virtual void step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
                           const Tensor& grad_scale) = 0;
-  // Buffers a subclass registers for each parameter (momentum, Adam moments), zero-initialised.
-  std::vector<Tensor>& add_state(const std::string& name);
+  // A group's hyperparameters under PyTorch's keys, "lr" included; and their loading.
+  virtual nlohmann::json group_hyper(size_t group) const = 0;
+  virtual void load_group_hyper(size_t group, const nlohmann::json& h) = 0;
+  // Whether PyTorch keeps "step" in a parameter's state (Adam does; SGD does not).
+  virtual bool step_in_state() const { return true; }
+  // Buffers a subclass registers for each parameter (momentum, Adam moments), zero-initialised;
+  // in_group: the group filter (a buffer only some groups need stays undefined elsewhere).
+  std::vector<Tensor>& add_state(const std::string& name, const std::vector<bool>& in_group = {});
   std::vector<Tensor> select(const std::vector<Tensor>& all, const std::vector<size_t>& index) const;
+  size_t group_of(size_t param) const { return group_of_.at(param); }
 
   std::vector<Tensor> params_;
-  double lr_ = 0.0;
   std::map<std::string, std::vector<Tensor>> state_;
 
  private:
+  std::vector<size_t> group_of_;      // per parameter
+  std::vector<double> group_lr_;      // per group
+  std::vector<std::optional<double>> initial_lr_;  // per group
   std::vector<size_t> cohort_of_;     // per parameter
   std::vector<Tensor> cohort_steps_;  // per cohort: 1-element f32 step count on the device
 };
+
+// A flat parameter list as the one group, with options o.
+template <class Options>
+std::vector<ParamGroup<Options>> one_group(std::vector<Tensor> params, const Options& o) {
+  return {ParamGroup<Options>{std::move(params), o}};
+}
 
 }  // namespace amp::optim

@@ -2,26 +2,79 @@
 
 #include <stdexcept>
 
+#include "runtime/number_format.h"
+
 namespace amp::optim {
 
-SGD::SGD(std::vector<Tensor> params, SgdOptions o) : Optimizer(std::move(params)), options_(o) {
-  if (o.lr < 0.0) throw std::invalid_argument("Invalid learning rate: " + std::to_string(o.lr));
-  if (o.momentum < 0.0) throw std::invalid_argument("Invalid momentum value: " + std::to_string(o.momentum));
-  if (o.weight_decay < 0.0) throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(o.weight_decay));
+namespace {
+std::vector<std::vector<Tensor>> params_of(const std::vector<ParamGroup<SgdOptions>>& groups) {
+  std::vector<std::vector<Tensor>> out;
+  for (const auto& g : groups) out.push_back(g.params);
+  return out;
+}
+std::vector<double> lrs_of(const std::vector<ParamGroup<SgdOptions>>& groups) {
+  std::vector<double> out;
+  for (const auto& g : groups) out.push_back(g.options.lr);
+  return out;
+}
+void validate(const SgdOptions& o) {
+  if (!(o.lr >= 0.0)) throw std::invalid_argument("Invalid learning rate: " + float_repr(o.lr));
+  if (!(o.momentum >= 0.0)) throw std::invalid_argument("Invalid momentum value: " + float_repr(o.momentum));
+  if (!(o.weight_decay >= 0.0)) throw std::invalid_argument("Invalid weight_decay value: " + float_repr(o.weight_decay));
   if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
     throw std::invalid_argument("Nesterov momentum requires a momentum and zero dampening");
-  lr_ = o.lr;
-  if (o.momentum != 0.0) add_state("momentum_buffer");
+}
+}  // namespace
+
+SGD::SGD(const std::vector<ParamGroup<SgdOptions>>& groups) : Optimizer(params_of(groups), lrs_of(groups)) {
+  std::vector<bool> with_momentum;
+  for (const auto& g : groups) {
+    validate(g.options);
+    options_.push_back(g.options);
+    with_momentum.push_back(g.options.momentum != 0.0);
+  }
+  add_state("momentum_buffer", with_momentum);
 }
 
-void SGD::step_group(const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
+void SGD::step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
                      const Tensor& grad_scale) {
+  const SgdOptions& o = options_[group];
   std::vector<Tensor> grads;
   for (size_t i : index) grads.push_back(params_[i].grad());
-  const bool momentum = options_.momentum != 0.0;
+  const bool momentum = o.momentum != 0.0;
   const std::vector<Tensor> bufs = momentum ? select(state_.at("momentum_buffer"), index) : std::vector<Tensor>();
-  const SgdHyper h{lr_, options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov};
+  const SgdHyper h{lr(group), o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
   backend_for(params_[0].device()).sgd_step(select(params_, index), grads, bufs, steps, h, found_inf, grad_scale);
+}
+
+nlohmann::json SGD::group_hyper(size_t group) const {
+  const SgdOptions& o = options_[group];
+  return {{"lr", lr(group)},
+          {"momentum", o.momentum},
+          {"dampening", o.dampening},
+          {"weight_decay", o.weight_decay},
+          {"nesterov", o.nesterov},
+          {"maximize", o.maximize}};
+}
+
+void SGD::load_group_hyper(size_t group, const nlohmann::json& h) {
+  SgdOptions o = options_[group];
+  try {
+    o.lr = h.at("lr").get<double>();
+    o.momentum = h.at("momentum").get<double>();
+    o.dampening = h.at("dampening").get<double>();
+    o.weight_decay = h.at("weight_decay").get<double>();
+    o.nesterov = h.at("nesterov").get<bool>();
+    o.maximize = h.value("maximize", false);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("SGD state_dict, parameter group " + std::to_string(group) + ": " + e.what());
+  }
+  validate(o);
+  if ((o.momentum != 0.0) != (options_[group].momentum != 0.0))
+    throw std::invalid_argument("SGD state_dict, parameter group " + std::to_string(group) +
+                                ": momentum on/off differs from this optimizer's");
+  options_[group] = o;
+  set_lr(o.lr, group);
 }
 
 }  // namespace amp::optim
