@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "models/mlp.h"
+#include "runtime/autograd.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
 #include "runtime/optim/adam.h"
@@ -110,10 +111,11 @@ TEST(Optimizers, ParametersThatJoinLateStartFromStepZero) {
   }
 }
 
-// The PyTorch fixture: the same batch, `steps` times zero_grad/forward/MSE/backward/step.
+// The PyTorch 2.x fixture (the same initial MLP and batch as 1.13's): `steps` times
+// zero_grad/forward/MSE/backward/step.
 template <class MakeOpt>
 void check_against_pytorch(const std::string& prefix, int steps, MakeOpt make) {
-  const std::string f = "mlp_pytorch.safetensors";
+  const std::string f = "mlp_pytorch2.safetensors";
   auto mlp = test::fixture_mlp();
   auto opt = make(mlp->parameters());
   const Tensor x = test::fixture_tensor(f, "x"), y = test::fixture_tensor(f, "y");
@@ -146,6 +148,129 @@ TEST(Optimizers, MatchPyTorchOnTheMlp) {
   check_against_pytorch("adamw_amsgrad.after3.", 3, [](P p) {
     return std::make_unique<optim::AdamW>(p, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true, false});
   });
+}
+
+// Parameter groups: weights and biases of the fixture MLP in two groups with their own
+// hyperparameters, against PyTorch (tests/data/optim_pytorch.safetensors).
+template <class Opt, class Options>
+void check_groups_against_pytorch(const std::string& name, const Options& weights, const Options& biases) {
+  auto mlp = test::fixture_mlp();
+  std::vector<Tensor> ws, bs;
+  for (auto& [n, p] : mlp->named_parameters()) (n.find("weight") != std::string::npos ? ws : bs).push_back(p);
+  Opt opt(std::vector<optim::ParamGroup<Options>>{{ws, weights}, {bs, biases}});
+  const std::string f = "mlp_pytorch.safetensors";
+  const Tensor x = test::fixture_tensor(f, "x"), y = test::fixture_tensor(f, "y");
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    mse_loss((*mlp)(x), y).backward();
+    opt.step();
+  }
+  for (auto& [n, p] : mlp->named_parameters())
+    EXPECT_TRUE(test::all_close(p, test::fixture_tensor("optim_pytorch.safetensors", "groups." + name + "." + n), 1e-5, 1e-7))
+        << name << " " << n;
+}
+
+TEST(Optimizers, ParameterGroupsMatchPyTorch) {
+  optim::AdamWOptions w, b;
+  w.lr = 0.01;
+  w.weight_decay = 0.1;
+  b.lr = 0.02;
+  b.weight_decay = 0.0;
+  check_groups_against_pytorch<optim::AdamW, optim::AdamOptions>("adamw", w, b);
+  optim::SgdOptions sw, sb;
+  sw.lr = 0.1;
+  sw.momentum = 0.9;
+  sb.lr = 0.05;
+  sb.maximize = true;
+  check_groups_against_pytorch<optim::SGD, optim::SgdOptions>("sgd", sw, sb);
+  optim::AdamOptions aw, ab;
+  aw.lr = ab.lr = 0.01;
+  aw.maximize = ab.maximize = true;
+  ab.amsgrad = true;
+  check_groups_against_pytorch<optim::Adam, optim::AdamOptions>("adam_maximize", aw, ab);
+}
+
+TEST(Optimizers, DefaultsArePyTorch2s) {
+  EXPECT_EQ(optim::SgdOptions{}.lr, 1e-3);
+  EXPECT_EQ(optim::SgdOptions{}.momentum, 0.0);
+  EXPECT_EQ(optim::AdamOptions{}.weight_decay, 0.0);
+  EXPECT_EQ(optim::AdamWOptions{}.weight_decay, 1e-2);
+  Tensor p = zeros({2}).set_requires_grad(true);
+  optim::AdamW opt({p});
+  EXPECT_EQ(opt.options().weight_decay, 1e-2);
+}
+
+// state_dict() is laid out as PyTorch's: "state" by parameter id across groups (only parameters
+// that have stepped), "param_groups" with PyTorch's keys and each group's ids; loading restores the
+// hyperparameters, the buffers and the step counts, and refuses a mismatched layout.
+TEST(Optimizers, StateDictHasPyTorchsLayout) {
+  Tensor a = from_vector({1.0, 2.0}, {2}).set_requires_grad(true);
+  Tensor b = from_vector({3.0}, {1}).set_requires_grad(true);
+  Tensor c = from_vector({4.0}, {1}).set_requires_grad(true);
+  optim::AdamOptions o1, o2;
+  o1.lr = 0.1;
+  o2.lr = 0.2;
+  o2.beta1 = 0.8;
+  o2.amsgrad = true;
+  optim::Adam opt(std::vector<optim::ParamGroup<optim::AdamOptions>>{{{a, b}, o1}, {{c}, o2}});
+  a.set_grad(from_vector({0.5, -0.5}, {2}));
+  c.set_grad(from_vector({1.0}, {1}));
+  opt.step();  // b has no gradient: no state for id 1
+  const optim::OptimizerStateDict sd = opt.state_dict();
+  ASSERT_EQ(sd.state.size(), 2u);
+  EXPECT_EQ(sd.state.count(1), 0u);
+  EXPECT_EQ(sd.state.at(0).size(), 3u) << "step, exp_avg, exp_avg_sq";
+  EXPECT_EQ(sd.state.at(2).size(), 4u) << "and max_exp_avg_sq with amsgrad";
+  EXPECT_EQ(sd.state.at(2).at("step").dim(), 0) << "a 0-dim float32 step, as PyTorch's";
+  EXPECT_EQ(sd.state.at(2).at("step").item(), 1.0);
+  EXPECT_EQ(sd.param_groups.size(), 2u);
+  EXPECT_EQ(sd.param_groups[0]["params"], nlohmann::json::parse("[0, 1]"));
+  EXPECT_EQ(sd.param_groups[1]["params"], nlohmann::json::parse("[2]"));
+  EXPECT_EQ(sd.param_groups[1]["lr"], 0.2);
+  EXPECT_EQ(sd.param_groups[1]["betas"], nlohmann::json::parse("[0.8, 0.999]"));
+  EXPECT_EQ(sd.param_groups[1]["amsgrad"], true);
+  for (const char* key : {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "params"})
+    EXPECT_TRUE(sd.param_groups[0].contains(key)) << key;
+
+  // Into a fresh optimizer with other hyperparameters: the saved ones win, and both step alike.
+  Tensor a2 = from_vector({1.0, 2.0}, {2}).set_requires_grad(true);
+  Tensor b2 = from_vector({3.0}, {1}).set_requires_grad(true);
+  Tensor c2 = from_vector({4.0}, {1}).set_requires_grad(true);
+  optim::AdamOptions amsgrad_on;
+  amsgrad_on.amsgrad = true;
+  optim::Adam other(std::vector<optim::ParamGroup<optim::AdamOptions>>{{{a2, b2}, {}}, {{c2}, amsgrad_on}});
+  // Parameters are not part of the state dict: copy them as a model's state dict would.
+  for (auto [dst, src] : {std::pair{a2, a}, {b2, b}, {c2, c}}) copy_(dst, src.detach());
+  other.load_state_dict(sd);
+  EXPECT_EQ(other.lr(1), 0.2);
+  EXPECT_EQ(other.options(1).beta1, 0.8);
+  EXPECT_EQ(other.step_count(2), 1);
+  EXPECT_EQ(other.step_count(1), 0);
+  for (Tensor* t : {&a, &b, &c, &a2, &b2, &c2}) t->set_grad(full(t->shape(), 0.25));
+  opt.step();
+  other.step();
+  EXPECT_TRUE(test::bitwise_equal(a, a2));
+  EXPECT_TRUE(test::bitwise_equal(b, b2));
+  EXPECT_TRUE(test::bitwise_equal(c, c2));
+
+  // Mismatched layouts are refused with PyTorch's messages.
+  optim::Adam one_group({from_vector({1.0, 2.0}, {2}).set_requires_grad(true)}, optim::AdamOptions{});
+  EXPECT_THROW(one_group.load_state_dict(sd), std::invalid_argument);
+  optim::OptimizerStateDict broken = sd;
+  broken.state.at(0).erase("exp_avg");
+  EXPECT_THROW(other.load_state_dict(broken), std::invalid_argument);
+  broken = sd;
+  broken.param_groups[1]["params"] = nlohmann::json::parse("[2, 3]");
+  EXPECT_THROW(other.load_state_dict(broken), std::invalid_argument);
+}
+
+TEST(Optimizers, GroupsRejectDuplicatesAndEmptyGroups) {
+  Tensor p = zeros({2}).set_requires_grad(true), q = zeros({2}).set_requires_grad(true);
+  using G = std::vector<optim::ParamGroup<optim::SgdOptions>>;
+  EXPECT_THROW(optim::SGD(G{{{p}, {}}, {{p}, {}}}), std::invalid_argument);
+  EXPECT_THROW(optim::SGD(G{{{p}, {}}, {{}, {}}}), std::invalid_argument);
+  optim::SGD ok(G{{{p}, {}}, {{q}, {}}});
+  EXPECT_EQ(ok.num_param_groups(), 2u);
 }
 
 TEST(Optimizers, FoundInfLeavesEverythingUntouched) {

@@ -1,0 +1,103 @@
+// Learning-rate schedulers against PyTorch's own sequences (tests/data/optim_pytorch.safetensors,
+// written by tests/scripts/make_optim_fixture.py): every lr of every group, after construction and
+// after each step, to the last bit where PyTorch's formula is followed exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/optim/lr_scheduler.h"
+#include "runtime/optim/sgd.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+using optim::LRScheduler;
+using Make = std::function<std::unique_ptr<LRScheduler>(optim::Optimizer&)>;
+
+// An SGD with one single-element parameter per group, lrs as given.
+std::unique_ptr<optim::SGD> make_opt(const std::vector<double>& lrs, std::vector<Tensor>* keep) {
+  std::vector<optim::ParamGroup<optim::SgdOptions>> groups;
+  for (double lr : lrs) {
+    keep->push_back(zeros({1}).set_requires_grad(true));
+    optim::SgdOptions o;
+    o.lr = lr;
+    groups.push_back({{keep->back()}, o});
+  }
+  return std::make_unique<optim::SGD>(groups);
+}
+
+void expect_sequence(const std::string& name, const std::vector<double>& lrs, const Make& make) {
+  const Tensor want = test::fixture_tensor("optim_pytorch.safetensors", "sched." + name);  // [steps + 1, groups]
+  const int64_t rows = want.shape()[0];
+  ASSERT_EQ(want.shape()[1], static_cast<int64_t>(lrs.size()));
+  const std::vector<double> w = want.to_vector();
+  std::vector<Tensor> keep;
+  auto opt = make_opt(lrs, &keep);
+  auto sched = make(*opt);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r > 0) {
+      opt->step();
+      sched->step();
+    }
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      const double expected = w[static_cast<size_t>(r) * lrs.size() + g];
+      EXPECT_EQ(sched->get_last_lr()[g], expected) << name << " epoch " << r << " group " << g;
+      EXPECT_EQ(opt->lr(g), expected) << name << " epoch " << r << " group " << g;
+    }
+  }
+}
+
+TEST(LRScheduler, LambdaLR) {
+  expect_sequence("lambda", {0.1, 0.01}, [](optim::Optimizer& o) {
+    return std::make_unique<optim::LambdaLR>(o, [](int64_t e) { return std::pow(0.95, static_cast<double>(e)); });
+  });
+}
+
+TEST(LRScheduler, StepLR) {
+  expect_sequence("step", {0.1}, [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); });
+}
+
+TEST(LRScheduler, LinearLR) {
+  expect_sequence("linear", {0.1}, [](optim::Optimizer& o) { return std::make_unique<optim::LinearLR>(o, 0.25, 1.0, 6); });
+}
+
+TEST(LRScheduler, CosineAnnealingLRPastTMax) {
+  expect_sequence("cosine", {0.1}, [](optim::Optimizer& o) {
+    return std::make_unique<optim::CosineAnnealingLR>(o, 10, 0.001);
+  });
+}
+
+TEST(LRScheduler, SequentialWarmupThenCosine) {
+  expect_sequence("warmup_cosine", {0.1, 0.05}, [](optim::Optimizer& o) {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<optim::LinearLR>(o, 0.2, 1.0, 4));
+    parts.push_back(std::make_unique<optim::CosineAnnealingLR>(o, 16, 1e-4));
+    return std::make_unique<optim::SequentialLR>(o, std::move(parts), std::vector<int64_t>{4});
+  });
+}
+
+TEST(LRScheduler, SequentialWarmupCosineThenFloor) {
+  expect_sequence("warmup_cosine_floor", {0.1}, [](optim::Optimizer& o) {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<optim::LinearLR>(o, 0.25, 1.0, 3));
+    parts.push_back(std::make_unique<optim::CosineAnnealingLR>(o, 7, 1e-3));
+    parts.push_back(std::make_unique<optim::LambdaLR>(o, [](int64_t) { return 1e-3 / 0.1; }));
+    return std::make_unique<optim::SequentialLR>(o, std::move(parts), std::vector<int64_t>{3, 10});
+  });
+}
+
+TEST(LRScheduler, RejectsWhatPyTorchRejects) {
+  std::vector<Tensor> keep;
+  auto opt = make_opt({0.1}, &keep);
+  EXPECT_THROW(optim::LinearLR(*opt, 0.0), std::invalid_argument);
+  EXPECT_THROW(optim::LinearLR(*opt, 0.5, 1.5), std::invalid_argument);
+  EXPECT_THROW(optim::CosineAnnealingLR(*opt, 0), std::invalid_argument);
+  EXPECT_THROW(optim::StepLR(*opt, 0), std::invalid_argument);
+  std::vector<std::unique_ptr<LRScheduler>> parts;
+  parts.push_back(std::make_unique<optim::StepLR>(*opt, 2));
+  EXPECT_THROW(optim::SequentialLR(*opt, std::move(parts), {3}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace amp
