@@ -23,6 +23,7 @@ enum class CastPolicy : uint8_t {
   X(linear, lower_precision, lower_precision)           \
   X(matmul, lower_precision, lower_precision)           \
   X(mm, lower_precision, lower_precision)               \
+  X(dot, promote, passthrough)                          \
   X(mse_loss, fp32, fp32)                               \
   X(cross_entropy, fp32, fp32)                          \
   X(nll_loss, fp32, fp32)                               \

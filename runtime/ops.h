@@ -42,6 +42,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 // x @ w^T + b, w is [out, in] as in PyTorch. b may be undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+// The inner product of two 1-D tensors of one length (a 0-d result). On CUDA's autocast promote list.
+Tensor dot(const Tensor& a, const Tensor& b);
 
 // --- softmax and losses (along the last dimension; dim must be -1 or dim()-1)
 Tensor softmax(const Tensor& x, int64_t dim = -1);

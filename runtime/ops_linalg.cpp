@@ -57,6 +57,16 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return mm(a, b, false, false);
 }
 
+Tensor dot(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::dot, {&a, &b});
+  if (a.dim() != 1 || b.dim() != 1 || a.shape()[0] != b.shape()[0])
+    throw std::invalid_argument("dot: expected 1-D tensors of the same length, got " + shape_str(a.shape()) + " and " +
+                                shape_str(b.shape()));
+  AutocastSuspend one_op;  // autocast acted on dot's inputs; its parts must not cast again
+  return sum(mul(a, b));    // differentiable through mul and sum
+}
+
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   Tensor x = x_in, w = w_in, b = b_in;
   autocast_inputs(OpKind::linear, {&x, &w, &b});

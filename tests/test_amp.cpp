@@ -68,6 +68,29 @@ TEST(Autocast, CpuListsAndDefaultsPerDeviceType) {
   }
 }
 
+// The promote policy (dot is on CUDA's promote list): the widest of the region's dtype and the
+// inputs', float32 winning, float64 inputs ignored and left alone.
+TEST(Autocast, PromoteStartsFromTheRegionsDtypeAndIgnoresFloat64) {
+  const Tensor h = full({3}, 1.5, DType::f16), f = full({3}, 2.0), d = full({3}, 2.0, DType::f64);
+  const Tensor bh = full({3}, 1.5, DType::bf16);
+  {
+    autocast ac(DeviceType::cpu, DType::f16, true, true, CastLists::cuda);
+    EXPECT_EQ(dot(h, f).dtype(), DType::f32) << "float32 wins";
+    EXPECT_EQ(dot(h, h).dtype(), DType::f16);
+    EXPECT_EQ(dot(h, f).item(), 9.0);
+    EXPECT_EQ(dot(h, d).dtype(), DType::f64) << "float64 is not cast; the op's own promotion widens";
+  }
+  {
+    autocast ac(DeviceType::cpu, DType::bf16, true, true, CastLists::cuda);
+    EXPECT_EQ(dot(bh, bh).dtype(), DType::bf16);
+    EXPECT_EQ(dot(h, h).dtype(), DType::f32) << "float16 in a bfloat16 region: promoted to float32";
+  }
+  {
+    autocast ac(DeviceType::cpu, DType::bf16);  // the CPU's lists: dot is not on them
+    EXPECT_EQ(dot(h, h).dtype(), DType::f16);
+  }
+}
+
 TEST(Autocast, CacheDisabledCastsEveryTime) {
   Generator gen(0);
   nn::Linear lin(4, 4, gen);

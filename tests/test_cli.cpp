@@ -68,6 +68,14 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
                            "--inject-nonfinite", "--comm-timeout", "--check-every", "--threads", "--config"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_NE(r.out.find("--growth-interval arg (=2000)"), std::string::npos);
+  // Defaults as a person writes them, and PyTorch's: SGD's momentum 0, AdamW's weight decay 0.01.
+  EXPECT_NE(r.out.find("--momentum arg (=0.0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--beta2 arg (=0.999)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--init-scale arg (=65536.0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--weight-decay arg (=sgd: 0.0, adamw: 0.01)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0000000"), std::string::npos) << "a default printed with 17 digits:\n" << r.out;
+  for (const char* flag : {"--lr-schedule", "--warmup-steps", "--min-lr", "--decay-steps", "--beta1"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
 TEST(Cli, EveryFlagIsValidated) {
@@ -92,7 +100,11 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--comm-timeout inf", "--comm-timeout"},     {"--inject-nonfinite 0", "--inject-nonfinite"},
       {"--inject-nonfinite 1:5", "--inject-nonfinite"}, {"--inject-nonfinite x", "--inject-nonfinite"},
       {"--steps many", "--steps"},          {"--no-such-flag", "no-such-flag"},
-      {"--config /nonexistent.cfg", "--config"}};
+      {"--config /nonexistent.cfg", "--config"}, {"--lr-schedule linear", "'--lr-schedule'"},
+      {"--warmup-steps -1", "--warmup-steps"}, {"--min-lr 1", "--min-lr"},
+      {"--beta1 1", "--beta1"},              {"--beta2 -0.1", "--beta2"},
+      {"--decay-steps -1", "--decay-steps"},
+      {"--lr-schedule cosine --warmup-steps 2", "--warmup-steps"}};
   for (const auto& [args, needle] : bad) {
     const RunResult r = run(args + kSmall);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
@@ -107,6 +119,20 @@ std::vector<nlohmann::ordered_json> read_jsonl(const std::string& path) {
   std::string line;
   while (std::getline(in, line)) v.push_back(nlohmann::ordered_json::parse(line));
   return v;
+}
+
+// --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'
+// lr, step by step, equals the sequence PyTorch computed for the same chain (optim_pytorch.safetensors,
+// "sched.warmup_cosine_floor": lr 0.1, 3 warmup steps, cosine to 1e-3 at step 10, then 1e-3).
+TEST(Cli, CosineScheduleFollowsPyTorchsSequence) {
+  TempDir d;
+  const RunResult r = run(kNoSteps + "--steps 15 --lr 0.1 --lr-schedule cosine --warmup-steps 3 --min-lr 0.001 "
+                          "--decay-steps 10 --metrics " + d.file("m.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_EQ(recs.size(), 16u);
+  const std::vector<double> want = test::fixture_tensor("optim_pytorch.safetensors", "sched.warmup_cosine_floor").to_vector();
+  for (size_t i = 0; i < 15; ++i) EXPECT_EQ(recs[i]["lr"].get<double>(), want[i]) << "step " << i + 1;
 }
 
 TEST(Cli, ConfigFileLayersUnderTheCommandLine) {

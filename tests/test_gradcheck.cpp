@@ -34,6 +34,7 @@ TEST(Gradcheck, Linear) {
 
 TEST(Gradcheck, MatmulAndTransposedMm) {
   EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {rnd({3, 4}, 1), rnd({4, 2}, 2)}, true));
+  EXPECT_TRUE(gradcheck([](const V& v) { return dot(v[0], v[1]); }, {rnd({5}, 1), rnd({5}, 2)}, true));
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       const Tensor a = ta ? rnd({4, 3}, 5) : rnd({3, 4}, 5);

@@ -9,6 +9,7 @@
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
 #include "runtime/optim/adam.h"
+#include "runtime/optim/lr_scheduler.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"
 
@@ -262,6 +263,33 @@ TEST(Optimizers, StateDictHasPyTorchsLayout) {
   broken = sd;
   broken.param_groups[1]["params"] = nlohmann::json::parse("[2, 3]");
   EXPECT_THROW(other.load_state_dict(broken), std::invalid_argument);
+}
+
+// The README's API example, as written there (groups, warmup then cosine), runs and moves the lr.
+TEST(Optimizers, ReadmeExampleBuildsAndSteps) {
+  Tensor w = from_vector({1.0, 2.0, 3.0, 4.0}, {2, 2}).set_requires_grad(true);
+  Tensor b = from_vector({0.5, -0.5}, {2}).set_requires_grad(true);
+  const std::vector<Tensor> matrices = {w}, biases = {b};
+  amp::optim::AdamWOptions decay, no_decay;
+  decay.lr = no_decay.lr = 6e-4;
+  decay.weight_decay = 0.1;
+  no_decay.weight_decay = 0.0;
+  amp::optim::AdamW opt({{matrices, decay}, {biases, no_decay}});
+  std::vector<std::unique_ptr<amp::optim::LRScheduler>> parts;
+  parts.push_back(std::make_unique<amp::optim::LinearLR>(opt, 0.01, 1.0, 100));
+  parts.push_back(std::make_unique<amp::optim::CosineAnnealingLR>(opt, 900, 6e-5));
+  amp::optim::SequentialLR sched(opt, std::move(parts), {100});
+  EXPECT_DOUBLE_EQ(opt.lr(0), 6e-6);
+  for (int i = 0; i < 100; ++i) {
+    w.set_grad(ones({2, 2}));
+    b.set_grad(ones({2}));
+    opt.step();
+    sched.step();
+  }
+  EXPECT_EQ(opt.lr(0), 6e-4) << "the cosine starts from the base lr at the milestone";
+  EXPECT_EQ(opt.lr(1), 6e-4);
+  EXPECT_EQ(opt.options(0).weight_decay, 0.1);
+  EXPECT_EQ(opt.options(1).weight_decay, 0.0);
 }
 
 TEST(Optimizers, GroupsRejectDuplicatesAndEmptyGroups) {

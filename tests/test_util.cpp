@@ -8,6 +8,7 @@
 
 #include "models/mlp.h"
 #include "runtime/autograd.h"
+#include "runtime/backend.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
 #include "runtime/random.h"
@@ -17,6 +18,10 @@ namespace amp::test {
 std::string data_path(const std::string& file) { return std::string(AMP_TEST_DATA_DIR) + "/" + file; }
 
 const safetensors::NamedTensors& fixture(const std::string& file) {
+  // The cache's tensors are freed through the CPU backend at exit: the backend (a function-local
+  // static) must be constructed first, so that it is destroyed after the cache.
+  static Backend& cpu = backend_for(kCPU);
+  (void)cpu;
   static std::map<std::string, safetensors::NamedTensors> cache;
   auto it = cache.find(file);
   if (it == cache.end()) it = cache.emplace(file, safetensors::load(data_path(file))).first;
