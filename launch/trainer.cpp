@@ -304,9 +304,9 @@ TrainResult Trainer::run() {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate = static_cast<double>(r.step * samples_per_step) / elapsed;
       const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
-      std::printf("step %lld/%lld  loss %s  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
-                  static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.scale,
-                  static_cast<long long>(result.skipped_steps), rate, eta);
+      std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
+                  static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.lr,
+                  r.scale, static_cast<long long>(result.skipped_steps), rate, eta);
       if (r.device_launches >= 0)
         std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
                     static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),

@@ -71,6 +71,15 @@ std::vector<double> reference_mm(const Tensor& a, const Tensor& b) {
   return c;
 }
 
+// t / 3 is a true division, as PyTorch's (the trainer divides the loss by K this way): for 5, 7 and
+// 10, float(x / 3) and float(x * float(1 / 3)) differ in the last bit.
+TEST(Tensor, DivisionByAScalarDivides) {
+  const std::vector<double> got = div(from_vector({5.0, 7.0, 10.0}, {3}), 3.0).to_vector();
+  const float want[] = {5.0f / 3.0f, 7.0f / 3.0f, 10.0f / 3.0f};
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], static_cast<double>(want[i]));
+  EXPECT_NE(5.0f / 3.0f, 5.0f * static_cast<float>(1.0 / 3.0)) << "the values do not tell the two apart";
+}
+
 TEST(Gemm, ReducedPrecisionAgainstFp64) {
   Generator g(3);
   const Tensor a32 = randn({37, 129}, g), b32 = randn({129, 23}, g);
