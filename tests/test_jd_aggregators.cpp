@@ -1,0 +1,155 @@
+// TorchJD's aggregators against TorchJD's own results (tests/data/jd_aggregators.safetensors: 30
+// float64 Jacobians of 2-6 rows, generic and hard cases), and the special cases of
+// ../shared/JACOBIAN_DESCENT.md. float64 throughout, so the tolerances are tight: 1e-9 relative for
+// the closed-form and QP-based aggregators (what two exact float64 solvers can differ by on a
+// Gramian whose condition number reaches 1e4), looser where TorchJD iterates (MGDA's Frank-Wolfe) or
+// takes an eigendecomposition.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "jd/aggregator.h"
+#include "jd/quadprog.h"
+#include "runtime/ops.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+const std::string kFile = "jd_aggregators.safetensors";
+
+Tensor J_of(int k) { return test::fixture_tensor(kFile, "J" + std::to_string(k)); }
+
+void expect_matches_torchjd(const std::string& key, jd::Aggregator& agg, bool has_weights, double rtol, double atol) {
+  for (int k = 0; k < 30; ++k) {
+    const Tensor J = J_of(k);
+    const Tensor got = agg(J);
+    EXPECT_TRUE(test::all_close(got, test::fixture_tensor(kFile, key + "_" + std::to_string(k)), rtol, atol))
+        << key << " on J" << k << " " << shape_str(J.shape());
+    if (has_weights) {
+      const Tensor w = from_vector(agg.last_weights(), {J.shape()[0]}, DType::f64);
+      EXPECT_TRUE(test::all_close(w, test::fixture_tensor(kFile, key + "_w" + std::to_string(k)), rtol, atol))
+          << key << " weights on J" << k;
+    }
+  }
+}
+
+TEST(Aggregators, MeanAndSum) {
+  jd::Mean mean;
+  expect_matches_torchjd("mean", mean, true, 1e-12, 1e-15);
+  jd::Sum sum;
+  expect_matches_torchjd("sum", sum, true, 1e-12, 1e-15);
+}
+
+TEST(Aggregators, UPGrad) {
+  jd::UPGrad a;
+  expect_matches_torchjd("upgrad", a, true, 1e-9, 1e-12);
+}
+
+TEST(Aggregators, DualProj) {
+  jd::DualProj a;
+  expect_matches_torchjd("dualproj", a, true, 1e-9, 1e-12);
+}
+
+// --- the special cases of the spec
+
+std::vector<double> upgrad_weights(const std::vector<double>& rows, int m, int n) {
+  jd::UPGrad a;
+  a(from_vector(rows, {m, n}, DType::f64));
+  return a.last_weights();
+}
+
+TEST(UPGradCases, OneRowIsReturnedAsItIs) {
+  for (double scale : {1.0, 1e-3}) {  // above and below the trace threshold
+    const Tensor J = from_vector({3.0 * scale, -1.0 * scale, 2.0 * scale}, {1, 3}, DType::f64);
+    jd::UPGrad a;
+    EXPECT_TRUE(test::bitwise_equal(a(J), J.reshape({3})));
+    EXPECT_EQ(a.last_weights(), std::vector<double>{1.0});
+  }
+}
+
+TEST(UPGradCases, DocstringExample) {
+  const Tensor J = from_vector({-4, 1, 1, 6, 1, 1}, {2, 3}, DType::f64);
+  jd::UPGrad a;
+  const std::vector<double> out = a(J).to_vector();
+  EXPECT_NEAR(a.last_weights()[0], 1.1109, 1e-4);
+  EXPECT_NEAR(a.last_weights()[1], 0.7894, 1e-4);
+  EXPECT_NEAR(out[0], 0.2929, 1e-4);
+  EXPECT_NEAR(out[1], 1.9004, 1e-4);
+  EXPECT_NEAR(out[2], 1.9004, 1e-4);
+}
+
+TEST(UPGradCases, ZeroRowOppositeRowsAndAllZero) {
+  const auto w = upgrad_weights({1, 2, 0, 0, 0, 0, -2, -1, 1}, 3, 3);
+  EXPECT_NEAR(w[0], 0.5999, 1e-4);
+  EXPECT_NEAR(w[1], 1.0 / 3.0, 1e-12) << "a zero row keeps its own preference";
+  EXPECT_NEAR(w[2], 0.5555, 1e-4);
+  jd::UPGrad a;
+  const Tensor opposite = a(from_vector({1, -2, 3, -1, 2, -3}, {2, 3}, DType::f64));
+  EXPECT_NEAR(a.last_weights()[0], 0.9999, 1e-4);
+  for (double v : opposite.to_vector()) EXPECT_EQ(v, 0.0) << "g and -g cancel exactly";
+  const Tensor zero = a(zeros({3, 4}, DType::f64));
+  for (double v : zero.to_vector()) EXPECT_EQ(v, 0.0);
+  for (double w0 : a.last_weights()) EXPECT_EQ(w0, 1.0 / 3.0);
+}
+
+TEST(UPGradCases, TraceBelowThresholdFallsBackToTheMean) {
+  const std::vector<double> rows = {1e-3, 2e-3, 0, -2e-3, -1e-3, 1e-3};
+  jd::UPGrad a;
+  const std::vector<double> small = a(from_vector(rows, {2, 3}, DType::f64)).to_vector();
+  EXPECT_NEAR(small[0], -5e-4, 1e-15);
+  EXPECT_NEAR(small[1], 5e-4, 1e-15);
+  EXPECT_NEAR(small[2], 5e-4, 1e-15);
+  std::vector<double> big = rows;
+  for (double& v : big) v *= 65536.0;
+  const std::vector<double> scaled = a(from_vector(big, {2, 3}, DType::f64)).to_vector();
+  EXPECT_NEAR(scaled[0] / 65536.0, -7.67e-4, 1e-6);
+  EXPECT_NEAR(scaled[1] / 65536.0, 9.67e-4, 1e-6);
+  EXPECT_NEAR(scaled[2] / 65536.0, 8.33e-4, 1e-6);
+}
+
+// Positive homogeneity, bitwise for powers of two in float32 (GradScaler's scales).
+TEST(UPGradCases, PowersOfTwoScaleTheResultBitwise) {
+  Generator gen(1);
+  for (int trial = 0; trial < 20; ++trial) {
+    const Tensor J = randn({4, 37}, gen);
+    jd::UPGrad a;
+    const Tensor base = a(J);
+    for (double c : {65536.0, 32768.0, 1.0 / 256.0}) {
+      const Tensor scaled = a(mul(J, c));
+      EXPECT_TRUE(test::bitwise_equal(scaled, mul(base, c))) << "c = " << c << " trial " << trial;
+    }
+  }
+}
+
+TEST(UPGradCases, NonFiniteJacobianGivesNaNWithoutThrowing) {
+  jd::UPGrad a;
+  const Tensor out = a(from_vector({1, 2, INFINITY, -1, 0, 1}, {2, 3}));
+  for (double v : out.to_vector()) EXPECT_TRUE(std::isnan(v));
+}
+
+// The QP solver on its own: KKT conditions at the solution for random problems.
+TEST(QuadProg, SolutionsSatisfyKkt) {
+  Generator gen(2);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int m = 2 + trial % 6;
+    const std::vector<double> a = randn({m, m + 1}, gen, DType::f64).to_vector();
+    std::vector<double> G(static_cast<size_t>(m * m), 0.0);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < m; ++j)
+        for (int k = 0; k <= m; ++k) G[static_cast<size_t>(i * m + j)] += a[static_cast<size_t>(i * (m + 1) + k)] * a[static_cast<size_t>(j * (m + 1) + k)];
+    for (int i = 0; i < m; ++i) G[static_cast<size_t>(i * m + i)] += 1e-4;
+    const std::vector<double> u = randn({m}, gen, DType::f64).to_vector();
+    const std::vector<double> v = jd::solve_bounded_qp(G, m, u);
+    for (int i = 0; i < m; ++i) {
+      double lambda = 0.0;
+      for (int k = 0; k < m; ++k) lambda += G[static_cast<size_t>(i * m + k)] * v[static_cast<size_t>(k)];
+      EXPECT_GE(v[static_cast<size_t>(i)] - u[static_cast<size_t>(i)], -1e-12) << "feasible";
+      EXPECT_GE(lambda, -1e-10) << "dual feasible";
+      EXPECT_LE(std::fabs(lambda * (v[static_cast<size_t>(i)] - u[static_cast<size_t>(i)])), 1e-10) << "complementary";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace amp

@@ -1,0 +1,127 @@
+// mtl_backward and jac_to_grad against float64 finite differences, and against ordinary backward
+// where Jacobian descent reduces to it (Mean of the rows is the gradient of the mean loss).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "jd/mtl_backward.h"
+#include "runtime/autograd.h"
+#include "runtime/ops.h"
+#include "runtime/random.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+// TorchJD's example network in float64: shared Linear(10,5) ReLU Linear(5,3) ReLU; two Linear(3,1) heads.
+struct Net {
+  std::vector<Tensor> shared, head1, head2;
+  Tensor x, y1, y2;
+  explicit Net(uint64_t seed) {
+    Generator g(seed);
+    auto p = [&](const Shape& s) { return mul(randn(s, g, DType::f64), 0.5).detach().set_requires_grad(true); };
+    shared = {p({5, 10}), p({5}), p({3, 5}), p({3})};
+    head1 = {p({1, 3}), p({1})};
+    head2 = {p({1, 3}), p({1})};
+    x = randn({4, 10}, g, DType::f64);
+    y1 = randn({4, 1}, g, DType::f64);
+    y2 = randn({4, 1}, g, DType::f64);
+  }
+  Tensor features() const { return relu(linear(relu(linear(x, shared[0], shared[1])), shared[2], shared[3])); }
+  std::vector<Tensor> losses(const Tensor& f) const {
+    return {mse_loss(linear(f, head1[0], head1[1]), y1), mse_loss(linear(f, head2[0], head2[1]), y2)};
+  }
+  std::vector<double> loss_values() {
+    NoGradGuard ng;
+    const auto l = losses(features());
+    return {l[0].item(), l[1].item()};
+  }
+};
+
+// d loss_k / d p[e] by central differences.
+double finite_difference(Net& net, Tensor p, int64_t e, int k) {
+  const double eps = 1e-6;
+  double* d = p.data<double>();
+  const double orig = d[e];
+  d[e] = orig + eps;
+  const double plus = net.loss_values()[static_cast<size_t>(k)];
+  d[e] = orig - eps;
+  const double minus = net.loss_values()[static_cast<size_t>(k)];
+  d[e] = orig;
+  return (plus - minus) / (2 * eps);
+}
+
+TEST(MtlBackward, JacobianAndHeadGradientsMatchFiniteDifferences) {
+  Net net(3);
+  const Tensor f = net.features();
+  jd::mtl_backward(net.losses(f), f);
+  for (size_t j = 0; j < net.shared.size(); ++j) {
+    const Tensor& p = net.shared[j];
+    ASSERT_TRUE(p.jac().defined()) << "shared " << j;
+    ASSERT_EQ(p.jac().shape()[0], 2);
+    EXPECT_FALSE(p.grad().defined()) << "mtl_backward leaves the shared .grad alone";
+    const std::vector<double> jac = p.jac().to_vector();
+    for (int k = 0; k < 2; ++k)
+      for (int64_t e = 0; e < p.numel(); ++e)
+        EXPECT_NEAR(jac[static_cast<size_t>(k * p.numel() + e)], finite_difference(net, p, e, k), 1e-7)
+            << "shared " << j << " row " << k << " element " << e;
+  }
+  for (int k = 0; k < 2; ++k) {
+    const auto& head = k == 0 ? net.head1 : net.head2;
+    for (const Tensor& p : head) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_FALSE(p.jac().defined());
+      const std::vector<double> g = p.grad().to_vector();
+      for (int64_t e = 0; e < p.numel(); ++e) EXPECT_NEAR(g[static_cast<size_t>(e)], finite_difference(net, p, e, k), 1e-7);
+    }
+  }
+}
+
+TEST(MtlBackward, ParameterSetsFromTheGraph) {
+  Net net(4);
+  const Tensor f = net.features();
+  const auto l = net.losses(f);
+  const std::vector<Tensor> shared = jd::leaves_behind(f);
+  ASSERT_EQ(shared.size(), 4u);
+  const std::vector<Tensor> task = jd::leaves_behind(l[1], f);
+  ASSERT_EQ(task.size(), 2u);
+  for (const Tensor& t : task) EXPECT_TRUE(t.same(net.head2[0]) || t.same(net.head2[1]));
+  jd::MtlBackwardOptions o;
+  o.tasks_params = {{net.head1[0], net.shared[0]}, {net.head2[0]}};
+  EXPECT_THROW(jd::mtl_backward(l, f, o), std::invalid_argument) << "overlapping parameter sets";
+  EXPECT_THROW(jd::mtl_backward({}, f), std::invalid_argument);
+}
+
+// Jacobians accumulate over calls (micro-batches), and jac_to_grad with Mean gives the gradient of
+// the mean loss; the heads keep the gradients of their own losses.
+TEST(JacToGrad, MeanIsTheGradientOfTheMeanLoss) {
+  Net a(5), b(5);
+  for (int micro = 0; micro < 2; ++micro) {
+    const Tensor f = a.features();
+    jd::mtl_backward(a.losses(f), f);
+    const auto l = b.losses(b.features());
+    mul(add(l[0], l[1]), 0.5).backward();
+  }
+  jd::Mean mean;
+  const std::vector<double> w = jd::jac_to_grad(a.shared, mean);
+  EXPECT_EQ(w, (std::vector<double>{0.5, 0.5}));
+  for (size_t j = 0; j < a.shared.size(); ++j) {
+    EXPECT_FALSE(a.shared[j].jac().defined()) << ".jac is cleared";
+    EXPECT_TRUE(test::all_close(a.shared[j].grad(), b.shared[j].grad(), 1e-12, 1e-14)) << "shared " << j;
+  }
+  // Heads: undivided gradients of their own loss, summed over the two micro-batches.
+  EXPECT_TRUE(test::all_close(a.head1[0].grad(), mul(b.head1[0].grad(), 2.0), 1e-12, 1e-14));
+}
+
+TEST(JacToGrad, ConcatenatesEveryParameterIntoOneMatrix) {
+  Net net(6);
+  const Tensor f = net.features();
+  jd::mtl_backward(net.losses(f), f);
+  const Tensor J = jd::concatenated_jacobian(net.shared);
+  EXPECT_EQ(J.shape(), (Shape{2, 5 * 10 + 5 + 3 * 5 + 3}));
+  // Row 1, the first element of the last parameter: 2.bias[0]'s derivative of loss 2.
+  EXPECT_EQ(J.to_vector()[static_cast<size_t>(73 + 70)], net.shared[3].jac().to_vector()[3]);
+}
+
+}  // namespace
+}  // namespace amp
