@@ -34,6 +34,9 @@ class GramianWeightedAggregator : public Aggregator {
  public:
   Tensor operator()(const Tensor& J) override;
   virtual std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) = 0;
+
+ protected:
+  int64_t columns_ = 0;  // n of the J being aggregated
 };
 
 class Mean final : public GramianWeightedAggregator {
@@ -83,8 +86,113 @@ class DualProj final : public GramianWeightedAggregator {
   double norm_eps_, reg_eps_;
 };
 
-// By name, with TorchJD's defaults (for the CLI): upgrad, mean, sum, dualproj, ... Throws
-// std::invalid_argument naming the valid choices.
+// Random: softmax of standard normal weights, drawn afresh at every call (from this runtime's
+// counter-based generator, seeded: reproducible, but not PyTorch's stream).
+class Random final : public GramianWeightedAggregator {
+ public:
+  explicit Random(uint64_t seed = 0) : seed_(seed) {}
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "Random"; }
+
+ private:
+  uint64_t seed_, calls_ = 0;
+};
+
+// MGDA: the min-norm point of the rows' convex hull, by Frank-Wolfe on the Gramian.
+class MGDA final : public GramianWeightedAggregator {
+ public:
+  explicit MGDA(double epsilon = 1e-3, int max_iters = 100);
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "MGDA"; }
+
+ private:
+  double epsilon_;
+  int max_iters_;
+};
+
+// PCGrad: each row, projected in a random order off the rows it conflicts with; the results summed.
+class PCGrad final : public GramianWeightedAggregator {
+ public:
+  explicit PCGrad(uint64_t seed = 0) : seed_(seed) {}
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "PCGrad"; }
+
+ private:
+  uint64_t seed_, calls_ = 0;
+};
+
+// IMTL-G: equal projections of the aggregate onto every row (pinv(G) times the row norms, normalized).
+class IMTLG final : public GramianWeightedAggregator {
+ public:
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "IMTLG"; }
+};
+
+// Aligned-MTL: the rows' singular values aligned (scale_mode min, median or rmse), then the
+// preference weights.
+class AlignedMTL final : public GramianWeightedAggregator {
+ public:
+  explicit AlignedMTL(std::vector<double> pref_vector = {}, std::string scale_mode = "min");
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "AlignedMTL"; }
+
+ private:
+  std::vector<double> pref_;
+  std::string scale_mode_;
+};
+
+// ConFIG: the direction with equal cosines to every row (pinv of the unit rows times the
+// preference, all ones by default), scaled by the sum of the rows' projections on it. Works on J
+// itself (on the host, float64, the pseudo-inverse from a one-sided Jacobi SVD of the unit rows).
+class ConFIG final : public Aggregator {
+ public:
+  explicit ConFIG(std::vector<double> pref_vector = {}) : pref_(std::move(pref_vector)) {}
+  Tensor operator()(const Tensor& J) override;
+  std::string name() const override { return "ConFIG"; }
+
+ private:
+  std::vector<double> pref_;
+};
+
+// Krum: the n_selected rows whose n - n_byzantine - 2 nearest rows are closest, averaged.
+class Krum final : public GramianWeightedAggregator {
+ public:
+  explicit Krum(int n_byzantine, int n_selected = 1);
+  std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
+  std::string name() const override { return "Krum"; }
+
+ private:
+  int f_, k_;
+};
+
+// GradDrop: per coordinate, keeps the rows whose sign wins a draw weighted by the sign purity.
+// Works on J itself (on the host), with one uniform draw per column from the seeded generator.
+class GradDrop final : public Aggregator {
+ public:
+  explicit GradDrop(std::vector<double> leak = {}, uint64_t seed = 0) : leak_(std::move(leak)), seed_(seed) {}
+  Tensor operator()(const Tensor& J) override;
+  std::string name() const override { return "GradDrop"; }
+
+ private:
+  std::vector<double> leak_;
+  uint64_t seed_, calls_ = 0;
+};
+
+// TrimmedMean: per coordinate, the mean without the trim_number smallest and largest values.
+class TrimmedMean final : public Aggregator {
+ public:
+  explicit TrimmedMean(int trim_number);
+  Tensor operator()(const Tensor& J) override;
+  std::string name() const override { return "TrimmedMean"; }
+
+ private:
+  int trim_;
+};
+
+// By name, with TorchJD's defaults (for the CLI): upgrad, mean, sum, random, dualproj, mgda, pcgrad,
+// imtlg, alignedmtl, config, graddrop; trimmedmean:T, krum:F[:K] and constant:W1,W2,... take their
+// arguments after colons (trimmedmean and krum default to 1). Throws std::invalid_argument naming
+// the valid choices.
 std::unique_ptr<Aggregator> make_aggregator(const std::string& name, uint64_t seed = 0);
 std::vector<std::string> aggregator_names();
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "jd/aggregator.h"
 #include "jd/quadprog.h"
@@ -49,6 +50,77 @@ TEST(Aggregators, UPGrad) {
 TEST(Aggregators, DualProj) {
   jd::DualProj a;
   expect_matches_torchjd("dualproj", a, true, 1e-9, 1e-12);
+}
+
+TEST(Aggregators, MGDA) {
+  jd::MGDA a;
+  expect_matches_torchjd("mgda", a, true, 1e-9, 1e-12);
+}
+
+TEST(Aggregators, IMTLG) {
+  jd::IMTLG a;
+  expect_matches_torchjd("imtlg", a, true, 1e-7, 1e-10);
+}
+
+TEST(Aggregators, AlignedMTL) {
+  jd::AlignedMTL a;
+  expect_matches_torchjd("alignedmtl", a, true, 1e-7, 1e-10);
+}
+
+// atol 1e-7: on J29 the unit rows sum to zero, the exact result is 0, and what is left of rounding
+// after ConFIG's normalization is 2e-8 here (TorchJD's SVD happens to give exactly 0).
+TEST(Aggregators, ConFIG) {
+  jd::ConFIG a;
+  expect_matches_torchjd("config", a, false, 1e-7, 1e-7);
+}
+
+// The aggregators without fixtures, against their definitions on hand-worked cases.
+TEST(Aggregators, ConstantTrimmedMeanKrumGradDropPCGradRandom) {
+  const Tensor J = from_vector({1, 2, 3, -4, -5, 6, 7, 8, -9, 10, 11, 12, 0, 1, 0}, {5, 3}, DType::f64);
+  jd::Constant c({0.5, 0.25, 0, 0, 1});
+  EXPECT_EQ(c(J).to_vector(), (std::vector<double>{0.5 - 1, 1 - 1.25 + 1, 1.5 + 1.5}));
+  EXPECT_THROW(jd::Constant({1, 2})(J), std::invalid_argument);
+  // Trimmed mean of columns {1,-4,7,10,0}, {2,-5,8,11,1}, {3,6,-9,12,0} without the extremes.
+  jd::TrimmedMean t(1);
+  const std::vector<double> tm = t(J).to_vector();
+  EXPECT_DOUBLE_EQ(tm[0], (0 + 1 + 7) / 3.0);
+  EXPECT_DOUBLE_EQ(tm[1], (1 + 2 + 8) / 3.0);
+  EXPECT_DOUBLE_EQ(tm[2], (0 + 3 + 6) / 3.0);
+  EXPECT_THROW(jd::TrimmedMean(3)(J), std::invalid_argument);
+  EXPECT_THROW(jd::TrimmedMean(-1), std::invalid_argument);
+  // Krum with 3 identical rows and 2 outliers: one of the identical rows, alone.
+  const Tensor K = from_vector({1, 1, 1, 1, 1, 1, 50, -50, 1, 1, -80, 90}, {6, 2}, DType::f64);
+  jd::Krum k(1);
+  EXPECT_EQ(k(K).to_vector(), (std::vector<double>{1, 1}));
+  const std::vector<double> kw = k.last_weights();
+  EXPECT_EQ(kw[2] + kw[4] + kw[5], 0.0) << "no outlier selected";
+  EXPECT_THROW(jd::Krum(4)(K), std::invalid_argument) << "m < n_byzantine + 3";
+  // GradDrop with rows of one sign per column keeps them all (purity 1 or 0 decides for sure).
+  const Tensor S = from_vector({1, -2, 3, 4, -5, 6}, {2, 3}, DType::f64);
+  jd::GradDrop g;
+  EXPECT_EQ(g(S).to_vector(), (std::vector<double>{5, -7, 9}));
+  EXPECT_THROW(jd::GradDrop({0.1})(S), std::invalid_argument) << "one leak per row";
+  // PCGrad without conflict is the sum; with two opposite rows each is projected to zero.
+  jd::PCGrad pc(3);
+  EXPECT_EQ(pc(S).to_vector(), (std::vector<double>{5, -7, 9}));
+  for (double v : pc(from_vector({1, 2, -1, -2}, {2, 2}, DType::f64)).to_vector()) EXPECT_EQ(v, 0.0);
+  // Random: weights on the simplex, different per call, reproducible per seed.
+  jd::Random r1(7), r2(7);
+  r1(J);
+  const std::vector<double> w1 = r1.last_weights();
+  r2(J);
+  EXPECT_EQ(w1, r2.last_weights());
+  EXPECT_NEAR(std::accumulate(w1.begin(), w1.end(), 0.0), 1.0, 1e-15);
+  r1(J);
+  EXPECT_NE(w1, r1.last_weights());
+}
+
+TEST(Aggregators, ByName) {
+  for (const char* n : {"upgrad", "mean", "sum", "random", "dualproj", "mgda", "pcgrad", "imtlg", "alignedmtl", "config",
+                        "graddrop", "trimmedmean", "trimmedmean:2", "krum", "krum:1:2", "constant:0.5,0.5"})
+    EXPECT_NO_THROW(jd::make_aggregator(n)) << n;
+  for (const char* n : {"upgrade", "mean:1", "krum:x", "constant", "constant:1,nan", "trimmedmean:1:2"})
+    EXPECT_THROW(jd::make_aggregator(n), std::invalid_argument) << n;
 }
 
 // --- the special cases of the spec
