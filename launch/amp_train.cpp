@@ -169,12 +169,20 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   if (!agreed("creating the device communicator")) return code;
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
   if (!agreed("building the model and loading the data")) return code;
-  if (rank0)
-    std::printf("amp_train: %d rank(s), %s, mlp %lldx%lld, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
-                mpi.size(), device.str().c_str(), static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width),
+  if (rank0) {
+    char model[160];
+    if (cfg.model == "mtl")
+      std::snprintf(model, sizeof model, "mtl %lld tasks (%lld-%lld-%lld trunk, %s)", static_cast<long long>(cfg.tasks),
+                    static_cast<long long>(cfg.in_features), static_cast<long long>(cfg.hidden),
+                    static_cast<long long>(cfg.features), cfg.aggregator.c_str());
+    else
+      std::snprintf(model, sizeof model, "mlp %lldx%lld", static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width));
+    std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
+                mpi.size(), device.str().c_str(), model,
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off");
+  }
   std::fflush(stdout);
 
   // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/interrupt.h).

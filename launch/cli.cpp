@@ -1,6 +1,8 @@
 #include "launch/cli.h"
 
+#include "jd/aggregator.h"
 #include "launch/trainer.h"
+#include "runtime/ops.h"
 #include "runtime/number_format.h"
 
 #include <unistd.h>
@@ -153,7 +155,22 @@ void check_memory(const TrainConfig& c) {
 }
 
 void check_ranges(const TrainConfig& c, int world_size) {
-  require(c.model == "mlp", "--model", c.model, "must be mlp");
+  require(c.model == "mlp" || c.model == "mtl", "--model", c.model, "must be mlp or mtl");
+  if (c.model == "mtl") {
+    require(c.tasks >= 1, "--tasks", c.tasks, "must be >= 1");
+    require(c.in_features >= 1, "--in-features", c.in_features, "must be >= 1");
+    require(c.hidden >= 1, "--hidden", c.hidden, "must be >= 1");
+    require(c.features >= 1, "--features", c.features, "must be >= 1");
+    if (c.grad_penalty > 0.0) throw UsageError("--grad-penalty: not available with --model mtl");
+    try {
+      // Built and tried on a [tasks, 3] Jacobian: an aggregator that refuses this many rows (Krum,
+      // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
+      auto agg = jd::make_aggregator(c.aggregator);
+      (*agg)(ones({c.tasks, 3}));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--aggregator: ") + e.what());
+    }
+  }
   require(c.width >= 1, "--width", c.width, "must be >= 1");
   require(c.layers >= 1, "--layers", c.layers, "must be >= 1");
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
@@ -199,7 +216,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
-  check_memory(c);
+  if (c.model == "mlp") check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");
@@ -226,14 +243,20 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("log-every", with_default(&c.log_every), "progress line every N steps on rank 0 (0: off)");
   po::options_description model("Model");
   model.add_options()
-    ("model", with_default(&c.model), "model: mlp")
-    ("width", with_default(&c.width), "hidden width (also the input and output size)")
-    ("layers", with_default(&c.layers), "number of Linear layers")
+    ("model", with_default(&c.model), "mlp, or mtl (multi-task, Jacobian descent)")
+    ("width", with_default(&c.width), "mlp: hidden width (also the input and output size)")
+    ("layers", with_default(&c.layers), "mlp: number of Linear layers")
+    ("tasks", with_default(&c.tasks), "mtl: tasks (losses, heads)")
+    ("in-features", with_default(&c.in_features), "mtl: input size")
+    ("hidden", with_default(&c.hidden), "mtl: the shared trunk's hidden size")
+    ("features", with_default(&c.features), "mtl: the shared features' size")
+    ("aggregator", with_default(&c.aggregator),
+     "mtl: upgrad|mean|sum|random|dualproj|mgda|pcgrad|imtlg|alignedmtl|config|graddrop|trimmedmean[:T]|krum[:F[:K]]|constant:W1,W2,...")
     ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
     ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
   po::options_description training("Training");
   training.add_options()
-    ("data", with_default(&c.data), "synthetic, or a safetensors FILE with x, y [N, width]")
+    ("data", with_default(&c.data), "synthetic, or a safetensors FILE: mlp x, y [N, width]; mtl x [N, in], y1..yT [N, 1]")
     ("steps", with_default(&c.steps), "optimizer steps")
     ("batch-size", with_default(&c.batch_size), "samples per rank per micro-batch")
     ("micro-batches", with_default(&c.micro_batches), "micro-batches accumulated per step")

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "models/training_model.h"
 #include "runtime/nn/layers.h"
 #include "runtime/tensor.h"
 
@@ -14,8 +15,8 @@ namespace amp::launch {
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  // Rows [first, first + count) of the sample stream: x [count, width], y [count, width].
-  virtual std::pair<Tensor, Tensor> rows(int64_t first, int64_t count) = 0;
+  // Rows [first, first + count) of the sample stream: x [count, in] and each target [count, out_t].
+  virtual models::Batch rows(int64_t first, int64_t count) = 0;
   // Makes rows [first, first + count) ready, so that rows() then only copies them.
   virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
   // Rows that prepare() can make: the stream repeats with this period (0: all rows are ready).
@@ -27,10 +28,17 @@ class Dataset {
 // with a fixed random 2-layer ReLU teacher, so the loss can fall. The stream repeats a pool of
 // pool_samples(width) samples, each generated once, on first use.
 std::unique_ptr<Dataset> make_synthetic(int64_t width, uint64_t seed, Device device);
-// 256 MiB of x and y at most, between 256 and 65536 samples, a multiple of 256.
-int64_t pool_samples(int64_t width);
+// The multi-task stream: x [in] ~ N(0, 1), and per task t a target [1] from its own fixed random
+// ReLU teacher in -> hidden -> 1.
+std::unique_ptr<Dataset> make_synthetic_tasks(int64_t in_features, int64_t hidden, int64_t tasks, uint64_t seed,
+                                              Device device);
+// 256 MiB of samples at most, between 256 and 65536 samples, a multiple of 256 (floats_per_sample:
+// x and every target together).
+int64_t pool_samples(int64_t floats_per_sample);
 // x and y from a safetensors file ([N, width] float32 each); the stream wraps around modulo N.
 // Throws std::invalid_argument naming the file, the tensor, the expected and the actual shape.
 std::unique_ptr<Dataset> load_dataset(const std::string& path, int64_t width, Device device);
+// x [N, in] and y1 ... yT [N, 1] (float32) from a safetensors file, for the multi-task model.
+std::unique_ptr<Dataset> load_task_dataset(const std::string& path, int64_t in_features, int64_t tasks, Device device);
 
 }  // namespace amp::launch

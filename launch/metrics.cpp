@@ -33,6 +33,16 @@ void MetricsWriter::write(const StepRecord& r) {
   nlohmann::ordered_json j = {{"step", r.step},       {"loss", num(r.loss)}, {"scale", num(r.scale)},
                               {"skipped", r.skipped}, {"grad_norm", num(r.grad_norm)},
                               {"lr", r.lr},           {"step_ms", r.step_ms}};
+  if (!r.task_losses.empty()) {
+    nlohmann::ordered_json tl = nlohmann::ordered_json::array();
+    for (double v : r.task_losses) tl.push_back(num(v));
+    j["task_losses"] = tl;
+  }
+  if (!r.weights.empty()) {
+    nlohmann::ordered_json w = nlohmann::ordered_json::array();
+    for (double v : r.weights) w.push_back(num(v));
+    j["weights"] = w;
+  }
   if (r.device_launches >= 0) {
     j["device_launches"] = r.device_launches;
     j["device_host_syncs"] = r.device_host_syncs;

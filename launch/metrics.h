@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace amp::launch {
 
@@ -18,6 +19,9 @@ struct StepRecord {
   double lr;
   double step_ms;
   bool stop_requested = false;  // a rank got SIGINT/SIGTERM before this step's figures were reduced
+  // Multi-task models: each task's unscaled mean loss (averaged over ranks; `loss` is their sum),
+  // and the aggregator's weights when it has them. Empty otherwise, and then not written.
+  std::vector<double> task_losses, weights;
   // On the emulated GPU: what train_step issued (the one-step-late read of the previous step's
   // figures is not in it). -1 elsewhere, and then not written.
   int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;

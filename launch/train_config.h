@@ -25,9 +25,12 @@ struct Injection {
 
 struct TrainConfig {
   // Model
-  std::string model = "mlp";
-  int64_t width = 256;
-  int64_t layers = 3;
+  std::string model = "mlp";  // mlp | mtl
+  int64_t width = 256;        // mlp
+  int64_t layers = 3;         // mlp
+  // mtl: TorchJD's example network, trained by Jacobian descent with --aggregator.
+  int64_t tasks = 2, in_features = 10, hidden = 5, features = 3;
+  std::string aggregator = "upgrad";
   // Data and weights
   std::string data = "synthetic";
   std::string init_weights, save_weights;

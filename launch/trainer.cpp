@@ -17,7 +17,9 @@
 #include "comm/coalesced.h"
 #include "comm/replica_check.h"
 #include "launch/interrupt.h"
+#include "jd/mtl_backward.h"
 #include "models/mlp.h"
+#include "models/mtl.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
 #include "runtime/nn/state_dict.h"
@@ -89,25 +91,32 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     if (std::sscanf(s, "%d:%lld", &stall_.rank, &stall_.step) != 2) stall_ = {};
   }
   Generator gen(cfg_.seed);
-  model_ = models::make_mlp({cfg_.width, cfg_.width, cfg_.width, cfg_.layers}, gen, device_);
-  if (!cfg_.init_weights.empty()) {
-    nn::load_state_dict(*model_, safetensors::load(cfg_.init_weights), cfg_.init_weights);
+  if (cfg_.model == "mtl") {
+    model_ = models::make_mtl_model({cfg_.tasks, cfg_.in_features, cfg_.hidden, cfg_.features}, gen, device_);
+    data_ = cfg_.data == "synthetic" ? make_synthetic_tasks(cfg_.in_features, cfg_.hidden, cfg_.tasks, cfg_.seed, device_)
+                                     : load_task_dataset(cfg_.data, cfg_.in_features, cfg_.tasks, device_);
+    aggregator_ = jd::make_aggregator(cfg_.aggregator, cfg_.seed);
+  } else {
+    model_ = models::make_mlp_model({cfg_.width, cfg_.width, cfg_.width, cfg_.layers}, gen, device_);
+    data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
+                                     : load_dataset(cfg_.data, cfg_.width, device_);
   }
-  data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
-                                   : load_dataset(cfg_.data, cfg_.width, device_);
+  if (!cfg_.init_weights.empty()) {
+    nn::load_state_dict(model_->module(), safetensors::load(cfg_.init_weights), cfg_.init_weights);
+  }
   if (cfg_.optimizer == OptimizerKind::sgd) {
     optim::SgdOptions o;
     o.lr = cfg_.lr;
     o.momentum = cfg_.momentum;
     o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
-    opt_ = std::make_unique<optim::SGD>(model_->parameters(), o);
+    opt_ = std::make_unique<optim::SGD>(model().parameters(), o);
   } else {
     optim::AdamWOptions o;
     o.lr = cfg_.lr;
     o.beta1 = cfg_.beta1;
     o.beta2 = cfg_.beta2;
     o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
-    opt_ = std::make_unique<optim::AdamW>(model_->parameters(), o);
+    opt_ = std::make_unique<optim::AdamW>(model().parameters(), o);
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
@@ -121,15 +130,34 @@ Trainer::~Trainer() = default;
 void Trainer::connect() {
   if (reducer_) return;
   // Every replica starts from rank 0's weights, whatever happened before.
-  for (Tensor p : model_->parameters()) {
+  for (Tensor p : model().parameters()) {
     Tensor d = p.detach();
     comm_.broadcast(d, 0);
   }
+  if (multi_task()) return;  // Jacobians and head gradients are averaged in aggregate_jacobians()
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
   ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
   ro.overlap = cfg_.overlap;
-  reducer_ = std::make_unique<comm::GradientReducer>(model_->parameters(), comm_, ro);
+  reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
+}
+
+std::vector<double> Trainer::aggregate_jacobians() {
+  const std::vector<Tensor> shared = model_->shared_parameters();
+  Tensor J = jd::concatenated_jacobian(shared);
+  for (Tensor p : shared) p.set_jac(Tensor());
+  if (comm_.size() > 1) {
+    // The Jacobian of the global-batch mean losses: every rank then aggregates the same matrix.
+    comm_.all_reduce(J, comm::ReduceOp::avg);
+    for (const auto& task : model_->task_parameters())
+      for (const Tensor& p : task)
+        if (p.grad().defined()) {
+          Tensor g = p.grad();
+          comm_.all_reduce(g, comm::ReduceOp::avg);
+        }
+  }
+  jd::aggregate_into_grads(shared, J, *aggregator_);
+  return aggregator_->last_weights();
 }
 
 int64_t Trainer::first_sample(int64_t step) const {
@@ -146,7 +174,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
   const int64_t first = first_sample(step);
-  const std::vector<Tensor> params = model_->parameters();
+  const std::vector<Tensor> params = model().parameters();
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
@@ -154,18 +182,35 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
 
   opt_->zero_grad();
   Tensor loss_sum = zeros({1}, DType::f32, device_);
+  std::vector<Tensor> task_sums;  // multi-task: each task's loss, summed over the micro-batches
   for (int64_t m = 0; m < K; ++m) {
-    reducer_->prepare_for_backward(/*sync=*/m == K - 1);
-    auto [x, y] = data_->rows(first + m * B, B);
-    Tensor loss;
+    if (!multi_task()) reducer_->prepare_for_backward(/*sync=*/m == K - 1);
+    const models::Batch batch = data_->rows(first + m * B, B);
+    models::Losses L;
     {
       autocast ac(device_.type, amp_dtype, autocasting, true, CastLists::cuda);
-      loss = div(mse_loss((*model_)(x), y), static_cast<double>(K));
+      L = model_->losses(batch);
+      for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
     }
     {
       NoGradGuard ng;
-      add_(loss_sum, loss.detach().reshape({1}));
+      task_sums.resize(L.per_task.size());
+      for (size_t t = 0; t < L.per_task.size(); ++t) {
+        const Tensor v = L.per_task[t].detach().reshape({1}).to(DType::f32);
+        add_(loss_sum, v);
+        if (!task_sums[t].defined()) task_sums[t] = zeros({1}, DType::f32, device_);
+        add_(task_sums[t], v);
+      }
     }
+    if (multi_task()) {
+      // Every head gets its own loss's gradient; the trunk a Jacobian, aggregated after the last one.
+      jd::MtlBackwardOptions o;
+      o.shared_params = model_->shared_parameters();
+      o.tasks_params = model_->task_parameters();
+      jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
+      continue;
+    }
+    Tensor loss = L.per_task.at(0);
     if (cfg_.grad_penalty > 0.0) {
       // loss + lambda * ||grad loss||_2, the gradient taken through the scaled loss (PyTorch's recipe).
       std::vector<Tensor> g = grad({scaler_->scale(loss)}, params, {}, true, true);
@@ -177,13 +222,20 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     }
     scaler_->scale(loss).backward();
   }
-  reducer_->finish();  // gradients are now averaged over ranks (still scaled)
+  std::vector<double> weights;
+  if (multi_task()) {
+    weights = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
+  } else {
+    reducer_->finish();  // gradients are now averaged over ranks (still scaled)
+  }
+  if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
 
   // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
   // collective when there is one: every rank learns it from the same reduced figures, so every rank
   // stops after the same step.
   Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
-  const bool figures_ride = scaler_->sum_with_found_inf(loss_sum) && scaler_->sum_with_found_inf(stop);
+  bool figures_ride = scaler_->sum_with_found_inf(loss_sum) && scaler_->sum_with_found_inf(stop);
+  for (Tensor& t : task_sums) figures_ride = figures_ride && scaler_->sum_with_found_inf(t);
 
   for (const Injection& inj : cfg_.inject_nonfinite) {
     if (inj.step != step || inj.rank != comm_.rank()) continue;
@@ -206,13 +258,17 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
 
   if (figures_ride) {
     mul_(loss_sum, 1.0 / static_cast<double>(comm_.size()));  // the sum over ranks -> the mean, as avg does
+    for (Tensor& t : task_sums) mul_(t, 1.0 / static_cast<double>(comm_.size()));
   } else {
-    comm::all_reduce_scalars(comm_, {loss_sum, stop}, comm::ReduceOp::avg);
+    std::vector<Tensor> figures = {loss_sum, stop};
+    figures.insert(figures.end(), task_sums.begin(), task_sums.end());
+    comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::avg);
   }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  PendingStep p{step, t0, backend_for(device_).start_readback({loss_sum, scale_used, found, grad_norm, stop}), {},
-                opt_->lr()};
+  std::vector<Tensor> figures = {loss_sum, scale_used, found, grad_norm, stop};
+  figures.insert(figures.end(), task_sums.begin(), task_sums.end());
+  PendingStep p{step, t0, backend_for(device_).start_readback(figures), {}, opt_->lr(), weights};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
@@ -230,6 +286,8 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   r.skipped = v[2] != 0.0;
   r.grad_norm = v[3];
   r.stop_requested = v[4] != 0.0;
+  r.task_losses.assign(v.begin() + 5, v.end());
+  r.weights = p.weights;
   r.lr = p.lr;
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
@@ -242,7 +300,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   if (r.skipped && device_.is_cpu()) {
     // On the CPU a step's figures are final at once, so its gradients are still there to inspect.
     std::string names;
-    for (const std::string& n : nonfinite_gradients(model_->named_parameters())) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : nonfinite_gradients(model().named_parameters())) names += (names.empty() ? "" : ", ") + n;
     if (!names.empty())
       std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
                    static_cast<long long>(r.step), names.c_str());
@@ -251,7 +309,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
 }
 
 comm::ReplicaReport Trainer::check_replicas(TrainResult* result) {
-  const comm::ReplicaReport rep = comm::check_replicas(comm_, model_->parameters());
+  const comm::ReplicaReport rep = comm::check_replicas(comm_, model().parameters());
   result->param_checksum = comm::hash_hex(rep.hash);
   result->replicas_consistent = rep.consistent;
   return rep;
@@ -360,7 +418,7 @@ TrainResult Trainer::run() {
     metrics_error = e.what();
   }
   require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
-  if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(*model_));
+  if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(model()));
   if (!metrics_error.empty()) throw std::runtime_error(metrics_error);
   return result;
 }

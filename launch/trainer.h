@@ -12,7 +12,9 @@
 #include "comm/communicator.h"
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
+#include "jd/aggregator.h"
 #include "launch/dataset.h"
+#include "models/training_model.h"
 #include "launch/metrics.h"
 #include "launch/train_config.h"
 #include "runtime/backend.h"
@@ -50,7 +52,7 @@ class Trainer {
   ~Trainer();
   // Collective from here on: broadcasts rank 0's weights, sets up the reducer, trains.
   TrainResult run();
-  nn::Sequential& model() { return *model_; }
+  nn::Module& model() { return model_->module(); }
   bool scaling() const { return scaler_->is_enabled(); }
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
 
@@ -63,6 +65,7 @@ class Trainer {
     std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm, stop
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
     double lr = 0.0;  // the learning rate this step used
+    std::vector<double> weights;  // the aggregator's (multi-task)
   };
   PendingStep train_step(int64_t step);
   int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
@@ -74,8 +77,12 @@ class Trainer {
   TrainConfig cfg_;
   comm::Communicator& comm_;
   Device device_;
-  std::shared_ptr<nn::Sequential> model_;
+  std::unique_ptr<models::TrainingModel> model_;
   std::unique_ptr<Dataset> data_;
+  // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
+  bool multi_task() const { return aggregator_ != nullptr; }
+  std::vector<double> aggregate_jacobians();  // averages over ranks, aggregates; the weights
+  std::unique_ptr<jd::Aggregator> aggregator_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
   std::unique_ptr<GradScaler> scaler_;

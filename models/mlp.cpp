@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "runtime/ops.h"
+
 namespace amp::models {
 
 std::shared_ptr<nn::Sequential> make_mlp(const MlpConfig& c, Generator& gen, Device device) {
@@ -16,6 +18,22 @@ std::shared_ptr<nn::Sequential> make_mlp(const MlpConfig& c, Generator& gen, Dev
     if (i != c.layers - 1) seq->push_back(std::make_shared<nn::ReLU>());
   }
   return seq;
+}
+
+namespace {
+class MlpModel final : public TrainingModel {
+ public:
+  explicit MlpModel(std::shared_ptr<nn::Sequential> net) : net_(std::move(net)) {}
+  nn::Module& module() override { return *net_; }
+  Losses losses(const Batch& b) override { return {{mse_loss((*net_)(b.x), b.targets.at(0))}, Tensor()}; }
+
+ private:
+  std::shared_ptr<nn::Sequential> net_;
+};
+}  // namespace
+
+std::unique_ptr<TrainingModel> make_mlp_model(const MlpConfig& config, Generator& gen, Device device) {
+  return std::make_unique<MlpModel>(make_mlp(config, gen, device));
 }
 
 }  // namespace amp::models

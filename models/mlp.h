@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 
+#include "models/training_model.h"
 #include "runtime/nn/layers.h"
 
 namespace amp::models {
@@ -15,5 +16,7 @@ struct MlpConfig {
 };
 
 std::shared_ptr<nn::Sequential> make_mlp(const MlpConfig& config, Generator& gen, Device device = kCPU);
+// The MLP as a TrainingModel: MSE between its output and the batch's one target.
+std::unique_ptr<TrainingModel> make_mlp_model(const MlpConfig& config, Generator& gen, Device device = kCPU);
 
 }  // namespace amp::models

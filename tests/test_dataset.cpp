@@ -18,33 +18,53 @@ std::vector<double> row_of(const Tensor& t, int64_t r) {
 }
 
 TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
-  const int64_t width = 16, pool = launch::pool_samples(width);
+  const int64_t width = 16, pool = launch::pool_samples(2 * width);
   EXPECT_EQ(pool % 256, 0);
   EXPECT_GE(pool, 256);
   auto data = launch::make_synthetic(width, 7, kCPU);
   // A batch that crosses a chunk boundary (256) row by row equals single-sample requests, asked
   // in another order from a fresh stream (so the chunks are generated in another order too).
   auto fresh = launch::make_synthetic(width, 7, kCPU);
-  const auto [x, y] = data->rows(250, 12);
+  const models::Batch b_x = data->rows(250, 12);
+  const Tensor x = b_x.x, y = b_x.targets.at(0);
   for (int64_t k = 11; k >= 0; --k) {
-    const auto [x1, y1] = fresh->rows(250 + k, 1);
+    const models::Batch b_x1 = fresh->rows(250 + k, 1);
+    const Tensor x1 = b_x1.x, y1 = b_x1.targets.at(0);
     EXPECT_EQ(row_of(x, k), row_of(x1, 0)) << k;
     EXPECT_EQ(row_of(y, k), row_of(y1, 0)) << k;
   }
   // The pool wraps: sample pool + j is sample j, also across the wrap inside one request.
-  const auto [xw, yw] = data->rows(pool - 2, 4);
-  const auto [x0, y0] = data->rows(0, 2);
+  const models::Batch b_xw = data->rows(pool - 2, 4);
+  const Tensor xw = b_xw.x, yw = b_xw.targets.at(0);
+  const models::Batch b_x0 = data->rows(0, 2);
+  const Tensor x0 = b_x0.x, y0 = b_x0.targets.at(0);
   EXPECT_EQ(row_of(xw, 2), row_of(x0, 0));
   EXPECT_EQ(row_of(yw, 3), row_of(y0, 1));
   EXPECT_NE(row_of(xw, 1), row_of(x0, 1));
   // Another seed, other samples; x is standard normal and y is not degenerate.
   auto other = launch::make_synthetic(width, 8, kCPU);
-  EXPECT_NE(row_of(other->rows(0, 1).first, 0), row_of(x0, 0));
-  const auto [xs, ys] = data->rows(0, 256);
+  EXPECT_NE(row_of(other->rows(0, 1).x, 0), row_of(x0, 0));
+  const models::Batch b_xs = data->rows(0, 256);
+  const Tensor xs = b_xs.x, ys = b_xs.targets.at(0);
   const double m = mean(xs).item(), var = mean(mul(xs, xs)).item() - m * m;
   EXPECT_NEAR(m, 0.0, 0.05);
   EXPECT_NEAR(var, 1.0, 0.1);
   EXPECT_GT(mean(mul(ys, ys)).item(), 0.1);
+}
+
+// The multi-task stream: one [N, 1] target per task, each from its own teacher, x shared.
+TEST(SyntheticData, MultiTaskTargetsComeFromATeacherEach) {
+  auto data = launch::make_synthetic_tasks(10, 5, 3, 7, kCPU);
+  const models::Batch b = data->rows(100, 300);
+  ASSERT_EQ(b.targets.size(), 3u);
+  EXPECT_EQ(b.x.shape(), (Shape{300, 10}));
+  for (const Tensor& t : b.targets) {
+    EXPECT_EQ(t.shape(), (Shape{300, 1}));
+    EXPECT_GT(mean(mul(t, t)).item(), 0.01);
+  }
+  EXPECT_NE(b.targets[0].to_vector(), b.targets[1].to_vector());
+  auto again = launch::make_synthetic_tasks(10, 5, 3, 7, kCPU);
+  EXPECT_EQ(again->rows(100, 300).targets[2].to_vector(), b.targets[2].to_vector());
 }
 
 }  // namespace

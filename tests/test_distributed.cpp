@@ -36,7 +36,7 @@ comm::MpiCommunicator& world() {
   return w;
 }
 
-launch::TrainResult train(const TrainConfig& c, comm::Communicator& comm, nn::Sequential** model_out = nullptr,
+launch::TrainResult train(const TrainConfig& c, comm::Communicator& comm, nn::Module** model_out = nullptr,
                           std::unique_ptr<launch::Trainer>* keep = nullptr) {
   auto t = std::make_unique<launch::Trainer>(c, comm, kCPU);
   launch::TrainResult r = t->run();
@@ -45,8 +45,8 @@ launch::TrainResult train(const TrainConfig& c, comm::Communicator& comm, nn::Se
   return r;
 }
 
-void expect_same_training(const launch::TrainResult& a, nn::Sequential& ma, const launch::TrainResult& b,
-                          nn::Sequential& mb, double tol) {
+void expect_same_training(const launch::TrainResult& a, nn::Module& ma, const launch::TrainResult& b,
+                          nn::Module& mb, double tol) {
   ASSERT_EQ(a.records.size(), b.records.size());
   for (size_t i = 0; i < a.records.size(); ++i) {
     EXPECT_NEAR(a.records[i].loss, b.records[i].loss, tol * std::fabs(b.records[i].loss)) << "step " << i + 1;
@@ -64,7 +64,7 @@ TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {
   TrainConfig one = many;
   one.batch_size = many.batch_size * w.size();
   std::unique_ptr<launch::Trainer> ta, tb;
-  nn::Sequential *ma = nullptr, *mb = nullptr;
+  nn::Module *ma = nullptr, *mb = nullptr;
   const auto ra = train(many, w, &ma, &ta);
   comm::LocalCommunicator local;
   const auto rb = train(one, local, &mb, &tb);
@@ -79,11 +79,71 @@ TEST(Distributed, MicroBatchesTimesBatchEqualsOneMicroBatch) {
   one.micro_batches = 1;
   one.batch_size = k.batch_size * 3;
   std::unique_ptr<launch::Trainer> ta, tb;
-  nn::Sequential *ma = nullptr, *mb = nullptr;
+  nn::Module *ma = nullptr, *mb = nullptr;
   // micro-batches with ranks, against one micro-batch with ranks: the sample layout makes them equal.
   const auto ra = train(k, w, &ma, &ta);
   const auto rb = train(one, w, &mb, &tb);
   expect_same_training(ra, *ma, rb, *mb, 2e-5);
+}
+
+// --model mtl: the Jacobian is averaged over ranks before the aggregation, so R ranks × batch B
+// train like 1 rank × batch R·B, and micro-batches like one; per-task losses and UPGrad's weights
+// agree too, for fp32 and fp16 with dynamic scaling.
+TrainConfig mtl_config() {
+  TrainConfig c = base_config();
+  c.model = "mtl";
+  c.tasks = 3;
+  c.batch_size = 8;
+  c.lr = 0.05;
+  return c;
+}
+
+void expect_same_tasks(const launch::TrainResult& a, const launch::TrainResult& b, double tol) {
+  ASSERT_EQ(a.records.size(), b.records.size());
+  for (size_t i = 0; i < a.records.size(); ++i) {
+    ASSERT_EQ(a.records[i].task_losses.size(), 3u);
+    ASSERT_EQ(a.records[i].weights.size(), 3u);
+    for (size_t t = 0; t < 3; ++t) {
+      EXPECT_NEAR(a.records[i].task_losses[t], b.records[i].task_losses[t], tol * std::fabs(b.records[i].task_losses[t]));
+      EXPECT_NEAR(a.records[i].weights[t], b.records[i].weights[t], tol * (1 + std::fabs(b.records[i].weights[t])));
+    }
+  }
+}
+
+TEST(Distributed, MultiTaskRanksTimesBatchEqualsOneRank) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: with one, both runs are the same run";
+  for (launch::AmpMode amp : {launch::AmpMode::off, launch::AmpMode::fp16}) {
+    TrainConfig many = mtl_config();
+    many.amp = amp;
+    many.init_scale = 1024.0;
+    TrainConfig one = many;
+    one.batch_size = many.batch_size * w.size();
+    std::unique_ptr<launch::Trainer> ta, tb;
+    nn::Module *ma = nullptr, *mb = nullptr;
+    const auto ra = train(many, w, &ma, &ta);
+    comm::LocalCommunicator local;
+    const auto rb = train(one, local, &mb, &tb);
+    const double tol = amp == launch::AmpMode::off ? 2e-5 : 2e-3;
+    expect_same_training(ra, *ma, rb, *mb, tol);
+    expect_same_tasks(ra, rb, tol);
+    EXPECT_TRUE(comm::check_replicas(w, ma->parameters()).consistent);
+  }
+}
+
+TEST(Distributed, MultiTaskMicroBatchesEqualOneMicroBatch) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig k = mtl_config();
+  k.micro_batches = 2;
+  TrainConfig one = k;
+  one.micro_batches = 1;
+  one.batch_size = k.batch_size * 2;
+  std::unique_ptr<launch::Trainer> ta, tb;
+  nn::Module *ma = nullptr, *mb = nullptr;
+  const auto ra = train(k, w, &ma, &ta);
+  const auto rb = train(one, w, &mb, &tb);
+  expect_same_training(ra, *ma, rb, *mb, 2e-5);
+  expect_same_tasks(ra, rb, 2e-5);
 }
 
 TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
@@ -96,7 +156,7 @@ TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
   const int64_t s = 3;
   c.inject_nonfinite = {{s, w.size() - 1}};  // only the last rank sees the inf
   std::unique_ptr<launch::Trainer> t;
-  nn::Sequential* m = nullptr;
+  nn::Module* m = nullptr;
   const auto r = train(c, w, &m, &t);
   for (const auto& rec : r.records) EXPECT_EQ(rec.skipped, rec.step == s) << "rank " << w.rank() << " step " << rec.step;
   // Scales used by each step's backward: 2 clean steps grow it, the overflow halves it, and the
@@ -109,7 +169,7 @@ TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
   single.inject_nonfinite = {{s, 0}};
   comm::LocalCommunicator local;
   std::unique_ptr<launch::Trainer> t1;
-  nn::Sequential* m1 = nullptr;
+  nn::Module* m1 = nullptr;
   const auto r1 = train(single, local, &m1, &t1);
   expect_same_training(r, *m, r1, *m1, 2e-3);
   // Replicas stay bitwise equal.
@@ -125,7 +185,7 @@ TEST(Distributed, BucketSizeDoesNotChangeTheResultBitwise) {
   TrainConfig small = big;
   small.bucket_mb = 512.0 / (1024 * 1024);  // 512-byte buckets: one per parameter, or nearly
   std::unique_ptr<launch::Trainer> ta, tb;
-  nn::Sequential *ma = nullptr, *mb = nullptr;
+  nn::Module *ma = nullptr, *mb = nullptr;
   train(big, w, &ma, &ta);
   train(small, w, &mb, &tb);
   EXPECT_EQ(ta->reducer().num_buckets(), 1u);
