@@ -83,6 +83,9 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--amp fp32", "'--amp'"},           {"--optimizer lamb", "'--optimizer'"},
       {"--device tpu", "'--device'"},       {"--loss-scale huge", "'--loss-scale'"},
       {"--loss-scale -4", "'--loss-scale'"}, {"--model gpt", "--model"},
+      {"--model mtl --tasks 0", "--tasks"}, {"--model mtl --in-features 0", "--in-features"},
+      {"--model mtl --aggregator upgrade", "--aggregator"}, {"--model mtl --aggregator krum", "n_byzantine + 3"},
+      {"--model mtl --aggregator constant:1,2,3", "--aggregator"}, {"--model mtl --grad-penalty 0.1", "--grad-penalty"},
       {"--width 0", "--width"},             {"--layers 0", "--layers"},
       {"--steps 0", "--steps"},             {"--batch-size 0", "--batch-size"},
       {"--micro-batches 0", "--micro-batches"}, {"--lr -1", "--lr"},
@@ -241,6 +244,60 @@ TEST(Cli, BadWeightAndDataFilesAreRejectedByName) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << args << " -> " << r.out;
     EXPECT_FALSE(fs::exists(d.file("m.jsonl"))) << "no output file from a failed run";
   }
+}
+
+// --model mtl trains TorchJD's example by Jacobian descent on 1, 2 and 4 ranks, in fp32, fp16 with
+// dynamic scaling and bf16: the metrics carry each task's loss and the aggregator's weights, every
+// rank count gives the same losses (the Jacobian is averaged over ranks), and the loss falls.
+TEST(Cli, MultiTaskJacobianDescentOnOneTwoAndFourRanks) {
+  TempDir d;
+  const std::string args = " --model mtl --tasks 2 --steps 40 --lr 0.05 --log-every 0 --threads 1 ";
+  for (const char* amp : {"off", "fp16", "bf16"}) {
+    std::vector<std::vector<nlohmann::ordered_json>> runs;
+    for (int np : {1, 2, 4}) {
+      const std::string m = d.file(std::string("m_") + amp + std::to_string(np) + ".jsonl");
+      const int per_rank = 32 / np;
+      const RunResult r = run(args + "--amp " + amp + " --init-scale 1024 --batch-size " + std::to_string(per_rank) +
+                                  " --metrics " + m,
+                              np == 1 ? "" : std::string(kMpirun).replace(std::string(kMpirun).find("-np 2"), 5, "-np " + std::to_string(np)));
+      ASSERT_EQ(r.code, 0) << amp << " np " << np << "\n" << r.out;
+      runs.push_back(read_jsonl(m));
+    }
+    const auto& one = runs[0];
+    ASSERT_EQ(one.size(), 41u);
+    EXPECT_EQ(one[0]["task_losses"].size(), 2u);
+    EXPECT_EQ(one[0]["weights"].size(), 2u);
+    EXPECT_NEAR(one[0]["loss"].get<double>(),
+                one[0]["task_losses"][0].get<double>() + one[0]["task_losses"][1].get<double>(), 1e-5);
+    const double tol = std::string(amp) == "off" ? 1e-4 : 2e-2;
+    for (size_t k = 1; k < runs.size(); ++k)
+      for (size_t i = 0; i < 40; ++i) {
+        if (one[i]["loss"].is_null()) continue;
+        EXPECT_NEAR(runs[k][i]["loss"].get<double>(), one[i]["loss"].get<double>(), tol * one[i]["loss"].get<double>())
+            << amp << " step " << i + 1 << " with " << (k == 1 ? 2 : 4) << " ranks";
+      }
+    double first = 0, last = 0;
+    for (size_t i = 0; i < 5; ++i) first += one[i]["loss"].is_null() ? 0.0 : one[i]["loss"].get<double>();
+    for (size_t i = 35; i < 40; ++i) last += one[i]["loss"].get<double>();
+    EXPECT_LT(last, first) << amp << ": the loss falls";
+  }
+}
+
+TEST(Cli, MultiTaskDataFromAFile) {
+  TempDir d;
+  Generator g(3);
+  const Tensor x = randn({40, 4}, g);
+  safetensors::save(d.file("tasks.safetensors"), {{"x", x}, {"y1", randn({40, 1}, g)}, {"y2", randn({40, 1}, g)},
+                                                   {"y3", randn({40, 1}, g)}});
+  const std::string base = " --model mtl --steps 3 --batch-size 8 --log-every 0 --threads 1 --data " + d.file("tasks.safetensors");
+  RunResult r = run(base + " --tasks 3 --in-features 4 --aggregator dualproj");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run(base + " --tasks 4 --in-features 4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no tensor 'y4'"), std::string::npos) << r.out;
+  r = run(base + " --tasks 3 --in-features 5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("'x' has shape [40, 4], expected [N, 5]"), std::string::npos) << r.out;
 }
 
 TEST(Cli, DataFromAFileTrains) {
