@@ -10,6 +10,7 @@
 #include "jd/mtl_backward.h"
 #include "models/mtl.h"
 #include "runtime/autograd.h"
+#include "runtime/nn/layers.h"
 #include "runtime/ops.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"
@@ -83,6 +84,50 @@ TEST(JacobianDescent, TorchJDsAmpExampleRunsInFp16AndSkipsOverflows) {
   EXPECT_NE(e.model->module().parameters()[0].to_vector(), before) << "later steps trained";
   for (const Tensor& p : e.model->module().parameters())
     for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v));
+}
+
+// The README's example, as written there: TorchJD's AMP example line for line.
+TEST(JacobianDescent, ReadmeExample) {
+  amp::Generator data_gen(9);
+  std::vector<amp::Tensor> inputs, task1_targets, task2_targets;
+  for (int i = 0; i < 16; ++i) {
+    inputs.push_back(amp::randn({16, 10}, data_gen));
+    task1_targets.push_back(amp::randn({16, 1}, data_gen));
+    task2_targets.push_back(amp::randn({16, 1}, data_gen));
+  }
+  // --- the README's code
+  amp::Generator gen(0);
+  auto shared_module = std::make_shared<amp::nn::Sequential>();
+  shared_module->push_back(std::make_shared<amp::nn::Linear>(10, 5, gen)).push_back(std::make_shared<amp::nn::ReLU>())
+      .push_back(std::make_shared<amp::nn::Linear>(5, 3, gen)).push_back(std::make_shared<amp::nn::ReLU>());
+  amp::nn::Linear task1_module(3, 1, gen), task2_module(3, 1, gen);
+  std::vector<amp::Tensor> params = shared_module->parameters();
+  for (amp::nn::Linear* head : {&task1_module, &task2_module})
+    for (const amp::Tensor& p : head->parameters()) params.push_back(p);
+
+  amp::GradScaler scaler;
+  amp::optim::SGD optimizer(params, {.lr = 0.1});
+  amp::jd::UPGrad aggregator;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    amp::Tensor features, loss1, loss2;
+    {
+      amp::autocast ac(amp::DeviceType::cpu, amp::DType::f16);
+      features = (*shared_module)(inputs[i]);
+      loss1 = amp::mse_loss(task1_module(features), task1_targets[i]);
+      loss2 = amp::mse_loss(task2_module(features), task2_targets[i]);
+    }
+    const std::vector<amp::Tensor> scaled_losses = scaler.scale(std::vector<amp::Tensor>{loss1, loss2});
+    amp::jd::mtl_backward(scaled_losses, features);
+    amp::jd::jac_to_grad(shared_module->parameters(), aggregator);
+    scaler.step(optimizer);
+    scaler.update();
+    optimizer.zero_grad();
+  }
+  // --- end of the README's code
+  EXPECT_LT(scaler.get_scale(), 65536.0) << "the fp16 overflow of the first steps was skipped";
+  for (const amp::Tensor& p : params)
+    for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(aggregator.last_weights().size(), 2u);
 }
 
 }  // namespace
