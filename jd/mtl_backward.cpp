@@ -67,33 +67,32 @@ void mtl_backward(const std::vector<Tensor>& losses, const Tensor& features, con
     for (size_t j = 0; j < task.size(); ++j) accumulate_grad(task[j], g[j]);
     feature_grads.push_back(g.back().defined() ? g.back() : zeros_like(features));
   }
-  // One backward through the trunk per loss, seeded with that loss's gradient at the features.
-  std::vector<Tensor> jac(shared.size());
+  if (o.on_task_grads_ready) o.on_task_grads_ready();
+  // .jac [m, *shape] of every shared parameter, created zero where there is none yet.
+  for (const Tensor& p : shared) {
+    Shape shape = {static_cast<int64_t>(m)};
+    for (int64_t d : p.shape()) shape.push_back(d);
+    if (p.jac().defined()) {
+      if (p.jac().shape() != shape)
+        throw std::invalid_argument("mtl_backward: an existing .jac has shape " + shape_str(p.jac().shape()) + ", expected " +
+                                    shape_str(shape));
+    } else {
+      Tensor leaf = p;
+      leaf.set_jac(zeros(shape, p.dtype(), p.device()));
+    }
+  }
+  // One backward through the trunk per loss, seeded with that loss's gradient at the features; row k
+  // of every .jac is final after pass k.
   for (size_t k = 0; k < m; ++k) {
     const bool retain = k + 1 < m || o.retain_graph;
     const std::vector<Tensor> rows = grad({features}, shared, {feature_grads[k]}, retain, false, /*allow_unused=*/true);
     for (size_t j = 0; j < shared.size(); ++j) {
-      const Tensor& p = shared[j];
-      if (!jac[j].defined()) jac[j] = zeros({static_cast<int64_t>(m), p.numel()}, p.dtype(), p.device());
       if (!rows[j].defined()) continue;
-      Tensor dst = jac[j].view(static_cast<int64_t>(k) * p.numel(), {p.numel()});
-      copy_(dst, rows[j].to(p.dtype()).reshape({p.numel()}));
+      const Tensor& p = shared[j];
+      Tensor row = p.jac().view(static_cast<int64_t>(k) * p.numel(), {p.numel()});
+      add_(row, rows[j].to(p.dtype()).reshape({p.numel()}));
     }
-  }
-  for (size_t j = 0; j < shared.size(); ++j) {
-    Tensor p = shared[j];
-    Shape shape = {static_cast<int64_t>(m)};
-    for (int64_t d : p.shape()) shape.push_back(d);
-    const Tensor new_jac = jac[j].reshape(shape);
-    if (p.jac().defined()) {
-      Tensor acc = p.jac();
-      if (acc.shape() != shape)
-        throw std::invalid_argument("mtl_backward: an existing .jac has shape " + shape_str(acc.shape()) + ", expected " +
-                                    shape_str(shape));
-      add_(acc, new_jac);
-    } else {
-      p.set_jac(new_jac);
-    }
+    if (o.on_jacobian_row_ready) o.on_jacobian_row_ready(static_cast<int64_t>(k));
   }
 }
 

@@ -6,6 +6,7 @@
 // concatenates those Jacobians into one [m, n] matrix, aggregates it once, and adds the result to
 // .grad.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "jd/aggregator.h"
@@ -19,6 +20,12 @@ struct MtlBackwardOptions {
   std::vector<std::vector<Tensor>> tasks_params;
   std::vector<Tensor> shared_params;
   bool retain_graph = false;
+  // Called once every task head's .grad is final for this call, before the trunk's backward passes.
+  std::function<void()> on_task_grads_ready;
+  // Called after row k of every shared parameter's .jac is final for this call (rows are computed
+  // one backward pass each, in order): a data-parallel caller starts reducing row k while the
+  // passes of the next rows run.
+  std::function<void(int64_t row)> on_jacobian_row_ready;
 };
 
 // losses: m scalar tensors; features: the shared trunk's output that every loss depends on.

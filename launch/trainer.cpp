@@ -142,20 +142,50 @@ void Trainer::connect() {
   reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
 }
 
+void Trainer::multi_task_backward(const models::Losses& L, bool last) {
+  jd::MtlBackwardOptions o;
+  o.shared_params = model_->shared_parameters();
+  o.tasks_params = model_->task_parameters();
+  if (last && comm_.size() > 1) {
+    // The heads' gradients and each row of the trunk's Jacobian are final once their pass is done:
+    // average them over the ranks in the background while the next rows' passes run.
+    int64_t n = 0;
+    for (const Tensor& p : o.shared_params) n += p.numel();
+    reduced_jacobian_ = empty({static_cast<int64_t>(L.per_task.size()), n}, o.shared_params[0].dtype(), device_);
+    o.on_task_grads_ready = [this, &o] {
+      for (const auto& task : o.tasks_params)
+        for (const Tensor& p : task)
+          if (p.grad().defined()) {
+            Tensor g = p.grad();
+            in_flight_.push_back(comm_.all_reduce_async(g, comm::ReduceOp::avg));
+          }
+    };
+    o.on_jacobian_row_ready = [this, &o, n](int64_t k) {
+      Tensor row = reduced_jacobian_.view(k * n, {n});
+      int64_t off = 0;
+      for (const Tensor& p : o.shared_params) {
+        Tensor dst = row.view(off, {p.numel()});
+        copy_(dst, p.jac().view(k * p.numel(), {p.numel()}));
+        off += p.numel();
+      }
+      in_flight_.push_back(comm_.all_reduce_async(row, comm::ReduceOp::avg));
+    };
+  }
+  jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
+}
+
 std::vector<double> Trainer::aggregate_jacobians() {
   const std::vector<Tensor> shared = model_->shared_parameters();
-  Tensor J = jd::concatenated_jacobian(shared);
-  for (Tensor p : shared) p.set_jac(Tensor());
-  if (comm_.size() > 1) {
-    // The Jacobian of the global-batch mean losses: every rank then aggregates the same matrix.
-    comm_.all_reduce(J, comm::ReduceOp::avg);
-    for (const auto& task : model_->task_parameters())
-      for (const Tensor& p : task)
-        if (p.grad().defined()) {
-          Tensor g = p.grad();
-          comm_.all_reduce(g, comm::ReduceOp::avg);
-        }
+  Tensor J;
+  if (reduced_jacobian_.defined()) {
+    for (auto& w : in_flight_) w->wait();
+    in_flight_.clear();
+    J = reduced_jacobian_;
+    reduced_jacobian_ = Tensor();
+  } else {
+    J = jd::concatenated_jacobian(shared);  // one rank: nothing to average
   }
+  for (Tensor p : shared) p.set_jac(Tensor());
   jd::aggregate_into_grads(shared, J, *aggregator_);
   return aggregator_->last_weights();
 }
@@ -204,10 +234,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     }
     if (multi_task()) {
       // Every head gets its own loss's gradient; the trunk a Jacobian, aggregated after the last one.
-      jd::MtlBackwardOptions o;
-      o.shared_params = model_->shared_parameters();
-      o.tasks_params = model_->task_parameters();
-      jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
+      multi_task_backward(L, m == K - 1);
       continue;
     }
     Tensor loss = L.per_task.at(0);

@@ -81,7 +81,12 @@ class Trainer {
   std::unique_ptr<Dataset> data_;
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
-  std::vector<double> aggregate_jacobians();  // averages over ranks, aggregates; the weights
+  // The multi-task backward of micro-batch `last` or not; on the last, with several ranks, the
+  // Jacobian's rows and the heads' gradients are averaged while the later rows' passes run.
+  void multi_task_backward(const models::Losses& L, bool last);
+  std::vector<double> aggregate_jacobians();  // averages over ranks (what is left), aggregates; the weights
+  Tensor reduced_jacobian_;                        // [m, N]: rows averaged over ranks in flight
+  std::vector<std::unique_ptr<comm::Work>> in_flight_;
   std::unique_ptr<jd::Aggregator> aggregator_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr

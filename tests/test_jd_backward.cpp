@@ -113,6 +113,38 @@ TEST(JacToGrad, MeanIsTheGradientOfTheMeanLoss) {
   EXPECT_TRUE(test::all_close(a.head1[0].grad(), mul(b.head1[0].grad(), 2.0), 1e-12, 1e-14));
 }
 
+// The hooks a data-parallel caller overlaps its reduction with: the heads' gradients are final
+// before the trunk's passes, and row k of every .jac is final when row k is announced, while the
+// later rows are still to be computed.
+TEST(MtlBackward, RowsAreAnnouncedAsSoonAsTheyAreFinal) {
+  Net net(8);
+  Tensor f = net.features();
+  std::vector<std::vector<double>> rows_at_hook;
+  int heads_ready = 0;
+  jd::MtlBackwardOptions o;
+  o.on_task_grads_ready = [&] {
+    ++heads_ready;
+    EXPECT_TRUE(net.head1[0].grad().defined());
+    EXPECT_TRUE(net.head2[1].grad().defined());
+  };
+  o.on_jacobian_row_ready = [&](int64_t k) {
+    EXPECT_EQ(k, static_cast<int64_t>(rows_at_hook.size()));
+    const std::vector<double> j = net.shared[0].jac().to_vector();
+    const int64_t n = net.shared[0].numel();
+    rows_at_hook.emplace_back(j.begin() + k * n, j.begin() + (k + 1) * n);
+    if (k == 0) {  // row 1 is not computed yet
+      for (int64_t e = 0; e < n; ++e) EXPECT_EQ(j[static_cast<size_t>(n + e)], 0.0);
+    }
+  };
+  jd::mtl_backward(net.losses(f), f, o);
+  EXPECT_EQ(heads_ready, 1);
+  ASSERT_EQ(rows_at_hook.size(), 2u);
+  const std::vector<double> final_jac = net.shared[0].jac().to_vector();
+  const size_t n = static_cast<size_t>(net.shared[0].numel());
+  for (size_t k = 0; k < 2; ++k)
+    EXPECT_EQ(rows_at_hook[k], std::vector<double>(final_jac.begin() + static_cast<long>(k * n), final_jac.begin() + static_cast<long>((k + 1) * n)));
+}
+
 TEST(JacToGrad, ConcatenatesEveryParameterIntoOneMatrix) {
   Net net(6);
   const Tensor f = net.features();
