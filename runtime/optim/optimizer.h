@@ -97,6 +97,20 @@ class Optimizer {
   std::vector<Tensor> cohort_steps_;  // per cohort: 1-element f32 step count on the device
 };
 
+// Each group's parameters, and each group's lr, for the base constructor.
+template <class Options>
+std::vector<std::vector<Tensor>> params_of(const std::vector<ParamGroup<Options>>& groups) {
+  std::vector<std::vector<Tensor>> out;
+  for (const auto& g : groups) out.push_back(g.params);
+  return out;
+}
+template <class Options>
+std::vector<double> lrs_of(const std::vector<ParamGroup<Options>>& groups) {
+  std::vector<double> out;
+  for (const auto& g : groups) out.push_back(g.options.lr);
+  return out;
+}
+
 // A flat parameter list as the one group, with options o.
 template <class Options>
 std::vector<ParamGroup<Options>> one_group(std::vector<Tensor> params, const Options& o) {

@@ -7,16 +7,6 @@
 namespace amp::optim {
 
 namespace {
-std::vector<std::vector<Tensor>> params_of(const std::vector<ParamGroup<SgdOptions>>& groups) {
-  std::vector<std::vector<Tensor>> out;
-  for (const auto& g : groups) out.push_back(g.params);
-  return out;
-}
-std::vector<double> lrs_of(const std::vector<ParamGroup<SgdOptions>>& groups) {
-  std::vector<double> out;
-  for (const auto& g : groups) out.push_back(g.options.lr);
-  return out;
-}
 void validate(const SgdOptions& o) {
   if (!(o.lr >= 0.0)) throw std::invalid_argument("Invalid learning rate: " + float_repr(o.lr));
   if (!(o.momentum >= 0.0)) throw std::invalid_argument("Invalid momentum value: " + float_repr(o.momentum));
