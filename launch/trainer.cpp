@@ -220,7 +220,8 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     {
       autocast ac(device_.type, amp_dtype, autocasting, true, CastLists::cuda);
       L = model_->losses(batch);
-      for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
+      if (K > 1)
+        for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
     }
     {
       NoGradGuard ng;
