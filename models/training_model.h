@@ -14,6 +14,7 @@ namespace amp::models {
 struct Batch {
   Tensor x;
   std::vector<Tensor> targets;
+  int64_t first = 0;  // the stream index of its first sample (dropout's counters follow samples)
 };
 
 // What a forward gives the step: the losses (each the mean over the micro-batch; one for an
@@ -35,6 +36,10 @@ class TrainingModel {
   // aggregates the first, and gives the others ordinary gradients).
   virtual std::vector<Tensor> shared_parameters() const { return {}; }
   virtual std::vector<std::vector<Tensor>> task_parameters() const { return {}; }
+  // Training mode (dropout on) or evaluation mode (off).
+  virtual void train(bool /*on*/) {}
+  // Parameters that take weight decay, and the others (PyTorch parameter groups); empty first: all decay.
+  virtual std::vector<Tensor> decayed_parameters() const { return {}; }
 };
 
 }  // namespace amp::models

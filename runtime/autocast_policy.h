@@ -23,6 +23,7 @@ enum class CastPolicy : uint8_t {
   X(linear, lower_precision, lower_precision)           \
   X(matmul, lower_precision, lower_precision)           \
   X(mm, lower_precision, lower_precision)               \
+  X(bmm, lower_precision, lower_precision)              \
   X(dot, promote, passthrough)                          \
   X(mse_loss, fp32, fp32)                               \
   X(cross_entropy, fp32, fp32)                          \
@@ -34,6 +35,7 @@ enum class CastPolicy : uint8_t {
   X(pow, fp32, passthrough)                             \
   X(sum, fp32, passthrough)                             \
   X(norm, fp32, passthrough)                            \
+  X(layer_norm, fp32, passthrough)                      \
   X(add, passthrough, passthrough)                      \
   X(sub, passthrough, passthrough)                      \
   X(mul, passthrough, passthrough)                      \

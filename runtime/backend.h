@@ -65,6 +65,25 @@ class Backend {
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
 
+  // --- transformer primitives (runtime/cpu/cpu_transformer.cpp, runtime/cuda/cuda_transformer.cu)
+  // out[n, :] = weight[idx[n], :]: weight [V, C], idx int64 [N], out [N, C]. An index outside
+  // [0, V) throws on the CPU; on CUDA (which cannot throw without a host sync) its row becomes NaN.
+  virtual void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) = 0;
+  // grad_weight[idx[n], :] += grad[n, :] for n in order (deterministic); out-of-range rows are skipped.
+  virtual void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) = 0;
+  // Over the last dim C of x [rows, C]: y = (x - mean) * rstd * w + b, with mean and rstd (f32
+  // [rows]) saved for the backward; statistics in double. w, b: [C], x's dtype.
+  virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                          Tensor& rstd) = 0;
+  // gx = d/dx, gw = sum over rows of g * xhat, gb = sum over rows of g (each row and column summed
+  // in double, in a fixed order).
+  virtual void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) = 0;
+  // out = x with its dims permuted: out.shape[d] = x.shape[perm[d]] (at most 8 dims).
+  virtual void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) = 0;
+  // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
+  virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
+
   // --- GEMM: c = alpha * op(a) @ op(b) + beta * c, 2-D row-major. a and b share a dtype; products
   // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

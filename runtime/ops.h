@@ -1,6 +1,9 @@
 // Differentiable tensor ops. Each records its backward (autograd.h) and declares its autocast
 // policy (autocast_policy.h). Binary ops broadcast as NumPy does.
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "runtime/tensor.h"
 
 namespace amp {
@@ -51,6 +54,23 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
 Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+// --- transformer ops (ops_transformer.cpp)
+// Rows of weight [V, C] picked by int64 indices of any shape: [*indices.shape, C]. The backward
+// scatter-adds into a [V, C] gradient.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// LayerNorm over the last dim, weight and bias [C] (autocast: fp32 on CUDA's list).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// A copy with dims permuted: out.shape[i] = x.shape[dims[i]].
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+// x[index] along dim 0 (a view of x's storage).
+Tensor select(const Tensor& x, int64_t index);
+// Batched op(a) @ op(b): [B, m, k] @ [B, k, n] -> [B, m, n] (autocast: lower precision).
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
+// counter offset + i of seed's stream, so the same offset drops the same elements anywhere.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

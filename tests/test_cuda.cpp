@@ -877,5 +877,99 @@ TEST_F(CudaVsCpu, MultiTensorOpsRefuseNonFloatingTensors) {
   EXPECT_THROW(cpu().norm_accumulate(mixed_cpu, 2.0, out_cpu), std::invalid_argument);
 }
 
+// --- the transformer primitives
+
+TEST_F(CudaVsCpu, EmbeddingAndItsScatterAddBackward) {
+  for (DType dt : kFloatTypes) {
+    const int64_t V = 37, C = 19, N = 300;
+    const Tensor w = random_cpu({V, C}, dt, 61);
+    std::vector<int64_t> ix(static_cast<size_t>(N));
+    for (size_t i = 0; i < ix.size(); ++i) ix[i] = static_cast<int64_t>((i * i * 7 + 3) % V);  // repeats
+    const Tensor idx = from_int64(ix, {N});
+    Tensor c = empty({N, C}, dt), g = empty({N, C}, dt, kGPU);
+    cpu().embedding(w, idx, c);
+    gpu().embedding(w.to(kGPU), idx.to(kGPU), g);
+    EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
+    // Rows add up in the order of n on both devices: bit-identical.
+    const Tensor grad = random_cpu({N, C}, dt, 62);
+    Tensor cw = zeros({V, C}, dt), gw = zeros({V, C}, dt, kGPU);
+    cpu().embedding_backward(grad, idx, cw);
+    gpu().embedding_backward(grad.to(kGPU), idx.to(kGPU), gw);
+    EXPECT_TRUE(matches(gw, cw, 0)) << dtype_name(dt);
+  }
+  // An index out of range cannot throw from the device: its row is NaN (the CPU throws).
+  Tensor g = empty({2, 3}, DType::f32, kGPU);
+  gpu().embedding(ones({4, 3}, DType::f32, kGPU), from_int64({1, 4}, {2}, kGPU), g);
+  const std::vector<double> v = g.to_vector();
+  EXPECT_EQ(v[0], 1.0);
+  EXPECT_TRUE(std::isnan(v[3]));
+  Tensor c = empty({2, 3});
+  EXPECT_THROW(cpu().embedding(ones({4, 3}), from_int64({1, 4}, {2}), c), std::out_of_range);
+}
+
+TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
+  for (DType dt : kFloatTypes) {
+    for (const Shape& s : {Shape{7, 1}, Shape{33, 48}, Shape{3, 5, 300}}) {
+      const int64_t C = s.back(), rows = shape_numel(s) / C;
+      const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor x = random_cpu(s, dt, 71, -3, 5), w = random_cpu({C}, dt, 72), b = random_cpu({C}, dt, 73);
+      Tensor cy = empty(s, dt), cm = empty({rows}, st), cr = empty({rows}, st);
+      Tensor gy = empty(s, dt, kGPU), gm = empty({rows}, st, kGPU), gr = empty({rows}, st, kGPU);
+      cpu().layer_norm(x, w, b, 1e-5, cy, cm, cr);
+      gpu().layer_norm(x.to(kGPU), w.to(kGPU), b.to(kGPU), 1e-5, gy, gm, gr);
+      // Statistics are fp64 sums of C terms in two orders (they differ by up to 2 C 2^-53 of the
+      // sum of |x|, and |x| <= 5 here while |mean| >= ~1/4 of it), rounded once into the compute
+      // type; the element math is shared, so y differs only through them, plus one rounding into
+      // a 16-bit dtype.
+      const double u = dt == DType::f64 ? 0x1p-52 : 0x1p-23;
+      const double storage = dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0.0;
+      const double stats = 2 * u + 8.0 * static_cast<double>(C) * 0x1p-53;
+      EXPECT_TRUE(matches(gm, cm, stats)) << dtype_name(dt) << shape_str(s);
+      EXPECT_TRUE(matches(gr, cr, stats)) << dtype_name(dt) << shape_str(s);
+      EXPECT_TRUE(matches(gy, cy, 16 * u + 8 * stats + storage)) << dtype_name(dt) << shape_str(s);
+
+      const Tensor grad = random_cpu(s, dt, 74);
+      Tensor cgx = empty(s, dt), cgw = empty({C}, dt), cgb = empty({C}, dt);
+      Tensor ggx = empty(s, dt, kGPU), ggw = empty({C}, dt, kGPU), ggb = empty({C}, dt, kGPU);
+      cpu().layer_norm_backward(grad, x, w, cm, cr, cgx, cgw, cgb);
+      gpu().layer_norm_backward(grad.to(kGPU), x.to(kGPU), w.to(kGPU), cm.to(kGPU), cr.to(kGPU), ggx, ggw, ggb);
+      // Given the same statistics, the parameters' column sums run in row order on both: bit-identical.
+      EXPECT_TRUE(matches(ggw, cgw, 0)) << dtype_name(dt) << shape_str(s);
+      EXPECT_TRUE(matches(ggb, cgb, 0)) << dtype_name(dt) << shape_str(s);
+      EXPECT_TRUE(matches(ggx, cgx, (4.0 * static_cast<double>(C) + 16.0) * u + storage)) << dtype_name(dt) << shape_str(s);
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
+  const Shape s = {2, 3, 4, 5};
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::i64}) {
+    Tensor x = empty(s, dt);
+    backend_for(kCPU).fill(x, 0);
+    if (dt == DType::i64)
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = i;
+    else
+      x = random_cpu(s, dt, 81);
+    std::vector<int64_t> perm = {0, 1, 2, 3};
+    do {
+      Shape os(4);
+      for (size_t d = 0; d < 4; ++d) os[d] = s[static_cast<size_t>(perm[d])];
+      Tensor c = empty(os, dt), g = empty(os, dt, kGPU);
+      cpu().permute(x, perm, c);
+      gpu().permute(x.to(kGPU), perm, g);
+      ASSERT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " " << perm[0] << perm[1] << perm[2] << perm[3];
+    } while (std::next_permutation(perm.begin(), perm.end()));
+  }
+}
+
+TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
+  for (DType dt : kFloatTypes) {
+    Tensor c = empty({5000}, dt), g = empty({5000}, dt, kGPU);
+    cpu().dropout_mask(c, 9, 1234, 0.3);
+    gpu().dropout_mask(g, 9, 1234, 0.3);
+    EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace amp

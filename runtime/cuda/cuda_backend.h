@@ -36,6 +36,15 @@ class CudaBackend final : public Backend {
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
 
+  void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) override;
+  void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) override;
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                  Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           Tensor& gx, Tensor& gw, Tensor& gb) override;
+  void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
+
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;
 

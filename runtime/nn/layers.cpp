@@ -15,6 +15,19 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool w
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device) {
+  weight = register_parameter("weight", randn({num_embeddings, dim}, gen, DType::f32, device));
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps, Device device) : eps_(eps) {
+  weight = register_parameter("weight", ones({dim}, DType::f32, device));
+  bias = register_parameter("bias", zeros({dim}, DType::f32, device));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps_); }
+
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x, tanh_); }

@@ -1,4 +1,4 @@
-// The layers of the MLP: Linear, ReLU, GELU and Sequential, with PyTorch's names and layouts.
+// Layers with PyTorch's names and layouts: Linear, Embedding, LayerNorm, ReLU, GELU and Sequential.
 #pragma once
 #include <memory>
 
@@ -14,6 +14,26 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor weight;
   Tensor bias;
+};
+
+// Rows of weight [num_embeddings, dim] picked by int64 indices. PyTorch's init: N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device = kCPU);
+  Tensor forward(const Tensor& indices) override;
+  Tensor weight;
+};
+
+// LayerNorm over the last dim: weight ones, bias zeros, eps 1e-5 (PyTorch's defaults).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, Device device = kCPU);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight;
+  Tensor bias;
+
+ private:
+  double eps_;
 };
 
 class ReLU : public Module {

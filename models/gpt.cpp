@@ -1,0 +1,232 @@
+#include "models/gpt.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/nn/layers.h"
+#include "runtime/ops.h"
+#include "runtime/rng_math.h"
+
+namespace amp::models {
+
+Tensor causal_mask(int64_t T, Device device) {
+  std::vector<double> m(static_cast<size_t>(T * T), 0.0);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = i + 1; j < T; ++j) m[static_cast<size_t>(i * T + j)] = -std::numeric_limits<double>::infinity();
+  return from_vector(m, {T, T}, DType::f32, device);
+}
+
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const Tensor& mask,
+                             const std::function<Tensor(const Tensor&)>& attn_dropout) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
+  // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v each a run of B·H heads of [T, D].
+  const Tensor split = permute(qkv.reshape({B, T, 3, n_head, D}), {2, 0, 3, 1, 4});
+  const Tensor q = select(split, 0).reshape({B * n_head, T, D});
+  const Tensor k = select(split, 1).reshape({B * n_head, T, D});
+  const Tensor v = select(split, 2).reshape({B * n_head, T, D});
+  Tensor att = softmax(add(mul(bmm(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(D))), mask));
+  if (attn_dropout) att = attn_dropout(att);
+  const Tensor y = bmm(att, v).reshape({B, n_head, T, D});
+  return permute(y, {0, 2, 1, 3}).reshape({B, T, C});
+}
+
+namespace {
+
+// The model's causal masks, and dropout whose counters follow the samples: site s of sample j (its index in the data stream)
+// draws counters [j P, (j + 1) P) of the site's own seed, P the site's elements per sample. So the
+// same sample drops the same elements on any rank count, micro-batch split and device.
+struct DropoutState {
+  double p = 0.0;
+  bool training = true;
+  uint64_t seed = 0;
+  int64_t first = 0;  // stream index of the batch's first sample
+  int64_t batch = 1;  // samples in the batch
+  Device device;
+  mutable std::map<int64_t, Tensor> masks;  // the causal mask of each sequence length
+
+  const Tensor& mask(int64_t T) const {
+    Tensor& m = masks[T];
+    if (!m.defined()) m = causal_mask(T, device);
+    return m;
+  }
+
+  Tensor apply(const Tensor& x, uint64_t site) const {
+    if (!training || p == 0.0) return x;
+    const uint64_t per_sample = static_cast<uint64_t>(x.numel() / batch);
+    const uint64_t site_seed = math::mix64(seed ^ math::mix64(site + 1));
+    return dropout(x, p, site_seed, static_cast<uint64_t>(first) * per_sample);
+  }
+};
+
+class CausalSelfAttention final : public nn::Module {
+ public:
+  CausalSelfAttention(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site)
+      : n_head_(c.n_head), drop_(drop), site_(site) {
+    c_attn = std::make_shared<nn::Linear>(c.n_embd, 3 * c.n_embd, gen, true, device);
+    c_proj = std::make_shared<nn::Linear>(c.n_embd, c.n_embd, gen, true, device);
+    register_module("c_attn", c_attn);
+    register_module("c_proj", c_proj);
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor y = causal_self_attention((*c_attn)(x), n_head_, drop_->mask(x.size(1)),
+                                           [this](const Tensor& a) { return drop_->apply(a, site_); });
+    return drop_->apply((*c_proj)(y), site_ + 1);
+  }
+  std::shared_ptr<nn::Linear> c_attn, c_proj;
+
+ private:
+  int64_t n_head_;
+  const DropoutState* drop_;
+  uint64_t site_;
+};
+
+class Mlp final : public nn::Module {
+ public:
+  Mlp(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site) : drop_(drop), site_(site) {
+    c_fc = std::make_shared<nn::Linear>(c.n_embd, 4 * c.n_embd, gen, true, device);
+    c_proj = std::make_shared<nn::Linear>(4 * c.n_embd, c.n_embd, gen, true, device);
+    register_module("c_fc", c_fc);
+    register_module("c_proj", c_proj);
+  }
+  Tensor forward(const Tensor& x) override { return drop_->apply((*c_proj)(gelu((*c_fc)(x))), site_); }
+  std::shared_ptr<nn::Linear> c_fc, c_proj;
+
+ private:
+  const DropoutState* drop_;
+  uint64_t site_;
+};
+
+class Block final : public nn::Module {
+ public:
+  Block(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site) {
+    ln_1 = std::make_shared<nn::LayerNorm>(c.n_embd, 1e-5, device);
+    attn = std::make_shared<CausalSelfAttention>(c, gen, device, drop, site);
+    ln_2 = std::make_shared<nn::LayerNorm>(c.n_embd, 1e-5, device);
+    mlp = std::make_shared<Mlp>(c, gen, device, drop, site + 2);
+    register_module("ln_1", ln_1);
+    register_module("attn", attn);
+    register_module("ln_2", ln_2);
+    register_module("mlp", mlp);
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = add(x, (*attn)((*ln_1)(x)));
+    return add(h, (*mlp)((*ln_2)(h)));
+  }
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<Mlp> mlp;
+};
+
+// A container named as torch.nn.ModuleDict / ModuleList children are: its forward is unused.
+class Container final : public nn::Module {
+ public:
+  using nn::Module::register_module;
+  Tensor forward(const Tensor&) override { throw std::logic_error("a module container has no forward"); }
+};
+
+class Gpt final : public GptModel, public nn::Module {
+ public:
+  Gpt(const GptConfig& c, Generator& gen, Device device) : config_(c), device_(device) {
+    drop_.p = c.dropout;
+    drop_.device = device;
+    drop_.seed = gen.seed();
+    auto transformer = std::make_shared<Container>();
+    wte_ = std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen, device);
+    wpe_ = std::make_shared<nn::Embedding>(c.block_size, c.n_embd, gen, device);
+    transformer->register_module("wte", wte_);
+    transformer->register_module("wpe", wpe_);
+    auto h = std::make_shared<Container>();
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      blocks_.push_back(std::make_shared<Block>(c, gen, device, &drop_, static_cast<uint64_t>(1 + 3 * i)));
+      h->register_module(std::to_string(i), blocks_.back());
+    }
+    transformer->register_module("h", h);
+    ln_f_ = std::make_shared<nn::LayerNorm>(c.n_embd, 1e-5, device);
+    transformer->register_module("ln_f", ln_f_);
+    register_module("transformer", transformer);
+    // nanoGPT's _init_weights, then its scaled init of the residual projections.
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+    for (auto& [name, p] : named_parameters()) {
+      Tensor t = p;
+      const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      const bool is_ln = name.find(".ln_") != std::string::npos;
+      if (is_ln) continue;  // ones and zeros
+      if (is_bias) fill_(t, 0.0);
+      else normal_(t, 0.0, name.find("c_proj.weight") != std::string::npos ? proj_std : 0.02, gen);
+    }
+  }
+
+  nn::Module& module() override { return *this; }
+  const GptConfig& config() const override { return config_; }
+  void train(bool on) override { drop_.training = on; }
+
+  Tensor forward(const Tensor& tokens) override { return logits(tokens); }
+
+  Tensor logits(const Tensor& tokens) override {
+    if (tokens.dim() != 2 || tokens.dtype() != DType::i64)
+      throw std::invalid_argument("gpt: expected int64 tokens [B, T], got " + shape_str(tokens.shape()));
+    const int64_t B = tokens.size(0), T = tokens.size(1);
+    if (T > config_.block_size)
+      throw std::invalid_argument("gpt: sequence of length " + std::to_string(T) + " exceeds block_size " +
+                                  std::to_string(config_.block_size));
+    drop_.batch = B;
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = t;
+    Tensor x = add((*wte_)(tokens), (*wpe_)(from_int64(pos, {T}, device_)));  // [B, T, C] + [T, C]
+    x = drop_.apply(x, 0);
+    for (auto& b : blocks_) x = (*b)(x);
+    x = (*ln_f_)(x);
+    return linear(x, wte_->weight, Tensor());  // lm_head, tied to wte
+  }
+
+  Losses losses(const Batch& batch) override {
+    if (batch.targets.size() != 1) throw std::invalid_argument("gpt: a batch has one target (the next tokens)");
+    drop_.first = batch.first;
+    const Tensor lg = logits(batch.x);
+    const int64_t n = lg.size(0) * lg.size(1);
+    Losses out;
+    out.per_task.push_back(cross_entropy(lg.reshape({n, config_.vocab_size}), batch.targets[0].reshape({n})));
+    return out;
+  }
+
+  // nanoGPT's groups: weight decay on every tensor of 2 or more dims (embeddings included), none
+  // on biases and LayerNorm.
+  std::vector<Tensor> decayed_parameters() const override {
+    std::vector<Tensor> out;
+    for (const Tensor& p : parameters())
+      if (p.dim() >= 2) out.push_back(p);
+    return out;
+  }
+
+ private:
+  GptConfig config_;
+  Device device_;
+  DropoutState drop_;
+  std::shared_ptr<nn::Embedding> wte_, wpe_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<nn::LayerNorm> ln_f_;
+};
+
+}  // namespace
+
+std::unique_ptr<GptModel> make_gpt_model(const GptConfig& c, Generator& gen, Device device) {
+  auto positive = [](int64_t v, const char* what) {
+    if (v < 1) throw std::invalid_argument(std::string("gpt: ") + what + " must be >= 1, got " + std::to_string(v));
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.block_size, "block_size");
+  positive(c.n_layer, "n_layer");
+  positive(c.n_head, "n_head");
+  positive(c.n_embd, "n_embd");
+  if (c.n_embd % c.n_head != 0)
+    throw std::invalid_argument("gpt: n_embd " + std::to_string(c.n_embd) + " is not divisible by n_head " +
+                                std::to_string(c.n_head));
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    throw std::invalid_argument("gpt: dropout must be in [0, 1), got " + std::to_string(c.dropout));
+  return std::make_unique<Gpt>(c, gen, device);
+}
+
+}  // namespace amp::models

@@ -1,0 +1,49 @@
+// GPT-2 as nanoGPT writes it, with its parameter names and layouts, so that a PyTorch user can load
+// our weights and we theirs:
+//   transformer.wte.weight [V, C], transformer.wpe.weight [T, C],
+//   transformer.h.<i>.ln_1.{weight,bias}, .attn.c_attn.{weight [3C, C],bias}, .attn.c_proj.{weight [C, C],bias},
+//   transformer.h.<i>.ln_2.{weight,bias}, .mlp.c_fc.{weight [4C, C],bias}, .mlp.c_proj.{weight [C, 4C],bias},
+//   transformer.ln_f.{weight,bias}.
+// lm_head is tied to wte and not stored. LayerNorm eps 1e-5, exact GELU, dropout after the
+// embeddings, on the attention weights, and after each residual branch. nanoGPT's initialisation:
+// N(0, 0.02) for weights and embeddings, zero biases, N(0, 0.02 / sqrt(2 n_layer)) for c_proj.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "models/training_model.h"
+#include "runtime/random.h"
+
+namespace amp::models {
+
+struct GptConfig {
+  int64_t vocab_size = 256;  // bytes
+  int64_t block_size = 64;
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  double dropout = 0.0;
+};
+
+// A language model: its batches are x (int64 tokens [B, T]) and one target [B, T] (the next tokens).
+class GptModel : public TrainingModel {
+ public:
+  // Logits [B, T, V] of tokens [B, T] (T <= block_size), in the current autocast and mode.
+  virtual Tensor logits(const Tensor& tokens) = 0;
+  virtual const GptConfig& config() const = 0;
+};
+
+// Throws std::invalid_argument for sizes that do not make a model (n_embd not divisible by n_head...).
+std::unique_ptr<GptModel> make_gpt_model(const GptConfig& config, Generator& gen, Device device = kCPU);
+
+// [T, T] float32: 0 on and below the diagonal, -inf above it. Float32, so that under autocast the
+// masked scores (and softmax, on CUDA's fp32 list) are float32.
+Tensor causal_mask(int64_t T, Device device = kCPU);
+
+// Causal self-attention of projections qkv [B, T, 3C] (q, k and v side by side, as c_attn makes
+// them) with n_head heads: softmax(q k^T / sqrt(C / n_head) + mask) v, mask = causal_mask(T),
+// heads merged back to [B, T, C]. attn_dropout acts on the attention weights (empty: none).
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const Tensor& mask,
+                             const std::function<Tensor(const Tensor&)>& attn_dropout = nullptr);
+
+}  // namespace amp::models

@@ -1,0 +1,114 @@
+// The transformer's ops (embedding, layer norm, permute, select, bmm, dropout, causal attention
+// built from them): gradients against fp64 finite differences, forwards against hand computations,
+// and their autocast categories.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "amp/autocast.h"
+#include "models/gpt.h"
+#include "runtime/autograd.h"
+#include "runtime/ops.h"
+#include "runtime/random.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+using test::gradcheck;
+using V = std::vector<Tensor>;
+
+Tensor rnd(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0, DType dt = DType::f64) {
+  Generator g(seed);
+  return rand_uniform(s, lo, hi, g, dt);
+}
+
+// GPT's attention with a float64 mask (the model's is float32, for autocast).
+Tensor causal_attention(const Tensor& qkv, int64_t heads) {
+  return models::causal_self_attention(qkv, heads, models::causal_mask(qkv.size(1)).to(DType::f64));
+}
+
+TEST(TransformerOps, GradientsAgainstFiniteDifferences) {
+  const Tensor idx = from_int64({3, 0, 3, 1, 4, 3}, {2, 3});
+  EXPECT_TRUE(gradcheck([idx](const V& v) { return embedding(v[0], idx); }, {rnd({5, 4}, 1)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], v[1], v[2]); },
+                        {rnd({2, 3, 6}, 2, -2, 3), rnd({6}, 3), rnd({6}, 4)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return permute(v[0], {2, 0, 1}); }, {rnd({2, 3, 4}, 5)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return transpose(v[0], 0, -1); }, {rnd({2, 3, 4}, 6)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mul(select(v[0], 1), select(v[0], 2)); }, {rnd({3, 2, 4}, 7)}));
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = ta ? rnd({3, 4, 2}, 8) : rnd({3, 2, 4}, 8);
+      const Tensor b = tb ? rnd({3, 5, 4}, 9) : rnd({3, 4, 5}, 9);
+      EXPECT_TRUE(gradcheck([ta, tb](const V& v) { return bmm(v[0], v[1], ta, tb); }, {a, b})) << ta << tb;
+    }
+  EXPECT_TRUE(gradcheck([](const V& v) { return dropout(v[0], 0.4, 11, 100); }, {rnd({4, 5}, 10)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], 2); }, {rnd({2, 5, 12}, 12, -2, 2)}));
+}
+
+TEST(TransformerOps, LayerNormMatchesItsDefinition) {
+  const Tensor x = rnd({3, 7}, 21, -4, 6), w = rnd({7}, 22), b = rnd({7}, 23);
+  const std::vector<double> y = layer_norm(x, w, b, 1e-5).to_vector();
+  const std::vector<double> xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+  for (int r = 0; r < 3; ++r) {
+    double m = 0, var = 0;
+    for (int c = 0; c < 7; ++c) m += xv[r * 7 + c] / 7;
+    for (int c = 0; c < 7; ++c) var += (xv[r * 7 + c] - m) * (xv[r * 7 + c] - m) / 7;  // biased, as PyTorch's
+    for (int c = 0; c < 7; ++c)
+      EXPECT_NEAR(y[r * 7 + c], (xv[r * 7 + c] - m) / std::sqrt(var + 1e-5) * wv[c] + bv[c], 1e-12);
+  }
+}
+
+TEST(TransformerOps, EmbeddingPicksRowsAndRefusesBadIndices) {
+  const Tensor w = rnd({4, 3}, 31);
+  const std::vector<double> y = embedding(w, from_int64({2, 2, 0}, {3})).to_vector(), wv = w.to_vector();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(y[c], wv[6 + c]);
+    EXPECT_EQ(y[3 + c], wv[6 + c]);
+    EXPECT_EQ(y[6 + c], wv[c]);
+  }
+  EXPECT_THROW(embedding(w, from_int64({4}, {1})), std::out_of_range);
+  EXPECT_THROW(embedding(w, from_int64({-1}, {1})), std::out_of_range);
+  EXPECT_THROW(embedding(w, rnd({2}, 1)), std::invalid_argument);
+}
+
+TEST(TransformerOps, DropoutIsSeededByCounterAndKeepsTheExpectation) {
+  const Tensor x = ones({100000}, DType::f32);
+  const std::vector<double> a = dropout(x, 0.25, 5, 0).to_vector(), b = dropout(x, 0.25, 5, 0).to_vector();
+  const std::vector<double> c = dropout(x, 0.25, 5, 100000).to_vector();
+  EXPECT_EQ(a, b);  // same counters, same mask
+  EXPECT_NE(a, c);
+  int64_t kept = 0;
+  for (double v : a) {
+    ASSERT_TRUE(v == 0.0 || std::fabs(v - 1.0 / 0.75) < 1e-6) << v;
+    kept += v != 0.0;
+  }
+  // Binomial(100000, 0.75): standard deviation 137; 6 of them either way.
+  EXPECT_NEAR(static_cast<double>(kept), 75000.0, 6 * 137.0);
+  // A slice's mask is the whole's, shifted by its offset: the same elements drop wherever they run.
+  const std::vector<double> tail = dropout(ones({10}, DType::f32), 0.25, 5, 99990).to_vector();
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(tail[static_cast<size_t>(i)], a[99990 + static_cast<size_t>(i)]);
+  EXPECT_TRUE(dropout(x, 0.0, 5, 0).same(x));
+  EXPECT_THROW(dropout(x, 1.0, 5, 0), std::invalid_argument);
+}
+
+TEST(TransformerOps, AutocastCategories) {
+  const Tensor x = rnd({4, 8}, 41, -1, 1, DType::f32), w = ones({8}, DType::f32), b = zeros({8}, DType::f32);
+  const Tensor a = rnd({2, 3, 4}, 42, -1, 1, DType::f32), m = rnd({2, 4, 5}, 43, -1, 1, DType::f32);
+  autocast ac(DeviceType::cpu, DType::f16, true, true, CastLists::cuda);
+  EXPECT_EQ(bmm(a, m).dtype(), DType::f16);                       // lower precision
+  EXPECT_EQ(layer_norm(x.to(DType::f16), w, b).dtype(), DType::f32);  // fp32 on CUDA's list
+  EXPECT_EQ(embedding(x, from_int64({1}, {1})).dtype(), DType::f32);  // on no list: the weight's dtype
+}
+
+TEST(TransformerOps, ShapesAreChecked) {
+  EXPECT_THROW(permute(rnd({2, 3}, 1), {0, 0}), std::invalid_argument);
+  EXPECT_THROW(permute(rnd({2, 3}, 1), {0}), std::invalid_argument);
+  EXPECT_THROW(select(rnd({2, 3}, 1), 2), std::invalid_argument);
+  EXPECT_THROW(bmm(rnd({2, 3, 4}, 1), rnd({2, 5, 4}, 2)), std::invalid_argument);
+  EXPECT_THROW(layer_norm(rnd({2, 3}, 1), rnd({4}, 2), rnd({4}, 3)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace amp
