@@ -162,6 +162,9 @@ class Gpt final : public GptModel, public nn::Module {
   nn::Module& module() override { return *this; }
   const GptConfig& config() const override { return config_; }
   void train(bool on) override { drop_.training = on; }
+  std::vector<std::pair<std::string, std::string>> tied_aliases() const override {
+    return {{"lm_head.weight", "transformer.wte.weight"}};
+  }
 
   Tensor forward(const Tensor& tokens) override { return logits(tokens); }
 

@@ -45,4 +45,16 @@ void Module::to(Device d) {
   for (auto& [name, child] : children_) child->to(d);
 }
 
+void Module::to(DType dtype) {
+  for (auto& [name, t] : params_) {
+    if (t.dtype() == dtype) continue;
+    Tensor cast = t.detach().to(dtype);
+    t.impl()->storage = cast.impl()->storage;
+    t.impl()->offset = cast.impl()->offset;
+    t.impl()->dtype = dtype;
+    t.set_grad(Tensor());
+  }
+  for (auto& [name, child] : children_) child->to(dtype);
+}
+
 }  // namespace amp::nn

@@ -23,6 +23,12 @@ class Module {
   void zero_grad();
   // Moves every parameter to a device (the parameters stay leaves that require grad).
   void to(Device d);
+  // Converts every parameter to a floating dtype (the same tensors, as to(Device) keeps them).
+  void to(DType dtype);
+  // Names a state dict may hold for a parameter stored under another name (a tied weight: GPT's
+  // lm_head.weight is transformer.wte.weight): {alias, parameter}. Loading accepts the alias only
+  // when it equals the parameter's tensor.
+  virtual std::vector<std::pair<std::string, std::string>> tied_aliases() const { return {}; }
 
  protected:
   Tensor& register_parameter(std::string name, Tensor t);

@@ -1,0 +1,192 @@
+// The GPT against PyTorch (tests/data/gpt_pytorch.safetensors, from tests/scripts/make_gpt_fixture.py):
+// parameter names and shapes, logits, loss and every gradient in float64 and float32, and AdamW steps
+// with nanoGPT's parameter groups; nanoGPT's initialisation; the tied lm_head; and, on a CUDA device
+// (real or emulated), the CUDA backend against the CPU on the whole model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "amp/autocast.h"
+#include "models/gpt.h"
+#include "runtime/autograd.h"
+#include "runtime/cuda_support.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops.h"
+#include "runtime/optim/adam.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+const char* kFixture = "gpt_pytorch.safetensors";
+
+models::GptConfig fixture_config() {
+  models::GptConfig c;
+  c.vocab_size = 256;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  return c;
+}
+
+// The model with the fixture's weights (its parameter names are the state dict's).
+std::unique_ptr<models::GptModel> fixture_model(DType dtype = DType::f32, Device device = kCPU) {
+  Generator gen(1);
+  auto m = models::make_gpt_model(fixture_config(), gen, device);
+  safetensors::NamedTensors weights;
+  for (const auto& [name, p] : m->module().named_parameters()) weights.emplace_back(name, test::fixture_tensor(kFixture, name));
+  nn::load_state_dict(m->module(), weights, kFixture);
+  m->module().to(dtype);
+  return m;
+}
+
+models::Batch fixture_batch(Device device = kCPU) {
+  models::Batch b;
+  b.x = test::fixture_tensor(kFixture, "tokens").to(device);
+  b.targets = {test::fixture_tensor(kFixture, "targets").to(device)};
+  return b;
+}
+
+TEST(Gpt, NamesAndShapesAreNanoGpts) {
+  Generator gen(1);
+  auto m = models::make_gpt_model(fixture_config(), gen);
+  std::set<std::string> ours;
+  for (const auto& [name, p] : m->module().named_parameters()) {
+    ours.insert(name);
+    EXPECT_EQ(p.shape(), test::fixture_tensor(kFixture, name).shape()) << name;
+  }
+  // Every parameter of PyTorch's model is ours (the fixture's weights are its named_parameters()).
+  for (const auto& [name, t] : test::fixture(kFixture)) {
+    const bool result = name.rfind("f64.", 0) == 0 || name.rfind("f32.", 0) == 0 || name.rfind("adamw.", 0) == 0;
+    if (name.find('.') != std::string::npos && !result) {
+      EXPECT_TRUE(ours.count(name)) << name;
+    }
+  }
+  EXPECT_EQ(ours.size(), 4u + 12u * 2u);
+}
+
+TEST(Gpt, LogitsLossAndGradientsMatchPyTorch) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    const std::string tag = dt == DType::f64 ? "f64." : "f32.";
+    // float64: both sides compute the same formulas in double (a few ulps of reordering); float32:
+    // two float implementations of a 2-layer model, PyTorch's comparison tolerance for float32.
+    const double rtol = dt == DType::f64 ? 1e-10 : 1e-4, atol = dt == DType::f64 ? 1e-12 : 1e-6;
+    auto m = fixture_model(dt);
+    const models::Batch b = fixture_batch();
+    EXPECT_TRUE(test::all_close(m->logits(b.x), test::fixture_tensor(kFixture, tag + "logits"), rtol, atol)) << tag;
+    const Tensor loss = m->losses(b).per_task.at(0);
+    EXPECT_TRUE(test::all_close(loss, test::fixture_tensor(kFixture, tag + "loss"), rtol, atol)) << tag;
+    loss.backward();
+    for (const auto& [name, p] : m->module().named_parameters())
+      EXPECT_TRUE(test::all_close(p.grad(), test::fixture_tensor(kFixture, tag + "grad." + name), rtol, atol)) << tag << name;
+  }
+}
+
+TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {
+  auto m = fixture_model();
+  const std::vector<Tensor> decay = m->decayed_parameters();
+  std::vector<Tensor> other;
+  for (const Tensor& p : m->module().parameters())
+    if (p.dim() < 2) other.push_back(p);
+  EXPECT_EQ(decay.size() + other.size(), m->module().parameters().size());
+  optim::AdamOptions o;
+  o.lr = 1e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  optim::AdamOptions no_decay = o;
+  no_decay.weight_decay = 0.0;
+  optim::AdamW opt({{decay, o}, {other, no_decay}});
+  const models::Batch b = fixture_batch();
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    m->losses(b).per_task.at(0).backward();
+    opt.step();
+  }
+  // Adam moves each element by about lr per step whatever its gradient's size, so a gradient's float32
+  // noise (1e-4 relative, as above) moves it by up to ~1e-4 of lr per step: 3 steps of lr 1e-2, 3e-6.
+  for (const auto& [name, p] : m->module().named_parameters())
+    EXPECT_TRUE(test::all_close(p, test::fixture_tensor(kFixture, "adamw.after3." + name), 1e-4, 1e-5)) << name;
+}
+
+TEST(Gpt, InitialisationIsNanoGpts) {
+  models::GptConfig c = fixture_config();
+  c.n_embd = 64;
+  c.n_layer = 3;
+  Generator gen(7);
+  auto m = models::make_gpt_model(c, gen);
+  for (const auto& [name, p] : m->module().named_parameters()) {
+    const std::vector<double> v = p.to_vector();
+    double s = 0, sq = 0;
+    for (double x : v) s += x, sq += x * x;
+    const double n = static_cast<double>(v.size()), mean = s / n, sd = std::sqrt(sq / n - mean * mean);
+    if (name.find(".ln_") != std::string::npos) {
+      for (double x : v) ASSERT_EQ(x, name.find("weight") != std::string::npos ? 1.0 : 0.0) << name;
+    } else if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
+      for (double x : v) ASSERT_EQ(x, 0.0) << name;
+    } else {
+      const double want = name.find("c_proj.weight") != std::string::npos ? 0.02 / std::sqrt(6.0) : 0.02;
+      EXPECT_NEAR(sd, want, 5 * want / std::sqrt(n)) << name;  // sample sd within 5 standard errors (about)
+      EXPECT_NEAR(mean, 0.0, 5 * want / std::sqrt(n)) << name;
+    }
+  }
+}
+
+TEST(Gpt, TiedLmHeadLoadsOnlyWhenIdentical) {
+  auto m = fixture_model();
+  safetensors::NamedTensors sd = nn::state_dict(m->module());
+  const Tensor wte = safetensors::find(sd, "transformer.wte.weight", "test");
+  sd.emplace_back("lm_head.weight", wte.clone());
+  EXPECT_NO_THROW(nn::load_state_dict(m->module(), sd, "tied.safetensors"));
+  Tensor other = wte.clone();
+  other.data<float>()[5] += 1.0f;
+  sd.back().second = other;
+  try {
+    nn::load_state_dict(m->module(), sd, "untied.safetensors");
+    ADD_FAILURE() << "a different lm_head.weight was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gpt, RefusesBadSizesAndSequences) {
+  Generator gen(1);
+  models::GptConfig c = fixture_config();
+  c.n_head = 3;
+  EXPECT_THROW(models::make_gpt_model(c, gen), std::invalid_argument);
+  auto m = fixture_model();
+  EXPECT_THROW(m->logits(zeros({1, 9}, DType::i64)), std::invalid_argument);  // longer than block_size
+}
+
+TEST(Gpt, CudaMatchesCpuOnTheWholeModel) {
+  std::string reason;
+  if (!cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  cuda_init(0);
+  const Device gpu{DeviceType::cuda, 0};
+  for (bool fp16 : {false, true}) {
+    auto c = fixture_model(), g = fixture_model(DType::f32, gpu);
+    Tensor lc, lg;
+    {
+      autocast ac(DeviceType::cpu, DType::f16, fp16, true, CastLists::cuda);
+      lc = c->losses(fixture_batch()).per_task.at(0);
+    }
+    {
+      autocast ac(DeviceType::cuda, DType::f16, fp16);
+      lg = g->losses(fixture_batch(gpu)).per_task.at(0);
+    }
+    lc.backward();
+    lg.backward();
+    // The same ops in another order of summation (GEMMs, row statistics): float32 noise, or fp16's.
+    const double tol = fp16 ? 2e-2 : 1e-4;
+    EXPECT_TRUE(test::all_close(lg.to(kCPU), lc, tol, 1e-6)) << "fp16 " << fp16;
+    const auto pc = c->module().named_parameters(), pg = g->module().named_parameters();
+    for (size_t i = 0; i < pc.size(); ++i)
+      EXPECT_TRUE(test::all_close(pg[i].second.grad().to(kCPU), pc[i].second.grad(), tol, fp16 ? 1e-4 : 1e-6))
+          << "fp16 " << fp16 << " " << pc[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace amp
