@@ -170,11 +170,15 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
   if (!agreed("building the model and loading the data")) return code;
   if (rank0) {
-    char model[160];
+    char model[512];
     if (cfg.model == "mtl")
       std::snprintf(model, sizeof model, "mtl %lld tasks (%lld-%lld-%lld trunk, %s)", static_cast<long long>(cfg.tasks),
                     static_cast<long long>(cfg.in_features), static_cast<long long>(cfg.hidden),
                     static_cast<long long>(cfg.features), cfg.aggregator.c_str());
+    else if (cfg.model == "gpt")
+      std::snprintf(model, sizeof model, "gpt %lld layers x %lld heads x %lld wide, block %lld, on %s",
+                    static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
+                    static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.block_size), cfg.data.c_str());
     else
       std::snprintf(model, sizeof model, "mlp %lldx%lld", static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width));
     std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",

@@ -155,7 +155,33 @@ void check_memory(const TrainConfig& c) {
 }
 
 void check_ranges(const TrainConfig& c, int world_size) {
-  require(c.model == "mlp" || c.model == "mtl", "--model", c.model, "must be mlp or mtl");
+  require(c.model == "mlp" || c.model == "mtl" || c.model == "gpt", "--model", c.model, "must be mlp, mtl or gpt");
+  if (c.model == "gpt") {
+    require(c.n_layer >= 1, "--n-layer", c.n_layer, "must be >= 1");
+    require(c.n_head >= 1, "--n-head", c.n_head, "must be >= 1");
+    require(c.n_embd >= 1 && c.n_embd % c.n_head == 0, "--n-embd", c.n_embd,
+            "must be a positive multiple of --n-head=" + std::to_string(c.n_head));
+    require(c.block_size >= 1, "--block-size", c.block_size, "must be >= 1");
+    require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout", c.dropout, "must be in [0, 1)");
+    if (c.data == "synthetic")
+      throw UsageError("--data: --model gpt trains on a text FILE (bytes); launch/run_example.sh makes one from the "
+                       "King James Bible (Debian's bible-kjv)");
+    if (c.grad_penalty > 0.0) throw UsageError("--grad-penalty: not available with --model gpt");
+  } else {
+    for (const char* flag : {"--eval-every", "--sample-tokens"}) {
+      const int64_t v = std::string(flag) == "--eval-every" ? c.eval_every : c.sample_tokens;
+      if (v != 0) throw UsageError(std::string(flag) + ": only --model gpt has validation text to evaluate or sample");
+    }
+  }
+  require(c.eval_every >= 0, "--eval-every", c.eval_every, "must be >= 0 (0: never)");
+  require(c.eval_batches >= 1, "--eval-batches", c.eval_batches, "must be >= 1");
+  require(c.sample_tokens >= 0, "--sample-tokens", c.sample_tokens, "must be >= 0");
+  require(c.temperature > 0.0 && std::isfinite(c.temperature), "--temperature", c.temperature, "must be a finite number > 0");
+  require(c.top_k >= 1, "--top-k", c.top_k, "must be >= 1");
+  require(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "must be >= 0 (0: at the end only)");
+  require(c.keep_checkpoints >= 1, "--keep-checkpoints", c.keep_checkpoints, "must be >= 1");
+  if ((c.checkpoint_every > 0 || c.resume || !c.resume_from.empty()) && c.checkpoint_dir.empty() && c.resume_from.empty())
+    throw UsageError("--checkpoint-every and --resume need --checkpoint-dir DIR");
   if (c.model == "mtl") {
     require(c.tasks >= 1, "--tasks", c.tasks, "must be >= 1");
     require(c.in_features >= 1, "--in-features", c.in_features, "must be >= 1");
@@ -243,7 +269,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("log-every", with_default(&c.log_every), "progress line every N steps on rank 0 (0: off)");
   po::options_description model("Model");
   model.add_options()
-    ("model", with_default(&c.model), "mlp, or mtl (multi-task, Jacobian descent)")
+    ("model", with_default(&c.model), "mlp, mtl (multi-task, Jacobian descent), or gpt (GPT-2 on bytes of a text file)")
     ("width", with_default(&c.width), "mlp: hidden width (also the input and output size)")
     ("layers", with_default(&c.layers), "mlp: number of Linear layers")
     ("tasks", with_default(&c.tasks), "mtl: tasks (losses, heads)")
@@ -252,11 +278,17 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("features", with_default(&c.features), "mtl: the shared features' size")
     ("aggregator", with_default(&c.aggregator),
      "mtl: upgrad|mean|sum|random|dualproj|mgda|pcgrad|imtlg|alignedmtl|config|graddrop|trimmedmean[:T]|krum[:F[:K]]|constant:W1,W2,...")
+    ("n-layer", with_default(&c.n_layer), "gpt: transformer blocks")
+    ("n-head", with_default(&c.n_head), "gpt: attention heads")
+    ("n-embd", with_default(&c.n_embd), "gpt: embedding width (a multiple of --n-head)")
+    ("block-size", with_default(&c.block_size), "gpt: context length in bytes")
+    ("dropout", with_default(&c.dropout), "gpt: dropout probability (embeddings, attention, residuals)")
     ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
     ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
   po::options_description training("Training");
   training.add_options()
-    ("data", with_default(&c.data), "synthetic, or a safetensors FILE: mlp x, y [N, width]; mtl x [N, in], y1..yT [N, 1]")
+    ("data", with_default(&c.data),
+     "synthetic, or a FILE: mlp x, y [N, width] and mtl x [N, in], y1..yT [N, 1] (safetensors); gpt: any text")
     ("steps", with_default(&c.steps), "optimizer steps")
     ("batch-size", with_default(&c.batch_size), "samples per rank per micro-batch")
     ("micro-batches", with_default(&c.micro_batches), "micro-batches accumulated per step")
@@ -275,6 +307,21 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("clip-grad-norm", with_default(&c.clip_grad_norm), "clip the total 2-norm (0: off)")
     ("clip-grad-value", with_default(&c.clip_grad_value), "clamp each gradient (0: off)")
     ("grad-penalty", with_default(&c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
+  po::options_description evals("Evaluation and sampling (gpt)");
+  evals.add_options()
+    ("eval-every", with_default(&c.eval_every), "validation loss every N steps and after the last (0: never)")
+    ("eval-batches", with_default(&c.eval_batches), "validation batches (of --batch-size per rank) per evaluation")
+    ("sample-tokens", with_default(&c.sample_tokens), "print N bytes sampled from the model at the end (0: none)")
+    ("temperature", with_default(&c.temperature), "sampling temperature")
+    ("top-k", with_default(&c.top_k), "sample among the K most likely bytes")
+    ("prompt", po::value(&c.prompt)->default_value(c.prompt, "\\n"), "text the sample continues");
+  po::options_description ckpt("Checkpoints");
+  ckpt.add_options()
+    ("checkpoint-dir", po::value(&c.checkpoint_dir), "write checkpoints under DIR (step-NNNNNNNN/ each)")
+    ("checkpoint-every", with_default(&c.checkpoint_every), "checkpoint every N steps (0: at the end only); also on SIGINT/SIGTERM")
+    ("keep-checkpoints", with_default(&c.keep_checkpoints), "keep the last K complete checkpoints")
+    ("resume", po::bool_switch(&c.resume), "continue from the latest checkpoint in --checkpoint-dir (none: start afresh)")
+    ("resume-from", po::value(&c.resume_from), "continue from this checkpoint directory (an older one, say)");
   po::options_description ampo("AMP");
   ampo.add_options()
     ("amp", po::value(&c.amp)->default_value(c.amp, "off"), "autocast dtype: off|fp16|bf16")
@@ -298,7 +345,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
 
   po::options_description all("amp_train: data-parallel mixed-precision training\n\n"
                               "Usage: mpirun -np N amp_train [options]\n");
-  all.add(general).add(model).add(training).add(ampo).add(dist);
+  all.add(general).add(model).add(training).add(evals).add(ckpt).add(ampo).add(dist);
 
   CliResult res;
   try {

@@ -51,6 +51,11 @@ void MetricsWriter::write(const StepRecord& r) {
   line(j.dump());
 }
 
+void MetricsWriter::write(const EvalRecord& r) {
+  if (!out_.is_open()) return;
+  line(nlohmann::ordered_json{{"event", "eval"}, {"step", r.step}, {"val_loss", num(r.val_loss)}}.dump());
+}
+
 void MetricsWriter::write(const EndRecord& r) {
   if (!out_.is_open()) return;
   nlohmann::ordered_json j = {{"event", "end"},

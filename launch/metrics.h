@@ -27,6 +27,12 @@ struct StepRecord {
   int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;
 };
 
+// The validation loss (gpt): mean over the evaluation's batches, averaged over ranks.
+struct EvalRecord {
+  int64_t step;
+  double val_loss;
+};
+
 struct EndRecord {
   int64_t steps;  // the steps trained (fewer than asked when interrupted)
   int64_t skipped_steps;
@@ -44,6 +50,7 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const StepRecord& r);
+  void write(const EvalRecord& r);
   void write(const EndRecord& r);
   void close();  // flush and close; throws if anything could not be written
 

@@ -41,9 +41,8 @@ class Text final : public TextDataset {
     const int64_t T = block_, span = size - T - 1;
     std::vector<int64_t> x(static_cast<size_t>(count * T)), y(x.size());
     for (int64_t j = 0; j < count; ++j) {
-      // (first + j)·T mod span, without overflowing for long runs.
-      const int64_t start = static_cast<int64_t>((static_cast<unsigned __int128>(first + j) * static_cast<unsigned __int128>(T)) %
-                                                 static_cast<unsigned __int128>(span));
+      // (first + j)·T mod span, reduced first so that long runs cannot overflow.
+      const int64_t start = (first + j) % span * T % span;
       for (int64_t t = 0; t < T; ++t) {
         x[static_cast<size_t>(j * T + t)] = static_cast<unsigned char>(bytes_[static_cast<size_t>(base + start + t)]);
         y[static_cast<size_t>(j * T + t)] = static_cast<unsigned char>(bytes_[static_cast<size_t>(base + start + t + 1)]);

@@ -25,12 +25,29 @@ struct Injection {
 
 struct TrainConfig {
   // Model
-  std::string model = "mlp";  // mlp | mtl
+  std::string model = "mlp";  // mlp | mtl | gpt
   int64_t width = 256;        // mlp
   int64_t layers = 3;         // mlp
   // mtl: TorchJD's example network, trained by Jacobian descent with --aggregator.
   int64_t tasks = 2, in_features = 10, hidden = 5, features = 3;
   std::string aggregator = "upgrad";
+  // gpt: nanoGPT's GPT-2 on bytes (vocabulary 256), trained on a text file (--data).
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
+  double dropout = 0.0;
+  // Evaluation and sampling (gpt): the validation loss over eval_batches batches every eval_every
+  // steps and after the last (0: never); sample_tokens bytes sampled at the end (0: none).
+  int64_t eval_every = 0, eval_batches = 8;
+  int64_t sample_tokens = 0;
+  double temperature = 0.8;
+  int64_t top_k = 200;
+  std::string prompt = "\n";
+  // Checkpoints: every checkpoint_every steps (and at the end, and when interrupted) into
+  // checkpoint_dir/step-NNNNNNNN, keeping the last keep_checkpoints; resume from the latest.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int64_t keep_checkpoints = 3;
+  bool resume = false;
+  std::string resume_from;  // a checkpoint directory to resume from (an older one, by the user's choice)
   // Data and weights
   std::string data = "synthetic";
   std::string init_weights, save_weights;

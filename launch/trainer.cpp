@@ -20,10 +20,12 @@
 #include "jd/mtl_backward.h"
 #include "models/mlp.h"
 #include "models/mtl.h"
+#include "models/gpt.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
+#include "runtime/rng_math.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/safetensors.h"
@@ -96,6 +98,19 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     data_ = cfg_.data == "synthetic" ? make_synthetic_tasks(cfg_.in_features, cfg_.hidden, cfg_.tasks, cfg_.seed, device_)
                                      : load_task_dataset(cfg_.data, cfg_.in_features, cfg_.tasks, device_);
     aggregator_ = jd::make_aggregator(cfg_.aggregator, cfg_.seed);
+  } else if (cfg_.model == "gpt") {
+    models::GptConfig g;
+    g.n_layer = cfg_.n_layer;
+    g.n_head = cfg_.n_head;
+    g.n_embd = cfg_.n_embd;
+    g.block_size = cfg_.block_size;
+    g.dropout = cfg_.dropout;
+    auto gpt = models::make_gpt_model(g, gen, device_);
+    gpt_ = gpt.get();
+    model_ = std::move(gpt);
+    auto text = load_text_dataset(cfg_.data, cfg_.block_size, device_);
+    text_ = text.get();
+    data_ = std::move(text);
   } else {
     model_ = models::make_mlp_model({cfg_.width, cfg_.width, cfg_.width, cfg_.layers}, gen, device_);
     data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
@@ -104,19 +119,34 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   if (!cfg_.init_weights.empty()) {
     nn::load_state_dict(model_->module(), safetensors::load(cfg_.init_weights), cfg_.init_weights);
   }
+  // Parameter groups: a model that names its decayed parameters (the GPT: tensors of 2+ dims, as
+  // nanoGPT) gets weight decay on those only; otherwise every parameter decays.
+  const std::vector<Tensor> decayed = model_->decayed_parameters();
+  std::vector<Tensor> not_decayed;
+  for (const Tensor& p : model().parameters())
+    if (std::none_of(decayed.begin(), decayed.end(), [&](const Tensor& d) { return d.same(p); })) not_decayed.push_back(p);
+  auto groups = [&](auto options) {
+    using O = decltype(options);
+    if (decayed.empty()) return optim::one_group(model().parameters(), options);
+    O off = options;
+    off.weight_decay = 0.0;
+    std::vector<optim::ParamGroup<O>> g{{decayed, options}};
+    if (!not_decayed.empty()) g.push_back({not_decayed, off});
+    return g;
+  };
   if (cfg_.optimizer == OptimizerKind::sgd) {
     optim::SgdOptions o;
     o.lr = cfg_.lr;
     o.momentum = cfg_.momentum;
     o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
-    opt_ = std::make_unique<optim::SGD>(model().parameters(), o);
+    opt_ = std::make_unique<optim::SGD>(groups(o));
   } else {
-    optim::AdamWOptions o;
+    optim::AdamOptions o = optim::AdamWOptions();
     o.lr = cfg_.lr;
     o.beta1 = cfg_.beta1;
     o.beta2 = cfg_.beta2;
     o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
-    opt_ = std::make_unique<optim::AdamW>(model().parameters(), o);
+    opt_ = std::make_unique<optim::AdamW>(groups(o));
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
@@ -188,6 +218,66 @@ std::vector<double> Trainer::aggregate_jacobians() {
   for (Tensor p : shared) p.set_jac(Tensor());
   jd::aggregate_into_grads(shared, J, *aggregator_);
   return aggregator_->last_weights();
+}
+
+double Trainer::evaluate() {
+  model_->train(false);
+  const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
+  Tensor total = zeros({1}, DType::f32, device_);
+  {
+    NoGradGuard no_grad;
+    autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
+    // Batch k is sequences [k R B, (k + 1) R B) of the validation stream; rank r takes its B.
+    const int64_t B = cfg_.batch_size, R = comm_.size();
+    for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
+      const models::Batch b = text_->validation_rows((k * R + comm_.rank()) * B, B);
+      add_(total, model_->losses(b).per_task.at(0).detach().reshape({1}).to(DType::f32));
+    }
+  }
+  mul_(total, 1.0 / static_cast<double>(cfg_.eval_batches));
+  comm::all_reduce_scalars(comm_, {total}, comm::ReduceOp::avg);
+  model_->train(true);
+  return total.item();
+}
+
+std::string Trainer::sample() {
+  model_->train(false);
+  NoGradGuard no_grad;
+  const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
+  autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
+  std::vector<int64_t> context;
+  for (unsigned char ch : cfg_.prompt) context.push_back(ch);
+  if (context.empty()) context.push_back('\n');
+  std::string out;
+  const uint64_t seed = math::mix64(cfg_.seed ^ 0x73616d706c65ull);  // the sampler's own stream
+  for (int64_t n = 0; n < cfg_.sample_tokens; ++n) {
+    // The last block_size bytes, as nanoGPT crops its context.
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), cfg_.block_size);
+    const std::vector<int64_t> window(context.end() - T, context.end());
+    const Tensor logits = gpt_->logits(from_int64(window, {1, T}, device_));
+    const std::vector<double> last = logits.view((T - 1) * logits.size(2), {logits.size(2)}).to_vector();
+    // Top-k of logits / temperature, then a draw from their softmax.
+    std::vector<std::pair<double, int64_t>> ranked;
+    for (size_t v = 0; v < last.size(); ++v) ranked.emplace_back(last[v] / cfg_.temperature, static_cast<int64_t>(v));
+    const size_t k = std::min<size_t>(static_cast<size_t>(cfg_.top_k), ranked.size());
+    std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    double total = 0.0;
+    for (size_t i = 0; i < k; ++i) total += std::exp(ranked[i].first - ranked[0].first);
+    double u = math::uniform01(seed, static_cast<uint64_t>(n)) * total;
+    int64_t next = ranked[k - 1].second;
+    for (size_t i = 0; i < k; ++i) {
+      u -= std::exp(ranked[i].first - ranked[0].first);
+      if (u < 0) {
+        next = ranked[i].second;
+        break;
+      }
+    }
+    context.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  model_->train(true);
+  return out;
 }
 
 int64_t Trainer::first_sample(int64_t step) const {
@@ -388,11 +478,13 @@ TrainResult Trainer::run() {
     }
     if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps || stopping)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate = static_cast<double>(r.step * samples_per_step) / elapsed;
+      // Samples per second, or tokens per second for a language model (block_size tokens a sample).
+      const double tokens_per_sample = gpt_ ? static_cast<double>(cfg_.block_size) : 1.0;
+      const double rate = static_cast<double>(r.step * samples_per_step) * tokens_per_sample / elapsed;
       const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
-      std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f samples/s  ETA %.0fs",
+      std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f %s/s  ETA %.0fs",
                   static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.lr,
-                  r.scale, static_cast<long long>(result.skipped_steps), rate, eta);
+                  r.scale, static_cast<long long>(result.skipped_steps), rate, gpt_ ? "tokens" : "samples", eta);
       if (r.device_launches >= 0)
         std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
                     static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),
@@ -417,6 +509,18 @@ TrainResult Trainer::run() {
     else late = std::make_unique<PendingStep>(std::move(cur));
     if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
       require_consistent(check_replicas(&result), step);
+    if (gpt_ && cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
+      if (late) {  // the step's figures first, so that its line comes before the evaluation's
+        emit(finish(*late, std::chrono::steady_clock::now()));
+        late.reset();
+      }
+      const double val = evaluate();
+      metrics.write(EvalRecord{step, val});
+      if (rank0) {
+        std::printf("step %lld: validation loss %s\n", static_cast<long long>(step), number_str(val).c_str());
+        std::fflush(stdout);
+      }
+    }
   }
   if (late) emit(finish(*late, std::chrono::steady_clock::now()));
   if (emulated_device_counters() && device_.is_cuda()) {
@@ -447,6 +551,13 @@ TrainResult Trainer::run() {
   }
   require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(model()));
+  if (rank0 && gpt_ && cfg_.sample_tokens > 0 && !stopping) {
+    const std::string text = sample();
+    std::printf("--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n%s%s\n---\n",
+                static_cast<long long>(cfg_.sample_tokens), cfg_.temperature, static_cast<long long>(cfg_.top_k),
+                cfg_.prompt.c_str(), text.c_str());
+    std::fflush(stdout);
+  }
   if (!metrics_error.empty()) throw std::runtime_error(metrics_error);
   return result;
 }

@@ -16,6 +16,8 @@
 #include "launch/dataset.h"
 #include "models/training_model.h"
 #include "launch/metrics.h"
+#include "launch/text_dataset.h"
+#include "models/gpt.h"
 #include "launch/train_config.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_support.h"
@@ -79,6 +81,12 @@ class Trainer {
   Device device_;
   std::unique_ptr<models::TrainingModel> model_;
   std::unique_ptr<Dataset> data_;
+  models::GptModel* gpt_ = nullptr;  // model_, when it is the GPT
+  TextDataset* text_ = nullptr;      // data_, when it is text
+  // The validation loss over cfg_.eval_batches batches (collective: every rank, same step).
+  double evaluate();
+  // cfg_.sample_tokens bytes continuing cfg_.prompt (this rank alone; no collective).
+  std::string sample();
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
   // The multi-task backward of micro-batch `last` or not; on the last, with several ranks, the
