@@ -146,6 +146,63 @@ TEST(Distributed, MultiTaskMicroBatchesEqualOneMicroBatch) {
   expect_same_tasks(ra, rb, 2e-5);
 }
 
+// --model gpt on a generated text: R ranks x batch B train like 1 rank x batch R·B, and K
+// micro-batches like one, with dropout too (its counters follow the samples, not the ranks).
+TrainConfig gpt_config() {
+  TrainConfig c = base_config();
+  c.model = "gpt";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.block_size = 16;
+  c.batch_size = 2;
+  c.steps = 4;
+  c.optimizer = launch::OptimizerKind::adamw;
+  c.lr = 3e-3;
+  c.data = test::generated_text_file("gpt_distributed_" + std::to_string(world().rank()), 20000);
+  return c;
+}
+
+TEST(Distributed, GptRanksTimesBatchEqualsOneRank) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: with one, both runs are the same run";
+  for (double dropout : {0.0, 0.2}) {
+    TrainConfig many = gpt_config();
+    many.dropout = dropout;
+    TrainConfig one = many;
+    one.batch_size = many.batch_size * w.size();
+    std::unique_ptr<launch::Trainer> ta, tb;
+    nn::Module *ma = nullptr, *mb = nullptr;
+    const auto ra = train(many, w, &ma, &ta);
+    comm::LocalCommunicator local;
+    const auto rb = train(one, local, &mb, &tb);
+    expect_same_training(ra, *ma, rb, *mb, 2e-5);
+    EXPECT_TRUE(comm::check_replicas(w, ma->parameters()).consistent);
+  }
+}
+
+TEST(Distributed, GptMicroBatchesEqualOneMicroBatch) {
+  comm::MpiCommunicator& w = world();
+  TrainConfig k = gpt_config();
+  k.micro_batches = 3;
+  k.dropout = 0.1;
+  TrainConfig one = k;
+  one.micro_batches = 1;
+  one.batch_size = k.batch_size * 3;
+  std::unique_ptr<launch::Trainer> ta, tb;
+  nn::Module *ma = nullptr, *mb = nullptr;
+  const auto ra = train(k, w, &ma, &ta);
+  const auto rb = train(one, w, &mb, &tb);
+  expect_same_training(ra, *ma, rb, *mb, 2e-5);
+  // A control: dropout does change the training (so the equality above is not of runs without it).
+  TrainConfig off = one;
+  off.dropout = 0.0;
+  std::unique_ptr<launch::Trainer> tc;
+  nn::Module* mc = nullptr;
+  const auto rc = train(off, w, &mc, &tc);
+  EXPECT_GT(std::fabs(rc.records.back().loss - rb.records.back().loss), 1e-4);
+}
+
 TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
   comm::MpiCommunicator& w = world();
   TrainConfig c = base_config();

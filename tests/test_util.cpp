@@ -3,6 +3,8 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -156,6 +158,22 @@ std::vector<std::vector<double>> numeric_grad(const std::function<double()>& sca
       hv.requires_grad() ? grad({hv}, inputs, {}, false, false, true) : std::vector<Tensor>(inputs.size());
   auto second = numeric_grad([&] { return h(false).item(); }, inputs, eps);
   return compare("second derivative", analytic2, second, tol * 10);
+}
+
+std::string generated_text_file(const std::string& name, size_t bytes) {
+  static const char* const words[] = {"the", "and", "of", "to", "in", "that", "he", "shall", "unto", "for", "i", "his",
+                                      "a", "lord", "they", "be", "is", "him", "not", "them", "it", "with", "all", "thou"};
+  std::string text;
+  uint64_t state = 42;
+  while (text.size() < bytes) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    text += words[(state >> 33) % (sizeof words / sizeof *words)];
+    text += (state >> 60) == 0 ? ".\n" : " ";
+  }
+  text.resize(bytes);
+  const std::string path = (std::filesystem::temp_directory_path() / ("amp_test_" + name + ".txt")).string();
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
 }
 
 }  // namespace amp::test

@@ -16,6 +16,10 @@ Tensor fixture_tensor(const std::string& file, const std::string& name);
 // The MLP of mlp_pytorch.safetensors (16-16-16, 3 layers) with PyTorch's initial weights.
 std::shared_ptr<nn::Sequential> fixture_mlp();
 
+// A text file of `bytes` bytes of English-like words (seeded, the same every time) under the
+// system's temporary directory, named after `name`; its path.
+std::string generated_text_file(const std::string& name, size_t bytes);
+
 // max |a - b| / (atol + rtol |b|) over elements; <= 1 means close. Non-finite mismatches give inf.
 double closeness(const Tensor& a, const Tensor& b, double rtol, double atol);
 ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6);
