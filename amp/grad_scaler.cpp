@@ -36,7 +36,7 @@ void GradScaler::require_state(const char* funcname) const {
 
 void GradScaler::lazy_init(Device device) {
   scale_ = full({}, options_.init_scale, DType::f32, device);
-  tracker_ = from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(options_.hysteresis)}, {2},
+  tracker_ = from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(hysteresis_left())}, {2},
                          DType::i64, device);
 }
 
@@ -210,11 +210,16 @@ void GradScaler::set_growth_interval(int v) {
 
 std::map<std::string, double> GradScaler::state_dict() const {
   if (!options_.enabled) return {};
-  return {{"scale", get_scale()},
-          {"growth_factor", options_.growth_factor},
-          {"backoff_factor", options_.backoff_factor},
-          {"growth_interval", options_.growth_interval},
-          {"_growth_tracker", get_growth_tracker()}};
+  std::map<std::string, double> sd = {{"scale", get_scale()},
+                                      {"growth_factor", options_.growth_factor},
+                                      {"backoff_factor", options_.backoff_factor},
+                                      {"growth_interval", options_.growth_interval},
+                                      {"_growth_tracker", get_growth_tracker()}};
+  // Our extension (PyTorch has no hysteresis): the overflows still tolerated, so that a resumed run
+  // backs off where the uninterrupted one would.
+  if (options_.hysteresis > 1)
+    sd["_hysteresis_left"] = tracker_.defined() ? tracker_.to_vector()[1] : static_cast<double>(hysteresis_left());
+  return sd;
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
@@ -232,9 +237,11 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   options_ = o;
   try { validate(); } catch (...) { options_ = old; throw; }
   init_growth_tracker_ = static_cast<int64_t>(state.at("_growth_tracker"));
+  const auto left = state.find("_hysteresis_left");
+  init_hysteresis_left_ = left == state.end() ? -1 : static_cast<int64_t>(left->second);
   if (scale_.defined()) {
     fill_(scale_, o.init_scale);
-    copy_(tracker_, from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(o.hysteresis)}, {2},
+    copy_(tracker_, from_vector({static_cast<double>(init_growth_tracker_), static_cast<double>(hysteresis_left())}, {2},
                                 DType::i64, tracker_.device()));
   }
 }

@@ -91,7 +91,8 @@ class GradScaler {
   Tensor scale_snapshot(Device device) const;
   Tensor last_found_inf() const { return last_found_inf_; }
 
-  // Keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker (PyTorch's).
+  // Keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker (PyTorch's), and
+  // _hysteresis_left when hysteresis > 1 (ours).
   std::map<std::string, double> state_dict() const;
   void load_state_dict(const std::map<std::string, double>& state);
 
@@ -114,6 +115,8 @@ class GradScaler {
   Tensor scale_;    // 0-dim float32, undefined until the first scale()
   Tensor tracker_;  // int64 [growth_tracker, hysteresis_left], beside scale_
   int64_t init_growth_tracker_ = 0;  // what load_state_dict set before the state exists
+  int64_t init_hysteresis_left_ = -1;  // likewise (-1: options_.hysteresis)
+  int64_t hysteresis_left() const { return init_hysteresis_left_ < 0 ? options_.hysteresis : init_hysteresis_left_; }
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
   std::vector<Tensor> riders_;  // summed with the next agreement (sum_with_found_inf)
   Tensor last_found_inf_;

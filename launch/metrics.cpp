@@ -12,8 +12,8 @@ namespace {
 nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  out_.open(path_, std::ios::trunc);
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  out_.open(path_, append ? std::ios::app : std::ios::trunc);
   if (!out_) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing");
 }
 

@@ -45,7 +45,7 @@ struct EndRecord {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
-  explicit MetricsWriter(const std::string& path);
+  explicit MetricsWriter(const std::string& path, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

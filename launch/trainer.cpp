@@ -153,6 +153,123 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
+  if (cfg_.resume || !cfg_.resume_from.empty()) resume();
+}
+
+nlohmann::json Trainer::checkpoint_meta() const {
+  nlohmann::json model = {{"model", cfg_.model}};
+  if (cfg_.model == "gpt")
+    model.update({{"n_layer", cfg_.n_layer}, {"n_head", cfg_.n_head}, {"n_embd", cfg_.n_embd},
+                  {"block_size", cfg_.block_size}, {"vocab_size", 256}});
+  else if (cfg_.model == "mtl")
+    model.update({{"tasks", cfg_.tasks}, {"in_features", cfg_.in_features}, {"hidden", cfg_.hidden}, {"features", cfg_.features}});
+  else
+    model.update({{"width", cfg_.width}, {"layers", cfg_.layers}});
+  const int64_t E = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+  return {{"format", 1},
+          {"must_match", {{"model", model},
+                          {"effective_batch", E},
+                          {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
+                          {"amp", cfg_.amp == AmpMode::off ? "off" : cfg_.amp == AmpMode::fp16 ? "fp16" : "bf16"},
+                          {"loss_scaling", scaler_->is_enabled()},
+                          {"seed", cfg_.seed},
+                          {"dropout", cfg_.dropout},
+                          {"data", {{"path", cfg_.data}, {"samples", text_ ? text_->train_bytes() : data_->period()}}}}},
+          {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
+          // Samples of the stream consumed: step i uses [(i - 1) E, i E).
+          {"data_position", nullptr},
+          // Dropout draws counters of the data stream's sample index from the seed's stream, and
+          // sampling has its own stream: the seed and the step are the whole RNG state.
+          {"rng", {{"seed", cfg_.seed}, {"kind", "counter-based (splitmix64), indexed by sample"}}},
+          {"scaler", scaler_->state_dict()},
+          // Not required to match: a resumed run may train longer, or on another schedule (and says so).
+          {"schedule", {{"lr_schedule", cfg_.lr_schedule == LrSchedule::cosine ? "cosine" : "constant"},
+                        {"lr", cfg_.lr},
+                        {"warmup_steps", cfg_.warmup_steps},
+                        {"min_lr", cfg_.min_lr},
+                        {"decay_steps", cfg_.decay_steps > 0 ? cfg_.decay_steps : cfg_.steps}}}};
+}
+
+void Trainer::resume() {
+  std::optional<Checkpoint> ck =
+      cfg_.resume_from.empty() ? load_latest_checkpoint(cfg_.checkpoint_dir) : load_checkpoint(cfg_.resume_from);
+  if (!ck) {
+    if (comm_.rank() == 0)
+      std::printf("amp_train: --resume: no checkpoint in %s yet; starting from step 1\n", cfg_.checkpoint_dir.c_str());
+    return;
+  }
+  const std::string meta_file = ck->path + "/trainer.json";
+  const nlohmann::json now = checkpoint_meta();
+  const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
+  for (const auto& [key, value] : now["must_match"].items()) {
+    if (then.contains(key) && then[key] == value) continue;
+    const std::string was = then.contains(key) ? then[key].dump() : "nothing";
+    std::string hint;
+    if (key == "effective_batch")
+      hint = " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout was " +
+             ck->meta.value("batch_layout", nlohmann::json()).dump() + ")";
+    throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
+                                was + hint);
+  }
+  if (ck->step >= cfg_.steps)
+    throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
+                                ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
+  nn::load_state_dict(model(), ck->model, ck->path + "/model.safetensors");
+  // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit for bit.
+  if (scheduler_)
+    for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
+  opt_->load_state_dict(ck->optimizer);
+  std::map<std::string, double> scaler_state;
+  const nlohmann::json saved_scaler = ck->meta.value("scaler", nlohmann::json::object());
+  for (const auto& [k, v] : saved_scaler.items()) {
+    if (!v.is_number()) throw std::invalid_argument(meta_file + ": corrupt: scaler." + k + " is not a number");
+    scaler_state[k] = v.get<double>();
+  }
+  if (scaler_->is_enabled()) scaler_->load_state_dict(scaler_state);
+  start_step_ = ck->step;
+  if (comm_.rank() == 0) {
+    const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
+    const nlohmann::json mine = now["batch_layout"];
+    std::printf("amp_train: resuming from %s (step %lld)", ck->path.c_str(), static_cast<long long>(ck->step));
+    if (layout != mine)
+      std::printf(" on another layout: %lld ranks x batch %lld x %lld micro-batches, where the checkpoint had %lld x %lld x "
+                  "%lld; the same %lld samples per step",
+                  static_cast<long long>(comm_.size()), static_cast<long long>(cfg_.batch_size),
+                  static_cast<long long>(cfg_.micro_batches), layout.value("ranks", 0LL), layout.value("batch_size", 0LL),
+                  layout.value("micro_batches", 0LL), static_cast<long long>(now["must_match"]["effective_batch"].get<int64_t>()));
+    std::printf("\n");
+    if (ck->meta.value("schedule", nlohmann::json()) != now["schedule"])
+      std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
+                  "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "
+                  "give it to keep the schedule of a run that trains longer)\n",
+                  ck->meta.value("schedule", nlohmann::json()).dump().c_str(), now["schedule"].dump().c_str());
+  }
+}
+
+void Trainer::save_checkpoint_at(int64_t step) {
+  comm_.set_context("writing the checkpoint of step " + std::to_string(step));
+  std::string error, path;
+  if (comm_.rank() == 0) {
+    try {
+      nlohmann::json meta = checkpoint_meta();
+      const int64_t E = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+      meta["data_position"] = {{"next_sample", step * E}};
+      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), opt_->state_dict(), meta,
+                             cfg_.keep_checkpoints);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Every rank learns the outcome from rank 0: a failed write stops the job everywhere, with the
+  // previous checkpoints intact.
+  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, DType::f32, device_);
+  comm::all_reduce_scalars(comm_, {failed}, comm::ReduceOp::sum);
+  if (failed.item() != 0.0)
+    throw JobError("checkpoint of step " + std::to_string(step) + " failed" + (error.empty() ? " on rank 0" : ": " + error));
+  if (comm_.rank() == 0) {
+    std::printf("amp_train: checkpoint of step %lld written to %s\n", static_cast<long long>(step), path.c_str());
+    std::fflush(stdout);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -450,12 +567,17 @@ TrainResult Trainer::run() {
   if (const int64_t pool = data_->period(); pool > 0) {
     const int64_t per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
     const int64_t cycle = pool / std::gcd(per_step, pool);
-    for (int64_t step = 1; step <= std::min(cfg_.steps, cycle); ++step)
+    for (int64_t step = start_step_ + 1; step <= std::min(cfg_.steps, start_step_ + cycle); ++step)
       data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
   }
   TrainResult result;
   const bool rank0 = comm_.rank() == 0;
-  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics) : MetricsWriter();
+  // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
+  // appear again, from the resumed run).
+  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, start_step_ > 0) : MetricsWriter();
+  if (cfg_.checkpoint_dir.size() && rank0)
+    for (const std::string& t : remove_stale_checkpoint_temporaries(cfg_.checkpoint_dir))
+      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while writing it\n", t.c_str());
   const auto start = std::chrono::steady_clock::now();
   const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
   bool stopping = false;  // every rank sets it at the same step (the flag is in the reduced figures)
@@ -480,8 +602,9 @@ TrainResult Trainer::run() {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       // Samples per second, or tokens per second for a language model (block_size tokens a sample).
       const double tokens_per_sample = gpt_ ? static_cast<double>(cfg_.block_size) : 1.0;
-      const double rate = static_cast<double>(r.step * samples_per_step) * tokens_per_sample / elapsed;
-      const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(cfg_.steps - r.step);
+      const int64_t done = r.step - start_step_;
+      const double rate = static_cast<double>(done * samples_per_step) * tokens_per_sample / elapsed;
+      const double eta = elapsed / static_cast<double>(done) * static_cast<double>(cfg_.steps - r.step);
       std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f %s/s  ETA %.0fs",
                   static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.lr,
                   r.scale, static_cast<long long>(result.skipped_steps), rate, gpt_ ? "tokens" : "samples", eta);
@@ -496,7 +619,8 @@ TrainResult Trainer::run() {
   // A step's figures are read once the next step's work is issued (one step late), unless they
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
-  for (int64_t step = 1; step <= cfg_.steps && !stopping; ++step) {
+  result.steps_done = start_step_;
+  for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
     result.steps_done = step;
     comm_.set_context("step " + std::to_string(step));
     PendingStep cur = train_step(step);
@@ -521,6 +645,14 @@ TrainResult Trainer::run() {
         std::fflush(stdout);
       }
     }
+    if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
+        step != cfg_.steps && !stopping) {
+      if (late) {
+        emit(finish(*late, std::chrono::steady_clock::now()));
+        late.reset();
+      }
+      if (!stopping) save_checkpoint_at(step);  // (an interrupted run saves after the loop)
+    }
   }
   if (late) emit(finish(*late, std::chrono::steady_clock::now()));
   if (emulated_device_counters() && device_.is_cuda()) {
@@ -531,8 +663,8 @@ TrainResult Trainer::run() {
                 static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
     std::fflush(stdout);
   }
-  if (result.skipped_steps == result.steps_done && result.steps_done > 0)
-    throw JobError("every one of the " + std::to_string(result.steps_done) +
+  if (result.skipped_steps == result.steps_done - start_step_ && result.steps_done > start_step_)
+    throw JobError("every one of the " + std::to_string(result.steps_done - start_step_) +
                              " steps was skipped for non-finite gradients: nothing was trained (final scale " +
                              number_str(scaler_->get_scale()) + ")");
   comm_.set_context("the end-of-run replica check");
@@ -551,6 +683,8 @@ TrainResult Trainer::run() {
   }
   require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
   if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(model()));
+  // The last step's checkpoint: at the end, or where an interruption stopped the run.
+  if (!cfg_.checkpoint_dir.empty() && result.steps_done > start_step_) save_checkpoint_at(result.steps_done);
   if (rank0 && gpt_ && cfg_.sample_tokens > 0 && !stopping) {
     const std::string text = sample();
     std::printf("--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n%s%s\n---\n",

@@ -15,6 +15,7 @@
 #include "jd/aggregator.h"
 #include "launch/dataset.h"
 #include "models/training_model.h"
+#include "launch/checkpoint.h"
 #include "launch/metrics.h"
 #include "launch/text_dataset.h"
 #include "models/gpt.h"
@@ -87,6 +88,12 @@ class Trainer {
   double evaluate();
   // cfg_.sample_tokens bytes continuing cfg_.prompt (this rank alone; no collective).
   std::string sample();
+  // Checkpoints (launch/checkpoint.h): the configuration a resume must match, restoring one (in the
+  // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
+  nlohmann::json checkpoint_meta() const;
+  void resume();
+  void save_checkpoint_at(int64_t step);
+  int64_t start_step_ = 0;  // the step the run continues from (0: a fresh run)
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
   // The multi-task backward of micro-batch `last` or not; on the last, with several ranks, the

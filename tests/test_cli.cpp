@@ -16,46 +16,17 @@
 #include "runtime/ops.h"
 #include "runtime/random.h"
 #include "runtime/safetensors.h"
+#include "cli_util.h"
 #include "test_util.h"
 
 namespace amp {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct RunResult {
-  int code;
-  std::string out;
-};
-
-// Runs amp_train in a clean environment, so that nothing of the caller's (mpirun's variables when
-// CTest runs under a launcher, OpenMP settings) changes what the child does.
-RunResult run(const std::string& args, const std::string& prefix = "") {
-  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
-// amp_train under mpirun. Open MPI leaks by design, so a sanitizer build must not turn that into
-// an exit code (the multi-rank suites run the same way, see tests/CMakeLists.txt).
-const char* const kMpirun =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 "
-    "mpirun -np 2 --oversubscribe";
+using namespace cli;
 
 const std::string kNoSteps = " --width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 ";
 const std::string kSmall = kNoSteps + "--steps 2 ";
-
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("amp_cli_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
 
 TEST(Cli, HelpListsEveryFlagWithDefaults) {
   const RunResult r = run("--help");
@@ -116,13 +87,6 @@ TEST(Cli, EveryFlagIsValidated) {
   }
 }
 
-std::vector<nlohmann::ordered_json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::ordered_json> v;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) v.push_back(nlohmann::ordered_json::parse(line));
-  return v;
-}
 
 // --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'
 // lr, step by step, equals the sequence PyTorch computed for the same chain (optim_pytorch.safetensors,
@@ -388,18 +352,6 @@ TEST(Cli, ImpossibleSizesAreRefusedByFlag) {
 }
 
 // Runs a shell script with AMP (the binary) and D (a temporary directory) set; returns its output.
-std::string shell(const std::string& script, const TempDir& d) {
-  const std::string cmd = "cd " + d.path.string() + " && env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP=" + AMP_TRAIN_BIN +
-                          " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-                          "timeout 120 bash -c '" + script + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 // SIGTERM (or Ctrl-C) stops the run after the step in flight, on every rank at the same step,
 // saves the weights, closes the metrics with an end record, and exits non-zero. The control: a

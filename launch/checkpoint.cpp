@@ -1,0 +1,231 @@
+#include "launch/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace amp::launch {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModel = "model.safetensors";
+constexpr const char* kOptimizer = "optimizer.safetensors";
+constexpr const char* kMeta = "trainer.json";
+constexpr const char* kTempPrefix = ".tmp-step-";
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// step-NNNNNNNN -> NNNNNNNN; -1 for any other name.
+int64_t step_of(const std::string& name) {
+  if (name.size() < 6 || name.compare(0, 5, "step-") != 0) return -1;
+  const std::string digits = name.substr(5);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+std::string read_file(const fs::path& p, const std::string& what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec))
+    throw std::invalid_argument(p.string() + ": missing (" + what + "): a partial or damaged checkpoint");
+  std::ifstream in(p, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) throw std::invalid_argument(p.string() + ": cannot be read");
+  return bytes;
+}
+
+// FNV-1a, 64 bits: a checksum against truncation and damage (not against an adversary).
+std::string checksum(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Writes bytes to path and flushes them to the disk.
+void write_synced(const fs::path& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(path.string() + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      throw std::runtime_error(path.string() + ": write failed (disk full?): " + err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw std::runtime_error(path.string() + ": cannot flush to disk: " + std::strerror(errno));
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// A safetensors file's bytes, through the runtime's writer (which validates names and dtypes).
+std::string safetensors_bytes(const fs::path& scratch, const safetensors::NamedTensors& tensors) {
+  safetensors::save(scratch.string(), tensors);
+  std::string bytes = read_file(scratch, "scratch");
+  fs::remove(scratch);
+  return bytes;
+}
+
+safetensors::NamedTensors optimizer_tensors(const optim::OptimizerStateDict& sd) {
+  safetensors::NamedTensors out;
+  for (const auto& [id, entries] : sd.state)
+    for (const auto& [name, t] : entries) out.emplace_back("state." + std::to_string(id) + "." + name, t);
+  return out;
+}
+
+optim::OptimizerStateDict optimizer_state(const safetensors::NamedTensors& tensors, const nlohmann::json& groups,
+                                          const std::string& file) {
+  optim::OptimizerStateDict sd;
+  sd.param_groups = groups;
+  for (const auto& [name, t] : tensors) {
+    const size_t dot = name.find('.', 6);
+    if (name.compare(0, 6, "state.") != 0 || dot == std::string::npos)
+      throw std::invalid_argument(file + ": unexpected tensor '" + name + "' (expected state.<id>.<name>)");
+    const std::string id = name.substr(6, dot - 6);
+    if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos || id.size() > 9)
+      throw std::invalid_argument(file + ": tensor '" + name + "' has no parameter id");
+    sd.state[std::stoll(id)][name.substr(dot + 1)] = t;
+  }
+  return sd;
+}
+
+}  // namespace
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = step_of(it->path().filename().string());
+    if (step >= 0 && it->is_directory(ec)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(path);
+  return out;
+}
+
+std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, std::strlen(kTempPrefix), kTempPrefix) != 0) continue;
+    const size_t dot = name.rfind('.');
+    const std::string pid = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours)
+    std::error_code rm;
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());
+  }
+  return removed;
+}
+
+std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
+                            const optim::OptimizerStateDict& optimizer, nlohmann::json meta, int64_t keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir, ec)) throw std::runtime_error("--checkpoint-dir " + dir + ": cannot create the directory");
+  const fs::path final_path = fs::path(dir) / step_name(step);
+  const fs::path tmp = fs::path(dir) / (kTempPrefix + step_name(step).substr(5) + "." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec)) throw std::runtime_error(tmp.string() + ": cannot create: " + ec.message());
+  try {
+    const std::string model_bytes = safetensors_bytes(tmp / "scratch.safetensors", model);
+    const std::string opt_bytes = safetensors_bytes(tmp / "scratch.safetensors", optimizer_tensors(optimizer));
+    meta["step"] = step;
+    meta["optimizer_param_groups"] = optimizer.param_groups;
+    meta["files"] = {{kModel, {{"bytes", model_bytes.size()}, {"fnv1a64", checksum(model_bytes)}}},
+                     {kOptimizer, {{"bytes", opt_bytes.size()}, {"fnv1a64", checksum(opt_bytes)}}}};
+    write_synced(tmp / kModel, model_bytes);
+    write_synced(tmp / kOptimizer, opt_bytes);
+    write_synced(tmp / kMeta, meta.dump(2) + "\n");  // last: its presence means the others are there
+    sync_directory(tmp);
+    if (fs::exists(final_path, ec)) fs::remove_all(final_path, ec);  // a rerun of the same step replaces it
+    fs::rename(tmp, final_path, ec);
+    if (ec) throw std::runtime_error(final_path.string() + ": cannot rename the checkpoint into place: " + ec.message());
+    sync_directory(dir);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  const std::vector<std::string> all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  return final_path.string();
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  const fs::path dir = path;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw std::invalid_argument(path + ": not a checkpoint directory");
+  Checkpoint c;
+  c.path = path;
+  const std::string meta_text = read_file(dir / kMeta, "written last: the checkpoint never completed");
+  try {
+    c.meta = nlohmann::json::parse(meta_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument((dir / kMeta).string() + ": corrupt: " + e.what());
+  }
+  const auto& files = c.meta.contains("files") ? c.meta["files"] : nlohmann::json();
+  if (!c.meta.contains("step") || !c.meta["step"].is_number_integer() || !files.is_object() ||
+      !c.meta.contains("optimizer_param_groups"))
+    throw std::invalid_argument((dir / kMeta).string() + ": corrupt: missing step, files or optimizer_param_groups");
+  c.step = c.meta["step"].get<int64_t>();
+  for (const char* name : {kModel, kOptimizer}) {
+    const fs::path file = dir / name;
+    const std::string bytes = read_file(file, "the checkpoint is partial");
+    if (!files.contains(name)) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: no entry for " + name);
+    const auto& want = files[name];
+    if (want.value("bytes", uint64_t{0}) != bytes.size())
+      throw std::invalid_argument(file.string() + ": " + std::to_string(bytes.size()) + " bytes, " +
+                                  std::to_string(want.value("bytes", uint64_t{0})) +
+                                  " written: the file is truncated or damaged");
+    if (want.value("fnv1a64", std::string()) != checksum(bytes))
+      throw std::invalid_argument(file.string() + ": checksum mismatch: the file is damaged");
+  }
+  c.model = safetensors::load((dir / kModel).string());
+  c.optimizer = optimizer_state(safetensors::load((dir / kOptimizer).string()), c.meta["optimizer_param_groups"],
+                                (dir / kOptimizer).string());
+  c.meta.erase("files");
+  return c;
+}
+
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
+  const std::vector<std::string> all = list_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  try {
+    return load_checkpoint(all.back());
+  } catch (const std::invalid_argument& e) {
+    std::string older;
+    for (size_t i = all.size() - 1; i-- > 0;) older += "\n  --resume-from " + all[i];
+    throw std::invalid_argument(std::string(e.what()) + "\nThe newest checkpoint is unusable; " +
+                                (older.empty() ? "there is no older one."
+                                               : "to resume from an older complete one, say which:" + older));
+  }
+}
+
+}  // namespace amp::launch

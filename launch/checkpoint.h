@@ -1,0 +1,50 @@
+// Checkpoints: DIR/step-NNNNNNNN/ holds
+//   model.safetensors      the parameters (PyTorch's names)
+//   optimizer.safetensors  the optimizer's state tensors, "state.<param id>.<name>" (PyTorch's numbering)
+//   trainer.json           the step, the optimizer's param_groups, the scaler's state, the RNG state,
+//                          the configuration a resume must match, and each file's size and checksum.
+// A checkpoint is written into DIR/.tmp-step-NNNNNNNN.<pid>/, every file flushed to disk, then
+// renamed into place and DIR synced: a directory named step-* is complete. The last `keep` are kept.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/optim/optimizer.h"
+#include "runtime/safetensors.h"
+
+namespace amp::launch {
+
+struct Checkpoint {
+  std::string path;  // the step-NNNNNNNN directory
+  int64_t step = 0;
+  safetensors::NamedTensors model;
+  optim::OptimizerStateDict optimizer;
+  nlohmann::json meta;  // trainer.json without "files"
+};
+
+// Writes the checkpoint of `step` under dir and removes all but the newest `keep` complete ones.
+// Returns its path. Throws std::runtime_error naming the file on any failure (nothing is renamed
+// into place then, and older checkpoints are untouched).
+std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
+                            const optim::OptimizerStateDict& optimizer, nlohmann::json meta, int64_t keep);
+
+// The complete checkpoints under dir, oldest first (their step-NNNNNNNN paths).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Reads and verifies a checkpoint directory: every file present, of its recorded size and checksum.
+// Throws std::invalid_argument naming the file that is missing, partial or corrupt.
+Checkpoint load_checkpoint(const std::string& path);
+
+// The newest checkpoint under dir, or nullopt when there is none. A newest one that fails to load is
+// an error (naming the file and the older complete ones, which --resume-from can take): an older
+// checkpoint is never used silently.
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
+
+// Removes DIR/.tmp-step-* directories left by processes that no longer run; their paths.
+std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir);
+
+}  // namespace amp::launch

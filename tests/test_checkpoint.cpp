@@ -1,0 +1,185 @@
+// Checkpoints and --resume, as users run amp_train --model gpt: a run of 2S steps and a run of S
+// steps resumed for S more end with bitwise identical weights and metrics (1 and 2 ranks; fp32, and
+// fp16 whose dynamic scale changes along the way, with dropout and a cosine schedule); another rank
+// count with the same effective batch resumes and says so; partial, corrupt and mismatched
+// checkpoints are refused naming the file; an older one is used only when asked; an interrupted
+// run checkpoints the step it stopped after; the last K are kept.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <fstream>
+#include <string>
+
+#include "cli_util.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace cli;
+
+std::string gpt_args(const std::string& amp) {
+  // Growth every 2 steps from 2^16: the fp16 scale rises and overflows back within the run.
+  return "--model gpt --data " + test::generated_text_file("checkpoint", 30000) +
+         " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --optimizer adamw --lr 3e-3"
+         " --lr-schedule cosine --warmup-steps 2 --decay-steps 12 --dropout 0.1 --log-every 0 --threads 1 --amp " +
+         amp + (amp == "fp16" ? " --growth-interval 2" : "");
+}
+
+// The step records without their timing: everything that must be identical.
+std::vector<std::string> steps_of(const std::string& metrics) {
+  std::vector<std::string> out;
+  for (auto r : read_jsonl(metrics)) {
+    if (r.contains("event")) continue;
+    r.erase("step_ms");
+    out.push_back(r.dump());
+  }
+  return out;
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(Checkpoint, ResumedRunIsBitwiseTheUninterruptedOne) {
+  for (const std::string& launcher : {std::string(""), std::string(kMpirun)}) {
+    for (const std::string& amp : {std::string("off"), std::string("fp16")}) {
+      SCOPED_TRACE(launcher + " amp " + amp);
+      TempDir d;
+      const std::string args = gpt_args(amp);
+      const RunResult full = run(args + " --steps 12 --metrics " + d.file("full.jsonl") + " --save-weights " +
+                                     d.file("full.safetensors"), launcher);
+      ASSERT_EQ(full.code, 0) << full.out;
+      const RunResult first = run(args + " --steps 6 --checkpoint-dir " + d.file("ck") + " --metrics " + d.file("res.jsonl"),
+                                  launcher);
+      ASSERT_EQ(first.code, 0) << first.out;
+      EXPECT_NE(first.out.find("checkpoint of step 6 written"), std::string::npos) << first.out;
+      const RunResult second = run(args + " --steps 12 --resume --checkpoint-dir " + d.file("ck") + " --metrics " +
+                                       d.file("res.jsonl") + " --save-weights " + d.file("res.safetensors"),
+                                   launcher);
+      ASSERT_EQ(second.code, 0) << second.out;
+      EXPECT_NE(second.out.find("resuming from"), std::string::npos) << second.out;
+      EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("res.safetensors"))) << "weights differ";
+      const auto a = steps_of(d.file("full.jsonl")), b = steps_of(d.file("res.jsonl"));
+      ASSERT_EQ(a.size(), 12u);
+      EXPECT_EQ(a, b);
+      if (amp == "fp16") {  // the scale did change along the way (else this case would test nothing more)
+        std::set<double> scales;
+        for (const auto& r : read_jsonl(d.file("full.jsonl")))
+          if (r.contains("scale")) scales.insert(r["scale"].get<double>());
+        EXPECT_GE(scales.size(), 2u);
+      }
+    }
+  }
+}
+
+TEST(Checkpoint, AnotherRankCountWithTheSameEffectiveBatchResumesAndSaysSo) {
+  TempDir d;
+  const std::string args = gpt_args("off");
+  ASSERT_EQ(run(args + " --steps 4 --checkpoint-dir " + d.file("ck"), kMpirun).code, 0);
+  // 2 ranks x batch 2 -> 1 rank x batch 4.
+  std::string one = args;
+  one.replace(one.find("--batch-size 2"), 14, "--batch-size 4");
+  const RunResult ok = run(one + " --steps 8 --resume --checkpoint-dir " + d.file("ck"));
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("on another layout: 1 ranks x batch 4"), std::string::npos) << ok.out;
+  // A different effective batch would read other samples: refused, naming the checkpoint's file.
+  one.replace(one.find("--batch-size 4"), 14, "--batch-size 3");
+  const RunResult bad = run(one + " --steps 12 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("effective_batch"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("trainer.json"), std::string::npos) << bad.out;
+}
+
+TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
+  TempDir d;
+  const std::string args = gpt_args("off") + " --checkpoint-dir " + d.file("ck");
+  ASSERT_EQ(run(args + " --steps 6 --checkpoint-every 3").code, 0);
+  const std::string older = d.file("ck/step-00000003"), newest = d.file("ck/step-00000006");
+  ASSERT_TRUE(fs::exists(older) && fs::exists(newest));
+
+  // A model shape that differs.
+  std::string deeper = args;
+  deeper.replace(deeper.find("--n-layer 2"), 11, "--n-layer 3");
+  RunResult r = run(deeper + " --steps 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("model"), std::string::npos) << r.out;
+
+  // A truncated model file: refused by name, and the older complete one is offered, not taken.
+  const std::string model = newest + "/model.safetensors";
+  const std::string whole = bytes_of(model);
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << whole.substr(0, whole.size() / 2);
+  r = run(args + " --steps 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(model), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--resume-from " + older), std::string::npos) << r.out;
+  // A damaged byte of the same size.
+  std::string flipped = whole;
+  flipped[flipped.size() - 3] ^= 0x40;
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << flipped;
+  r = run(args + " --steps 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
+  // No trainer.json: a checkpoint that never completed.
+  fs::remove(newest + "/trainer.json");
+  r = run(args + " --steps 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(newest + "/trainer.json"), std::string::npos) << r.out;
+  // The older one, when the user asks for it.
+  r = run(args + " --steps 9 --resume-from " + older);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming from " + older), std::string::npos) << r.out;
+}
+
+TEST(Checkpoint, KeepsTheLastKAndRemovesStaleTemporaries) {
+  TempDir d;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);  // a pid that is surely gone
+  const std::string stale = d.file("ck/.tmp-step-00000002." + std::to_string(child));
+  fs::create_directories(stale);
+  std::ofstream(stale + "/model.safetensors") << "partial";
+  const RunResult r = run(gpt_args("off") + " --steps 8 --checkpoint-every 2 --keep-checkpoints 2 --checkpoint-dir " +
+                          d.file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_NE(r.out.find("removed '" + stale + "'"), std::string::npos) << r.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d.file("ck"))) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000008"}));
+}
+
+TEST(Checkpoint, InterruptedRunCheckpointsWhereItStoppedAndResumes) {
+  TempDir d;
+  const std::string args = gpt_args("off") + " --checkpoint-dir ck --metrics m.jsonl";
+  const std::string out = shell("$AMP " + args + " --steps 100000 & p=$!; "
+                                "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.1; done; "
+                                "kill -TERM $p; wait $p; echo exit=$?", d);
+  EXPECT_NE(out.find("exit=143"), std::string::npos) << out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_FALSE(recs.empty());
+  const int64_t steps = recs.back()["steps"];
+  char name[32];
+  std::snprintf(name, sizeof name, "ck/step-%08lld", static_cast<long long>(steps));
+  ASSERT_TRUE(fs::exists(d.file(name) + "/trainer.json")) << out;
+  const std::string resumed = shell("$AMP " + args + " --steps " + std::to_string(steps + 2) + " --resume; echo exit=$?", d);
+  EXPECT_NE(resumed.find("exit=0"), std::string::npos) << resumed;
+  EXPECT_NE(resumed.find("(step " + std::to_string(steps) + ")"), std::string::npos) << resumed;
+}
+
+TEST(Checkpoint, FlagsAreChecked) {
+  EXPECT_EQ(run(gpt_args("off") + " --steps 2 --resume").code, 2);             // no --checkpoint-dir
+  EXPECT_EQ(run(gpt_args("off") + " --steps 2 --checkpoint-every 1").code, 2);  // likewise
+  TempDir d;
+  const RunResult r = run(gpt_args("off") + " --steps 2 --resume --checkpoint-dir " + d.file("none"));
+  EXPECT_EQ(r.code, 0) << r.out;  // nothing to resume yet: a fresh run, said so
+  EXPECT_NE(r.out.find("no checkpoint"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace amp
