@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "runtime/safetensors.h"
+#include "test_util.h"
 
 namespace amp {
 namespace {
@@ -141,6 +142,16 @@ TEST(EmulatedTraining, MicroBatchesClippingAndMomentumMatchTheCpuBackend) {
 // copy's.
 TEST(EmulatedTraining, MultiTaskJacobianDescentMatchesTheCpuBackend) {
   compare(" --model mtl --tasks 3 --batch-size 16 --steps 20 --lr 0.05 --amp fp16 --init-scale 1024", 1e-3, 2e-3, 2);
+}
+
+// The GPT on the emulated GPU: embedding, layer norm, attention (permutes, batched GEMMs, the causal
+// softmax), GELU, dropout and tied logits, in fp16 with dynamic scaling, against the CPU backend.
+// SGD with momentum, for the reason above.
+TEST(EmulatedTraining, GptMatchesTheCpuBackend) {
+  compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+              " --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"
+              " --amp fp16 --dropout 0.1 --init-scale 1024 --growth-interval 4",
+          1e-3, 2e-3);
 }
 
 }  // namespace
