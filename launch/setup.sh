@@ -7,10 +7,12 @@
 #   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).
 #   clang libclang-rt-14-dev  the safetensors fuzz target (libFuzzer; tests/scripts/fuzz_safetensors.sh).
 #   ccache              optional: CMake uses it when present, and rebuilds get much faster.
+#   bible-kjv           the main job's corpus: the King James Bible (public domain), 4.4 MB of English
+#                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/run_example.sh).
 set -euo pipefail
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
-          clang libclang-rt-14-dev ccache)
+          clang libclang-rt-14-dev ccache bible-kjv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -153,7 +153,16 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
-  if (cfg_.resume || !cfg_.resume_from.empty()) resume();
+  if (cfg_.resume || !cfg_.resume_from.empty()) {
+    resume();
+  } else if (!cfg_.checkpoint_dir.empty()) {
+    // A fresh run would interleave its checkpoints with another run's, and keeping the last K
+    // could delete its own: refuse, and say what to do.
+    const std::vector<std::string> existing = list_checkpoints(cfg_.checkpoint_dir);
+    if (!existing.empty())
+      throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " already holds checkpoints (" +
+                                  existing.back() + "): add --resume to continue that run, or choose another directory");
+  }
 }
 
 nlohmann::json Trainer::checkpoint_meta() const {
@@ -620,6 +629,14 @@ TrainResult Trainer::run() {
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
   result.steps_done = start_step_;
+  if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) {  // where training starts from (about ln 256 for bytes)
+    const double val = evaluate();
+    metrics.write(EvalRecord{0, val});
+    if (rank0) {
+      std::printf("step 0: validation loss %s\n", number_str(val).c_str());
+      std::fflush(stdout);
+    }
+  }
   for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
     result.steps_done = step;
     comm_.set_context("step " + std::to_string(step));

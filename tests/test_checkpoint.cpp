@@ -179,6 +179,10 @@ TEST(Checkpoint, FlagsAreChecked) {
   const RunResult r = run(gpt_args("off") + " --steps 2 --resume --checkpoint-dir " + d.file("none"));
   EXPECT_EQ(r.code, 0) << r.out;  // nothing to resume yet: a fresh run, said so
   EXPECT_NE(r.out.find("no checkpoint"), std::string::npos) << r.out;
+  // A fresh run into a directory of another run's checkpoints would mix them: refused.
+  const RunResult fresh = run(gpt_args("off") + " --steps 4 --checkpoint-dir " + d.file("none"));
+  EXPECT_EQ(fresh.code, 2) << fresh.out;
+  EXPECT_NE(fresh.out.find("already holds checkpoints"), std::string::npos) << fresh.out;
 }
 
 }  // namespace
