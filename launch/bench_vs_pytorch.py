@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""amp_train beside PyTorch: the same MLP, batch, optimizer, threads and steps, timed the same way.
+"""amp_train beside PyTorch: the same model, batch, optimizer, threads and steps, timed the same way.
 
 Runs `amp_train` (its per-step `step_ms` from --metrics) and the equivalent PyTorch loop on the CPU,
-for fp32 and bf16 autocast, at 2048 x 256 and 4096 x 512 by default, and prints each median step,
-and amp_train's ratio to the faster PyTorch. PyTorch comes from Debian's python3-torch
+for fp32 and bf16 autocast, and prints each median step and amp_train's ratio to the faster PyTorch.
+--model mlp (default): the MLP at 2048 x 256 and 4096 x 512 (WIDTHxBATCH), SGD with momentum.
+--model gpt: the main job's GPT (nanoGPT's GPT-2 on bytes; --sizes are N_EMBDxBATCH, 4 layers,
+4 heads, block 64) on a text file, AdamW with nanoGPT's weight-decay groups; tokens/s too. PyTorch comes from Debian's python3-torch
 (/usr/bin/python3) and, with --venv, from the newest wheel on PyPI in a virtual environment that
 --make-venv creates (a large download: the wheel pulls CUDA libraries, about 3.5 GB; only the CPU
 is used). Python is needed by this script only, never by the build or the tests.
@@ -11,6 +13,7 @@ is used). Python is needed by this script only, never by the build or the tests.
   launch/bench_vs_pytorch.py                          # Debian's PyTorch
   launch/bench_vs_pytorch.py --make-venv --venv .venv-torch
   launch/bench_vs_pytorch.py --sizes 2048x256 --modes fp32 --steps 30
+  launch/bench_vs_pytorch.py --model gpt --data build/example/kjv.txt
 """
 import argparse
 import json
@@ -53,28 +56,96 @@ print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_val
 '''
 
 
+TORCH_GPT_LOOP = r'''
+import json, math, sys, time, torch
+import torch.nn as nn, torch.nn.functional as F
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+torch.manual_seed(0)
+V, T, L, H, C, B = 256, cfg["block"], cfg["layers"], cfg["heads"], cfg["width"], cfg["batch"]
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__(); self.c_attn = nn.Linear(C, 3 * C); self.c_proj = nn.Linear(C, C)
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = F.softmax(att.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf")), dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(C), Attn(), nn.LayerNorm(C)
+        self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.h = nn.ModuleList([Block() for _ in range(L)]); self.ln_f = nn.LayerNorm(C)
+    def forward(self, idx, tgt):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        for b in self.h: x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, V).float(), tgt.view(-1))
+model = GPT()
+decay = [p for p in model.parameters() if p.dim() >= 2]
+other = [p for p in model.parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}], lr=1e-3)
+data = torch.tensor(list(open(cfg["data"], "rb").read()), dtype=torch.int64)
+n = len(data) * 9 // 10 - T - 1
+times = []
+for step in range(cfg["steps"]):
+    t0 = time.perf_counter()
+    starts = [((step * B + j) * T) % n for j in range(B)]
+    x = torch.stack([data[s:s + T] for s in starts]); y = torch.stack([data[s + 1:s + T + 1] for s in starts])
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["bf16"]):
+        loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    loss_value = loss.item()
+    times.append((time.perf_counter() - t0) * 1e3)
+print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_value}))
+'''
+
+GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64
+
+
 def median_after(times, warmup):
     return statistics.median(times[warmup:])
 
 
-def run_amp_train(binary, width, batch, layers, mode, steps, threads):
+def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None):
     with tempfile.TemporaryDirectory() as d:
         metrics = os.path.join(d, "m.jsonl")
-        cmd = [binary, "--device", "cpu", "--width", str(width), "--layers", str(layers), "--batch-size", str(batch),
-               "--steps", str(steps), "--amp", "off" if mode == "fp32" else "bf16", "--threads", str(threads),
-               "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9", "--log-every", "0", "--metrics", metrics]
+        common = ["--device", "cpu", "--batch-size", str(batch), "--steps", str(steps), "--threads", str(threads),
+                  "--amp", "off" if mode == "fp32" else "bf16", "--log-every", "0", "--metrics", metrics]
+        if data:
+            cmd = [binary, "--model", "gpt", "--data", data, "--n-layer", str(GPT_LAYERS), "--n-head", str(GPT_HEADS),
+                   "--n-embd", str(width), "--block-size", str(GPT_BLOCK), "--optimizer", "adamw", "--lr", "1e-3",
+                   "--weight-decay", "0.1", "--clip-grad-norm", "1"] + common
+        else:
+            cmd = [binary, "--width", str(width), "--layers", str(layers), "--optimizer", "sgd", "--lr", "0.01",
+                   "--momentum", "0.9"] + common
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(metrics) as f:
             recs = [json.loads(line) for line in f]
         return [r["step_ms"] for r in recs if "step" in r and "event" not in r]
 
 
-def run_torch(python, width, batch, layers, mode, steps, threads):
+def run_torch(python, width, batch, layers, mode, steps, threads, data=None):
     cfg = {"width": width, "batch": batch, "layers": layers, "steps": steps, "threads": threads, "lr": 0.01,
            "momentum": 0.9, "bf16": mode == "bf16"}
+    if data:
+        cfg.update({"data": data, "layers": GPT_LAYERS, "heads": GPT_HEADS, "block": GPT_BLOCK})
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([python, "-c", TORCH_LOOP, json.dumps(cfg)], check=True, capture_output=True, text=True,
-                         env=env)
+    out = subprocess.run([python, "-c", TORCH_GPT_LOOP if data else TORCH_LOOP, json.dumps(cfg)], check=True,
+                         capture_output=True, text=True, env=env)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     return res["times"], res["version"]
 
@@ -83,7 +154,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--amp-train", default=os.path.join(root, "build/release/launch/amp_train"))
-    ap.add_argument("--sizes", default="2048x256,4096x512", help="WIDTHxBATCH,... (default: %(default)s)")
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    ap.add_argument("--data", help="gpt: the text file to train on (launch/run_example.sh makes build/example/kjv.txt)")
+    ap.add_argument("--sizes", help="WIDTHxBATCH,... (mlp: 2048x256,4096x512; gpt: 128x32,256x32)")
     ap.add_argument("--modes", default="fp32,bf16")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=25)
@@ -95,6 +168,10 @@ def main():
     a = ap.parse_args()
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup")
+    if a.model == "gpt" and not (a.data and os.path.isfile(a.data)):
+        ap.error("--model gpt needs --data FILE, a text file (launch/run_example.sh makes build/example/kjv.txt)")
+    data = a.data if a.model == "gpt" else None
+    a.sizes = a.sizes or ("128x32,256x32" if data else "2048x256,4096x512")
     if not os.access(a.amp_train, os.X_OK):
         ap.error(f"--amp-train: {a.amp_train} is not an executable (build it: launch/build.sh release)")
     if a.make_venv:
@@ -115,18 +192,20 @@ def main():
 
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
     print(f"{'size':>10} {'mode':>5} {'amp_train ms':>13} " + " ".join(f"{'torch ' + n + ' ms':>17}" for n, _ in peers) +
-          f" {'ratio':>6}")
+          f" {'ratio':>6}" + (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else ""))
     for width, batch in sizes:
         for mode in a.modes.split(","):
-            ours = median_after(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads), a.warmup)
+            ours = median_after(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads, data),
+                                a.warmup)
             theirs = []
             for name, python in peers:
-                times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads)
+                times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads, data)
                 versions[name] = version
                 theirs.append((median_after(times, a.warmup), name))
             best = min(t for t, _ in theirs)
+            tokens = (f" {batch * GPT_BLOCK / ours * 1e3:>16.0f} {batch * GPT_BLOCK / best * 1e3:>12.0f}" if data else "")
             print(f"{width:>5}x{batch:<4} {mode:>5} {ours:>13.1f} " + " ".join(f"{t:>17.1f}" for t, _ in theirs) +
-                  f" {ours / best:>6.2f}", flush=True)
+                  f" {ours / best:>6.2f}" + tokens, flush=True)
     print("ratio: amp_train's median step over the faster PyTorch's; PyTorch " +
           ", ".join(f"{n} {v}" for n, v in versions.items()))
 

@@ -12,22 +12,16 @@
 
 namespace amp::models {
 
-Tensor causal_mask(int64_t T, Device device) {
-  std::vector<double> m(static_cast<size_t>(T * T), 0.0);
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = i + 1; j < T; ++j) m[static_cast<size_t>(i * T + j)] = -std::numeric_limits<double>::infinity();
-  return from_vector(m, {T, T}, DType::f32, device);
-}
-
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const Tensor& mask,
-                             const std::function<Tensor(const Tensor&)>& attn_dropout) {
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const std::function<Tensor(const Tensor&)>& attn_dropout) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
   // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v each a run of B·H heads of [T, D].
   const Tensor split = permute(qkv.reshape({B, T, 3, n_head, D}), {2, 0, 3, 1, 4});
   const Tensor q = select(split, 0).reshape({B * n_head, T, D});
   const Tensor k = select(split, 1).reshape({B * n_head, T, D});
   const Tensor v = select(split, 2).reshape({B * n_head, T, D});
-  Tensor att = softmax(add(mul(bmm(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(D))), mask));
+  // The scale is applied inside the (float32, under autocast) softmax, as PyTorch's
+  // scaled_dot_product_attention applies it, rather than to the fp16 scores.
+  Tensor att = causal_softmax(bmm(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(D)));
   if (attn_dropout) att = attn_dropout(att);
   const Tensor y = bmm(att, v).reshape({B, n_head, T, D});
   return permute(y, {0, 2, 1, 3}).reshape({B, T, C});
@@ -35,7 +29,7 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const Tensor& ma
 
 namespace {
 
-// The model's causal masks, and dropout whose counters follow the samples: site s of sample j (its index in the data stream)
+// Dropout whose counters follow the samples: site s of sample j (its index in the data stream)
 // draws counters [j P, (j + 1) P) of the site's own seed, P the site's elements per sample. So the
 // same sample drops the same elements on any rank count, micro-batch split and device.
 struct DropoutState {
@@ -44,15 +38,6 @@ struct DropoutState {
   uint64_t seed = 0;
   int64_t first = 0;  // stream index of the batch's first sample
   int64_t batch = 1;  // samples in the batch
-  Device device;
-  mutable std::map<int64_t, Tensor> masks;  // the causal mask of each sequence length
-
-  const Tensor& mask(int64_t T) const {
-    Tensor& m = masks[T];
-    if (!m.defined()) m = causal_mask(T, device);
-    return m;
-  }
-
   Tensor apply(const Tensor& x, uint64_t site) const {
     if (!training || p == 0.0) return x;
     const uint64_t per_sample = static_cast<uint64_t>(x.numel() / batch);
@@ -71,8 +56,7 @@ class CausalSelfAttention final : public nn::Module {
     register_module("c_proj", c_proj);
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor y = causal_self_attention((*c_attn)(x), n_head_, drop_->mask(x.size(1)),
-                                           [this](const Tensor& a) { return drop_->apply(a, site_); });
+    const Tensor y = causal_self_attention((*c_attn)(x), n_head_, [this](const Tensor& a) { return drop_->apply(a, site_); });
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
@@ -131,7 +115,6 @@ class Gpt final : public GptModel, public nn::Module {
  public:
   Gpt(const GptConfig& c, Generator& gen, Device device) : config_(c), device_(device) {
     drop_.p = c.dropout;
-    drop_.device = device;
     drop_.seed = gen.seed();
     auto transformer = std::make_shared<Container>();
     wte_ = std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen, device);

@@ -36,14 +36,10 @@ class GptModel : public TrainingModel {
 // Throws std::invalid_argument for sizes that do not make a model (n_embd not divisible by n_head...).
 std::unique_ptr<GptModel> make_gpt_model(const GptConfig& config, Generator& gen, Device device = kCPU);
 
-// [T, T] float32: 0 on and below the diagonal, -inf above it. Float32, so that under autocast the
-// masked scores (and softmax, on CUDA's fp32 list) are float32.
-Tensor causal_mask(int64_t T, Device device = kCPU);
-
 // Causal self-attention of projections qkv [B, T, 3C] (q, k and v side by side, as c_attn makes
-// them) with n_head heads: softmax(q k^T / sqrt(C / n_head) + mask) v, mask = causal_mask(T),
-// heads merged back to [B, T, C]. attn_dropout acts on the attention weights (empty: none).
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const Tensor& mask,
+// them) with n_head heads: causal_softmax(q k^T, 1 / sqrt(C / n_head)) v, heads merged back to
+// [B, T, C]. attn_dropout acts on the attention weights (empty: none).
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head,
                              const std::function<Tensor(const Tensor&)>& attn_dropout = nullptr);
 
 }  // namespace amp::models

@@ -81,6 +81,12 @@ class Backend {
                                    const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) = 0;
   // out = x with its dims permuted: out.shape[d] = x.shape[perm[d]] (at most 8 dims).
   virtual void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) = 0;
+  // Attention's softmax over [.., T, T] score rows: row r is query i = r mod T, and
+  // y[j] = exp(scale x[j] - m) / sum over k <= i of exp(scale x[k] - m) for j <= i, 0 for j > i.
+  virtual void causal_softmax(const Tensor& x, Tensor& y, double scale) = 0;
+  // The gradient of a softmax along the last dim from its output y: gx = scale y (g - sum(g y)); of
+  // a log-softmax (log): gx = g - exp(y) sum(g). Row sums in double.
+  virtual void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) = 0;
   // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 

@@ -51,6 +51,9 @@ Tensor dot(const Tensor& a, const Tensor& b);
 // --- softmax and losses (along the last dimension; dim must be -1 or dim()-1)
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+// Attention's masked softmax of scores x [..., T, T] (query i attends to keys 0..i):
+// softmax(scale x + causal mask) in one pass; autocast as softmax. First-order backward only.
+Tensor causal_softmax(const Tensor& x, double scale = 1.0);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
 Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);

@@ -31,13 +31,24 @@ Tensor nll_loss_backward(const Tensor& g, const Tensor& target, const Shape& log
 }
 }  // namespace
 
+// A first-order backward (no graph of the gradient) is one fused pass over the saved output; with
+// create_graph the formula is built from differentiable ops on the input instead.
+Tensor fused_softmax_backward(const Tensor& y, const Tensor& g, bool log, double scale) {
+  Tensor gx = empty_like(y);
+  backend_for(y.device()).softmax_backward(y, g.dtype() == y.dtype() ? g : g.to(y.dtype()), gx, log, scale);
+  return gx;
+}
+
 Tensor softmax(const Tensor& x_in, int64_t dim) {
   Tensor x = x_in;
   autocast_inputs(OpKind::softmax, {&x});
   check_lastdim("softmax", x, dim);
-  return record("SoftmaxBackward", softmax_forward(x, false), {x}, [x](const Tensor& g) {
-    const Tensor y = softmax(x);
-    return std::vector<Tensor>{mul(y, sub(g, sum(mul(g, y), -1, true)))};
+  const Tensor y = softmax_forward(x, false);
+  const Tensor saved = y.detach();  // the output without its history: no reference cycle
+  return record("SoftmaxBackward", y, {x}, [x, saved](const Tensor& g) {
+    if (!GradMode::enabled()) return std::vector<Tensor>{fused_softmax_backward(saved, g, false, 1.0)};
+    const Tensor yy = softmax(x);
+    return std::vector<Tensor>{mul(yy, sub(g, sum(mul(g, yy), -1, true)))};
   });
 }
 
@@ -45,8 +56,25 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   Tensor x = x_in;
   autocast_inputs(OpKind::log_softmax, {&x});
   check_lastdim("log_softmax", x, dim);
-  return record("LogSoftmaxBackward", softmax_forward(x, true), {x}, [x](const Tensor& g) {
+  const Tensor y = softmax_forward(x, true);
+  const Tensor saved = y.detach();
+  return record("LogSoftmaxBackward", y, {x}, [x, saved](const Tensor& g) {
+    if (!GradMode::enabled()) return std::vector<Tensor>{fused_softmax_backward(saved, g, true, 1.0)};
     return std::vector<Tensor>{sub(g, mul(softmax(x), sum(g, -1, true)))};
+  });
+}
+
+Tensor causal_softmax(const Tensor& x_in, double scale) {
+  Tensor x = x_in;
+  autocast_inputs(OpKind::softmax, {&x});
+  if (x.dim() < 2 || x.size(-1) != x.size(-2))
+    throw std::invalid_argument("causal_softmax: expected scores [..., T, T], got " + shape_str(x.shape()));
+  Tensor y = empty_like(x);
+  backend_for(x.device()).causal_softmax(x, y, scale);
+  const Tensor saved = y.detach();
+  return record("CausalSoftmaxBackward", y, {x}, [saved, scale](const Tensor& g) {
+    if (GradMode::enabled()) throw std::logic_error("causal_softmax: double backward is not supported");
+    return std::vector<Tensor>{fused_softmax_backward(saved, g, false, scale)};
   });
 }
 

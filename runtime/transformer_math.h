@@ -26,6 +26,12 @@ AMP_HD C layer_norm_grad_input(C g, C w, C xhat, C rstd, C mean_dxhat, C mean_dx
   return rstd * (g * w - mean_dxhat - xhat * mean_dxhat_xhat);
 }
 
+// Softmax's gradient from its output: scale y (g - sum_gy); log-softmax's: g - exp(y) sum_g.
+template <class C>
+AMP_HD C softmax_grad(C y, C g, C row_sum, C scale) { return scale * y * (g - row_sum); }
+template <class C>
+AMP_HD C log_softmax_grad(C y, C g, C row_sum) { return g - std::exp(y) * row_sum; }
+
 // Dropout's mask from the counter-based stream: element i is kept (and scaled by 1 / (1 - p)) when
 // its uniform draw is at least p. The same counter gives the same decision on any backend, rank or
 // thread count.

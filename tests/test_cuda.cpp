@@ -971,5 +971,29 @@ TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
   }
 }
 
+TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {
+  for (DType dt : kFloatTypes) {
+    for (const Shape& s : {Shape{3, 7, 7}, Shape{2, 64, 64}, Shape{1, 300, 300}}) {
+      const int64_t T = s.back();
+      // As softmax's bound (the row sums in two orders), over the row's valid keys.
+      const double u = dt == DType::f64 ? 0x1p-53 : 0x1p-24;
+      const double storage = dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0.0;
+      const double tol = (2.0 * static_cast<double>(T) + 8.0) * u + storage;
+      const Tensor x = random_cpu(s, dt, 91, -6, 6);
+      Tensor c = empty(s, dt), g = empty(s, dt, kGPU);
+      cpu().causal_softmax(x, c, 0.37);
+      gpu().causal_softmax(x.to(kGPU), g, 0.37);
+      EXPECT_TRUE(matches(g, c, tol)) << dtype_name(dt) << shape_str(s);
+      const Tensor grad = random_cpu(s, dt, 92);
+      for (bool log : {false, true}) {
+        Tensor cb = empty(s, dt), gb = empty(s, dt, kGPU);
+        cpu().softmax_backward(c, grad, cb, log, log ? 1.0 : 0.37);
+        gpu().softmax_backward(c.to(kGPU), grad.to(kGPU), gb, log, log ? 1.0 : 0.37);
+        EXPECT_TRUE(matches(gb, cb, tol + 8 * u)) << dtype_name(dt) << shape_str(s) << " log " << log;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace amp

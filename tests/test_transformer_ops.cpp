@@ -24,9 +24,15 @@ Tensor rnd(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0, DTy
   return rand_uniform(s, lo, hi, g, dt);
 }
 
-// GPT's attention with a float64 mask (the model's is float32, for autocast).
-Tensor causal_attention(const Tensor& qkv, int64_t heads) {
-  return models::causal_self_attention(qkv, heads, models::causal_mask(qkv.size(1)).to(DType::f64));
+Tensor causal_attention(const Tensor& qkv, int64_t heads) { return models::causal_self_attention(qkv, heads); }
+
+// softmax(scale x + mask), mask -inf above the diagonal: the composite that causal_softmax fuses.
+Tensor masked_softmax(const Tensor& x, double scale) {
+  const int64_t T = x.size(-1);
+  std::vector<double> m(static_cast<size_t>(T * T), 0.0);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = i + 1; j < T; ++j) m[static_cast<size_t>(i * T + j)] = -INFINITY;
+  return softmax(add(mul(x, scale), from_vector(m, {T, T}, x.dtype())));
 }
 
 TEST(TransformerOps, GradientsAgainstFiniteDifferences) {
@@ -45,6 +51,25 @@ TEST(TransformerOps, GradientsAgainstFiniteDifferences) {
     }
   EXPECT_TRUE(gradcheck([](const V& v) { return dropout(v[0], 0.4, 11, 100); }, {rnd({4, 5}, 10)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], 2); }, {rnd({2, 5, 12}, 12, -2, 2)}));
+}
+
+TEST(TransformerOps, CausalSoftmaxIsTheMaskedSoftmaxFused) {
+  const Tensor x = rnd({2, 3, 5, 5}, 51, -3, 3).set_requires_grad(true);
+  const Tensor w = rnd({2, 3, 5, 5}, 52);
+  const Tensor fused = causal_softmax(x, 0.7), composite = masked_softmax(x, 0.7);
+  EXPECT_TRUE(test::all_close(fused, composite, 1e-14, 1e-15));
+  const Tensor gf = grad({sum(mul(fused, w))}, {x})[0], gc = grad({sum(mul(composite, w))}, {x})[0];
+  EXPECT_TRUE(test::all_close(gf, gc, 1e-12, 1e-14));
+  EXPECT_TRUE(gradcheck([](const V& v) { return causal_softmax(v[0], 1.3); }, {rnd({2, 4, 4}, 53, -2, 2)}));
+  // softmax and log_softmax: the fused first-order backward against their composite double-backward
+  // form (create_graph builds the composite).
+  for (bool log : {false, true}) {
+    const Tensor s = log ? log_softmax(x) : softmax(x);
+    const Tensor g1 = grad({sum(mul(s, w))}, {x})[0];
+    const Tensor g2 = grad({sum(mul(log ? log_softmax(x) : softmax(x), w))}, {x}, {}, false, true)[0];
+    EXPECT_TRUE(test::all_close(g1, g2, 1e-12, 1e-14)) << "log " << log;
+  }
+  EXPECT_THROW(causal_softmax(rnd({2, 3, 4}, 1)), std::invalid_argument);
 }
 
 TEST(TransformerOps, LayerNormMatchesItsDefinition) {

@@ -1,7 +1,10 @@
 // CPU backend: the transformer primitives (embedding, layer norm, permute, dropout's mask). The
 // per-element math is runtime/transformer_math.h, shared with the CUDA kernels; row and column sums
 // run in double, in index order.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -153,6 +156,50 @@ void CpuBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Tens
     const int64_t o = static_cast<int64_t>(r) * row;
     std::memcpy(dst + static_cast<size_t>(o) * es, src + static_cast<size_t>(pi.offset(o)) * es, static_cast<size_t>(row) * es);
   }
+}
+
+void CpuBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
+  const int64_t T = x.shape().back(), rows = T == 0 ? 0 : x.numel() / T;
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T_ = decltype(T_tag);
+    using Cm = typename Elem<T_>::Compute;
+    const Cm sc = static_cast<Cm>(scale);
+    const T_* xs = x.data<T_>();
+    T_* ys = y.data<T_>();
+#pragma omp parallel for schedule(static) if (rows * T > cpu::kParallelGrain)
+    for (long r = 0; r < static_cast<long>(rows); ++r) {
+      const T_* xr = xs + r * T;
+      T_* yr = ys + r * T;
+      const int64_t valid = r % T + 1;  // keys 0..i
+      Cm mx = -std::numeric_limits<Cm>::infinity();
+      for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sc * static_cast<Cm>(Elem<T_>::load(xr[c])));
+      Cm total = 0;
+      for (int64_t c = 0; c < valid; ++c) total += std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx);
+      for (int64_t c = 0; c < valid; ++c) yr[c] = Elem<T_>::store(std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx) / total);
+      for (int64_t c = valid; c < T; ++c) yr[c] = Elem<T_>::store(Cm(0));
+    }
+  });
+}
+
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) {
+  const int64_t C = y.dim() == 0 ? 1 : y.shape().back(), rows = C == 0 ? 0 : y.numel() / C;
+  cpu::dispatch_float(y.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using Cm = typename Elem<T>::Compute;
+    auto ld = [](T v) { return static_cast<Cm>(Elem<T>::load(v)); };
+    const T* ys = y.data<T>();
+    const T* gs = g.data<T>();
+    T* out = gx.data<T>();
+#pragma omp parallel for schedule(static) if (rows * C > cpu::kParallelGrain)
+    for (long r = 0; r < static_cast<long>(rows); ++r) {
+      const T* yr = ys + r * C;
+      const T* gr = gs + r * C;
+      double acc = 0.0;
+      for (int64_t c = 0; c < C; ++c) acc += log ? static_cast<double>(ld(gr[c])) : static_cast<double>(ld(gr[c]) * ld(yr[c]));
+      const Cm row = static_cast<Cm>(acc);
+      for (int64_t c = 0; c < C; ++c)
+        out[r * C + c] = Elem<T>::store(log ? math::log_softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row)
+                                            : math::softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row, static_cast<Cm>(scale)));
+    }
+  });
 }
 
 void CpuBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) {

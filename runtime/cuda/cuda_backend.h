@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            Tensor& gx, Tensor& gw, Tensor& gb) override;
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
+  void causal_softmax(const Tensor& x, Tensor& y, double scale) override;
+  void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

@@ -135,6 +135,44 @@ __global__ void dropout_mask_kernel(T* mask, int64_t n, uint64_t seed, uint64_t 
         math::dropout_mask(seed, offset + static_cast<uint64_t>(i), p)));
 }
 
+// One block per score row, as softmax_kernel; keys past the query's position are 0.
+template <class T>
+__global__ void causal_softmax_kernel(const T* x, T* y, int64_t cols, double scale) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  const int64_t valid = r % cols + 1;
+  const C sc = static_cast<C>(scale);
+  C mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<T>::load(xr[c])));
+  mx = block_reduce(mx, MaxOp{});
+  C total = 0;
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx);
+  total = block_reduce(total, SumOp{});
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    yr[c] = DevElem<T>::store(c < valid ? std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx) / total : C(0));
+}
+
+template <class T>
+__global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t cols, bool log, double scale) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t r = blockIdx.x;
+  const T* yr = y + r * cols;
+  const T* gr = g + r * cols;
+  double acc = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const C gv = static_cast<C>(DevElem<T>::load(gr[c]));
+    acc += log ? static_cast<double>(gv) : static_cast<double>(gv * static_cast<C>(DevElem<T>::load(yr[c])));
+  }
+  const C row = static_cast<C>(block_reduce(acc, SumOp{}));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const C yv = static_cast<C>(DevElem<T>::load(yr[c])), gv = static_cast<C>(DevElem<T>::load(gr[c]));
+    gx[r * cols + c] = DevElem<T>::store(log ? math::log_softmax_grad<C>(yv, gv, row)
+                                             : math::softmax_grad<C>(yv, gv, row, static_cast<C>(scale)));
+  }
+}
+
 int row_threads(int64_t cols) { return cols >= 256 ? 256 : (cols >= 64 ? 64 : 32); }
 
 unsigned rows_grid(int64_t rows, const char* op) {
@@ -237,6 +275,33 @@ void CudaBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Ten
     case 8: launch(uint64_t{}); break;
     default: throw std::invalid_argument("permute: unsupported element size");
   }
+}
+
+void CudaBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
+  require_cuda(x, "causal_softmax: input");
+  require_cuda(y, "causal_softmax: output");
+  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    AMP_LAUNCH(rows_grid(rows, "causal_softmax"), row_threads(cols), 0, ctx.stream(), causal_softmax_kernel<T>)(
+        x.data<T>(), y.data<T>(), cols, scale);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) {
+  require_cuda(y, "softmax_backward: output");
+  require_cuda(g, "softmax_backward: gradient");
+  require_cuda(gx, "softmax_backward: input's gradient");
+  const int64_t cols = y.dim() == 0 ? 1 : y.shape().back(), rows = cols == 0 ? 0 : y.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  dispatch_float(y.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    AMP_LAUNCH(rows_grid(rows, "softmax_backward"), row_threads(cols), 0, ctx.stream(), softmax_backward_kernel<T>)(
+        y.data<T>(), g.data<T>(), gx.data<T>(), cols, log, scale);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) {
