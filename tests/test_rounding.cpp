@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "runtime/backend.h"
 #include "runtime/optim_math.h"
@@ -75,6 +76,53 @@ TEST(Rounding, InlineAdamMomentRoundsEachProductFirst) {
   volatile float want = -1.0f + prod;
   EXPECT_EQ(m, want);
   EXPECT_NE(m, std::fma(kOnePlus / 4.0f, g + 1.0f, -1.0f)) << "the inputs do not tell fused from unfused";
+}
+
+// Adam's update is PyTorch 2.x's param.addcdiv_(exp_avg, denom, value=-step_size): (value * m) / denom,
+// not value * (m / denom). With beta1 = beta2 = 0 (m = g, v = g^2), these inputs (found by a search
+// over float32) round the two orders apart.
+TEST(Rounding, AdamUpdateMultipliesByTheStepBeforeDividing) {
+  const float g = 0x1.d4a706p-1f, step = -0x1.4095b6p-9f, eps = 0x1.f22442p-1f;
+  math::AdamCoef c{};
+  c.one_minus_beta1 = 1.0f;  // lerp(m, g, 1) = g
+  c.one_minus_beta2 = 1.0f;  // v = g * g
+  c.eps = opaque(eps);
+  c.decay = 1.0f;
+  c.neg_step_size = opaque(step);
+  c.bc2_sqrt = 1.0f;
+  float p = 0.0f, m = 0.0f, v = 0.0f, vmax = 0.0f;
+  math::adam_update(&p, opaque(g), &m, &v, &vmax, c);
+  volatile float vv = g * g;
+  volatile float denom = std::sqrt(vv) + eps;
+  volatile float num = step * g;
+  volatile float torch_order = num / denom;
+  volatile float quotient = g / denom;
+  volatile float other_order = step * quotient;
+  ASSERT_NE(torch_order, other_order) << "the inputs do not tell the orders apart";
+  EXPECT_EQ(p, torch_order);
+}
+
+// AMSGrad keeps the running maximum with torch.maximum, which propagates NaN (std::fmax would drop
+// it, and the parameter would go on as if nothing happened).
+TEST(Rounding, AmsgradMaximumKeepsNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(math::nan_maximum(nan, 1.0f)));
+  EXPECT_TRUE(std::isnan(math::nan_maximum(1.0f, nan)));
+  EXPECT_EQ(math::nan_maximum(1.0f, 2.0f), 2.0f);
+  EXPECT_FALSE(std::isnan(std::fmax(nan, 1.0f)));  // the function this replaced
+  math::AdamCoef c{};
+  c.one_minus_beta1 = 0.1f;
+  c.beta2 = 0.999f;
+  c.one_minus_beta2 = 0.001f;
+  c.eps = 1e-8f;
+  c.decay = 1.0f;
+  c.neg_step_size = -0.01f;
+  c.bc2_sqrt = 1.0f;
+  c.amsgrad = true;
+  float p = 1.0f, m = 0.0f, v = 0.0f, vmax = opaque(nan);
+  math::adam_update(&p, 0.5f, &m, &v, &vmax, c);
+  EXPECT_TRUE(std::isnan(vmax));
+  EXPECT_TRUE(std::isnan(p));
 }
 
 }  // namespace
