@@ -2,6 +2,8 @@
 
 #include "test_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -171,8 +173,12 @@ std::string generated_text_file(const std::string& name, size_t bytes) {
     text += (state >> 60) == 0 ? ".\n" : " ";
   }
   text.resize(bytes);
+  // Written aside and renamed into place: suites running at once (CTest -j) may ask for the same
+  // file, and none may read it half-written.
   const std::string path = (std::filesystem::temp_directory_path() / ("amp_test_" + name + ".txt")).string();
-  std::ofstream(path, std::ios::binary) << text;
+  const std::string tmp = path + "." + std::to_string(::getpid()) + ".tmp";
+  std::ofstream(tmp, std::ios::binary) << text;
+  std::filesystem::rename(tmp, path);
   return path;
 }
 
