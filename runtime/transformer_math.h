@@ -1,4 +1,4 @@
-// Per-element math of the transformer primitives (layer norm, dropout, permute indexing), shared by
+// Per-element math of the transformer primitives (layer norm, softmax's gradient, dropout), shared by
 // the CPU loops and the CUDA kernels. Row statistics (mean, variance, the backward's two row sums)
 // are accumulated in double by both backends; these functions apply them to one element.
 #pragma once
@@ -38,22 +38,5 @@ AMP_HD C log_softmax_grad(C y, C g, C row_sum) { return g - std::exp(y) * row_su
 AMP_HD float dropout_mask(uint64_t seed, uint64_t counter, double p) {
   return uniform01(seed, counter) >= p ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
 }
-
-// Permutation indexing: the source offset of output element `linear`, where output dim d has size
-// out_shape[d] and steps src_stride[d] elements through the (contiguous) source.
-template <int kMax>
-struct PermuteIndex {
-  int ndim = 0;
-  int64_t out_shape[kMax] = {};
-  int64_t src_stride[kMax] = {};
-  AMP_HD int64_t offset(int64_t linear) const {
-    int64_t off = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      off += (linear % out_shape[d]) * src_stride[d];
-      linear /= out_shape[d];
-    }
-    return off;
-  }
-};
 
 }  // namespace amp::math

@@ -46,6 +46,14 @@ inline const char* const kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 "
     "mpirun -np 2 --oversubscribe";
 
+// A pid that no process has now: a child that has exited and been reaped.
+inline pid_t gone_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
 // A scratch directory for one test, removed with everything in it.
 struct TempDir {
   std::filesystem::path path = std::filesystem::temp_directory_path() / ("amp_cli_" + std::to_string(::getpid()));

@@ -137,9 +137,7 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
 
 TEST(Checkpoint, KeepsTheLastKAndRemovesStaleTemporaries) {
   TempDir d;
-  const pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
-  ::waitpid(child, nullptr, 0);  // a pid that is surely gone
+  const pid_t child = gone_pid();
   const std::string stale = d.file("ck/.tmp-step-00000002." + std::to_string(child));
   fs::create_directories(stale);
   std::ofstream(stale + "/model.safetensors") << "partial";

@@ -390,9 +390,7 @@ TEST(Cli, SigtermFinishesTheStepSavesAndExitsNonZero) {
 // processes that are gone), and says so.
 TEST(Cli, StaleTemporariesOfAKilledSaveAreRemoved) {
   TempDir d;
-  const pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
-  ::waitpid(child, nullptr, 0);  // a pid that is surely gone
+  const pid_t child = gone_pid();
   const std::string stale = d.file("w.safetensors.tmp." + std::to_string(child));
   const std::string live = d.file("w.safetensors.tmp." + std::to_string(::getpid()));
   const std::string other = d.file("w.safetensors.tmp.notapid");

@@ -57,34 +57,42 @@ void expect_same_training(const launch::TrainResult& a, nn::Module& ma, const la
   for (size_t k = 0; k < pa.size(); ++k) EXPECT_TRUE(test::all_close(pa[k], pb[k], tol, tol)) << "parameter " << k;
 }
 
-TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {
-  comm::MpiCommunicator& w = world();
-  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: with one, both runs are the same run";
-  TrainConfig many = base_config();
+// `many` on every rank against the same with one rank and the whole batch; the two runs' results.
+struct Pair {
+  launch::TrainResult many, one;
+  std::unique_ptr<launch::Trainer> tm, to;
+};
+Pair ranks_against_one_rank(const TrainConfig& many) {
   TrainConfig one = many;
-  one.batch_size = many.batch_size * w.size();
+  one.batch_size = many.batch_size * world().size();
+  Pair p;
+  p.many = train(many, world(), nullptr, &p.tm);
+  comm::LocalCommunicator local;
+  p.one = train(one, local, nullptr, &p.to);
+  return p;
+}
+
+// K micro-batches against one micro-batch of K times the batch, both on every rank: the sample
+// layout makes them equal.
+void expect_micro_batches_equal_one(TrainConfig k, int64_t K) {
+  k.micro_batches = K;
+  TrainConfig one = k;
+  one.micro_batches = 1;
+  one.batch_size = k.batch_size * K;
   std::unique_ptr<launch::Trainer> ta, tb;
   nn::Module *ma = nullptr, *mb = nullptr;
-  const auto ra = train(many, w, &ma, &ta);
-  comm::LocalCommunicator local;
-  const auto rb = train(one, local, &mb, &tb);
+  const auto ra = train(k, world(), &ma, &ta);
+  const auto rb = train(one, world(), &mb, &tb);
   expect_same_training(ra, *ma, rb, *mb, 2e-5);
 }
 
-TEST(Distributed, MicroBatchesTimesBatchEqualsOneMicroBatch) {
-  comm::MpiCommunicator& w = world();
-  TrainConfig k = base_config();
-  k.micro_batches = 3;
-  TrainConfig one = k;
-  one.micro_batches = 1;
-  one.batch_size = k.batch_size * 3;
-  std::unique_ptr<launch::Trainer> ta, tb;
-  nn::Module *ma = nullptr, *mb = nullptr;
-  // micro-batches with ranks, against one micro-batch with ranks: the sample layout makes them equal.
-  const auto ra = train(k, w, &ma, &ta);
-  const auto rb = train(one, w, &mb, &tb);
-  expect_same_training(ra, *ma, rb, *mb, 2e-5);
+TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {
+  if (world().size() < 2) GTEST_SKIP() << "needs at least 2 ranks: with one, both runs are the same run";
+  Pair p = ranks_against_one_rank(base_config());
+  expect_same_training(p.many, p.tm->model(), p.one, p.to->model(), 2e-5);
 }
+
+TEST(Distributed, MicroBatchesTimesBatchEqualsOneMicroBatch) { expect_micro_batches_equal_one(base_config(), 3); }
 
 // --model mtl: the Jacobian is averaged over ranks before the aggregation, so R ranks × batch B
 // train like 1 rank × batch R·B, and micro-batches like one; per-task losses and UPGrad's weights
@@ -117,17 +125,11 @@ TEST(Distributed, MultiTaskRanksTimesBatchEqualsOneRank) {
     TrainConfig many = mtl_config();
     many.amp = amp;
     many.init_scale = 1024.0;
-    TrainConfig one = many;
-    one.batch_size = many.batch_size * w.size();
-    std::unique_ptr<launch::Trainer> ta, tb;
-    nn::Module *ma = nullptr, *mb = nullptr;
-    const auto ra = train(many, w, &ma, &ta);
-    comm::LocalCommunicator local;
-    const auto rb = train(one, local, &mb, &tb);
+    Pair p = ranks_against_one_rank(many);
     const double tol = amp == launch::AmpMode::off ? 2e-5 : 2e-3;
-    expect_same_training(ra, *ma, rb, *mb, tol);
-    expect_same_tasks(ra, rb, tol);
-    EXPECT_TRUE(comm::check_replicas(w, ma->parameters()).consistent);
+    expect_same_training(p.many, p.tm->model(), p.one, p.to->model(), tol);
+    expect_same_tasks(p.many, p.one, tol);
+    EXPECT_TRUE(comm::check_replicas(w, p.tm->model().parameters()).consistent);
   }
 }
 
@@ -169,38 +171,22 @@ TEST(Distributed, GptRanksTimesBatchEqualsOneRank) {
   for (double dropout : {0.0, 0.2}) {
     TrainConfig many = gpt_config();
     many.dropout = dropout;
-    TrainConfig one = many;
-    one.batch_size = many.batch_size * w.size();
-    std::unique_ptr<launch::Trainer> ta, tb;
-    nn::Module *ma = nullptr, *mb = nullptr;
-    const auto ra = train(many, w, &ma, &ta);
-    comm::LocalCommunicator local;
-    const auto rb = train(one, local, &mb, &tb);
-    expect_same_training(ra, *ma, rb, *mb, 2e-5);
-    EXPECT_TRUE(comm::check_replicas(w, ma->parameters()).consistent);
+    Pair p = ranks_against_one_rank(many);
+    expect_same_training(p.many, p.tm->model(), p.one, p.to->model(), 2e-5);
+    EXPECT_TRUE(comm::check_replicas(w, p.tm->model().parameters()).consistent);
   }
 }
 
 TEST(Distributed, GptMicroBatchesEqualOneMicroBatch) {
-  comm::MpiCommunicator& w = world();
   TrainConfig k = gpt_config();
-  k.micro_batches = 3;
   k.dropout = 0.1;
-  TrainConfig one = k;
-  one.micro_batches = 1;
-  one.batch_size = k.batch_size * 3;
+  expect_micro_batches_equal_one(k, 3);
+  // A control: dropout does change the training (so the equality is not of runs without it).
+  TrainConfig with = k, without = k;
+  without.dropout = 0.0;
   std::unique_ptr<launch::Trainer> ta, tb;
-  nn::Module *ma = nullptr, *mb = nullptr;
-  const auto ra = train(k, w, &ma, &ta);
-  const auto rb = train(one, w, &mb, &tb);
-  expect_same_training(ra, *ma, rb, *mb, 2e-5);
-  // A control: dropout does change the training (so the equality above is not of runs without it).
-  TrainConfig off = one;
-  off.dropout = 0.0;
-  std::unique_ptr<launch::Trainer> tc;
-  nn::Module* mc = nullptr;
-  const auto rc = train(off, w, &mc, &tc);
-  EXPECT_GT(std::fabs(rc.records.back().loss - rb.records.back().loss), 1e-4);
+  const auto ra = train(with, world(), nullptr, &ta), rb = train(without, world(), nullptr, &tb);
+  EXPECT_GT(std::fabs(ra.records.back().loss - rb.records.back().loss), 1e-4);
 }
 
 TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {

@@ -11,6 +11,7 @@
 
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/dispatch.h"
+#include "runtime/strided_index.h"
 #include "runtime/transformer_math.h"
 
 namespace amp {
@@ -133,17 +134,8 @@ void CpuBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Ten
 }
 
 void CpuBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
-  constexpr int kMax = 8;
-  const int n = static_cast<int>(perm.size());
-  if (n > kMax || n != x.dim()) throw std::invalid_argument("permute: expected a permutation of " + std::to_string(x.dim()) + " dims (at most 8)");
-  std::vector<int64_t> stride(n, 1);
-  for (int d = n - 2; d >= 0; --d) stride[d] = stride[d + 1] * x.shape()[d + 1];
-  math::PermuteIndex<kMax> pi;
-  pi.ndim = n;
-  for (int d = 0; d < n; ++d) {
-    pi.out_shape[d] = x.shape()[perm[d]];
-    pi.src_stride[d] = stride[perm[d]];
-  }
+  const math::StridedIndex<8> pi = math::permuted<8>(x.shape(), perm);
+  const int n = pi.n;
   const size_t es = dtype_size(x.dtype());
   const long total = static_cast<long>(x.numel());
   const char* src = static_cast<const char*>(x.data_ptr());

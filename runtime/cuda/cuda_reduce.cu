@@ -9,25 +9,14 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/device_elem.cuh"
+#include "runtime/strided_index.h"
 
 namespace amp::cuda {
 
 namespace {
 
 // The dims of x that sum_to keeps and the ones it sums over, with x's element strides.
-struct MixedRadix {
-  int n = 0;
-  int64_t size[kMaxDims] = {};
-  int64_t stride[kMaxDims] = {};
-  __device__ int64_t offset(int64_t linear) const {
-    int64_t off = 0;
-    for (int d = n - 1; d >= 0; --d) {
-      off += (linear % size[d]) * stride[d];
-      linear /= size[d];
-    }
-    return off;
-  }
-};
+using MixedRadix = math::StridedIndex<kMaxDims>;
 
 // --- kernels
 

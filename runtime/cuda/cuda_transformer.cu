@@ -14,6 +14,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/device_elem.cuh"
+#include "runtime/strided_index.h"
 #include "runtime/transformer_math.h"
 
 namespace amp::cuda {
@@ -21,7 +22,7 @@ namespace amp::cuda {
 namespace {
 
 constexpr int kMaxPermuteDims = 8;
-using Permute = math::PermuteIndex<kMaxPermuteDims>;
+using Permute = math::StridedIndex<kMaxPermuteDims>;
 
 // --- kernels
 
@@ -250,17 +251,7 @@ void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Te
 void CudaBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
   require_cuda(x, "permute: input");
   require_cuda(out, "permute: output");
-  const int n = static_cast<int>(perm.size());
-  if (n > kMaxPermuteDims || n != x.dim())
-    throw std::invalid_argument("permute: expected a permutation of " + std::to_string(x.dim()) + " dims (at most 8)");
-  std::vector<int64_t> stride(static_cast<size_t>(n), 1);
-  for (int d = n - 2; d >= 0; --d) stride[d] = stride[d + 1] * x.shape()[d + 1];
-  Permute index;
-  index.ndim = n;
-  for (int d = 0; d < n; ++d) {
-    index.out_shape[d] = x.shape()[perm[d]];
-    index.src_stride[d] = stride[perm[d]];
-  }
+  const Permute index = math::permuted<kMaxPermuteDims>(x.shape(), perm);
   const int64_t total = x.numel();
   if (total == 0) return;
   Context& ctx = context();
