@@ -94,6 +94,10 @@ class Backend {
   // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                     Tensor& c) = 0;
+  // The same for each i of a batch: c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i], 3-D [B, ., .]
+  // contiguous operands (one cuBLAS launch on CUDA; a loop on the CPU).
+  virtual void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+                            Tensor& c) = 0;
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).

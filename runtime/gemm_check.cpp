@@ -22,6 +22,14 @@ GemmDims check_gemm(bool ta, bool tb, const Tensor& a, const Tensor& b, const Te
   return d;
 }
 
+GemmDims check_gemm_batched(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.dim() != 3 || b.dim() != 3 || c.dim() != 3 || a.shape()[0] != b.shape()[0] || a.shape()[0] != c.shape()[0])
+    throw std::invalid_argument("gemm_batched: operands must be 3-D with one batch size, got " + shape_str(a.shape()) +
+                                ", " + shape_str(b.shape()) + " and " + shape_str(c.shape()));
+  const auto inner = [](const Tensor& t) { return t.view(0, {t.shape()[1], t.shape()[2]}); };
+  return check_gemm(ta, tb, inner(a), inner(b), inner(c));
+}
+
 bool gemm_is_trivial(Backend& b, int64_t m, int64_t n, int64_t k, float beta, Tensor& c) {
   if (m == 0 || n == 0) return true;
   if (k != 0) return false;

@@ -14,6 +14,9 @@ struct GemmDims {
 // inner sizes, a and b of one dtype, c of that dtype or float32 for fp16/bf16 inputs.
 GemmDims check_gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
 
+// The batched form: a, b and c 3-D with one batch size; each [i] checked as check_gemm does.
+GemmDims check_gemm_batched(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
+
 class Backend;
 // Handles the empty cases (no output, or k = 0: c = beta * c) and returns true, so that backends
 // never hand a BLAS a zero dimension; returns false when there is a real product to compute.

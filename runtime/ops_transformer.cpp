@@ -116,13 +116,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   if (k != kb)
     throw std::invalid_argument("bmm: shapes cannot be multiplied (" + shape_str(a.shape()) + " and " + shape_str(b.shape()) + ")");
   Tensor c = empty({B, m, n}, a.dtype(), a.device());
-  Backend& be = backend_for(a.device());
-  const Shape as(a.shape().begin() + 1, a.shape().end()), bs(b.shape().begin() + 1, b.shape().end());
-  for (int64_t i = 0; i < B; ++i) {
-    const Tensor ai = a.view(i * m * k, as), bi = b.view(i * k * n, bs);
-    Tensor ci = c.view(i * m * n, {m, n});
-    be.gemm(ta, tb, 1.0f, ai, bi, 0.0f, ci);
-  }
+  backend_for(a.device()).gemm_batched(ta, tb, 1.0f, a, b, 0.0f, c);
   // As mm's: dA = g B^T and dB = A^T g, transposed back where a or b was.
   return record("BmmBackward", c, {a, b}, [a, b, ta, tb](const Tensor& g) {
     Tensor ga, gb;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -993,6 +994,39 @@ TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {
       }
     }
   }
+}
+
+// Batched GEMMs (bmm: attention's scores and values) in one cuBLAS launch, against the CPU's loop of
+// GEMMs, with the GEMM test's tolerances; each matrix of the batch is distinct, so a wrong stride
+// shows.
+TEST_F(CudaVsCpu, BatchedGemmIsOneLaunchAndMatchesTheCpu) {
+  struct Case {
+    DType in, out;
+    double tol;
+  };
+  const Case cases[] = {{DType::f32, DType::f32, 1e-6}, {DType::f64, DType::f64, 1e-14},
+                        {DType::f16, DType::f16, 1e-3}, {DType::bf16, DType::bf16, 8e-3}};
+  const int64_t batch = 5, m = 17, n = 13, k = 70;
+  for (const Case& cs : cases) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const Tensor a = random_cpu(ta ? Shape{batch, k, m} : Shape{batch, m, k}, cs.in, 71);
+        const Tensor b = random_cpu(tb ? Shape{batch, n, k} : Shape{batch, k, n}, cs.in, 72);
+        Tensor c = random_cpu({batch, m, n}, cs.out, 73);
+        Tensor g = c.to(kGPU);
+        const Tensor ga = a.to(kGPU), gb = b.to(kGPU);
+        cpu().gemm_batched(ta, tb, 1.25f, a, b, 0.5f, c);
+        const std::optional<DeviceCounters> before = emulated_device_counters();
+        gpu().gemm_batched(ta, tb, 1.25f, ga, gb, 0.5f, g);
+        if (before) {
+          EXPECT_EQ((*emulated_device_counters() - *before).launches, 1);
+        }
+        EXPECT_TRUE(matches(g, c, cs.tol)) << dtype_name(cs.in) << " ta " << ta << " tb " << tb;
+      }
+    }
+  }
+  Tensor bad = empty({2, 3, 3}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().gemm_batched(false, false, 1, bad, empty({3, 3, 3}, DType::f32, kGPU), 0, bad), std::invalid_argument);
 }
 
 }  // namespace

@@ -87,6 +87,15 @@ void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
   cache.stream.wait();
 }
 
+void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  const auto [m, n, k] = check_gemm_batched(ta, tb, a, b, c);
+  const Shape as(a.shape().begin() + 1, a.shape().end()), bs(b.shape().begin() + 1, b.shape().end());
+  for (int64_t i = 0; i < a.shape()[0]; ++i) {
+    Tensor ci = c.view(i * m * n, {m, n});
+    gemm(ta, tb, alpha, a.view(i * m * k, as), b.view(i * k * n, bs), beta, ci);
+  }
+}
+
 void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   if (gemm_is_trivial(*this, m, n, k, beta, c)) return;

@@ -227,17 +227,22 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
-                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+namespace {
+
+// cublasGemmEx (batch 1) and cublasGemmStridedBatchedEx: validated at call time, enqueued as one
+// operation that runs the batch's GEMMs in order.
+cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
+                            long long strideA, const void* B, cudaDataType Btype, int ldb, long long strideB,
+                            const void* beta, void* C, cudaDataType Ctype, int ldc, long long strideC, int batch,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   if (!live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   const auto valid_op = [](cublasOperation_t op) {
     return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;
   };
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;  // OP_C is OP_T for real types
-  if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || lda < std::max(1, ta ? k : m) ||
-      ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m) ||
+  if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || batch < 0 || strideA < 0 || strideB < 0 ||
+      strideC < 0 || lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m) ||
       !(algo == CUBLAS_GEMM_DEFAULT || (algo >= CUBLAS_GEMM_ALGO0 && algo <= CUBLAS_GEMM_ALGO23) ||
         (algo >= CUBLAS_GEMM_DEFAULT_TENSOR_OP && algo <= CUBLAS_GEMM_ALGO15_TENSOR_OP)))
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -247,27 +252,59 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   const bool fp64 = computeType == CUBLAS_COMPUTE_64F && Atype == CUDA_R_64F && Btype == CUDA_R_64F &&
                     Ctype == CUDA_R_64F;
   if (!fp32 && !fp64) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
 
   Gemm g{Operand{A, Atype, ta, m, k, lda}, Operand{B, Btype, tb, k, n, ldb}, C, Ctype, m, n, k, ldc, 0, 0, fp64, false};
   g.alpha = fp64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   g.beta = fp64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  // The whole batch must lie in device memory: the last matrix ends (batch - 1) strides further.
+  const size_t last = static_cast<size_t>(batch - 1);
   const size_t c_elements = static_cast<size_t>(ldc) * static_cast<size_t>(n - 1) + static_cast<size_t>(m);
-  if ((k > 0 && (!check_range("A", A, g.a.elements(), Atype, ta ? "op(A) = A^T" : "op(A) = A", m, k, lda) ||
-                 !check_range("B", B, g.b.elements(), Btype, tb ? "op(B) = B^T" : "op(B) = B", k, n, ldb))) ||
-      !check_range("C", C, c_elements, Ctype, "C", m, n, ldc))
+  if ((k > 0 && (!check_range("A", A, g.a.elements() + last * static_cast<size_t>(strideA), Atype,
+                              ta ? "op(A) = A^T" : "op(A) = A", m, k, lda) ||
+                 !check_range("B", B, g.b.elements() + last * static_cast<size_t>(strideB), Btype,
+                              tb ? "op(B) = B^T" : "op(B) = B", k, n, ldb))) ||
+      !check_range("C", C, c_elements + last * static_cast<size_t>(strideC), Ctype, "C", m, n, ldc))
     return CUBLAS_STATUS_INVALID_VALUE;
   // Split-K with the partial sums added in C's type: what cuBLAS may do without the DISALLOW flag.
   g.split_k = (handle->mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == 0 &&
               (Ctype == CUDA_R_16F || Ctype == CUDA_R_16BF) && k >= 64;
-  if (enqueue(handle->stream, Op{"cublasGemmEx", [g] {
-                execute(g);
+  std::vector<Gemm> gemms;
+  for (int i = 0; i < batch; ++i) {
+    Gemm gi = g;
+    gi.a.p = static_cast<const char*>(A) + static_cast<size_t>(i) * static_cast<size_t>(strideA) * type_size(Atype);
+    gi.b.p = static_cast<const char*>(B) + static_cast<size_t>(i) * static_cast<size_t>(strideB) * type_size(Btype);
+    gi.c = static_cast<char*>(C) + static_cast<size_t>(i) * static_cast<size_t>(strideC) * type_size(Ctype);
+    gemms.push_back(gi);
+  }
+  if (enqueue(handle->stream, Op{name, [gemms] {
+                for (const Gemm& gi : gemms) execute(gi);
                 return true;
               }}) != cudaSuccess)
     return CUBLAS_STATUS_EXECUTION_FAILED;
   count_launch();
   return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  return gemm_strided("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
+                      C, Ctype, ldc, 0, 1, computeType, algo);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+  return gemm_strided("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
+                      Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }
 
 const char* cublasGetStatusName(cublasStatus_t status) {

@@ -77,5 +77,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 
+// The same for batchCount GEMMs whose matrices lie strideA, strideB and strideC elements apart:
+// one launch.
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo);
+
 const char* cublasGetStatusName(cublasStatus_t status);
 const char* cublasGetStatusString(cublasStatus_t status);
