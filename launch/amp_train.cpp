@@ -19,6 +19,7 @@
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
+#include "launch/checkpoint.h"
 #include "launch/cli.h"
 #include "launch/interrupt.h"
 #include "launch/output_path.h"
@@ -148,6 +149,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
     if (!rank0) return;
     launch::check_output_path("--save-weights", cfg.save_weights);
     launch::check_output_path("--metrics", cfg.metrics);
+    if (!cfg.checkpoint_dir.empty()) launch::check_checkpoint_dir(cfg.checkpoint_dir);
     for (const std::string& t : launch::remove_stale_temporaries(cfg.save_weights))
       std::printf("notice: removed '%s', a temporary file left by a run that was killed while saving\n", t.c_str());
   });

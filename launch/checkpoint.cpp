@@ -145,6 +145,16 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
   return removed;
 }
 
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw std::invalid_argument("--checkpoint-dir " + dir + ": exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) throw std::invalid_argument("--checkpoint-dir " + dir + ": cannot create the directory: " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument("--checkpoint-dir " + dir + ": the directory is not writable");
+}
+
 std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
                             const optim::OptimizerStateDict& optimizer, nlohmann::json meta, int64_t keep) {
   std::error_code ec;

@@ -44,6 +44,10 @@ Checkpoint load_checkpoint(const std::string& path);
 // checkpoint is never used silently.
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 
+// Creates dir if needed and checks that checkpoints can be written there; throws
+// std::invalid_argument naming --checkpoint-dir and the reason (before the first step).
+void check_checkpoint_dir(const std::string& dir);
+
 // Removes DIR/.tmp-step-* directories left by processes that no longer run; their paths.
 std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir);
 

@@ -174,6 +174,14 @@ TEST(Checkpoint, FlagsAreChecked) {
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --resume").code, 2);             // no --checkpoint-dir
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --checkpoint-every 1").code, 2);  // likewise
   TempDir d;
+  // A directory that cannot be made is found before the first step, not at the first checkpoint.
+  std::ofstream(d.file("a-file")) << "x";
+  for (const std::string& bad : {d.file("a-file"), d.file("a-file") + "/sub"}) {
+    const RunResult r = run(gpt_args("off") + " --steps 2 --checkpoint-dir " + bad);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--checkpoint-dir " + bad), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "trained before refusing:\n" << r.out;
+  }
   const RunResult r = run(gpt_args("off") + " --steps 2 --resume --checkpoint-dir " + d.file("none"));
   EXPECT_EQ(r.code, 0) << r.out;  // nothing to resume yet: a fresh run, said so
   EXPECT_NE(r.out.find("no checkpoint"), std::string::npos) << r.out;
