@@ -86,6 +86,32 @@ TEST(JacobianDescent, TorchJDsAmpExampleRunsInFp16AndSkipsOverflows) {
     for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v));
 }
 
+// Under fp16 autocast the features are fp16 (the backward runs through fp16 ops), and the Jacobian
+// lands in the parameters' float32, one row per loss; the parameters are named as PyTorch names the
+// state dict of modules shared, task1, task2.
+TEST(JacobianDescent, Fp16JacobianLandsInFloat32UnderTorchsNames) {
+  Example e(5);
+  models::Losses L;
+  {
+    autocast ac(DeviceType::cpu, DType::f16);
+    L = e.model->losses({e.inputs[0], {e.targets1[0], e.targets2[0]}});
+  }
+  EXPECT_EQ(L.features.dtype(), DType::f16);
+  GradScaler scaler;
+  jd::mtl_backward(scaler.scale(L.per_task), L.features);
+  for (const Tensor& p : e.model->shared_parameters()) {
+    ASSERT_TRUE(p.jac().defined());
+    EXPECT_EQ(p.jac().dtype(), DType::f32);
+    Shape want = {2};
+    want.insert(want.end(), p.shape().begin(), p.shape().end());
+    EXPECT_EQ(p.jac().shape(), want);
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, p] : e.model->module().named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"shared.0.weight", "shared.0.bias", "shared.2.weight", "shared.2.bias",
+                                             "task1.weight", "task1.bias", "task2.weight", "task2.bias"}));
+}
+
 // The README's example, as written there: TorchJD's AMP example line for line.
 TEST(JacobianDescent, ReadmeExample) {
   amp::Generator data_gen(9);
