@@ -8,6 +8,7 @@
 
 #include "amp/autocast.h"
 #include "models/gpt.h"
+#include "runtime/activation_math.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/random.h"
@@ -70,6 +71,39 @@ TEST(TransformerOps, CausalSoftmaxIsTheMaskedSoftmaxFused) {
     EXPECT_TRUE(test::all_close(g1, g2, 1e-12, 1e-14)) << "log " << log;
   }
   EXPECT_THROW(causal_softmax(rnd({2, 3, 4}, 1)), std::invalid_argument);
+}
+
+// The CPU backend computes GELU in fp16 and bf16 from a table of all 65536 inputs (and its backward
+// from a table of slopes): bit for bit the per-element formula, for every input.
+TEST(TransformerOps, GeluIn16BitDtypesIsThePerElementFormula) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Tensor x = empty({65536}, dt);
+    for (uint32_t b = 0; b < 65536; ++b) static_cast<uint16_t*>(x.data_ptr())[b] = static_cast<uint16_t>(b);
+    Generator gen(3);
+    const Tensor g = rand_uniform({65536}, -3, 3, gen, dt);
+    for (bool tanh : {false, true}) {
+      const std::vector<double> y = gelu(x, tanh).to_vector(), gx = gelu_backward(g, x, tanh).to_vector();
+      const std::vector<double> xs = x.to_vector(), gs = g.to_vector();
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const float v = static_cast<float>(xs[i]);
+        const float want = tanh ? math::gelu_tanh(v) : math::gelu(v);
+        const float dwant = tanh ? math::gelu_tanh_backward(static_cast<float>(gs[i]), v)
+                                 : math::gelu_backward(static_cast<float>(gs[i]), v);
+        const Tensor w = from_vector({want, dwant}, {2}, dt);  // rounded as the backend stores
+        const std::vector<double> wv = w.to_vector();
+        if (std::isnan(wv[0])) {
+          ASSERT_TRUE(std::isnan(y[i])) << dtype_name(dt) << " bits " << i;
+        } else {
+          ASSERT_EQ(y[i], wv[0]) << dtype_name(dt) << " bits " << i << " tanh " << tanh;
+        }
+        if (std::isnan(wv[1])) {
+          ASSERT_TRUE(std::isnan(gx[i])) << dtype_name(dt) << " bits " << i;
+        } else {
+          ASSERT_EQ(gx[i], wv[1]) << dtype_name(dt) << " bits " << i << " tanh " << tanh;
+        }
+      }
+    }
+  }
 }
 
 TEST(TransformerOps, LayerNormMatchesItsDefinition) {

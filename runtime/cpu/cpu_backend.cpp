@@ -8,6 +8,8 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <vector>
+#include <type_traits>
 
 #include "runtime/activation_math.h"
 #include "runtime/cpu/dispatch.h"
@@ -220,6 +222,61 @@ void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
 
 }  // namespace
 
+namespace {
+
+// In a 16-bit dtype every input is one of 65536 values, so GELU's output for each, and its slope
+// (the float factor its backward multiplies the gradient by), are computed once by the very
+// functions the per-element loop would call: the results are bit for bit the same, without an erf
+// and an exp per element.
+template <class T>
+struct GeluTable {
+  std::vector<T> value;      // Elem<T>::store(gelu(load(bits)))
+  std::vector<float> slope;  // gelu_slope(load(bits))
+};
+
+template <class T>
+const GeluTable<T>& gelu_table(bool tanh) {
+  static const auto build = [](bool approx) {
+    GeluTable<T> t;
+    t.value.resize(65536);
+    t.slope.resize(65536);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float v = Elem<T>::load(T{static_cast<uint16_t>(b)});
+      t.value[b] = Elem<T>::store(approx ? math::gelu_tanh(v) : math::gelu(v));
+      t.slope[b] = approx ? math::gelu_tanh_slope(v) : math::gelu_slope(v);
+    }
+    return t;
+  };
+  static const GeluTable<T> exact = build(false), approx = build(true);
+  return tanh ? approx : exact;
+}
+
+template <class T>
+constexpr bool kSixteenBit = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <class T>
+void gelu_by_table(const Tensor& x, Tensor& y, bool tanh) {
+  const GeluTable<T>& t = gelu_table<T>(tanh);
+  const T* xs = x.data<T>();
+  T* ys = y.data<T>();
+  const long n = static_cast<long>(x.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) ys[i] = t.value[xs[i].bits];
+}
+
+template <class T>
+void gelu_backward_by_table(const Tensor& g, const Tensor& x, Tensor& out, bool tanh) {
+  const GeluTable<T>& t = gelu_table<T>(tanh);
+  const T* gs = g.data<T>();
+  const T* xs = x.data<T>();
+  T* os = out.data<T>();
+  const long n = static_cast<long>(out.numel());
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+  for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(Elem<T>::load(gs[i]) * t.slope[xs[i].bits]);
+}
+
+}  // namespace
+
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) {
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     using C = typename Elem<T>::Compute;
@@ -230,8 +287,14 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) {
       case UnaryOp::log: map_unary<T>(x, y, [](C v) { return std::log(v); }); break;
       case UnaryOp::sqrt: map_unary<T>(x, y, [](C v) { return std::sqrt(v); }); break;
       case UnaryOp::relu: map_unary<T>(x, y, [](C v) { return math::relu(v); }); break;
-      case UnaryOp::gelu: map_unary<T>(x, y, [](C v) { return math::gelu(v); }); break;
-      case UnaryOp::gelu_tanh: map_unary<T>(x, y, [](C v) { return math::gelu_tanh(v); }); break;
+      case UnaryOp::gelu:
+        if constexpr (kSixteenBit<T>) gelu_by_table<T>(x, y, false);
+        else map_unary<T>(x, y, [](C v) { return math::gelu(v); });
+        break;
+      case UnaryOp::gelu_tanh:
+        if constexpr (kSixteenBit<T>) gelu_by_table<T>(x, y, true);
+        else map_unary<T>(x, y, [](C v) { return math::gelu_tanh(v); });
+        break;
       case UnaryOp::pow_scalar:
         if (alpha == 2.0) map_unary<T>(x, y, [](C v) { return v * v; });
         else map_unary<T>(x, y, [a](C v) { return std::pow(v, a); });
@@ -256,10 +319,19 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
       case BinaryOp::mul: map_binary<T>(a, b, out, [](C x, C y) { return x * y; }); break;
       case BinaryOp::div: map_binary<T>(a, b, out, [](C x, C y) { return x / y; }); break;
       case BinaryOp::relu_backward: map_binary<T>(a, b, out, [](C g, C x) { return math::relu_backward(g, x); }); break;
-      case BinaryOp::gelu_backward: map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_backward(g, x); }); break;
-      case BinaryOp::gelu_tanh_backward:
-        map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_tanh_backward(g, x); });
+      case BinaryOp::gelu_backward:
+      case BinaryOp::gelu_tanh_backward: {
+        const bool tanh = op == BinaryOp::gelu_tanh_backward;
+        if constexpr (kSixteenBit<T>) {
+          if (a.shape() == out.shape() && b.shape() == out.shape()) {
+            gelu_backward_by_table<T>(a, b, out, tanh);
+            break;
+          }
+        }
+        if (tanh) map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_tanh_backward(g, x); });
+        else map_binary<T>(a, b, out, [](C g, C x) { return math::gelu_backward(g, x); });
         break;
+      }
     }
   });
 }
@@ -337,6 +409,13 @@ void CpuBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
       C mx = -std::numeric_limits<C>::infinity();
       for (long c = 0; c < cols; ++c) mx = std::max(mx, static_cast<C>(Elem<T>::load(xr[c])));
       C total = 0;
+      if constexpr (std::is_same_v<T, C>) {
+        if (!log) {  // y holds exp(x - max) exactly: one exp per element, the same quotients
+          for (long c = 0; c < cols; ++c) total += (yr[c] = std::exp(xr[c] - mx));
+          for (long c = 0; c < cols; ++c) yr[c] = yr[c] / total;
+          continue;
+        }
+      }
       for (long c = 0; c < cols; ++c) total += std::exp(static_cast<C>(Elem<T>::load(xr[c])) - mx);
       const C log_total = std::log(total);
       for (long c = 0; c < cols; ++c) {

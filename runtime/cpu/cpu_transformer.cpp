@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/cpu_backend.h"
@@ -165,8 +166,14 @@ void CpuBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
       Cm mx = -std::numeric_limits<Cm>::infinity();
       for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sc * static_cast<Cm>(Elem<T_>::load(xr[c])));
       Cm total = 0;
-      for (int64_t c = 0; c < valid; ++c) total += std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx);
-      for (int64_t c = 0; c < valid; ++c) yr[c] = Elem<T_>::store(std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx) / total);
+      if constexpr (std::is_same_v<T_, Cm>) {  // y holds exp(scale x - max) exactly: one exp per element
+        for (int64_t c = 0; c < valid; ++c) total += (yr[c] = std::exp(sc * xr[c] - mx));
+        for (int64_t c = 0; c < valid; ++c) yr[c] = yr[c] / total;
+      } else {
+        for (int64_t c = 0; c < valid; ++c) total += std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx);
+        for (int64_t c = 0; c < valid; ++c)
+          yr[c] = Elem<T_>::store(std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx) / total);
+      }
       for (int64_t c = valid; c < T; ++c) yr[c] = Elem<T_>::store(Cm(0));
     }
   });
