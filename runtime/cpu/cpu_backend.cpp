@@ -379,12 +379,16 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
       std::vector<double> acc(static_cast<size_t>(m), 0.0);
       const bool rows = x.dim() == 2 && s[0] == 0 && s[1] == 1;  // [N, M] -> [M]: the bias gradient
       if (rows) {
+        // Each column sums its rows in order; a block of columns is read a row at a time, so the
+        // loads are contiguous and the adds vectorise.
         const long r = static_cast<long>(x.shape()[0]);
+        constexpr long kBlock = 64;
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-        for (long j = 0; j < m; ++j) {
-          double a = 0.0;
-          for (long i = 0; i < r; ++i) a += ld(xs[i * m + j]);
-          acc[static_cast<size_t>(j)] = a;
+        for (long j0 = 0; j0 < m; j0 += kBlock) {
+          const long j1 = std::min(m, j0 + kBlock);
+          double* a = acc.data() + j0;
+          for (long i = 0; i < r; ++i)
+            for (long j = j0; j < j1; ++j) a[j - j0] += ld(xs[i * m + j]);
         }
       } else {
         const Shape& shape = x.shape();

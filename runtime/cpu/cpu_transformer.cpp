@@ -120,16 +120,22 @@ void CpuBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Ten
     }
     T* gws = gw.data<T>();
     T* gbs = gb.data<T>();
+    // Each column sums its rows in order, a block of columns read a row at a time (contiguous loads).
+    constexpr long kBlock = 64;
 #pragma omp parallel for schedule(static) if (rows * C > cpu::kParallelGrain)
-    for (long c = 0; c < static_cast<long>(C); ++c) {
-      double sw = 0.0, sb = 0.0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const double gv = static_cast<double>(ld(gs[r * C + c]));
-        sw += gv * static_cast<double>(xhat(r, c));
-        sb += gv;
+    for (long c0 = 0; c0 < static_cast<long>(C); c0 += kBlock) {
+      const long c1 = std::min(static_cast<long>(C), c0 + kBlock);
+      double sw[kBlock] = {}, sb[kBlock] = {};
+      for (int64_t r = 0; r < rows; ++r)
+        for (long c = c0; c < c1; ++c) {
+          const double gv = static_cast<double>(ld(gs[r * C + c]));
+          sw[c - c0] += gv * static_cast<double>(xhat(r, c));
+          sb[c - c0] += gv;
+        }
+      for (long c = c0; c < c1; ++c) {
+        gws[c] = Elem<T>::store(static_cast<Cm>(sw[c - c0]));
+        gbs[c] = Elem<T>::store(static_cast<Cm>(sb[c - c0]));
       }
-      gws[c] = Elem<T>::store(static_cast<Cm>(sw));
-      gbs[c] = Elem<T>::store(static_cast<Cm>(sb));
     }
   });
 }
