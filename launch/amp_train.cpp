@@ -131,7 +131,10 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
       message = e.what();
     } catch (const std::bad_alloc&) {
       code = 1;
-      message = "out of memory while setting up (is --width or --batch-size too large for this machine?)";
+      message = std::string("out of memory while setting up (") +
+                (cfg.model == "gpt" ? "are --n-embd, --n-layer, --block-size or --batch-size"
+                                    : "is --width or --batch-size") +
+                " too large for this machine?)";
     } catch (const std::exception& e) {
       code = 1;
       message = e.what();

@@ -145,6 +145,24 @@ void check_memory(const TrainConfig& c) {
     os << bytes / gib << " GiB, and this machine has " << ram / gib << " GiB";
     return os.str();
   };
+  if (c.model == "gpt") {
+    // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the
+    // backward (about 16 values of [B, T, C] a layer, and the attention weights [B, H, T, T] with
+    // their dropout mask) and the logits [B, T, 256].
+    const long double C = static_cast<long double>(c.n_embd), L = static_cast<long double>(c.n_layer);
+    const long double T = static_cast<long double>(c.block_size), B = static_cast<long double>(c.batch_size);
+    const long double gpt = (12 * L * C * C + (256 + T) * C) * 4 * 4;
+    const long double acts = B * T * (16 * C * L + 2 * static_cast<long double>(c.n_head) * T * L + 3 * 256) * 4;
+    if (gpt > ram)
+      throw UsageError("--n-embd " + std::to_string(c.n_embd) + ", --n-layer " + std::to_string(c.n_layer) +
+                       " and --block-size " + std::to_string(c.block_size) + " (the position embedding): the model alone needs at least " +
+                       need(gpt));
+    if (gpt + acts > ram)
+      throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --block-size " + std::to_string(c.block_size) +
+                       ": a micro-batch's activations and the model need at least " + need(gpt + acts) +
+                       "; use more --micro-batches of a smaller --batch-size");
+    return;
+  }
   if (model > ram)
     throw UsageError("--width " + std::to_string(c.width) + " with --layers " + std::to_string(c.layers) +
                      ": the model alone needs at least " + need(model));
@@ -242,7 +260,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
-  if (c.model == "mlp") check_memory(c);
+  if (c.model != "mtl") check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

@@ -342,7 +342,10 @@ TEST(Cli, ImpossibleSizesAreRefusedByFlag) {
   for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--width 2000000 --steps 1", "--width"},
            {"--batch-size 4000000000000000000 --steps 1", "--batch-size"},
-           {"--batch-size 100000000 --width 1024 --steps 1", "--batch-size"}}) {
+           {"--batch-size 100000000 --width 1024 --steps 1", "--batch-size"},
+           {"--model gpt --data x.txt --n-embd 65536 --n-layer 48 --n-head 64 --steps 1", "--n-embd"},
+           {"--model gpt --data x.txt --block-size 100000000 --steps 1", "--block-size"},
+           {"--model gpt --data x.txt --batch-size 100000 --block-size 4096 --steps 1", "--batch-size"}}) {
     const RunResult r = run(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find(flag), std::string::npos) << r.out;
@@ -350,8 +353,6 @@ TEST(Cli, ImpossibleSizesAreRefusedByFlag) {
     EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
   }
 }
-
-// Runs a shell script with AMP (the binary) and D (a temporary directory) set; returns its output.
 
 // SIGTERM (or Ctrl-C) stops the run after the step in flight, on every rank at the same step,
 // saves the weights, closes the metrics with an end record, and exits non-zero. The control: a
