@@ -21,6 +21,7 @@
 #include "models/mlp.h"
 #include "models/mtl.h"
 #include "models/gpt.h"
+#include "models/gpt_sample.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
 #include "runtime/nn/state_dict.h"
@@ -367,43 +368,14 @@ double Trainer::evaluate() {
 }
 
 std::string Trainer::sample() {
-  model_->train(false);
-  NoGradGuard no_grad;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
-  std::vector<int64_t> context;
-  for (unsigned char ch : cfg_.prompt) context.push_back(ch);
-  if (context.empty()) context.push_back('\n');
-  std::string out;
-  const uint64_t seed = math::mix64(cfg_.seed ^ 0x73616d706c65ull);  // the sampler's own stream
-  for (int64_t n = 0; n < cfg_.sample_tokens; ++n) {
-    // The last block_size bytes, as nanoGPT crops its context.
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), cfg_.block_size);
-    const std::vector<int64_t> window(context.end() - T, context.end());
-    const Tensor logits = gpt_->logits(from_int64(window, {1, T}, device_));
-    const std::vector<double> last = logits.view((T - 1) * logits.size(2), {logits.size(2)}).to_vector();
-    // Top-k of logits / temperature, then a draw from their softmax.
-    std::vector<std::pair<double, int64_t>> ranked;
-    for (size_t v = 0; v < last.size(); ++v) ranked.emplace_back(last[v] / cfg_.temperature, static_cast<int64_t>(v));
-    const size_t k = std::min<size_t>(static_cast<size_t>(cfg_.top_k), ranked.size());
-    std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end(),
-                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    double total = 0.0;
-    for (size_t i = 0; i < k; ++i) total += std::exp(ranked[i].first - ranked[0].first);
-    double u = math::uniform01(seed, static_cast<uint64_t>(n)) * total;
-    int64_t next = ranked[k - 1].second;
-    for (size_t i = 0; i < k; ++i) {
-      u -= std::exp(ranked[i].first - ranked[0].first);
-      if (u < 0) {
-        next = ranked[i].second;
-        break;
-      }
-    }
-    context.push_back(next);
-    out.push_back(static_cast<char>(next));
-  }
-  model_->train(true);
-  return out;
+  models::SampleOptions o;
+  o.tokens = cfg_.sample_tokens;
+  o.temperature = cfg_.temperature;
+  o.top_k = cfg_.top_k;
+  o.seed = math::mix64(cfg_.seed ^ 0x73616d706c65ull);  // the sampler's own stream
+  return models::sample(*gpt_, cfg_.prompt, o);
 }
 
 int64_t Trainer::first_sample(int64_t step) const {

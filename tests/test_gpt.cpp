@@ -4,12 +4,14 @@
 // (real or emulated), the CUDA backend against the CPU on the whole model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
 
 #include "amp/autocast.h"
 #include "models/gpt.h"
+#include "models/gpt_sample.h"
 #include "runtime/autograd.h"
 #include "runtime/cuda_support.h"
 #include "runtime/nn/state_dict.h"
@@ -158,6 +160,38 @@ TEST(Gpt, RefusesBadSizesAndSequences) {
   EXPECT_THROW(models::make_gpt_model(c, gen), std::invalid_argument);
   auto m = fixture_model();
   EXPECT_THROW(m->logits(zeros({1, 9}, DType::i64)), std::invalid_argument);  // longer than block_size
+}
+
+// top_k 1 is greedy decoding: each byte is the argmax of the last position's logits, which the test
+// computes itself; a seed gives the same text twice, and another seed other text.
+TEST(Gpt, SamplingIsGreedyAtTopKOneAndSeeded) {
+  auto m = fixture_model();
+  models::SampleOptions greedy;
+  greedy.tokens = 12;
+  greedy.top_k = 1;
+  const std::string text = models::sample(*m, "In the", greedy);
+  ASSERT_EQ(text.size(), 12u);
+  std::string context = "In the";
+  NoGradGuard ng;
+  for (char produced : text) {
+    std::vector<int64_t> ids;
+    for (size_t i = context.size() > 8 ? context.size() - 8 : 0; i < context.size(); ++i)
+      ids.push_back(static_cast<unsigned char>(context[i]));
+    const int64_t T = static_cast<int64_t>(ids.size());
+    const std::vector<double> logits = m->logits(from_int64(ids, {1, T})).to_vector();
+    const auto last = logits.begin() + (T - 1) * 256;
+    const int64_t argmax = std::max_element(last, last + 256) - last;
+    ASSERT_EQ(static_cast<unsigned char>(produced), argmax);
+    context.push_back(produced);
+  }
+  models::SampleOptions o;
+  o.tokens = 40;
+  o.temperature = 1.5;
+  o.seed = 1;
+  const std::string a = models::sample(*m, "", o), b = models::sample(*m, "", o);
+  o.seed = 2;
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, models::sample(*m, "", o));
 }
 
 TEST(Gpt, CudaMatchesCpuOnTheWholeModel) {
