@@ -12,21 +12,6 @@
 
 namespace amp::models {
 
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, const std::function<Tensor(const Tensor&)>& attn_dropout) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
-  // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v each a run of B·H heads of [T, D].
-  const Tensor split = permute(qkv.reshape({B, T, 3, n_head, D}), {2, 0, 3, 1, 4});
-  const Tensor q = select(split, 0).reshape({B * n_head, T, D});
-  const Tensor k = select(split, 1).reshape({B * n_head, T, D});
-  const Tensor v = select(split, 2).reshape({B * n_head, T, D});
-  // The scale is applied inside the (float32, under autocast) softmax, as PyTorch's
-  // scaled_dot_product_attention applies it, rather than to the fp16 scores.
-  Tensor att = causal_softmax(bmm(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(D)));
-  if (attn_dropout) att = attn_dropout(att);
-  const Tensor y = bmm(att, v).reshape({B, n_head, T, D});
-  return permute(y, {0, 2, 1, 3}).reshape({B, T, C});
-}
-
 namespace {
 
 // Dropout whose counters follow the samples: site s of sample j (its index in the data stream)
@@ -38,11 +23,11 @@ struct DropoutState {
   uint64_t seed = 0;
   int64_t first = 0;  // stream index of the batch's first sample
   int64_t batch = 1;  // samples in the batch
+  double rate() const { return training ? p : 0.0; }
+  uint64_t site_seed(uint64_t site) const { return math::mix64(seed ^ math::mix64(site + 1)); }
+  uint64_t offset(const Tensor& x) const { return static_cast<uint64_t>(first) * static_cast<uint64_t>(x.numel() / batch); }
   Tensor apply(const Tensor& x, uint64_t site) const {
-    if (!training || p == 0.0) return x;
-    const uint64_t per_sample = static_cast<uint64_t>(x.numel() / batch);
-    const uint64_t site_seed = math::mix64(seed ^ math::mix64(site + 1));
-    return dropout(x, p, site_seed, static_cast<uint64_t>(first) * per_sample);
+    return rate() == 0.0 ? x : dropout(x, p, site_seed(site), offset(x));
   }
 };
 
@@ -56,7 +41,10 @@ class CausalSelfAttention final : public nn::Module {
     register_module("c_proj", c_proj);
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor y = causal_self_attention((*c_attn)(x), n_head_, [this](const Tensor& a) { return drop_->apply(a, site_); });
+    // The attention weights [B·H, T, T] drop by the site's counters, as apply() would draw them.
+    const int64_t T = x.size(1);
+    const uint64_t offset = static_cast<uint64_t>(drop_->first) * static_cast<uint64_t>(n_head_ * T * T);
+    const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_), offset);
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;

@@ -8,7 +8,6 @@
 // embeddings, on the attention weights, and after each residual branch. nanoGPT's initialisation:
 // N(0, 0.02) for weights and embeddings, zero biases, N(0, 0.02 / sqrt(2 n_layer)) for c_proj.
 #pragma once
-#include <functional>
 #include <memory>
 
 #include "models/training_model.h"
@@ -35,11 +34,5 @@ class GptModel : public TrainingModel {
 
 // Throws std::invalid_argument for sizes that do not make a model (n_embd not divisible by n_head...).
 std::unique_ptr<GptModel> make_gpt_model(const GptConfig& config, Generator& gen, Device device = kCPU);
-
-// Causal self-attention of projections qkv [B, T, 3C] (q, k and v side by side, as c_attn makes
-// them) with n_head heads: causal_softmax(q k^T, 1 / sqrt(C / n_head)) v, heads merged back to
-// [B, T, C]. attn_dropout acts on the attention weights (empty: none).
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head,
-                             const std::function<Tensor(const Tensor&)>& attn_dropout = nullptr);
 
 }  // namespace amp::models

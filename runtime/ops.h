@@ -71,6 +71,13 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor select(const Tensor& x, int64_t index);
 // Batched op(a) @ op(b): [B, m, k] @ [B, k, n] -> [B, m, n] (autocast: lower precision).
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// GPT's causal self-attention of qkv [B, T, 3C] (q, k and v side by side, as c_attn makes them)
+// with n_head heads, fused: the heads of causal_softmax(q k^T, 1/sqrt(C/n_head)), dropped out as
+// dropout(., p, seed, offset) would, times v, merged back to [B, T, C]. The same primitives, dtypes
+// (autocast: the products in lower precision, the softmax in float32) and numbers as composing those
+// ops, but the backward writes d(qkv) in one pass. First-order backward only.
+Tensor causal_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0, uint64_t seed = 0,
+                        uint64_t offset = 0);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
 // counter offset + i of seed's stream, so the same offset drops the same elements anywhere.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);

@@ -1,6 +1,7 @@
 // The ops a transformer needs beyond the MLP's: embedding, layer norm, batched matmul, permute and
 // select (the views of attention's heads), and dropout. Their backward formulas call the backend
 // directly (they are not differentiable twice).
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -123,6 +124,77 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
     if (needs(a)) ga = ta ? bmm(b, g, tb, true) : bmm(g, b, false, !tb);
     if (needs(b)) gb = tb ? bmm(g, a, true, ta) : bmm(a, g, !ta, false);
     return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset) {
+  Tensor qkv = qkv_in;
+  autocast_inputs(OpKind::bmm, {&qkv});  // the products' dtype, as the first bmm would cast
+  if (qkv.dim() != 3 || n_head < 1 || qkv.size(2) % (3 * n_head) != 0)
+    throw std::invalid_argument("causal_attention: expected qkv [B, T, 3C] with C a multiple of " +
+                                std::to_string(n_head) + " heads, got " + shape_str(qkv.shape()));
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw std::invalid_argument("causal_attention: dropout must be in [0, 1), got " + std::to_string(dropout_p));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Backend& be = backend_for(qkv.device());
+  // The same primitives, dtypes and order as the composite (permute, select, bmm, causal_softmax,
+  // dropout, bmm, permute), without its autograd graph: the backward below writes d(qkv) in one
+  // buffer instead of three zero-padded ones that autograd then adds.
+  Tensor heads, att, kept, mask, y;
+  {
+    NoGradGuard no_graph;
+    heads = empty({3, B, H, T, D}, qkv.dtype(), qkv.device());  // q, k, v: BH runs of [T, D] each
+    be.permute(qkv.reshape({B, T, 3, H, D}), {2, 0, 3, 1, 4}, heads);
+    const Tensor q = heads.view(0, {BH, T, D}), k = heads.view(BH * T * D, {BH, T, D});
+    Tensor v = heads.view(2 * BH * T * D, {BH, T, D});
+    Tensor scores = empty({BH, T, T}, qkv.dtype(), qkv.device());
+    be.gemm_batched(false, true, 1.0f, q, k, 0.0f, scores);
+    autocast_inputs(OpKind::softmax, {&scores});
+    att = empty_like(scores);
+    be.causal_softmax(scores, att, scale);
+    kept = att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
+    if (dropout_p > 0.0) {
+      mask = empty_like(att);
+      be.dropout_mask(mask, seed, offset, dropout_p);
+      kept = empty_like(att);
+      be.binary(BinaryOp::mul, att, mask, kept);
+    }
+    autocast_inputs(OpKind::bmm, {&kept, &v});
+    Tensor yh = empty({BH, T, D}, v.dtype(), v.device());
+    be.gemm_batched(false, false, 1.0f, kept, v, 0.0f, yh);
+    y = empty({B, T, H, D}, yh.dtype(), yh.device());
+    be.permute(yh.reshape({B, H, T, D}), {0, 2, 1, 3}, y);
+  }
+  y = y.reshape({B, T, C});
+  return record("CausalAttentionBackward", y, {qkv}, [heads, att, kept, mask, scale, B, T, C, H, D, BH](const Tensor& g) {
+    if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
+    Backend& gb = backend_for(g.device());
+    const Tensor q = heads.view(0, {BH, T, D}), k = heads.view(BH * T * D, {BH, T, D});
+    const Tensor v = heads.view(2 * BH * T * D, {BH, T, D});
+    Tensor gy = empty({B, H, T, D}, g.dtype(), g.device());
+    gb.permute(g.reshape({B, T, H, D}), {0, 2, 1, 3}, gy);
+    gy = gy.reshape({BH, T, D});
+    Tensor grads = empty({3, BH, T, D}, heads.dtype(), heads.device());  // dq, dk, dv
+    Tensor dv = grads.view(2 * BH * T * D, {BH, T, D});
+    gb.gemm_batched(true, false, 1.0f, kept, gy, 0.0f, dv);  // kept^T gy (kept in the bmm's dtype)
+    Tensor d_kept = empty({BH, T, T}, gy.dtype(), gy.device());
+    gb.gemm_batched(false, true, 1.0f, gy, v, 0.0f, d_kept);  // gy v^T
+    Tensor d_att = d_kept.dtype() == att.dtype() ? d_kept : d_kept.to(att.dtype());
+    if (mask.defined()) {
+      Tensor masked = empty_like(d_att);
+      gb.binary(BinaryOp::mul, d_att, mask, masked);
+      d_att = masked;
+    }
+    Tensor d_scores = empty_like(att);
+    gb.softmax_backward(att, d_att, d_scores, false, scale);
+    if (d_scores.dtype() != heads.dtype()) d_scores = d_scores.to(heads.dtype());
+    Tensor dq = grads.view(0, {BH, T, D}), dk = grads.view(BH * T * D, {BH, T, D});
+    gb.gemm_batched(false, false, 1.0f, d_scores, k, 0.0f, dq);  // d_scores k
+    gb.gemm_batched(true, false, 1.0f, d_scores, q, 0.0f, dk);   // d_scores^T q
+    Tensor dqkv = empty({B, T, 3, H, D}, grads.dtype(), grads.device());
+    gb.permute(grads.reshape({3, B, H, T, D}), {1, 3, 0, 2, 4}, dqkv);
+    return std::vector<Tensor>{dqkv.reshape({B, T, 3 * C})};
   });
 }
 
