@@ -23,9 +23,14 @@ class Aggregator {
   virtual std::string name() const = 0;
   // The weights of the last call, for aggregators that have them (empty otherwise).
   const std::vector<double>& last_weights() const { return last_weights_; }
+  // The calls made so far. A seeded aggregator's draws (Random, PCGrad, GradDrop) are counter n of
+  // its stream at call n, so a resumed run restores this to draw what the uninterrupted run would.
+  uint64_t calls() const { return calls_; }
+  void set_calls(uint64_t calls) { calls_ = calls; }
 
  protected:
   std::vector<double> last_weights_;
+  uint64_t calls_ = 0;  // counted by the aggregators that draw
 };
 
 // Weights from the Gramian: G is m × m row-major, with the values of J's dtype; the weights are
@@ -95,7 +100,7 @@ class Random final : public GramianWeightedAggregator {
   std::string name() const override { return "Random"; }
 
  private:
-  uint64_t seed_, calls_ = 0;
+  uint64_t seed_;
 };
 
 // MGDA: the min-norm point of the rows' convex hull, by Frank-Wolfe on the Gramian.
@@ -118,7 +123,7 @@ class PCGrad final : public GramianWeightedAggregator {
   std::string name() const override { return "PCGrad"; }
 
  private:
-  uint64_t seed_, calls_ = 0;
+  uint64_t seed_;
 };
 
 // IMTL-G: equal projections of the aggregate onto every row (pinv(G) times the row norms, normalized).
@@ -175,7 +180,7 @@ class GradDrop final : public Aggregator {
 
  private:
   std::vector<double> leak_;
-  uint64_t seed_, calls_ = 0;
+  uint64_t seed_;
 };
 
 // TrimmedMean: per coordinate, the mean without the trim_number smallest and largest values.

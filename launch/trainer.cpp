@@ -192,6 +192,8 @@ nlohmann::json Trainer::checkpoint_meta() const {
           // sampling has its own stream: the seed and the step are the whole RNG state.
           {"rng", {{"seed", cfg_.seed}, {"kind", "counter-based (splitmix64), indexed by sample"}}},
           {"scaler", scaler_->state_dict()},
+          // Seeded aggregators draw by call count (--model mtl).
+          {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
           // Not required to match: a resumed run may train longer, or on another schedule (and says so).
           {"schedule", {{"lr_schedule", cfg_.lr_schedule == LrSchedule::cosine ? "cosine" : "constant"},
                         {"lr", cfg_.lr},
@@ -236,6 +238,12 @@ void Trainer::resume() {
     scaler_state[k] = v.get<double>();
   }
   if (scaler_->is_enabled()) scaler_->load_state_dict(scaler_state);
+  if (aggregator_) {
+    const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
+    if (!calls.is_number_unsigned() && !calls.is_number_integer())
+      throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
+    aggregator_->set_calls(calls.get<uint64_t>());
+  }
   start_step_ = ck->step;
   if (comm_.rank() == 0) {
     const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());

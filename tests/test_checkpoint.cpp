@@ -77,6 +77,21 @@ TEST(Checkpoint, ResumedRunIsBitwiseTheUninterruptedOne) {
   }
 }
 
+// Every model resumes bitwise, and an aggregator that draws (Random) continues its stream.
+TEST(Checkpoint, MlpAndMultiTaskWithARandomAggregatorResumeBitwise) {
+  for (const std::string& args : {std::string("--width 16 --amp fp16 --log-every 0 --threads 1"),
+                                  std::string("--model mtl --aggregator random --amp fp16 --log-every 0 --threads 1")}) {
+    SCOPED_TRACE(args);
+    TempDir d;
+    ASSERT_EQ(run(args + " --steps 10 --save-weights " + d.file("full.safetensors")).code, 0);
+    ASSERT_EQ(run(args + " --steps 5 --checkpoint-dir " + d.file("ck")).code, 0);
+    const RunResult r = run(args + " --steps 10 --resume --checkpoint-dir " + d.file("ck") + " --save-weights " +
+                            d.file("res.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("res.safetensors"))) << "weights differ";
+  }
+}
+
 TEST(Checkpoint, AnotherRankCountWithTheSameEffectiveBatchResumesAndSaysSo) {
   TempDir d;
   const std::string args = gpt_args("off");

@@ -47,6 +47,11 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
   EXPECT_EQ(r.out.find("0000000"), std::string::npos) << "a default printed with 17 digits:\n" << r.out;
   for (const char* flag : {"--lr-schedule", "--warmup-steps", "--min-lr", "--decay-steps", "--beta1"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  for (const char* flag : {"--n-layer arg (=4)", "--n-head arg (=4)", "--n-embd arg (=128)", "--block-size arg (=64)",
+                           "--dropout arg (=0.0)", "--eval-every", "--eval-batches", "--sample-tokens",
+                           "--temperature arg (=0.8)", "--top-k arg (=200)", "--prompt", "--checkpoint-dir",
+                           "--checkpoint-every", "--keep-checkpoints arg (=3)", "--resume", "--resume-from"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
 TEST(Cli, EveryFlagIsValidated) {
