@@ -166,7 +166,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   }
 }
 
-nlohmann::json Trainer::checkpoint_meta() const {
+nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
   nlohmann::json model = {{"model", cfg_.model}};
   if (cfg_.model == "gpt")
     model.update({{"n_layer", cfg_.n_layer}, {"n_head", cfg_.n_head}, {"n_embd", cfg_.n_embd},
@@ -184,10 +184,12 @@ nlohmann::json Trainer::checkpoint_meta() const {
                           {"loss_scaling", scaler_->is_enabled()},
                           {"seed", cfg_.seed},
                           {"dropout", cfg_.dropout},
-                          {"data", {{"path", cfg_.data}, {"samples", text_ ? text_->train_bytes() : data_->period()}}}}},
+                          // The data's size, not its path: a moved file resumes.
+                          {"data_samples", text_ ? text_->train_bytes() : data_->period()}}},
+          {"data", cfg_.data},
           {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
           // Samples of the stream consumed: step i uses [(i - 1) E, i E).
-          {"data_position", nullptr},
+          {"data_position", {{"next_sample", step * E}}},
           // Dropout draws counters of the data stream's sample index from the seed's stream, and
           // sampling has its own stream: the seed and the step are the whole RNG state.
           {"rng", {{"seed", cfg_.seed}, {"kind", "counter-based (splitmix64), indexed by sample"}}},
@@ -211,7 +213,7 @@ void Trainer::resume() {
     return;
   }
   const std::string meta_file = ck->path + "/trainer.json";
-  const nlohmann::json now = checkpoint_meta();
+  const nlohmann::json now = checkpoint_meta(ck->step);
   const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
   for (const auto& [key, value] : now["must_match"].items()) {
     if (then.contains(key) && then[key] == value) continue;
@@ -269,11 +271,8 @@ void Trainer::save_checkpoint_at(int64_t step) {
   std::string error, path;
   if (comm_.rank() == 0) {
     try {
-      nlohmann::json meta = checkpoint_meta();
-      const int64_t E = cfg_.batch_size * cfg_.micro_batches * comm_.size();
-      meta["data_position"] = {{"next_sample", step * E}};
-      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), opt_->state_dict(), meta,
-                             cfg_.keep_checkpoints);
+      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), opt_->state_dict(),
+                             checkpoint_meta(step), cfg_.keep_checkpoints);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -609,14 +608,21 @@ TrainResult Trainer::run() {
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
   result.steps_done = start_step_;
-  if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) {  // where training starts from (about ln 256 for bytes)
+  // The validation loss after `step` (collective), on the progress line and in the metrics.
+  auto report_evaluation = [&](int64_t step) {
     const double val = evaluate();
-    metrics.write(EvalRecord{0, val});
+    metrics.write(EvalRecord{step, val});
     if (rank0) {
-      std::printf("step 0: validation loss %s\n", number_str(val).c_str());
+      std::printf("step %lld: validation loss %s\n", static_cast<long long>(step), number_str(val).c_str());
       std::fflush(stdout);
     }
-  }
+  };
+  // A step's figures still in flight, emitted now: before an evaluation's or checkpoint's lines.
+  auto flush_late = [&] {
+    if (late) emit(finish(*late, std::chrono::steady_clock::now()));
+    late.reset();
+  };
+  if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // about ln 256, for bytes
   for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
     result.steps_done = step;
     comm_.set_context("step " + std::to_string(step));
@@ -631,27 +637,16 @@ TrainResult Trainer::run() {
     if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
       require_consistent(check_replicas(&result), step);
     if (gpt_ && cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
-      if (late) {  // the step's figures first, so that its line comes before the evaluation's
-        emit(finish(*late, std::chrono::steady_clock::now()));
-        late.reset();
-      }
-      const double val = evaluate();
-      metrics.write(EvalRecord{step, val});
-      if (rank0) {
-        std::printf("step %lld: validation loss %s\n", static_cast<long long>(step), number_str(val).c_str());
-        std::fflush(stdout);
-      }
+      flush_late();
+      report_evaluation(step);
     }
     if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
         step != cfg_.steps && !stopping) {
-      if (late) {
-        emit(finish(*late, std::chrono::steady_clock::now()));
-        late.reset();
-      }
-      if (!stopping) save_checkpoint_at(step);  // (an interrupted run saves after the loop)
+      flush_late();
+      if (!stopping) save_checkpoint_at(step);  // the flushed figures may ask to stop: that saves after the loop
     }
   }
-  if (late) emit(finish(*late, std::chrono::steady_clock::now()));
+  flush_late();
   if (emulated_device_counters() && device_.is_cuda()) {
     // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
     std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "

@@ -90,7 +90,7 @@ class Trainer {
   std::string sample();
   // Checkpoints (launch/checkpoint.h): the configuration a resume must match, restoring one (in the
   // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
-  nlohmann::json checkpoint_meta() const;
+  nlohmann::json checkpoint_meta(int64_t step) const;
   void resume();
   void save_checkpoint_at(int64_t step);
   int64_t start_step_ = 0;  // the step the run continues from (0: a fresh run)

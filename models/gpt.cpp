@@ -1,7 +1,6 @@
 #include "models/gpt.h"
 
 #include <cmath>
-#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -25,9 +24,10 @@ struct DropoutState {
   int64_t batch = 1;  // samples in the batch
   double rate() const { return training ? p : 0.0; }
   uint64_t site_seed(uint64_t site) const { return math::mix64(seed ^ math::mix64(site + 1)); }
-  uint64_t offset(const Tensor& x) const { return static_cast<uint64_t>(first) * static_cast<uint64_t>(x.numel() / batch); }
+  // The first counter of the batch at a site with per_sample elements a sample.
+  uint64_t offset(int64_t per_sample) const { return static_cast<uint64_t>(first) * static_cast<uint64_t>(per_sample); }
   Tensor apply(const Tensor& x, uint64_t site) const {
-    return rate() == 0.0 ? x : dropout(x, p, site_seed(site), offset(x));
+    return rate() == 0.0 ? x : dropout(x, p, site_seed(site), offset(x.numel() / batch));
   }
 };
 
@@ -41,10 +41,10 @@ class CausalSelfAttention final : public nn::Module {
     register_module("c_proj", c_proj);
   }
   Tensor forward(const Tensor& x) override {
-    // The attention weights [B·H, T, T] drop by the site's counters, as apply() would draw them.
+    // The attention weights, [H, T, T] a sample, drop by the site's counters as apply() would draw them.
     const int64_t T = x.size(1);
-    const uint64_t offset = static_cast<uint64_t>(drop_->first) * static_cast<uint64_t>(n_head_ * T * T);
-    const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_), offset);
+    const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_),
+                                      drop_->offset(n_head_ * T * T));
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
@@ -101,7 +101,7 @@ class Container final : public nn::Module {
 
 class Gpt final : public GptModel, public nn::Module {
  public:
-  Gpt(const GptConfig& c, Generator& gen, Device device) : config_(c), device_(device) {
+  Gpt(const GptConfig& c, Generator& gen, Device device) : config_(c) {
     drop_.p = c.dropout;
     drop_.seed = gen.seed();
     auto transformer = std::make_shared<Container>();
@@ -147,9 +147,7 @@ class Gpt final : public GptModel, public nn::Module {
       throw std::invalid_argument("gpt: sequence of length " + std::to_string(T) + " exceeds block_size " +
                                   std::to_string(config_.block_size));
     drop_.batch = B;
-    std::vector<int64_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = t;
-    Tensor x = add((*wte_)(tokens), (*wpe_)(from_int64(pos, {T}, device_)));  // [B, T, C] + [T, C]
+    Tensor x = add((*wte_)(tokens), (*wpe_)(positions(T)));  // [B, T, C] + [T, C]
     x = drop_.apply(x, 0);
     for (auto& b : blocks_) x = (*b)(x);
     x = (*ln_f_)(x);
@@ -176,8 +174,20 @@ class Gpt final : public GptModel, public nn::Module {
   }
 
  private:
+  // 0 .. T-1 on the parameters' device, made once per length (not copied there at every forward).
+  const Tensor& positions(int64_t T) {
+    Tensor& p = positions_[T];
+    const Device device = wte_->weight.device();
+    if (!p.defined() || p.device() != device) {
+      std::vector<int64_t> pos(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = t;
+      p = from_int64(pos, {T}, device);
+    }
+    return p;
+  }
+
   GptConfig config_;
-  Device device_;
+  std::map<int64_t, Tensor> positions_;
   DropoutState drop_;
   std::shared_ptr<nn::Embedding> wte_, wpe_;
   std::vector<std::shared_ptr<Block>> blocks_;

@@ -29,7 +29,6 @@ Tensor nll_loss_backward(const Tensor& g, const Tensor& target, const Shape& log
   return record("NllLossBackwardBackward", out, {g},
                 [target](const Tensor& gg) { return std::vector<Tensor>{nll_loss(gg, target)}; });
 }
-}  // namespace
 
 // A first-order backward (no graph of the gradient) is one fused pass over the saved output; with
 // create_graph the formula is built from differentiable ops on the input instead.
@@ -38,6 +37,7 @@ Tensor fused_softmax_backward(const Tensor& y, const Tensor& g, bool log, double
   backend_for(y.device()).softmax_backward(y, g.dtype() == y.dtype() ? g : g.to(y.dtype()), gx, log, scale);
   return gx;
 }
+}  // namespace
 
 Tensor softmax(const Tensor& x_in, int64_t dim) {
   Tensor x = x_in;

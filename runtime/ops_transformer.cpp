@@ -1,6 +1,7 @@
-// The ops a transformer needs beyond the MLP's: embedding, layer norm, batched matmul, permute and
-// select (the views of attention's heads), and dropout. Their backward formulas call the backend
-// directly (they are not differentiable twice).
+// The ops a transformer needs beyond the MLP's: embedding, layer norm, batched matmul, permute,
+// transpose and select (the views of attention's heads), GPT's fused causal attention, and dropout.
+// embedding's, layer_norm's and the attention's backward call the backend directly (they are not
+// differentiable twice); the others are built from differentiable ops.
 #include <cmath>
 #include <numeric>
 #include <stdexcept>

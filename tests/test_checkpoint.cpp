@@ -185,6 +185,24 @@ TEST(Checkpoint, InterruptedRunCheckpointsWhereItStoppedAndResumes) {
   EXPECT_NE(resumed.find("(step " + std::to_string(steps) + ")"), std::string::npos) << resumed;
 }
 
+// The data must be the same size, not at the same path: a moved corpus resumes, a different one does not.
+TEST(Checkpoint, DataIsMatchedBySizeNotPath) {
+  TempDir d;
+  const std::string args = gpt_args("off");
+  const std::string file = test::generated_text_file("checkpoint", 30000);
+  ASSERT_EQ(run(args + " --steps 2 --checkpoint-dir " + d.file("ck")).code, 0);
+  std::filesystem::copy_file(file, d.file("moved.txt"));
+  std::string moved = args;
+  moved.replace(moved.find(file), file.size(), d.file("moved.txt"));
+  const RunResult ok = run(moved + " --steps 4 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  std::string other = args;
+  other.replace(other.find(file), file.size(), test::generated_text_file("checkpoint_other", 20000));
+  const RunResult bad = run(other + " --steps 6 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data_samples"), std::string::npos) << bad.out;
+}
+
 TEST(Checkpoint, FlagsAreChecked) {
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --resume").code, 2);             // no --checkpoint-dir
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --checkpoint-every 1").code, 2);  // likewise

@@ -225,6 +225,29 @@ TEST(GradScaler, HysteresisToleratesConsecutiveOverflows) {
   EXPECT_EQ(s.get_scale(), 16.0f);
 }
 
+// With hysteresis the state_dict carries the overflows still tolerated (an extension of PyTorch's
+// keys), so a scaler loaded from it backs off where the one it came from would.
+TEST(GradScaler, StateDictCarriesTheHysteresisCount) {
+  const GradScalerOptions o{.init_scale = 64.0f, .growth_interval = 1000, .hysteresis = 3};
+  GradScaler a(o);
+  Rig r;
+  r.iterate(a, true);  // one of three tolerated overflows used
+  const auto sd = a.state_dict();
+  ASSERT_TRUE(sd.count("_hysteresis_left"));
+  EXPECT_EQ(sd.at("_hysteresis_left"), 2.0);
+  EXPECT_FALSE(GradScaler().state_dict().count("_hysteresis_left"));  // PyTorch's keys without hysteresis
+  for (bool loaded_before_first_scale : {true, false}) {
+    GradScaler b(o);
+    Rig rb;
+    if (!loaded_before_first_scale) rb.iterate(b, false);
+    b.load_state_dict(sd);
+    rb.iterate(b, true);
+    EXPECT_EQ(b.get_scale(), 64.0f);  // the second overflow is still tolerated
+    rb.iterate(b, true);
+    EXPECT_EQ(b.get_scale(), 32.0f) << "the third consecutive overflow backs off, as in the scaler saved";
+  }
+}
+
 TEST(GradScaler, MinAndMaxScaleClamp) {
   GradScaler s(GradScalerOptions{.init_scale = 4.0f, .growth_interval = 1, .min_scale = 2.0f, .max_scale = 8.0f});
   Rig r;

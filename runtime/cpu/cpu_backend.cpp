@@ -399,35 +399,54 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
   });
 }
 
-void CpuBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
-  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    using C = typename Elem<T>::Compute;
-    const long cols = x.dim() == 0 ? 1 : static_cast<long>(x.shape().back());
-    const long rows = cols == 0 ? 0 : static_cast<long>(x.numel()) / cols;
-    const T* xs = x.data<T>();
-    T* ys = y.data<T>();
+namespace {
+// Softmax (or log-softmax) of each row of x [rows, cols]. causal: row r is query r mod cols, whose
+// keys past it get 0 (attention's mask); scale multiplies x first (1 for a plain softmax: 1 x is x
+// exactly). Float and double rows keep exp(x - max) in y, so each element takes one exp.
+template <class T>
+void softmax_rows(const Tensor& x, Tensor& y, bool log, double scale, bool causal) {
+  using C = typename Elem<T>::Compute;
+  const long cols = x.dim() == 0 ? 1 : static_cast<long>(x.shape().back());
+  const long rows = cols == 0 ? 0 : static_cast<long>(x.numel()) / cols;
+  const C sc = static_cast<C>(scale);
+  const T* xs = x.data<T>();
+  T* ys = y.data<T>();
+  auto ld = [sc](T v) { return sc * static_cast<C>(Elem<T>::load(v)); };
 #pragma omp parallel for schedule(static) if (rows * cols > cpu::kParallelGrain)
-    for (long r = 0; r < rows; ++r) {
-      const T* xr = xs + r * cols;
-      T* yr = ys + r * cols;
-      C mx = -std::numeric_limits<C>::infinity();
-      for (long c = 0; c < cols; ++c) mx = std::max(mx, static_cast<C>(Elem<T>::load(xr[c])));
-      C total = 0;
-      if constexpr (std::is_same_v<T, C>) {
-        if (!log) {  // y holds exp(x - max) exactly: one exp per element, the same quotients
-          for (long c = 0; c < cols; ++c) total += (yr[c] = std::exp(xr[c] - mx));
-          for (long c = 0; c < cols; ++c) yr[c] = yr[c] / total;
-          continue;
-        }
+  for (long r = 0; r < rows; ++r) {
+    const T* xr = xs + r * cols;
+    T* yr = ys + r * cols;
+    const long valid = causal ? r % cols + 1 : cols;
+    C mx = -std::numeric_limits<C>::infinity();
+    for (long c = 0; c < valid; ++c) mx = std::max(mx, ld(xr[c]));
+    C total = 0;
+    bool done = false;
+    if constexpr (std::is_same_v<T, C>) {
+      if (!log) {
+        for (long c = 0; c < valid; ++c) total += (yr[c] = std::exp(ld(xr[c]) - mx));
+        for (long c = 0; c < valid; ++c) yr[c] = yr[c] / total;
+        done = true;
       }
-      for (long c = 0; c < cols; ++c) total += std::exp(static_cast<C>(Elem<T>::load(xr[c])) - mx);
+    }
+    if (!done) {
+      for (long c = 0; c < valid; ++c) total += std::exp(ld(xr[c]) - mx);
       const C log_total = std::log(total);
-      for (long c = 0; c < cols; ++c) {
-        const C shifted = static_cast<C>(Elem<T>::load(xr[c])) - mx;
+      for (long c = 0; c < valid; ++c) {
+        const C shifted = ld(xr[c]) - mx;
         yr[c] = Elem<T>::store(log ? shifted - log_total : std::exp(shifted) / total);
       }
     }
-  });
+    for (long c = valid; c < cols; ++c) yr[c] = Elem<T>::store(C(0));
+  }
+}
+}  // namespace
+
+void CpuBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { softmax_rows<decltype(T_tag)>(x, y, log, 1.0, false); });
+}
+
+void CpuBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { softmax_rows<decltype(T_tag)>(x, y, false, scale, true); });
 }
 
 void CpuBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {

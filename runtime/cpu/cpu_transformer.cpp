@@ -1,4 +1,5 @@
-// CPU backend: the transformer primitives (embedding, layer norm, permute, dropout's mask). The
+// CPU backend: the transformer primitives (embedding, layer norm, permute, softmax's backward,
+// dropout's mask; attention's causal softmax shares the softmax rows in cpu_backend.cpp). The
 // per-element math is runtime/transformer_math.h, shared with the CUDA kernels; row and column sums
 // run in double, in index order.
 #include <algorithm>
@@ -155,34 +156,6 @@ void CpuBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Tens
     const int64_t o = static_cast<int64_t>(r) * row;
     std::memcpy(dst + static_cast<size_t>(o) * es, src + static_cast<size_t>(pi.offset(o)) * es, static_cast<size_t>(row) * es);
   }
-}
-
-void CpuBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
-  const int64_t T = x.shape().back(), rows = T == 0 ? 0 : x.numel() / T;
-  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T_ = decltype(T_tag);
-    using Cm = typename Elem<T_>::Compute;
-    const Cm sc = static_cast<Cm>(scale);
-    const T_* xs = x.data<T_>();
-    T_* ys = y.data<T_>();
-#pragma omp parallel for schedule(static) if (rows * T > cpu::kParallelGrain)
-    for (long r = 0; r < static_cast<long>(rows); ++r) {
-      const T_* xr = xs + r * T;
-      T_* yr = ys + r * T;
-      const int64_t valid = r % T + 1;  // keys 0..i
-      Cm mx = -std::numeric_limits<Cm>::infinity();
-      for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sc * static_cast<Cm>(Elem<T_>::load(xr[c])));
-      Cm total = 0;
-      if constexpr (std::is_same_v<T_, Cm>) {  // y holds exp(scale x - max) exactly: one exp per element
-        for (int64_t c = 0; c < valid; ++c) total += (yr[c] = std::exp(sc * xr[c] - mx));
-        for (int64_t c = 0; c < valid; ++c) yr[c] = yr[c] / total;
-      } else {
-        for (int64_t c = 0; c < valid; ++c) total += std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx);
-        for (int64_t c = 0; c < valid; ++c)
-          yr[c] = Elem<T_>::store(std::exp(sc * static_cast<Cm>(Elem<T_>::load(xr[c])) - mx) / total);
-      }
-      for (int64_t c = valid; c < T; ++c) yr[c] = Elem<T_>::store(Cm(0));
-    }
-  });
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) {

@@ -1,4 +1,4 @@
-// CUDA backend: sum_to, softmax over the last dim, NLL loss and its backward. Sums accumulate in
+// CUDA backend: sum_to, softmax over the last dim (plain, and attention's causal one), NLL loss and its backward. Sums accumulate in
 // fp64 as on the CPU; every reduction combines in a fixed order, so results are deterministic.
 #include <algorithm>
 #include <stdexcept>
@@ -97,21 +97,26 @@ __global__ void sum_column_partials_kernel(const double* split_partials, int64_t
   }
 }
 
+// One block per row. causal: row r is query r mod cols, whose keys past it get 0 (attention's
+// mask); scale multiplies x first (1 for a plain softmax: 1 x is x exactly).
 template <class T>
-__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log) {
+__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log, double scale, bool causal) {
   using C = typename DevElem<T>::Compute;
-  const T* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
-  T* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  const int64_t valid = causal ? r % cols + 1 : cols;
+  const C sc = static_cast<C>(scale);
   C mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, static_cast<C>(DevElem<T>::load(xr[c])));
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<T>::load(xr[c])));
   mx = block_reduce(mx, MaxOp{});
   C total = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += std::exp(static_cast<C>(DevElem<T>::load(xr[c])) - mx);
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx);
   total = block_reduce(total, SumOp{});
   const C log_total = std::log(total);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const C shifted = static_cast<C>(DevElem<T>::load(xr[c])) - mx;
-    yr[c] = DevElem<T>::store(log ? shifted - log_total : std::exp(shifted) / total);
+    const C shifted = sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx;
+    yr[c] = DevElem<T>::store(c >= valid ? C(0) : log ? shifted - log_total : std::exp(shifted) / total);
   }
 }
 
@@ -225,20 +230,29 @@ void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
   });
 }
 
-void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) {
-  require_cuda(x, "softmax: input");
-  require_cuda(y, "softmax: output");
+namespace {
+void launch_softmax(const Tensor& x, Tensor& y, bool log, double scale, bool causal, const char* op) {
+  require_cuda(x, op);
+  require_cuda(y, op);
   const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
   if (rows == 0) return;
-  if (rows > 0x7fffffff) throw std::invalid_argument("softmax: more than 2^31-1 rows");
+  if (rows > 0x7fffffff) throw std::invalid_argument(std::string(op) + ": more than 2^31-1 rows");
   // Narrow rows get a smaller block, so that most threads have work.
   const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T>)(x.data<T>(), y.data<T>(), cols, log);
+    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T>)(x.data<T>(), y.data<T>(), cols, log,
+                                                                                       scale, causal);
     AMP_CUDA_CHECK_LAUNCH();
   });
+}
+}  // namespace
+
+void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) { launch_softmax(x, y, log, 1.0, false, "softmax"); }
+
+void CudaBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
+  launch_softmax(x, y, false, scale, true, "causal_softmax");
 }
 
 void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {

@@ -1,4 +1,5 @@
-// CUDA backend: the transformer primitives (embedding, layer norm, permute, dropout's mask). The
+// CUDA backend: the transformer primitives (embedding, layer norm, permute, softmax's backward,
+// dropout's mask; attention's causal softmax is softmax_kernel's, in cuda_reduce.cu). The
 // per-element math is runtime/transformer_math.h, shared with the CPU backend; row statistics are
 // block reductions in double, column sums run in row order (so gw, gb and the embedding's gradient
 // add up in the CPU's order).
@@ -136,25 +137,6 @@ __global__ void dropout_mask_kernel(T* mask, int64_t n, uint64_t seed, uint64_t 
         math::dropout_mask(seed, offset + static_cast<uint64_t>(i), p)));
 }
 
-// One block per score row, as softmax_kernel; keys past the query's position are 0.
-template <class T>
-__global__ void causal_softmax_kernel(const T* x, T* y, int64_t cols, double scale) {
-  using C = typename DevElem<T>::Compute;
-  const int64_t r = blockIdx.x;
-  const T* xr = x + r * cols;
-  T* yr = y + r * cols;
-  const int64_t valid = r % cols + 1;
-  const C sc = static_cast<C>(scale);
-  C mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<T>::load(xr[c])));
-  mx = block_reduce(mx, MaxOp{});
-  C total = 0;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx);
-  total = block_reduce(total, SumOp{});
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    yr[c] = DevElem<T>::store(c < valid ? std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx) / total : C(0));
-}
-
 template <class T>
 __global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t cols, bool log, double scale) {
   using C = typename DevElem<T>::Compute;
@@ -266,19 +248,6 @@ void CudaBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Ten
     case 8: launch(uint64_t{}); break;
     default: throw std::invalid_argument("permute: unsupported element size");
   }
-}
-
-void CudaBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
-  require_cuda(x, "causal_softmax: input");
-  require_cuda(y, "causal_softmax: output");
-  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
-  if (rows == 0) return;
-  Context& ctx = context();
-  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    AMP_LAUNCH(rows_grid(rows, "causal_softmax"), row_threads(cols), 0, ctx.stream(), causal_softmax_kernel<T>)(
-        x.data<T>(), y.data<T>(), cols, scale);
-    AMP_CUDA_CHECK_LAUNCH();
-  });
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) {

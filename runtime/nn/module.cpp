@@ -33,28 +33,27 @@ void Module::zero_grad() {
   for (Tensor& p : parameters()) p.set_grad(Tensor());
 }
 
-void Module::to(Device d) {
+void Module::replace_parameters(const std::function<bool(const Tensor&)>& changes,
+                                const std::function<Tensor(const Tensor&)>& convert) {
   for (auto& [name, t] : params_) {
-    if (t.device() == d) continue;
+    if (!changes(t)) continue;
     // Keep the handle identity: swap the storage, so optimizers holding the tensor follow.
-    Tensor moved = t.to(d);
-    t.impl()->storage = moved.impl()->storage;
-    t.impl()->offset = moved.impl()->offset;
+    const Tensor c = convert(t.detach());
+    t.impl()->storage = c.impl()->storage;
+    t.impl()->offset = c.impl()->offset;
+    t.impl()->dtype = c.dtype();
     t.set_grad(Tensor());
   }
-  for (auto& [name, child] : children_) child->to(d);
+  for (auto& [name, child] : children_) child->replace_parameters(changes, convert);
+}
+
+void Module::to(Device d) {
+  replace_parameters([d](const Tensor& t) { return t.device() != d; }, [d](const Tensor& t) { return t.to(d); });
 }
 
 void Module::to(DType dtype) {
-  for (auto& [name, t] : params_) {
-    if (t.dtype() == dtype) continue;
-    Tensor cast = t.detach().to(dtype);
-    t.impl()->storage = cast.impl()->storage;
-    t.impl()->offset = cast.impl()->offset;
-    t.impl()->dtype = dtype;
-    t.set_grad(Tensor());
-  }
-  for (auto& [name, child] : children_) child->to(dtype);
+  replace_parameters([dtype](const Tensor& t) { return t.dtype() != dtype; },
+                     [dtype](const Tensor& t) { return t.to(dtype); });
 }
 
 }  // namespace amp::nn

@@ -1,5 +1,6 @@
 // nn::Module: named parameters and children, named as PyTorch names them ("0.weight", "2.bias").
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,6 +36,9 @@ class Module {
   void register_module(std::string name, std::shared_ptr<Module> m);
 
  private:
+  // Gives every parameter for which changes() holds the storage of convert(parameter).
+  void replace_parameters(const std::function<bool(const Tensor&)>& changes,
+                          const std::function<Tensor(const Tensor&)>& convert);
   void collect(const std::string& prefix, std::vector<NamedTensor>* out) const;
   std::vector<NamedTensor> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
