@@ -83,14 +83,6 @@ void sync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-// A safetensors file's bytes, through the runtime's writer (which validates names and dtypes).
-std::string safetensors_bytes(const fs::path& scratch, const safetensors::NamedTensors& tensors) {
-  safetensors::save(scratch.string(), tensors);
-  std::string bytes = read_file(scratch, "scratch");
-  fs::remove(scratch);
-  return bytes;
-}
-
 safetensors::NamedTensors optimizer_tensors(const optim::OptimizerStateDict& sd) {
   safetensors::NamedTensors out;
   for (const auto& [id, entries] : sd.state)
@@ -165,8 +157,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) throw std::runtime_error(tmp.string() + ": cannot create: " + ec.message());
   try {
-    const std::string model_bytes = safetensors_bytes(tmp / "scratch.safetensors", model);
-    const std::string opt_bytes = safetensors_bytes(tmp / "scratch.safetensors", optimizer_tensors(optimizer));
+    const std::string model_bytes = safetensors::serialize(model);
+    const std::string opt_bytes = safetensors::serialize(optimizer_tensors(optimizer));
     meta["step"] = step;
     meta["optimizer_param_groups"] = optimizer.param_groups;
     meta["files"] = {{kModel, {{"bytes", model_bytes.size()}, {"fnv1a64", checksum(model_bytes)}}},

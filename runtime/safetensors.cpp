@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 namespace amp::safetensors {
@@ -55,7 +56,9 @@ NamedTensors load(const std::string& path) {
   return out;
 }
 
-void save(const std::string& path, const NamedTensors& tensors) {
+namespace {
+// The file: the header's length (8 bytes, little-endian), the header, then every tensor's bytes.
+void write_to(std::ostream& out, const NamedTensors& tensors) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -65,7 +68,28 @@ void save(const std::string& path, const NamedTensors& tensors) {
   }
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // the data section starts 8-byte aligned
+  unsigned char len[8];
+  uint64_t v = text.size();
+  for (unsigned char& b : len) {
+    b = static_cast<unsigned char>(v & 0xff);
+    v >>= 8;
+  }
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.to(kCPU);
+    out.write(static_cast<const char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
+  }
+}
+}  // namespace
 
+std::string serialize(const NamedTensors& tensors) {
+  std::ostringstream out(std::ios::binary);
+  write_to(out, tensors);
+  return out.str();
+}
+
+void save(const std::string& path, const NamedTensors& tensors) {
   // Through a symbolic link, the file it names is replaced and the link stays; a directory, device
   // or FIFO is never replaced.
   std::error_code ec;
@@ -81,18 +105,7 @@ void save(const std::string& path, const NamedTensors& tensors) {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail(path, "cannot open '" + tmp + "' for writing");
-    unsigned char len[8];
-    uint64_t v = text.size();
-    for (unsigned char& b : len) {
-      b = static_cast<unsigned char>(v & 0xff);
-      v >>= 8;
-    }
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : tensors) {
-      const Tensor host = t.to(kCPU);
-      out.write(static_cast<const char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
-    }
+    write_to(out, tensors);
     out.flush();
     if (!out) {
       std::remove(tmp.c_str());

@@ -28,6 +28,8 @@ NamedTensors load(const std::string& path);
 // is left under NAME.
 inline constexpr const char* kTemporaryInfix = ".tmp.";
 void save(const std::string& path, const NamedTensors& tensors);
+// The bytes save() would write (for callers that write and checksum them themselves).
+std::string serialize(const NamedTensors& tensors);
 // The tensor called name, or an Error naming the file and the missing tensor.
 const Tensor& find(const NamedTensors& tensors, const std::string& name, const std::string& path);
 

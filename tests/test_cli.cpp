@@ -343,6 +343,41 @@ TEST(Cli, ASetupCollectiveThatTimesOutIsReportedAndEndsTheJob) {
 }
 
 // Sizes that cannot fit in memory are usage errors naming the flag, not std::bad_alloc.
+// --model gpt as users run it: tokens/s on the progress line, the validation loss before training,
+// every N steps and after the last (also in the metrics), sampled text at the end; and its text
+// file refused by name when it is missing, a directory, or too short for the block size.
+TEST(Cli, GptReportsValidationLossTokensPerSecondAndSamples) {
+  TempDir d;
+  const std::string text = test::generated_text_file("cli_gpt", 20000);
+  const std::string gpt = " --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --threads 1 ";
+  const RunResult r = run(gpt + "--data " + text + " --steps 3 --log-every 1 --eval-every 2 --eval-batches 2 "
+                          "--sample-tokens 10 --prompt And --metrics " + d.file("m.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  for (const char* line : {"step 0: validation loss", "step 2: validation loss", "step 3: validation loss",
+                           "--- 10 bytes sampled"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  std::vector<int64_t> evals;
+  for (const auto& rec : read_jsonl(d.file("m.jsonl")))
+    if (rec.value("event", "") == "eval") {
+      evals.push_back(rec["step"].get<int64_t>());
+      EXPECT_GT(rec["val_loss"].get<double>(), 0.0);
+    }
+  EXPECT_EQ(evals, (std::vector<int64_t>{0, 2, 3}));
+  std::ofstream(d.file("short.txt")) << "too short";
+  for (const auto& [data, want] : std::vector<std::pair<std::string, std::string>>{
+           {d.file("missing.txt"), "no such file"},
+           {d.path.string(), "not a regular file"},
+           {d.file("short.txt"), "fewer than --block-size + 2"}}) {
+    const RunResult bad = run(gpt + "--data " + data + " --steps 1");
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_NE(bad.out.find(data), std::string::npos) << bad.out;
+    EXPECT_NE(bad.out.find(want), std::string::npos) << bad.out;
+  }
+  EXPECT_EQ(run(kSmall + "--eval-every 2").code, 2);  // no validation text for the MLP
+  EXPECT_EQ(run(gpt + "--steps 1").code, 2);          // --data synthetic: a GPT needs text
+}
+
 TEST(Cli, ImpossibleSizesAreRefusedByFlag) {
   for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--width 2000000 --steps 1", "--width"},

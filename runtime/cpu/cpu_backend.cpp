@@ -247,8 +247,12 @@ const GeluTable<T>& gelu_table(bool tanh) {
     }
     return t;
   };
-  static const GeluTable<T> exact = build(false), approx = build(true);
-  return tanh ? approx : exact;
+  if (tanh) {
+    static const GeluTable<T> approx = build(true);  // each built on its first use only
+    return approx;
+  }
+  static const GeluTable<T> exact = build(false);
+  return exact;
 }
 
 template <class T>
