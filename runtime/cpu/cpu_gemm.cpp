@@ -18,11 +18,14 @@ namespace amp {
 namespace {
 CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
-// oneDNN primitives are costly to create: one per shape, cached for the life of the process.
+// oneDNN primitives are costly to create: one per problem, cached for the life of the process.
+// A batch of GEMMs is one primitive over 3-D operands: oneDNN spreads the batch over the threads,
+// where a loop of small GEMMs would fork and join the threads once per GEMM.
 struct DnnlGemmCache {
+  using dt = dnnl::memory::data_type;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, float, bool>;
+  using Key = std::tuple<dt, dt, bool, bool, int64_t, int64_t, int64_t, int64_t, float, float>;
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
@@ -33,11 +36,14 @@ struct DnnlGemmCache {
   const Entry& get(const Key& key) {
     auto it = primitives.find(key);
     if (it != primitives.end()) return it->second;
-    const auto [ta, tb, m, n, k, alpha, beta, c_f32] = key;
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md({m, k}, dt::bf16, ta ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1});
-    const dnnl::memory::desc b_md({k, n}, dt::bf16, tb ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1});
-    const dnnl::memory::desc c_md({m, n}, c_f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{n, 1});
+    const auto [in, out, ta, tb, batch, m, n, k, alpha, beta] = key;
+    // Row-major [rows, cols] operands, transposed ones read through swapped strides; a batch adds
+    // a leading dimension of whole matrices.
+    auto desc = [batch = batch](int64_t rows, int64_t cols, bool t, dt type) {
+      const dnnl::memory::dims strides = t ? dnnl::memory::dims{1, rows} : dnnl::memory::dims{cols, 1};
+      if (batch == 1) return dnnl::memory::desc({rows, cols}, type, strides);
+      return dnnl::memory::desc({batch, rows, cols}, type, {rows * cols, strides[0], strides[1]});
+    };
     dnnl::primitive_attr attr;
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
     if (beta != 0.0f) {
@@ -45,9 +51,19 @@ struct DnnlGemmCache {
       ops.append_sum(beta);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::desc desc(a_md, b_md, c_md);
-    const dnnl::matmul::primitive_desc pd(desc, attr, engine);
+    const dnnl::matmul::desc d(desc(m, k, ta, in), desc(k, n, tb, in), desc(m, n, false, out));
+    const dnnl::matmul::primitive_desc pd(d, attr, engine);
     return primitives.emplace(key, Entry{pd, dnnl::matmul(pd)}).first->second;
+  }
+
+  void run(const Key& key, const void* a, const void* b, void* c) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto& [pd, prim] = get(key);
+    dnnl::memory am(pd.src_desc(), engine, const_cast<void*>(a));
+    dnnl::memory bm(pd.weights_desc(), engine, const_cast<void*>(b));
+    dnnl::memory cm(pd.dst_desc(), engine, c);
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
   }
 };
 
@@ -77,20 +93,22 @@ void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 
 void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
                    float beta, void* c, bool c_is_f32) {
-  DnnlGemmCache& cache = dnnl_cache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  const auto& [pd, prim] = cache.get({ta, tb, m, n, k, alpha, beta, c_is_f32});
-  dnnl::memory am(pd.src_desc(), cache.engine, const_cast<void*>(a));
-  dnnl::memory bm(pd.weights_desc(), cache.engine, const_cast<void*>(b));
-  dnnl::memory cm(pd.dst_desc(), cache.engine, c);
-  prim.execute(cache.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  cache.stream.wait();
+  using dt = dnnl::memory::data_type;
+  dnnl_cache().run({dt::bf16, c_is_f32 ? dt::f32 : dt::bf16, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
 }
 
 void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   const auto [m, n, k] = check_gemm_batched(ta, tb, a, b, c);
+  const int64_t batch = a.shape()[0];
+  using dt = dnnl::memory::data_type;
+  if ((a.dtype() == DType::bf16 || a.dtype() == DType::f32) && batch > 0 && m * n * k > 0) {
+    const dt in = a.dtype() == DType::bf16 ? dt::bf16 : dt::f32;
+    const dt out = c.dtype() == DType::f32 ? dt::f32 : dt::bf16;
+    dnnl_cache().run({in, out, ta, tb, batch, m, n, k, alpha, beta}, a.data_ptr(), b.data_ptr(), c.data_ptr());
+    return;
+  }
   const Shape as(a.shape().begin() + 1, a.shape().end()), bs(b.shape().begin() + 1, b.shape().end());
-  for (int64_t i = 0; i < a.shape()[0]; ++i) {
+  for (int64_t i = 0; i < batch; ++i) {
     Tensor ci = c.view(i * m * n, {m, n});
     gemm(ta, tb, alpha, a.view(i * m * k, as), b.view(i * k * n, bs), beta, ci);
   }
