@@ -127,8 +127,7 @@ void CpuBackend::fill(Tensor& t, double value) {
 namespace {
 
 template <class S, class D>
-void cast_loop(const S* s, D* d, long n) {
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+AMP_SIMD_CLONES void cast_range(const S* s, D* d, long n) {
   for (long i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<S, double>) {
       // Round once from fp64 straight into the target, as a direct conversion would.
@@ -141,6 +140,11 @@ void cast_loop(const S* s, D* d, long n) {
       d[i] = Elem<D>::store(Elem<S>::load(s[i]));
     }
   }
+}
+
+template <class S, class D>
+void cast_loop(const S* s, D* d, long n) {
+  cpu::parallel_chunks(n, [&](long b, long e) { cast_range(s + b, d + b, e - b); });
 }
 
 }  // namespace
@@ -156,13 +160,16 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst) {
 namespace {
 
 template <class T, class F>
-void map_unary(const Tensor& x, Tensor& y, F f) {
+AMP_SIMD_CLONES void unary_range(const T* xs, T* ys, long n, F f) {
   using C = typename Elem<T>::Compute;
+  for (long i = 0; i < n; ++i) ys[i] = Elem<T>::store(f(static_cast<C>(Elem<T>::load(xs[i]))));
+}
+
+template <class T, class F>
+void map_unary(const Tensor& x, Tensor& y, F f) {
   const T* xs = x.data<T>();
   T* ys = y.data<T>();
-  const long n = static_cast<long>(x.numel());
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-  for (long i = 0; i < n; ++i) ys[i] = Elem<T>::store(f(static_cast<C>(Elem<T>::load(xs[i]))));
+  cpu::parallel_chunks(static_cast<long>(x.numel()), [&](long b, long e) { unary_range<T>(xs + b, ys + b, e - b, f); });
 }
 
 // Offsets of a broadcast operand: stride 0 along the dims it is broadcast over.
@@ -191,26 +198,48 @@ int64_t offset_of(int64_t linear, const Shape& out, const std::vector<int64_t>& 
   return off;
 }
 
+// out = f(a, b) over n elements; an operand marked Scalar is one value read n times.
+template <bool AScalar, bool BScalar, class T, class F>
+AMP_SIMD_CLONES void binary_range(const T* as, const T* bs, T* os, long n, F f) {
+  using C = typename Elem<T>::Compute;
+  for (long i = 0; i < n; ++i)
+    os[i] = Elem<T>::store(f(static_cast<C>(Elem<T>::load(as[AScalar ? 0 : i])),
+                             static_cast<C>(Elem<T>::load(bs[BScalar ? 0 : i]))));
+}
+
+// in repeats over out's leading dims: in's shape, leading 1s aside, is out's trailing shape.
+bool is_trailing(const Shape& in, const Shape& out) {
+  size_t lead = 0;
+  while (lead < in.size() && in[lead] == 1) ++lead;
+  const size_t k = in.size() - lead;
+  return k <= out.size() && std::equal(in.begin() + static_cast<long>(lead), in.end(), out.end() - static_cast<long>(k));
+}
+
 template <class T, class F>
 void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
-  using C = typename Elem<T>::Compute;
   const T* as = a.data<T>();
   const T* bs = b.data<T>();
   T* os = out.data<T>();
   const long n = static_cast<long>(out.numel());
-  auto ld = [](T v) { return static_cast<C>(Elem<T>::load(v)); };
-  if (a.shape() == out.shape() && b.shape() == out.shape()) {
+  const bool a_full = a.shape() == out.shape(), b_full = b.shape() == out.shape();
+  if (a_full && b_full) {
+    cpu::parallel_chunks(n, [&](long i, long e) { binary_range<false, false, T>(as + i, bs + i, os + i, e - i, f); });
+  } else if (a_full && b.numel() == 1) {
+    cpu::parallel_chunks(n, [&](long i, long e) { binary_range<false, true, T>(as + i, bs, os + i, e - i, f); });
+  } else if (b_full && a.numel() == 1) {
+    cpu::parallel_chunks(n, [&](long i, long e) { binary_range<true, false, T>(as, bs + i, os + i, e - i, f); });
+  } else if (n > 0 && ((a_full && is_trailing(b.shape(), out.shape())) || (b_full && is_trailing(a.shape(), out.shape())))) {
+    // A row repeated over the leading dims (a bias): row by row.
+    const long row = static_cast<long>(a_full ? b.numel() : a.numel());
+    const long rows = n / row;
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(ld(as[i]), ld(bs[i])));
-  } else if (a.shape() == out.shape() && b.numel() == 1) {
-    const C bv = ld(bs[0]);
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(ld(as[i]), bv));
-  } else if (b.shape() == out.shape() && a.numel() == 1) {
-    const C av = ld(as[0]);
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i) os[i] = Elem<T>::store(f(av, ld(bs[i])));
+    for (long r = 0; r < rows; ++r) {
+      const long o = r * row;
+      binary_range<false, false, T>(a_full ? as + o : as, a_full ? bs : bs + o, os + o, row, f);
+    }
   } else {
+    using C = typename Elem<T>::Compute;
+    auto ld = [](T v) { return static_cast<C>(Elem<T>::load(v)); };
     const auto sa = broadcast_strides(a.shape(), out.shape());
     const auto sb = broadcast_strides(b.shape(), out.shape());
     const Shape& shape = out.shape();

@@ -1,5 +1,8 @@
-// CPU loop helpers: the dtype dispatch shared with the CUDA backend, and the parallel grain.
+// CPU loop helpers: the dtype dispatch shared with the CUDA backend, the parallel grain, and the
+// two pieces every hot element-wise loop is built from (see "Hot loops" below).
 #pragma once
+#include <omp.h>
+
 #include "runtime/dtype_dispatch.h"
 
 namespace amp::cpu {
@@ -8,5 +11,38 @@ using amp::dispatch_float;
 
 // Below this many elements a loop runs on one thread: the fork/join would cost more.
 inline constexpr long kParallelGrain = 1 << 15;
+
+// Hot loops. The build is portable (x86-64's baseline, SSE2), so a loop the compiler vectorises
+// there uses 4-wide SSE2 at best. A function marked AMP_SIMD_CLONES is also compiled for AVX2+FMA
+// (x86-64-v3) and AVX-512 (x86-64-v4), and the loader picks the best one this CPU runs. The clones
+// compute the same numbers: no reassociation is allowed (no -ffast-math), and -ffp-contract=off keeps
+// FMA out. They vectorise only a plain serial loop over raw pointers whose coefficients are locals,
+// so the pattern is: a cloned serial kernel over [0, n), and parallel_chunks() handing each thread
+// one contiguous range of it. (A `#pragma omp parallel for` body is outlined into a function of
+// its own, which is not cloned, and reads every captured coefficient through a pointer.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define AMP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define AMP_SIMD_CLONES
+#endif
+
+// body(begin, end) over [0, n): one contiguous range per thread, starts aligned to 64 elements
+// (whole cache lines, whole vectors), or one call when n is below the grain.
+template <class F>
+void parallel_chunks(long n, F&& body) {
+  if (n <= kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    if (n > 0) body(0L, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const long nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const long per = (n + nt - 1) / nt;
+    const long chunk = (per + 63) / 64 * 64;
+    const long begin = t * chunk < n ? t * chunk : n;
+    const long end = begin + chunk < n ? begin + chunk : n;
+    if (begin < end) body(begin, end);
+  }
+}
 
 }  // namespace amp::cpu
