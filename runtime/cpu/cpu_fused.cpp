@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "runtime/amp_math.h"
 #include "runtime/cpu/cpu_backend.h"
@@ -18,6 +19,77 @@ void require_f32(const Tensor& t, const char* what) {
   if (t.dtype() != DType::f32)
     throw std::invalid_argument(std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
 }
+
+// The serial kernels below run on one thread's range (cpu::parallel_chunks); see dispatch.h.
+
+// Unscales d[0, n) in place; returns 1 when any original value was inf or NaN.
+template <class T>
+AMP_SIMD_CLONES int unscale_range(T* d, long n, float inv) {
+  using C = typename Elem<T>::Compute;
+  int bad = 0;
+  for (long i = 0; i < n; ++i) {
+    const C v = Elem<T>::load(d[i]);
+    bad |= math::is_nonfinite(v) ? 1 : 0;
+    d[i] = Elem<T>::store(math::unscale_element(v, inv));
+  }
+  return bad;
+}
+
+template <class T>
+AMP_SIMD_CLONES int nonfinite_range(const T* d, long n) {
+  int bad = 0;
+  for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(Elem<T>::load(d[i])) ? 1 : 0;
+  return bad;
+}
+
+// Parameters, gradients and optimizer state are distinct tensors: the pointers never alias. The
+// flags that decide which arrays are written are template arguments, so that the loop body has no
+// conditional store and vectorises; the rest of the math's branches become selects.
+template <bool Momentum, bool Store>
+AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, long n, float inv,
+                               bool first, math::SgdCoef c) {
+  if constexpr (!Momentum) c.momentum = 0.0f;  // as it is whenever there is no buffer
+  for (long i = 0; i < n; ++i) {
+    const float gi = math::unscale_element(g[i], inv);
+    if constexpr (Store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
+    math::sgd_update(&p[i], gi, Momentum ? &b[i] : nullptr, first, c);
+  }
+}
+
+template <bool Amsgrad, bool Store>
+AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
+                                float* __restrict vmax, long n, float inv, math::AdamCoef c) {
+  c.amsgrad = Amsgrad;
+  for (long i = 0; i < n; ++i) {
+    const float gi = math::unscale_element(g[i], inv);
+    if constexpr (Store) g[i] = gi;
+    math::adam_update(&p[i], gi, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
+  }
+}
+
+// Sum of norm_term(|x|, p) over x[0, n), in 8 interleaved fp64 partial sums added up in a fixed
+// order: the same result from every clone (a vectorised single sum would reassociate).
+template <class T>
+AMP_SIMD_CLONES double norm_range(const T* x, long n, double p) {
+  constexpr long kLanes = 8;
+  double acc[kLanes] = {};
+  auto term = [p](T v) { return math::norm_term(std::fabs(static_cast<double>(Elem<T>::load(v))), p); };
+  long i = 0;
+  if (p == 2.0) {  // the usual case, without norm_term's dispatch on p in the loop
+    for (; i + kLanes <= n; i += kLanes)
+      for (long l = 0; l < kLanes; ++l) {
+        const double a = static_cast<double>(Elem<T>::load(x[i + l]));
+        acc[l] += a * a;
+      }
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (long l = 0; l < kLanes; ++l) acc[l] += term(x[i + l]);
+  }
+  for (long l = 0; i < n; ++i, ++l) acc[l] += term(x[i]);
+  double sum = 0.0;
+  for (long l = 0; l < kLanes; ++l) sum += acc[l];
+  return sum;
+}
 }  // namespace
 
 void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
@@ -31,17 +103,14 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
   bool any = false;
   cpu::dispatch_float(dt, [&](auto T_tag) {
     using T = decltype(T_tag);
-    using C = typename Elem<T>::Compute;
     for (const Tensor& g : grads) {
       T* d = g.data<T>();
-      const long n = static_cast<long>(g.numel());
       int bad = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
-      for (long i = 0; i < n; ++i) {
-        const C v = Elem<T>::load(d[i]);
-        bad |= math::is_nonfinite(v) ? 1 : 0;
-        d[i] = Elem<T>::store(math::unscale_element(v, inv));
-      }
+      cpu::parallel_chunks(static_cast<long>(g.numel()), [&](long b, long e) {
+        const int found = unscale_range(d + b, e - b, inv);
+#pragma omp atomic
+        bad |= found;
+      });
       any = any || bad != 0;
     }
   });
@@ -54,9 +123,11 @@ void CpuBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) 
     cpu::dispatch_float(x.dtype(), [&](auto T_tag) {
       using T = decltype(T_tag);
       const T* d = x.data<T>();
-      const long n = static_cast<long>(x.numel());
-#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > cpu::kParallelGrain)
-      for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(Elem<T>::load(d[i])) ? 1 : 0;
+      cpu::parallel_chunks(static_cast<long>(x.numel()), [&](long b, long e) {
+        const int found = nonfinite_range(d + b, e - b);
+#pragma omp atomic
+        bad |= found;
+      });
     });
   }
   if (bad) found_inf.data<float>()[0] = 1.0f;
@@ -84,13 +155,13 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
     float* g = grads[t].data<float>();
     float* b = h.momentum != 0.0 ? bufs[t].data<float>() : nullptr;
     const bool store = grad_scale.defined();
-    const long n = static_cast<long>(params[t].numel());
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i) {
-      const float gi = math::unscale_element(g[i], inv);
-      if (store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
-      math::sgd_update(&p[i], gi, b ? &b[i] : nullptr, first, c);
-    }
+    cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
+      const long k = e - i;
+      if (b && store) sgd_range<true, true>(p + i, g + i, b + i, k, inv, first, c);
+      else if (b) sgd_range<true, false>(p + i, g + i, b + i, k, inv, first, c);
+      else if (store) sgd_range<false, true>(p + i, g + i, nullptr, k, inv, first, c);
+      else sgd_range<false, false>(p + i, g + i, nullptr, k, inv, first, c);
+    });
   }
   step_count.data<float>()[0] += 1.0f;
 }
@@ -112,13 +183,13 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
     float* v = exp_avg_sqs[t].data<float>();
     float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
     const bool store = grad_scale.defined();
-    const long n = static_cast<long>(params[t].numel());
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long i = 0; i < n; ++i) {
-      const float gi = math::unscale_element(g[i], inv);
-      if (store) g[i] = gi;
-      math::adam_update(&p[i], gi, &m[i], &v[i], vmax ? &vmax[i] : nullptr, c);
-    }
+    cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
+      const long k = e - i;
+      if (vmax && store) adam_range<true, true>(p + i, g + i, m + i, v + i, vmax + i, k, inv, c);
+      else if (vmax) adam_range<true, false>(p + i, g + i, m + i, v + i, vmax + i, k, inv, c);
+      else if (store) adam_range<false, true>(p + i, g + i, m + i, v + i, nullptr, k, inv, c);
+      else adam_range<false, false>(p + i, g + i, m + i, v + i, nullptr, k, inv, c);
+    });
   }
   step_count.data<float>()[0] = step;
 }
@@ -144,10 +215,12 @@ void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor
         }
         acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
       } else {
-        double sum = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : sum) if (n > cpu::kParallelGrain)
-        for (long i = 0; i < n; ++i) sum += math::norm_term(std::fabs(static_cast<double>(Elem<T>::load(d[i]))), p);
-        acc += sum;
+        // One partial sum per thread's range, added in thread order: deterministic for a thread count.
+        std::vector<double> part(static_cast<size_t>(omp_get_max_threads()) + 1, 0.0);
+        cpu::parallel_chunks(n, [&](long b, long e) {
+          part[static_cast<size_t>(omp_in_parallel() ? omp_get_thread_num() : 0)] = norm_range(d + b, e - b, p);
+        });
+        for (double s : part) acc += s;
       }
     });
   }
