@@ -323,6 +323,8 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("min-lr", with_default(&c.min_lr), "the lr the cosine decays to")
     ("decay-steps", with_default(&c.decay_steps), "step at which the cosine reaches --min-lr (0: --steps)")
     ("clip-grad-norm", with_default(&c.clip_grad_norm), "clip the total 2-norm (0: off)")
+    ("log-grad-norm", po::bool_switch(&c.log_grad_norm),
+     "report the gradients' 2-norm in the metrics without --clip-grad-norm too (one more read of every gradient a step)")
     ("clip-grad-value", with_default(&c.clip_grad_value), "clamp each gradient (0: off)")
     ("grad-penalty", with_default(&c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
   po::options_description evals("Evaluation and sampling (gpt)");

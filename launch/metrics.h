@@ -15,7 +15,7 @@ struct StepRecord {
   double loss;       // unscaled mean loss over the effective batch, averaged over ranks
   double scale;      // the scale this step's backward used (1 without scaling)
   bool skipped;
-  double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping)
+  double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping); NaN: not computed
   double lr;
   double step_ms;
   bool stop_requested = false;  // a rank got SIGINT/SIGTERM before this step's figures were reduced

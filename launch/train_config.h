@@ -68,6 +68,7 @@ struct TrainConfig {
   int64_t decay_steps = 0;
   uint64_t seed = 0;
   double clip_grad_norm = 0.0;   // 0: off
+  bool log_grad_norm = false;    // the 2-norm in the metrics without clipping (one more read of the gradients)
   double clip_grad_value = 0.0;  // 0: off
   double grad_penalty = 0.0;     // 0: off
   // AMP

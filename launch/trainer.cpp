@@ -470,10 +470,12 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   Tensor grad_norm;
   if (cfg_.clip_grad_norm > 0.0) {
     grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);
-  } else {
+  } else if (cfg_.log_grad_norm) {  // a read of every gradient that PyTorch's loop does not pay for: asked only
     Tensor acc = zeros({1}, DType::f32, device_);
     backend_for(device_).norm_accumulate(opt_->grads(), 2.0, acc);
     grad_norm = sqrt(acc);
+  } else {
+    grad_norm = full({1}, std::numeric_limits<double>::quiet_NaN(), DType::f32, device_);  // null in the metrics
   }
   if (cfg_.clip_grad_value > 0.0) clip_grad_value_(params, cfg_.clip_grad_value);
   scaler_->step(*opt_);

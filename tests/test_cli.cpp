@@ -151,6 +151,36 @@ TEST(Cli, MetricsHaveExactlyTheDesignedFields) {
   EXPECT_EQ(files, 1) << "no temporary file is left";
 }
 
+// The gradient norm costs a read of every gradient: reported when clipping computes it anyway, or
+// when asked; otherwise null. Asking changes nothing else.
+TEST(Cli, GradNormIsReportedWhenClippingOrAsked) {
+  TempDir d;
+  auto norms = [&](const std::string& extra, const std::string& name) {
+    const RunResult r = run(kNoSteps + "--steps 3 --metrics " + d.file(name + ".jsonl") + " --save-weights " +
+                            d.file(name + ".safetensors") + " " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::vector<nlohmann::json> out;
+    for (const auto& rec : read_jsonl(d.file(name + ".jsonl")))
+      if (!rec.contains("event")) out.push_back(rec["grad_norm"]);
+    return out;
+  };
+  const auto plain = norms("", "plain"), asked = norms("--log-grad-norm", "asked"), clipped = norms("--clip-grad-norm 1e9", "clip");
+  ASSERT_EQ(plain.size(), 3u);
+  ASSERT_EQ(asked.size(), 3u);
+  ASSERT_EQ(clipped.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(plain[i].is_null()) << plain[i];
+    ASSERT_TRUE(asked[i].is_number()) << asked[i];
+    ASSERT_TRUE(clipped[i].is_number()) << clipped[i];
+    EXPECT_GT(asked[i].get<double>(), 0.0);
+    // clip_grad_norm_'s total norm (a norm per tensor, then their norm) against one fused pass
+    EXPECT_NEAR(asked[i].get<double>(), clipped[i].get<double>(), 1e-5 * clipped[i].get<double>());
+  }
+  const auto a = safetensors::load(d.file("plain.safetensors")), b = safetensors::load(d.file("asked.safetensors"));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << a[i].first;
+}
+
 TEST(Cli, SaveWeightsRoundTripsIntoInitWeights) {
   TempDir d;
   ASSERT_EQ(run(kSmall + "--save-weights " + d.file("a.safetensors")).code, 0);
