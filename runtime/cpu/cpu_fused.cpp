@@ -67,28 +67,12 @@ AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float*
   }
 }
 
-// Sum of norm_term(|x|, p) over x[0, n), in 8 interleaved fp64 partial sums added up in a fixed
-// order: the same result from every clone (a vectorised single sum would reassociate).
+// Sum of norm_term(|x|, p) over x[0, n) (cpu::lane_sum: the same from every clone).
 template <class T>
 AMP_SIMD_CLONES double norm_range(const T* x, long n, double p) {
-  constexpr long kLanes = 8;
-  double acc[kLanes] = {};
-  auto term = [p](T v) { return math::norm_term(std::fabs(static_cast<double>(Elem<T>::load(v))), p); };
-  long i = 0;
-  if (p == 2.0) {  // the usual case, without norm_term's dispatch on p in the loop
-    for (; i + kLanes <= n; i += kLanes)
-      for (long l = 0; l < kLanes; ++l) {
-        const double a = static_cast<double>(Elem<T>::load(x[i + l]));
-        acc[l] += a * a;
-      }
-  } else {
-    for (; i + kLanes <= n; i += kLanes)
-      for (long l = 0; l < kLanes; ++l) acc[l] += term(x[i + l]);
-  }
-  for (long l = 0; i < n; ++i, ++l) acc[l] += term(x[i]);
-  double sum = 0.0;
-  for (long l = 0; l < kLanes; ++l) sum += acc[l];
-  return sum;
+  auto at = [x](long i) { return static_cast<double>(Elem<T>::load(x[i])); };
+  if (p == 2.0) return cpu::lane_sum(n, [&](long i) { return at(i) * at(i); });  // without norm_term's dispatch on p
+  return cpu::lane_sum(n, [&](long i) { return math::norm_term(std::fabs(at(i)), p); });
 }
 }  // namespace
 
