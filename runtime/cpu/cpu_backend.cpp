@@ -390,6 +390,24 @@ void CpuBackend::broadcast_to(const Tensor& x, Tensor& out) {
   });
 }
 
+namespace {
+// acc[j] += the sum over rows of x[i, j] for columns [j0, j1) of x [rows, m]: each column sums its
+// rows in order; a block of columns is read a row at a time (contiguous loads, a lane per column).
+template <class T>
+AMP_SIMD_CLONES void column_sums(const T* xs, long rows, long m, long j0, long j1, double* acc) {
+  constexpr long kBlock = 64;
+  for (long b0 = j0; b0 < j1; b0 += kBlock) {
+    const long w = std::min(kBlock, j1 - b0);
+    double a[kBlock] = {};
+    for (long i = 0; i < rows; ++i) {
+      const T* xr = xs + i * m + b0;
+      for (long j = 0; j < w; ++j) a[j] += static_cast<double>(Elem<T>::load(xr[j]));
+    }
+    for (long j = 0; j < w; ++j) acc[b0 + j] += a[j];
+  }
+}
+}  // namespace
+
 // Reductions accumulate in fp64 so that results do not depend on the thread count's summation order
 // more than the final rounding allows.
 void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
@@ -412,17 +430,9 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
       std::vector<double> acc(static_cast<size_t>(m), 0.0);
       const bool rows = x.dim() == 2 && s[0] == 0 && s[1] == 1;  // [N, M] -> [M]: the bias gradient
       if (rows) {
-        // Each column sums its rows in order; a block of columns is read a row at a time, so the
-        // loads are contiguous and the adds vectorise.
         const long r = static_cast<long>(x.shape()[0]);
-        constexpr long kBlock = 64;
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-        for (long j0 = 0; j0 < m; j0 += kBlock) {
-          const long j1 = std::min(m, j0 + kBlock);
-          double* a = acc.data() + j0;
-          for (long i = 0; i < r; ++i)
-            for (long j = j0; j < j1; ++j) a[j - j0] += ld(xs[i * m + j]);
-        }
+        cpu::parallel_chunks(m, [&](long j0, long j1) { column_sums(xs, r, m, j0, j1, acc.data()); },
+                             cpu::kParallelGrain / std::max(r, 1L));
       } else {
         const Shape& shape = x.shape();
         for (long i = 0; i < n; ++i) acc[static_cast<size_t>(offset_of(i, shape, s))] += ld(xs[i]);

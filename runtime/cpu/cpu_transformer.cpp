@@ -185,25 +185,34 @@ void CpuBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Tens
   }
 }
 
+namespace {
+// Softmax's (or log-softmax's) gradient for rows [0, rows) of C elements, from the output y.
+template <class T, class Cm = typename Elem<T>::Compute>
+AMP_SIMD_CLONES void softmax_grad_rows(const T* ys, const T* gs, T* out, long rows, long C, bool log, Cm scale) {
+  auto ld = [](T v) { return static_cast<Cm>(Elem<T>::load(v)); };
+  for (long r = 0; r < rows; ++r) {
+    const T* yr = ys + r * C;
+    const T* gr = gs + r * C;
+    T* o = out + r * C;
+    const Cm row = static_cast<Cm>(log ? cpu::lane_sum(C, [&](long c) { return static_cast<double>(ld(gr[c])); })
+                                       : cpu::lane_sum(C, [&](long c) { return static_cast<double>(ld(gr[c]) * ld(yr[c])); }));
+    if (log)
+      for (long c = 0; c < C; ++c) o[c] = Elem<T>::store(math::log_softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row));
+    else
+      for (long c = 0; c < C; ++c) o[c] = Elem<T>::store(math::softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row, scale));
+  }
+}
+}  // namespace
+
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) {
-  const int64_t C = y.dim() == 0 ? 1 : y.shape().back(), rows = C == 0 ? 0 : y.numel() / C;
+  const long C = y.dim() == 0 ? 1 : static_cast<long>(y.shape().back()), rows = C == 0 ? 0 : static_cast<long>(y.numel()) / C;
   cpu::dispatch_float(y.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     using Cm = typename Elem<T>::Compute;
-    auto ld = [](T v) { return static_cast<Cm>(Elem<T>::load(v)); };
-    const T* ys = y.data<T>();
-    const T* gs = g.data<T>();
+    const T *ys = y.data<T>(), *gs = g.data<T>();
     T* out = gx.data<T>();
-#pragma omp parallel for schedule(static) if (rows * C > cpu::kParallelGrain)
-    for (long r = 0; r < static_cast<long>(rows); ++r) {
-      const T* yr = ys + r * C;
-      const T* gr = gs + r * C;
-      double acc = 0.0;
-      for (int64_t c = 0; c < C; ++c) acc += log ? static_cast<double>(ld(gr[c])) : static_cast<double>(ld(gr[c]) * ld(yr[c]));
-      const Cm row = static_cast<Cm>(acc);
-      for (int64_t c = 0; c < C; ++c)
-        out[r * C + c] = Elem<T>::store(log ? math::log_softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row)
-                                            : math::softmax_grad<Cm>(ld(yr[c]), ld(gr[c]), row, static_cast<Cm>(scale)));
-    }
+    cpu::parallel_chunks(rows, [&](long r, long e) {
+      softmax_grad_rows<T>(ys + r * C, gs + r * C, out + r * C, e - r, C, log, static_cast<Cm>(scale));
+    }, cpu::kParallelGrain / std::max(C, 1L));
   });
 }
 
