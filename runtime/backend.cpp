@@ -14,6 +14,11 @@ std::array<Backend*, 2>& registry() {
 }
 }  // namespace
 
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  broadcast_to(bias, y);
+  gemm(false, true, 1.0f, x, w, 1.0f, y);
+}
+
 void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }
 
 bool backend_available(DeviceType t) { return t == DeviceType::cpu || registry()[static_cast<size_t>(t)] != nullptr; }

@@ -95,9 +95,12 @@ class Backend {
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                     Tensor& c) = 0;
   // The same for each i of a batch: c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i], 3-D [B, ., .]
-  // contiguous operands (one cuBLAS launch on CUDA; a loop on the CPU).
+  // contiguous operands (one cuBLAS launch on CUDA; one oneDNN primitive on the CPU).
   virtual void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                             Tensor& c) = 0;
+  // A linear layer's forward, y = x @ w^T + bias (bias [n] added to every row, before y's one
+  // rounding). This default broadcasts the bias into y and accumulates the product onto it (beta = 1).
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).

@@ -83,9 +83,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   Tensor y = empty({x2.shape()[0], w.shape()[0]}, x.dtype(), x.device());
   Backend& be = backend_for(x.device());
   if (b.defined()) {
-    // The bias broadcast into y's rows, then the product accumulated onto it (beta = 1): one pass fewer.
-    be.broadcast_to(b, y);
-    be.gemm(false, true, 1.0f, x2, w, 1.0f, y);
+    be.linear_forward(x2, w, b, y);
   } else {
     be.gemm(false, true, 1.0f, x2, w, 0.0f, y);
   }

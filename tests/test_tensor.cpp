@@ -114,6 +114,24 @@ TEST(Gemm, TransposesAndBetaAgainstFp64) {
   }
 }
 
+// The CPU's linear forward hands the bias to oneDNN; the control is Backend's default: the bias
+// broadcast into y, the product accumulated onto it. One rounding of the same fp32 sum either way.
+TEST(Gemm, LinearForwardBiasEqualsBroadcastThenAccumulate) {
+  Generator g(9);
+  const Tensor x32 = randn({67, 45}, g), w32 = randn({29, 45}, g), b32 = randn({29}, g);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor x = cast(x32, dt), w = cast(w32, dt), b = cast(b32, dt);
+    Tensor fused = empty({67, 29}, dt), control = empty({67, 29}, dt);
+    backend_for(kCPU).linear_forward(x, w, b, fused);
+    backend_for(kCPU).broadcast_to(b, control);
+    backend_for(kCPU).gemm(false, true, 1.0f, x, w, 1.0f, control);
+    EXPECT_TRUE(test::bitwise_equal(fused, control)) << dtype_name(dt);
+    const Tensor ref = add(mm(cast(x, DType::f64), cast(w, DType::f64), false, true), cast(b, DType::f64));
+    const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
+    EXPECT_TRUE(test::all_close(fused, ref, tol, tol)) << dtype_name(dt);
+  }
+}
+
 TEST(Tensor, ReducedPrecisionMeanDoesNotOverflow) {
   // 10,000 halves of 10: their sum (1e5) overflows fp16, their mean does not.
   const Tensor h = full({100, 100}, 10.0, DType::f16);

@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
             Tensor& c) override;
   void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                     Tensor& c) override;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
 
   void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) override;
   void check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) override;

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/cpu/cpu_backend.h"
@@ -26,7 +27,8 @@ struct DnnlGemmCache {
   using dt = dnnl::memory::data_type;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  using Key = std::tuple<dt, dt, bool, bool, int64_t, int64_t, int64_t, int64_t, float, float>;
+  // in, out and bias (undef: none) types, trans_a, trans_b, batch, m, n, k, alpha, beta
+  using Key = std::tuple<dt, dt, dt, bool, bool, int64_t, int64_t, int64_t, int64_t, float, float>;
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
@@ -37,7 +39,7 @@ struct DnnlGemmCache {
   const Entry& get(const Key& key) {
     auto it = primitives.find(key);
     if (it != primitives.end()) return it->second;
-    const auto [in, out, ta, tb, batch, m, n, k, alpha, beta] = key;
+    const auto [in, out, bias, ta, tb, batch, m, n, k, alpha, beta] = key;
     // Row-major [rows, cols] operands, transposed ones read through swapped strides; a batch adds
     // a leading dimension of whole matrices.
     auto desc = [batch = batch](int64_t rows, int64_t cols, bool t, dt type) {
@@ -52,18 +54,22 @@ struct DnnlGemmCache {
       ops.append_sum(beta);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::desc d(desc(m, k, ta, in), desc(k, n, tb, in), desc(m, n, false, out));
+    const dnnl::matmul::desc d = bias == dt::undef
+                                     ? dnnl::matmul::desc(desc(m, k, ta, in), desc(k, n, tb, in), desc(m, n, false, out))
+                                     : dnnl::matmul::desc(desc(m, k, ta, in), desc(k, n, tb, in), desc(1, n, false, bias),
+                                                          desc(m, n, false, out));
     const dnnl::matmul::primitive_desc pd(d, attr, engine);
     return primitives.emplace(key, Entry{pd, dnnl::matmul(pd)}).first->second;
   }
 
-  void run(const Key& key, const void* a, const void* b, void* c) {
+  void run(const Key& key, const void* a, const void* b, void* c, const void* bias = nullptr) {
     std::lock_guard<std::mutex> lock(mutex);
     const auto& [pd, prim] = get(key);
-    dnnl::memory am(pd.src_desc(), engine, const_cast<void*>(a));
-    dnnl::memory bm(pd.weights_desc(), engine, const_cast<void*>(b));
-    dnnl::memory cm(pd.dst_desc(), engine, c);
-    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, {pd.src_desc(), engine, const_cast<void*>(a)}},
+                                                  {DNNL_ARG_WEIGHTS, {pd.weights_desc(), engine, const_cast<void*>(b)}},
+                                                  {DNNL_ARG_DST, {pd.dst_desc(), engine, c}}};
+    if (bias) args.insert({DNNL_ARG_BIAS, {pd.bias_desc(), engine, const_cast<void*>(bias)}});
+    prim.execute(stream, args);
     stream.wait();
   }
 };
@@ -89,13 +95,13 @@ std::vector<float> widen(const Tensor& t) {
 void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                   float beta, float* c) {
   using dt = dnnl::memory::data_type;
-  dnnl_cache().run({dt::f32, dt::f32, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
+  dnnl_cache().run({dt::f32, dt::f32, dt::undef, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
 }
 
 void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
                    float beta, void* c, bool c_is_f32) {
   using dt = dnnl::memory::data_type;
-  dnnl_cache().run({dt::bf16, c_is_f32 ? dt::f32 : dt::bf16, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
+  dnnl_cache().run({dt::bf16, c_is_f32 ? dt::f32 : dt::bf16, dt::undef, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
 }
 
 void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
@@ -105,7 +111,7 @@ void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, co
   if ((a.dtype() == DType::bf16 || a.dtype() == DType::f32) && batch > 0 && m * n * k > 0) {
     const dt in = a.dtype() == DType::bf16 ? dt::bf16 : dt::f32;
     const dt out = c.dtype() == DType::f32 ? dt::f32 : dt::bf16;
-    dnnl_cache().run({in, out, ta, tb, batch, m, n, k, alpha, beta}, a.data_ptr(), b.data_ptr(), c.data_ptr());
+    dnnl_cache().run({in, out, dt::undef, ta, tb, batch, m, n, k, alpha, beta}, a.data_ptr(), b.data_ptr(), c.data_ptr());
     return;
   }
   const Shape as(a.shape().begin() + 1, a.shape().end()), bs(b.shape().begin() + 1, b.shape().end());
@@ -113,6 +119,18 @@ void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, co
     Tensor ci = c.view(i * m * n, {m, n});
     gemm(ta, tb, alpha, a.view(i * m * k, as), b.view(i * k * n, bs), beta, ci);
   }
+}
+
+// oneDNN adds the bias to the fp32 accumulator before y's one rounding: the numbers of broadcasting
+// it into y and accumulating onto it, without that pass over y.
+void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  const auto [m, n, k] = check_gemm(false, true, x, w, y);
+  using dt = dnnl::memory::data_type;
+  const bool supported = (x.dtype() == DType::bf16 || x.dtype() == DType::f32) && y.dtype() == x.dtype() &&
+                         bias.dtype() == x.dtype() && bias.numel() == n && m * n * k > 0;
+  if (!supported) return Backend::linear_forward(x, w, bias, y);
+  const dt t = x.dtype() == DType::bf16 ? dt::bf16 : dt::f32;
+  dnnl_cache().run({t, t, t, false, true, 1, m, n, k, 1.0f, 0.0f}, x.data_ptr(), w.data_ptr(), y.data_ptr(), bias.data_ptr());
 }
 
 void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
