@@ -428,9 +428,10 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
       const auto s = broadcast_strides(out.shape(), x.shape());
       const long m = static_cast<long>(out.numel());
       std::vector<double> acc(static_cast<size_t>(m), 0.0);
-      const bool rows = x.dim() == 2 && s[0] == 0 && s[1] == 1;  // [N, M] -> [M]: the bias gradient
-      if (rows) {
-        const long r = static_cast<long>(x.shape()[0]);
+      // out repeats over x's leading dims ([N, M] -> [M], the bias gradient; [B, T, C] -> [T, C]):
+      // x is [n / m, m] summed over its rows.
+      if (is_trailing(out.shape(), x.shape())) {
+        const long r = n / m;
         cpu::parallel_chunks(m, [&](long j0, long j1) { column_sums(xs, r, m, j0, j1, acc.data()); },
                              cpu::kParallelGrain / std::max(r, 1L));
       } else {
