@@ -10,10 +10,16 @@
 // which no compiler may contract.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "runtime/backend.h"
+#include "runtime/cpu/exp_float.h"
 #include "runtime/optim_math.h"
 #include "runtime/tensor.h"
 
@@ -126,4 +132,56 @@ TEST(Rounding, AmsgradMaximumKeepsNaN) {
 }
 
 }  // namespace
+}  // namespace amp
+
+// cpu::exp_float (the CPU softmax's vectorisable e^x) against e^x correctly rounded to float (libm's
+// double exp, rounded once) and against libm's expf, over every 97th float in [-110, 95] and the
+// special values.
+namespace amp {
+namespace {
+int ulps_apart(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::abs(ia - ib);  // both non-negative here
+}
+}  // namespace
+
+TEST(Rounding, ExpFloatIsCorrectlyRoundedAlmostAlways) {
+  long n = 0, off_exact = 0, off_libm = 0;
+  int worst = 0;
+  auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  // Every 97th bit pattern of the magnitudes up to 110, each with both signs (e^x of the negative
+  // ones underflows below -103.97, and of the positive ones overflows above 88.72).
+  for (uint32_t bits = 0; bits <= 0x42dc0000u /* 110 */; bits += 97)
+    for (const float x : {from_bits(bits), -from_bits(bits)}) {
+      const float got = cpu::exp_float(opaque(x));
+      const float exact = static_cast<float>(std::exp(static_cast<double>(x)));
+      ++n;
+      if (std::isinf(exact)) {
+        ASSERT_TRUE(std::isinf(got) && got > 0) << x;
+        continue;
+      }
+      const int d = ulps_apart(got, exact);
+      worst = std::max(worst, d);
+      off_exact += d != 0;
+      off_libm += got != std::exp(x);
+    }
+  std::printf("  %ld arguments: %ld not correctly rounded, %ld unlike libm's expf\n", n, off_exact, off_libm);
+  EXPECT_GT(n, 1000000);
+  EXPECT_LE(worst, 1);
+  EXPECT_LE(off_exact, n / 100000) << "of " << n;
+  EXPECT_LE(off_libm, n / 1000) << "of " << n;
+  EXPECT_EQ(cpu::exp_float(opaque(0.0f)), 1.0f);
+  EXPECT_EQ(cpu::exp_float(opaque(-std::numeric_limits<float>::infinity())), 0.0f);
+  EXPECT_EQ(cpu::exp_float(opaque(std::numeric_limits<float>::infinity())), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(cpu::exp_float(opaque(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(cpu::exp_float(opaque(-103.0f)), std::exp(-103.0f));  // a subnormal
+  EXPECT_EQ(cpu::exp_float(opaque(88.72f)), std::exp(88.72f));    // near the largest float
+}
+
 }  // namespace amp

@@ -13,6 +13,7 @@
 
 #include "runtime/activation_math.h"
 #include "runtime/cpu/dispatch.h"
+#include "runtime/cpu/exp_float.h"
 #include "runtime/rng_math.h"
 
 namespace amp {
@@ -444,6 +445,14 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
 }
 
 namespace {
+// A float row's softmax: y = e^(scale x - mx) (vectorised, cpu::exp_float), their sum in fp64
+// lanes (cpu::lane_sum), then y / sum.
+AMP_SIMD_CLONES void softmax_float_row(const float* x, float* y, long n, float scale, float mx) {
+  for (long c = 0; c < n; ++c) y[c] = cpu::exp_float(scale * x[c] - mx);
+  const float total = static_cast<float>(cpu::lane_sum(n, [y](long c) { return static_cast<double>(y[c]); }));
+  for (long c = 0; c < n; ++c) y[c] = y[c] / total;
+}
+
 // Softmax (or log-softmax) of each row of x [rows, cols]. causal: row r is query r mod cols, whose
 // keys past it get 0 (attention's mask); scale multiplies x first (1 for a plain softmax: 1 x is x
 // exactly). Float and double rows keep exp(x - max) in y, so each element takes one exp.
@@ -465,7 +474,12 @@ void softmax_rows(const Tensor& x, Tensor& y, bool log, double scale, bool causa
     for (long c = 0; c < valid; ++c) mx = std::max(mx, ld(xr[c]));
     C total = 0;
     bool done = false;
-    if constexpr (std::is_same_v<T, C>) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!log) {
+        softmax_float_row(xr, yr, valid, sc, mx);
+        done = true;
+      }
+    } else if constexpr (std::is_same_v<T, C>) {
       if (!log) {
         for (long c = 0; c < valid; ++c) total += (yr[c] = std::exp(ld(xr[c]) - mx));
         for (long c = 0; c < valid; ++c) yr[c] = yr[c] / total;
