@@ -446,11 +446,18 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
 
 namespace {
 // A float row's softmax: y = e^(scale x - mx) (vectorised, cpu::exp_float), their sum in fp64
-// lanes (cpu::lane_sum), then y / sum.
+// lanes (cpu::lane_sum), then y / sum. (In place too: each element is read before it is written.)
 AMP_SIMD_CLONES void softmax_float_row(const float* x, float* y, long n, float scale, float mx) {
   for (long c = 0; c < n; ++c) y[c] = cpu::exp_float(scale * x[c] - mx);
   const float total = static_cast<float>(cpu::lane_sum(n, [y](long c) { return static_cast<double>(y[c]); }));
   for (long c = 0; c < n; ++c) y[c] = y[c] / total;
+}
+
+// A float row's log-softmax: y = (scale x - mx) - log(sum of e^(scale x - mx)), the sum as above.
+AMP_SIMD_CLONES void log_softmax_float_row(const float* x, float* y, long n, float scale, float mx) {
+  const double total = cpu::lane_sum(n, [&](long c) { return static_cast<double>(cpu::exp_float(scale * x[c] - mx)); });
+  const float log_total = std::log(static_cast<float>(total));
+  for (long c = 0; c < n; ++c) y[c] = (scale * x[c] - mx) - log_total;
 }
 
 // Softmax (or log-softmax) of each row of x [rows, cols]. causal: row r is query r mod cols, whose
@@ -475,10 +482,9 @@ void softmax_rows(const Tensor& x, Tensor& y, bool log, double scale, bool causa
     C total = 0;
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (!log) {
-        softmax_float_row(xr, yr, valid, sc, mx);
-        done = true;
-      }
+      if (log) log_softmax_float_row(xr, yr, valid, sc, mx);
+      else softmax_float_row(xr, yr, valid, sc, mx);
+      done = true;
     } else if constexpr (std::is_same_v<T, C>) {
       if (!log) {
         for (long c = 0; c < valid; ++c) total += (yr[c] = std::exp(ld(xr[c]) - mx));
