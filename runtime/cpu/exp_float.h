@@ -14,7 +14,12 @@ namespace amp::cpu {
   const double x = static_cast<double>(xf);
   // e^-104 rounds to 0 in float and e^89 to inf: clamping there keeps 2^n a normal double. NaN
   // (which no comparison passes) becomes 0 here and NaN again at the end.
-  const double xc = x < -104.0 ? -104.0 : x > 89.0 ? 89.0 : x == x ? x : 0.0;
+  // Every comparison only picks a value: with -fno-trapping-math (CMakeLists.txt) the loop is
+  // branch-free and vectorises.
+  const bool low = x < -104.0, high = x > 89.0, nan = x != x;
+  double xc = low ? -104.0 : x;
+  xc = high ? 89.0 : xc;
+  xc = nan ? 0.0 : xc;
   // n = round(x / ln 2) by the 1.5 * 2^52 shift (n lands in the low mantissa bits), r = x - n ln 2
   // with ln 2 in two parts (n * kLn2Hi is exact), |r| <= ln 2 / 2.
   constexpr double kShift = 6755399441055744.0, kInvLn2 = 1.4426950408889634;
@@ -43,7 +48,7 @@ namespace amp::cpu {
   double scale;
   std::memcpy(&scale, &scale_bits, 8);
   const float y = static_cast<float>(p * scale);
-  return x == x ? y : xf;
+  return nan ? xf : y;
 }
 
 }  // namespace amp::cpu
