@@ -3,7 +3,9 @@
 
 Runs `amp_train` (its per-step `step_ms` from --metrics) and the equivalent PyTorch loop on the CPU,
 for fp32 and bf16 autocast, and prints each median step and amp_train's ratio to the faster PyTorch.
---model mlp (default): the MLP at 2048 x 256 and 4096 x 512 (WIDTHxBATCH), SGD with momentum.
+--model mlp (default): the MLP at 2048 x 256 and 4096 x 512 (WIDTHxBATCH), SGD with momentum; also
+bench_mlp's step for the same configuration (the model's step alone) with amp_train's ratio to it,
+and the scaler's share of bench_mlp's fp16 step.
 --model gpt: the main job's GPT (nanoGPT's GPT-2 on bytes; --sizes are N_EMBDxBATCH, 4 layers,
 4 heads, block 64) on a text file, AdamW with nanoGPT's weight-decay groups; tokens/s too. PyTorch comes from Debian's python3-torch
 (/usr/bin/python3) and, with --venv, from the newest wheel on PyPI in a virtual environment that
@@ -150,10 +152,28 @@ def run_torch(python, width, batch, layers, mode, steps, threads, data=None):
     return res["times"], res["version"]
 
 
+def run_bench_mlp(binary, width, batch, layers, modes, steps, threads):
+    """bench_mlp's median step_ms per mode, and its scaler% per mode."""
+    out = subprocess.run([binary, "--width", str(width), "--batch", str(batch), "--layers", str(layers), "--modes",
+                          ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads", str(threads)],
+                         check=True, capture_output=True, text=True).stdout
+    step, scaler = {}, {}
+    for line in out.splitlines():
+        f = line.split()
+        if f and f[0] in modes and len(f) >= 8:
+            step[f[0]], scaler[f[0]] = float(f[1]), float(f[7].rstrip("%"))
+    missing = [m for m in modes if m not in step]
+    if missing:
+        sys.exit(f"bench_mlp printed no step for {missing}:\n{out}")
+    return step, scaler
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--amp-train", default=os.path.join(root, "build/release/launch/amp_train"))
+    ap.add_argument("--bench-mlp", default=os.path.join(root, "build/release/launch/bench_mlp"),
+                    help="mlp: the model's step alone, for the same configuration")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
     ap.add_argument("--data", help="gpt: the text file to train on (launch/run_example.sh makes build/example/kjv.txt)")
     ap.add_argument("--sizes", help="WIDTHxBATCH,... (mlp: 2048x256,4096x512; gpt: 128x32,256x32)")
@@ -174,6 +194,8 @@ def main():
     a.sizes = a.sizes or ("128x32,256x32" if data else "2048x256,4096x512")
     if not os.access(a.amp_train, os.X_OK):
         ap.error(f"--amp-train: {a.amp_train} is not an executable (build it: launch/build.sh release)")
+    if not data and not os.access(a.bench_mlp, os.X_OK):
+        ap.error(f"--bench-mlp: {a.bench_mlp} is not an executable (build it: launch/build.sh release)")
     if a.make_venv:
         if not a.venv:
             ap.error("--make-venv needs --venv DIR")
@@ -192,8 +214,15 @@ def main():
 
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
     print(f"{'size':>10} {'mode':>5} {'amp_train ms':>13} " + " ".join(f"{'torch ' + n + ' ms':>17}" for n, _ in peers) +
-          f" {'ratio':>6}" + (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else ""))
+          f" {'ratio':>6}" + (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else
+                              f" {'bench_mlp ms':>13} {'÷ bench_mlp':>11}"))
+    scaler_shares = []
     for width, batch in sizes:
+        bench = None
+        if not data:
+            bench = run_bench_mlp(a.bench_mlp, width, batch, a.layers, a.modes.split(",") + ["fp16"],
+                                  max(3, a.steps - a.warmup), a.threads)
+            scaler_shares.append(f"{width}x{batch} {bench[1]['fp16']:.2f} %")
         for mode in a.modes.split(","):
             ours = median_after(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads, data),
                                 a.warmup)
@@ -203,11 +232,14 @@ def main():
                 versions[name] = version
                 theirs.append((median_after(times, a.warmup), name))
             best = min(t for t, _ in theirs)
-            tokens = (f" {batch * GPT_BLOCK / ours * 1e3:>16.0f} {batch * GPT_BLOCK / best * 1e3:>12.0f}" if data else "")
+            extra = (f" {batch * GPT_BLOCK / ours * 1e3:>16.0f} {batch * GPT_BLOCK / best * 1e3:>12.0f}" if data else
+                     f" {bench[0][mode]:>13.1f} {ours / bench[0][mode]:>11.2f}")
             print(f"{width:>5}x{batch:<4} {mode:>5} {ours:>13.1f} " + " ".join(f"{t:>17.1f}" for t, _ in theirs) +
-                  f" {ours / best:>6.2f}" + tokens, flush=True)
+                  f" {ours / best:>6.2f}" + extra, flush=True)
     print("ratio: amp_train's median step over the faster PyTorch's; PyTorch " +
           ", ".join(f"{n} {v}" for n, v in versions.items()))
+    if scaler_shares:
+        print("the scaler's share of bench_mlp's fp16 step (scale, inf/NaN check, update): " + ", ".join(scaler_shares))
 
 
 if __name__ == "__main__":
