@@ -4,7 +4,7 @@
 # The validation loss falls from ln 256 = 5.5; text sampled from the model is printed at the end.
 #   build/example/kjv.txt          the corpus (from Debian's bible-kjv; 9/10 training, 1/10 validation)
 #   build/example/metrics.jsonl    per-step metrics and the validation losses
-#   build/example/checkpoints/     a checkpoint every 500 steps and at the end
+#   build/example/checkpoints/     a checkpoint every 1000 steps and at the end
 # Extra arguments go to amp_train: `launch/run_example.sh --resume` continues a run that was stopped
 # (without it, the example starts afresh and replaces its own checkpoints).
 set -euo pipefail
@@ -22,8 +22,8 @@ $resume || rm -rf "$out/checkpoints"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun -np 2 --oversubscribe build/release/launch/amp_train \
   --model gpt --data "$out/kjv.txt" --n-layer 4 --n-head 4 --n-embd 128 --block-size 64 \
-  --batch-size 16 --steps 1500 --optimizer adamw --lr 2e-3 --lr-schedule cosine --warmup-steps 50 --min-lr 2e-4 \
+  --batch-size 16 --steps 5000 --optimizer adamw --lr 2e-3 --lr-schedule cosine --warmup-steps 50 --min-lr 2e-4 \
   --weight-decay 0.1 --beta2 0.99 --clip-grad-norm 1 --amp bf16 \
-  --log-every 100 --eval-every 250 --eval-batches 16 --sample-tokens 400 --prompt "And God said" \
-  --checkpoint-dir "$out/checkpoints" --checkpoint-every 500 --metrics "$out/metrics.jsonl" "$@"
+  --log-every 250 --eval-every 500 --eval-batches 16 --sample-tokens 400 --prompt "And God said" \
+  --checkpoint-dir "$out/checkpoints" --checkpoint-every 1000 --metrics "$out/metrics.jsonl" "$@"
 echo "metrics: $out/metrics.jsonl   checkpoints: $out/checkpoints"
