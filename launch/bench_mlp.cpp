@@ -40,11 +40,12 @@ struct StepFigures {
   double step_ms, scaler_ms, peak_mb;
 };
 
-StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps, Device dev) {
+StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t batch, int warmup, int steps, double momentum,
+                       Device dev) {
   Generator gen(1);
   auto model = models::make_mlp({width, width, width, layers}, gen, dev);
   const Tensor x = randn({batch, width}, gen, DType::f32, dev), y = randn({batch, width}, gen, DType::f32, dev);
-  optim::SGD opt(model->parameters(), optim::SgdOptions{1e-4});
+  optim::SGD opt(model->parameters(), optim::SgdOptions{.lr = 1e-4, .momentum = momentum});
   GradScaler scaler(GradScalerOptions{.enabled = m.scaler});
   Backend& b = backend_for(dev);
   std::vector<double> step_ms, scaler_ms, peak;
@@ -119,6 +120,7 @@ double time_gemms(const Mode& m, int64_t width, int64_t layers, int64_t batch, i
 int main(int argc, char** argv) {
   int64_t width = 4096, layers = 3, batch = 512;
   int warmup = 1, steps = 3, threads = 0;
+  double momentum = 0.0;
   std::string modes_arg = "fp32,fp16,bf16,bf16+scaler,fp16-noscaler";
   std::string device_arg = "cpu";
   po::options_description opts("bench_mlp: step time of the seeds' MLP per precision mode");
@@ -129,6 +131,7 @@ int main(int argc, char** argv) {
       ("warmup", po::value(&warmup)->default_value(warmup), "untimed steps")
       ("steps", po::value(&steps)->default_value(steps), "timed steps (the median is printed)")
       ("threads", po::value(&threads)->default_value(threads), "CPU threads (0: all cores)")
+      ("momentum", po::value(&momentum)->default_value(momentum), "SGD momentum (the seeds' workload: 0)")
       ("device", po::value(&device_arg)->default_value(device_arg), "cpu|cuda")
       ("modes", po::value(&modes_arg)->default_value(modes_arg),
        "comma-separated: fp32, fp16 (with the scaler), fp16-noscaler, bf16, bf16+scaler");
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
       throw po::error("invalid value '" + device_arg + "' for option '--device' (valid: cpu, cuda)");
     if (width < 1 || layers < 1 || batch < 1 || steps < 1 || warmup < 0 || threads < 0)
       throw po::error("--width, --layers, --batch and --steps must be >= 1; --warmup and --threads >= 0");
+    if (!(momentum >= 0.0 && momentum < 1.0)) throw po::error("--momentum must be in [0, 1)");
   } catch (const po::error& e) {
     std::fprintf(stderr, "bench_mlp: error: %s\n", e.what());
     return 2;
@@ -185,7 +189,7 @@ int main(int argc, char** argv) {
               "9gemms_ms", "scaler_ms", "scaler%", "peak_MiB");
   double fp32_ms = 0;
   for (const Mode& m : modes) {
-    const StepFigures f = time_steps(m, width, layers, batch, warmup, steps, dev);
+    const StepFigures f = time_steps(m, width, layers, batch, warmup, steps, momentum, dev);
     const double g = time_gemms(m, width, layers, batch, warmup, steps, false, dev);
     const double g9 = time_gemms(m, width, layers, batch, warmup, steps, true, dev);
     if (m.name == "fp32") fp32_ms = f.step_ms;

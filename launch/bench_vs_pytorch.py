@@ -153,9 +153,10 @@ def run_torch(python, width, batch, layers, mode, steps, threads, data=None):
 
 
 def run_bench_mlp(binary, width, batch, layers, modes, steps, threads):
-    """bench_mlp's median step_ms per mode, and its scaler% per mode."""
+    """bench_mlp's median step_ms per mode, and its scaler% per mode (SGD with momentum 0.9, as here)."""
     out = subprocess.run([binary, "--width", str(width), "--batch", str(batch), "--layers", str(layers), "--modes",
-                          ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads", str(threads)],
+                          ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads", str(threads),
+                          "--momentum", "0.9"],
                          check=True, capture_output=True, text=True).stdout
     step, scaler = {}, {}
     for line in out.splitlines():
