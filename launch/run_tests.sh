@@ -3,8 +3,9 @@
 #   build/release   the CPU backend (and the CUDA backend compiled by nvcc where it is installed),
 #   build/cuda-emu  the same suite with the CUDA backend, cuBLAS and NCCL on the emulated GPU, so
 #                   that --device cuda, test_cuda and test_nccl run without a GPU.
-# Then the safetensors reader's fuzz target: its regression corpus, and AMP_FUZZ_SECONDS (default 60)
-# of fuzzing (tests/scripts/fuzz_safetensors.sh).
+# Then the CPU's hot-loop clones against a baseline-only build (tests/scripts/simd_clones_match.sh:
+# training identical byte for byte), and the safetensors reader's fuzz target: its regression
+# corpus, and AMP_FUZZ_SECONDS (default 60) of fuzzing (tests/scripts/fuzz_safetensors.sh).
 # With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead (build/asan).
 # The emulated GPU has a sanitizer preset too (cuda-emu-asan; see README, "The emulated GPU").
 set -euo pipefail
@@ -17,4 +18,7 @@ for preset in "${presets[@]}"; do
   launch/build.sh "$preset"
   ctest --preset "$preset" -j "${AMP_TEST_JOBS:-2}"
 done
-[[ ${1:-} == --asan ]] || tests/scripts/fuzz_safetensors.sh "${AMP_FUZZ_SECONDS:-60}"
+if [[ ${1:-} != --asan ]]; then
+  tests/scripts/simd_clones_match.sh
+  tests/scripts/fuzz_safetensors.sh "${AMP_FUZZ_SECONDS:-60}"
+fi

@@ -20,7 +20,8 @@ inline constexpr long kParallelGrain = 1 << 15;
 // so the pattern is: a cloned serial kernel over [0, n), and parallel_chunks() handing each thread
 // one contiguous range of it. (A `#pragma omp parallel for` body is outlined into a function of
 // its own, which is not cloned, and reads every captured coefficient through a pointer.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+// -DAMP_SIMD_CLONES=OFF (CMake) builds the baseline only: a control run for the clones' numbers.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(AMP_NO_SIMD_CLONES)
 #define AMP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define AMP_SIMD_CLONES
