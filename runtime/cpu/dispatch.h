@@ -1,5 +1,5 @@
-// CPU loop helpers: the dtype dispatch shared with the CUDA backend, the parallel grain, and the
-// two pieces every hot element-wise loop is built from (see "Hot loops" below).
+// CPU loop helpers: the dtype dispatch shared with the CUDA backend, the parallel grain, and what
+// every hot loop is built from (see "Hot loops" below): AMP_SIMD_CLONES, parallel_chunks, lane_sum.
 #pragma once
 #include <omp.h>
 
