@@ -996,8 +996,8 @@ TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {
   }
 }
 
-// Batched GEMMs (bmm: attention's scores and values) in one cuBLAS launch, against the CPU's loop of
-// GEMMs, with the GEMM test's tolerances; each matrix of the batch is distinct, so a wrong stride
+// Batched GEMMs (bmm: attention's scores and values) in one cuBLAS launch, against the CPU's batched
+// GEMM (one oneDNN primitive), with the GEMM test's tolerances; each matrix of the batch is distinct, so a wrong stride
 // shows.
 TEST_F(CudaVsCpu, BatchedGemmIsOneLaunchAndMatchesTheCpu) {
   struct Case {

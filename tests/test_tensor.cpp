@@ -114,6 +114,48 @@ TEST(Gemm, TransposesAndBetaAgainstFp64) {
   }
 }
 
+// The CPU's batched GEMM is one oneDNN primitive over 3-D operands: each matrix of the batch against
+// an fp64 product of its own (distinct) inputs, every transpose, alpha and beta, fp32 and bf16.
+TEST(Gemm, BatchedAgainstFp64PerMatrix) {
+  Generator g(11);
+  const int64_t B = 5, m = 7, n = 9, k = 6;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Tensor a = cast(randn(ta ? Shape{B, k, m} : Shape{B, m, k}, g), dt);
+        const Tensor b = cast(randn(tb ? Shape{B, n, k} : Shape{B, k, n}, g), dt);
+        const Tensor c0 = cast(randn({B, m, n}, g), DType::f32);
+        Tensor c = cast(c0, dt).clone();  // c0 stays the reference's input (cast to f32 is c0 itself)
+        backend_for(kCPU).gemm_batched(ta, tb, 1.5f, a, b, 0.25f, c);
+        for (int64_t i = 0; i < B; ++i) {
+          const Tensor ai = cast(select(a, i), DType::f64), bi = cast(select(b, i), DType::f64);
+          const Tensor ref = add(mul(mm(ai, bi, ta, tb), 1.5), mul(cast(select(cast(c0, dt), i), DType::f64), 0.25));
+          const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
+          EXPECT_TRUE(test::all_close(select(c, i), ref, tol, tol)) << dtype_name(dt) << " ta " << ta << " tb " << tb << " i " << i;
+        }
+      }
+}
+
+// Broadcasts over leading dims, large enough to split over threads: a row added to every row of a
+// [B, T, C] tensor, and the gradient's way back (sum over B to [T, C]), against plain loops.
+TEST(Tensor, LeadingDimBroadcastAndSumAgainstLoops) {
+  Generator g(13);
+  const int64_t B = 9, T = 64, C = 96;  // 55,296 elements: above the parallel grain
+  const Tensor x = randn({B, T, C}, g), row = randn({C}, g), tc = randn({T, C}, g);
+  const auto vx = x.to_vector(), vr = row.to_vector(), vtc = tc.to_vector();
+  const auto added = add(x, row).to_vector(), added_tc = add(tc, x).to_vector();
+  const auto summed = sum_to(x, {T, C}).to_vector();
+  for (int64_t i = 0; i < B * T * C; ++i) {
+    ASSERT_EQ(added[static_cast<size_t>(i)], static_cast<double>(static_cast<float>(vx[static_cast<size_t>(i)] + vr[static_cast<size_t>(i % C)]))) << i;
+    ASSERT_EQ(added_tc[static_cast<size_t>(i)], static_cast<double>(static_cast<float>(vtc[static_cast<size_t>(i % (T * C))] + vx[static_cast<size_t>(i)]))) << i;
+  }
+  for (int64_t j = 0; j < T * C; ++j) {
+    double s = 0.0;
+    for (int64_t b = 0; b < B; ++b) s += vx[static_cast<size_t>(b * T * C + j)];
+    ASSERT_EQ(summed[static_cast<size_t>(j)], static_cast<double>(static_cast<float>(s))) << j;
+  }
+}
+
 // The CPU's linear forward hands the bias to oneDNN; the control is Backend's default: the bias
 // broadcast into y, the product accumulated onto it. One rounding of the same fp32 sum either way.
 TEST(Gemm, LinearForwardBiasEqualsBroadcastThenAccumulate) {

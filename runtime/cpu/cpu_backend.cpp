@@ -232,12 +232,10 @@ void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   } else if (n > 0 && ((a_full && is_trailing(b.shape(), out.shape())) || (b_full && is_trailing(a.shape(), out.shape())))) {
     // A row repeated over the leading dims (a bias): row by row.
     const long row = static_cast<long>(a_full ? b.numel() : a.numel());
-    const long rows = n / row;
-#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
-    for (long r = 0; r < rows; ++r) {
-      const long o = r * row;
-      binary_range<false, false, T>(a_full ? as + o : as, a_full ? bs : bs + o, os + o, row, f);
-    }
+    cpu::parallel_chunks(n / row, [&](long r0, long r1) {
+      for (long o = r0 * row; o < r1 * row; o += row)
+        binary_range<false, false, T>(a_full ? as + o : as, a_full ? bs : bs + o, os + o, row, f);
+    }, cpu::kParallelGrain / row);
   } else {
     using C = typename Elem<T>::Compute;
     auto ld = [](T v) { return static_cast<C>(Elem<T>::load(v)); };
@@ -462,7 +460,8 @@ AMP_SIMD_CLONES void log_softmax_float_row(const float* x, float* y, long n, flo
 
 // Softmax (or log-softmax) of each row of x [rows, cols]. causal: row r is query r mod cols, whose
 // keys past it get 0 (attention's mask); scale multiplies x first (1 for a plain softmax: 1 x is x
-// exactly). Float and double rows keep exp(x - max) in y, so each element takes one exp.
+// exactly). Float rows (the softmax of attention and of the loss under autocast) take the
+// vectorised row kernels above; other dtypes compute each exp in their compute type.
 template <class T>
 void softmax_rows(const Tensor& x, Tensor& y, bool log, double scale, bool causal) {
   using C = typename Elem<T>::Compute;
@@ -479,20 +478,11 @@ void softmax_rows(const Tensor& x, Tensor& y, bool log, double scale, bool causa
     const long valid = causal ? r % cols + 1 : cols;
     C mx = -std::numeric_limits<C>::infinity();
     for (long c = 0; c < valid; ++c) mx = std::max(mx, ld(xr[c]));
-    C total = 0;
-    bool done = false;
     if constexpr (std::is_same_v<T, float>) {
       if (log) log_softmax_float_row(xr, yr, valid, sc, mx);
       else softmax_float_row(xr, yr, valid, sc, mx);
-      done = true;
-    } else if constexpr (std::is_same_v<T, C>) {
-      if (!log) {
-        for (long c = 0; c < valid; ++c) total += (yr[c] = std::exp(ld(xr[c]) - mx));
-        for (long c = 0; c < valid; ++c) yr[c] = yr[c] / total;
-        done = true;
-      }
-    }
-    if (!done) {
+    } else {
+      C total = 0;
       for (long c = 0; c < valid; ++c) total += std::exp(ld(xr[c]) - mx);
       const C log_total = std::log(total);
       for (long c = 0; c < valid; ++c) {
