@@ -83,10 +83,4 @@ class CpuBackend final : public Backend {
 
 Backend& cpu_backend();
 
-// GEMM entry points of the CPU backend (cpu_gemm.cpp), one per input dtype.
-void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
-                  float beta, float* c);
-void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
-                   float beta, void* c, bool c_is_f32);
-
 }  // namespace amp

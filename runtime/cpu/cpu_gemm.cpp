@@ -90,28 +90,24 @@ std::vector<float> widen(const Tensor& t) {
   return out;
 }
 
+using dt = dnnl::memory::data_type;
+// oneDNN's type for the dtypes it multiplies here (f32 and bf16); undef for the rest.
+dt dnnl_type(DType t) { return t == DType::f32 ? dt::f32 : t == DType::bf16 ? dt::bf16 : dt::undef; }
+
+// c = alpha op(a) op(b) + beta c in oneDNN, one matrix (fp32 inputs: also the widened fp16 GEMM).
+void dnnl_gemm(dt in, dt out, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+               const void* b, float beta, void* c) {
+  dnnl_cache().run({in, out, dt::undef, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
+}
+
 }  // namespace
-
-void cpu_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
-                  float beta, float* c) {
-  using dt = dnnl::memory::data_type;
-  dnnl_cache().run({dt::f32, dt::f32, dt::undef, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
-}
-
-void cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b,
-                   float beta, void* c, bool c_is_f32) {
-  using dt = dnnl::memory::data_type;
-  dnnl_cache().run({dt::bf16, c_is_f32 ? dt::f32 : dt::bf16, dt::undef, ta, tb, 1, m, n, k, alpha, beta}, a, b, c);
-}
 
 void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   const auto [m, n, k] = check_gemm_batched(ta, tb, a, b, c);
   const int64_t batch = a.shape()[0];
-  using dt = dnnl::memory::data_type;
-  if ((a.dtype() == DType::bf16 || a.dtype() == DType::f32) && batch > 0 && m * n * k > 0) {
-    const dt in = a.dtype() == DType::bf16 ? dt::bf16 : dt::f32;
-    const dt out = c.dtype() == DType::f32 ? dt::f32 : dt::bf16;
-    dnnl_cache().run({in, out, dt::undef, ta, tb, batch, m, n, k, alpha, beta}, a.data_ptr(), b.data_ptr(), c.data_ptr());
+  if (dnnl_type(a.dtype()) != dt::undef && batch > 0 && m * n * k > 0) {
+    dnnl_cache().run({dnnl_type(a.dtype()), dnnl_type(c.dtype()), dt::undef, ta, tb, batch, m, n, k, alpha, beta},
+                     a.data_ptr(), b.data_ptr(), c.data_ptr());
     return;
   }
   const Shape as(a.shape().begin() + 1, a.shape().end()), bs(b.shape().begin() + 1, b.shape().end());
@@ -125,11 +121,10 @@ void CpuBackend::gemm_batched(bool ta, bool tb, float alpha, const Tensor& a, co
 // it into y and accumulating onto it, without that pass over y.
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   const auto [m, n, k] = check_gemm(false, true, x, w, y);
-  using dt = dnnl::memory::data_type;
-  const bool supported = (x.dtype() == DType::bf16 || x.dtype() == DType::f32) && y.dtype() == x.dtype() &&
-                         bias.dtype() == x.dtype() && bias.numel() == n && m * n * k > 0;
+  const dt t = dnnl_type(x.dtype());
+  const bool supported = t != dt::undef && y.dtype() == x.dtype() && bias.dtype() == x.dtype() && bias.numel() == n &&
+                         m * n * k > 0;
   if (!supported) return Backend::linear_forward(x, w, bias, y);
-  const dt t = x.dtype() == DType::bf16 ? dt::bf16 : dt::f32;
   dnnl_cache().run({t, t, t, false, true, 1, m, n, k, 1.0f, 0.0f}, x.data_ptr(), w.data_ptr(), y.data_ptr(), bias.data_ptr());
 }
 
@@ -138,24 +133,23 @@ void CpuBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tens
   if (gemm_is_trivial(*this, m, n, k, beta, c)) return;
   switch (a.dtype()) {
     case DType::f32:
-      cpu_gemm_f32(ta, tb, m, n, k, alpha, a.data<float>(), b.data<float>(), beta, c.data<float>());
+    case DType::bf16:  // fp32 accumulate; c is a's dtype or fp32
+      dnnl_gemm(dnnl_type(a.dtype()), dnnl_type(c.dtype()), ta, tb, m, n, k, alpha, a.data_ptr(), b.data_ptr(), beta,
+                c.data_ptr());
       return;
     case DType::f64:
       cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
                   a.data<double>(), static_cast<int>(ta ? m : k), b.data<double>(), static_cast<int>(tb ? k : n),
                   beta, c.data<double>(), static_cast<int>(n));
       return;
-    case DType::bf16:
-      cpu_gemm_bf16(ta, tb, m, n, k, alpha, a.data_ptr(), b.data_ptr(), beta, c.data_ptr(), c.dtype() == DType::f32);
-      return;
     case DType::f16: {
       const std::vector<float> wa = widen<Half>(a), wb = widen<Half>(b);
       if (c.dtype() == DType::f32) {
-        cpu_gemm_f32(ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, c.data<float>());
+        dnnl_gemm(dt::f32, dt::f32, ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, c.data<float>());
         return;
       }
       std::vector<float> wc = beta != 0.0f ? widen<Half>(c) : std::vector<float>(static_cast<size_t>(m * n));
-      cpu_gemm_f32(ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, wc.data());
+      dnnl_gemm(dt::f32, dt::f32, ta, tb, m, n, k, alpha, wa.data(), wb.data(), beta, wc.data());
       Half* out = c.data<Half>();
       const long total = static_cast<long>(m * n);
 #pragma omp parallel for schedule(static) if (total > cpu::kParallelGrain)
