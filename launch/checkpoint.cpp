@@ -226,7 +226,8 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
     for (size_t i = all.size() - 1; i-- > 0;) older += "\n  --resume-from " + all[i];
     throw std::invalid_argument(std::string(e.what()) + "\nThe newest checkpoint is unusable; " +
                                 (older.empty() ? "there is no older one."
-                                               : "to resume from an older complete one, say which:" + older));
+                                               : "to resume from an older complete one, move " + all.back() +
+                                                     " out of " + dir + " and say which:" + older));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 #include <limits>
@@ -32,6 +33,8 @@
 #include "runtime/safetensors.h"
 
 namespace amp::launch {
+
+namespace fs = std::filesystem;
 
 namespace {
 // A number for the progress line: "nan" and "inf" as PyTorch prints them, never "-nan".
@@ -228,11 +231,26 @@ void Trainer::resume() {
   if (ck->step >= cfg_.steps)
     throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
                                 ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
+  // A run that resumes into a directory holding checkpoints newer than the one it resumes from
+  // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
+  // K would delete its own: refused, naming them.
+  if (!cfg_.checkpoint_dir.empty()) {
+    const std::string mine = fs::path(ck->path).filename().string();
+    for (const std::string& other : list_checkpoints(cfg_.checkpoint_dir))
+      if (fs::path(other).filename().string() > mine)  // step-NNNNNNNN: the names sort as the steps
+        throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " holds " + other +
+                                    ", newer than the checkpoint this run resumes from (" + ck->path +
+                                    "): move it away, or write this run's checkpoints to another --checkpoint-dir");
+  }
   nn::load_state_dict(model(), ck->model, ck->path + "/model.safetensors");
-  // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit for bit.
+  // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit
+  // for bit. The optimizer's state (moments, step counts) comes from the checkpoint, its
+  // hyperparameters from this run's flags and schedule (as the note below says), not the checkpoint's.
   if (scheduler_)
     for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
-  opt_->load_state_dict(ck->optimizer);
+  optim::OptimizerStateDict state = ck->optimizer;
+  state.param_groups = opt_->state_dict().param_groups;
+  opt_->load_state_dict(state);
   std::map<std::string, double> scaler_state;
   const nlohmann::json saved_scaler = ck->meta.value("scaler", nlohmann::json::object());
   for (const auto& [k, v] : saved_scaler.items()) {

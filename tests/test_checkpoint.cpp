@@ -132,6 +132,11 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find(model), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--resume-from " + older), std::string::npos) << r.out;
+  // Resuming from the older one while the newer (damaged) one is still in --checkpoint-dir would
+  // interleave this run's checkpoints with it: refused, naming it.
+  r = run(args + " --steps 9 --resume-from " + older);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("holds " + newest), std::string::npos) << r.out;
   // A damaged byte of the same size.
   std::string flipped = whole;
   flipped[flipped.size() - 3] ^= 0x40;
@@ -144,7 +149,8 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
   r = run(args + " --steps 9 --resume");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find(newest + "/trainer.json"), std::string::npos) << r.out;
-  // The older one, when the user asks for it.
+  // The older one, when the user asks for it (and has moved the newer one away).
+  fs::rename(newest, d.file("newest-moved"));
   r = run(args + " --steps 9 --resume-from " + older);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resuming from " + older), std::string::npos) << r.out;
@@ -201,6 +207,25 @@ TEST(Checkpoint, DataIsMatchedBySizeNotPath) {
   const RunResult bad = run(other + " --steps 6 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("data_samples"), std::string::npos) << bad.out;
+}
+
+// The checkpoint gives the optimizer's state; this run's flags give its hyperparameters: a resumed
+// run with another --lr trains at that lr (and says the schedule differs).
+TEST(Checkpoint, ResumedRunTakesItsOwnLearningRate) {
+  TempDir d;
+  std::string args = gpt_args("off") + " --checkpoint-dir " + d.file("ck") + " --metrics " + d.file("m.jsonl");
+  const std::string cosine = " --lr-schedule cosine --warmup-steps 2 --decay-steps 12";
+  args.replace(args.find(cosine), cosine.size(), "");
+  ASSERT_EQ(run(args + " --steps 3").code, 0);
+  std::string other = args;
+  other.replace(other.find("--lr 3e-3"), 9, "--lr 1e-3");
+  const RunResult r = run(other + " --steps 5 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("schedule differs"), std::string::npos) << r.out;
+  std::vector<double> lrs;
+  for (const auto& rec : read_jsonl(d.file("m.jsonl")))
+    if (!rec.contains("event")) lrs.push_back(rec.at("lr").get<double>());
+  EXPECT_EQ(lrs, (std::vector<double>{3e-3, 3e-3, 3e-3, 1e-3, 1e-3}));
 }
 
 TEST(Checkpoint, FlagsAreChecked) {
