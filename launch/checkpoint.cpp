@@ -197,6 +197,7 @@ Checkpoint load_checkpoint(const std::string& path) {
       !c.meta.contains("optimizer_param_groups"))
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: missing step, files or optimizer_param_groups");
   c.step = c.meta["step"].get<int64_t>();
+  if (c.step < 1) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " is not a step");
   for (const char* name : {kModel, kOptimizer}) {
     const fs::path file = dir / name;
     const std::string bytes = read_file(file, "the checkpoint is partial");

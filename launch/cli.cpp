@@ -185,11 +185,6 @@ void check_ranges(const TrainConfig& c, int world_size) {
       throw UsageError("--data: --model gpt trains on a text FILE (bytes); launch/run_example.sh makes one from the "
                        "King James Bible (Debian's bible-kjv)");
     if (c.grad_penalty > 0.0) throw UsageError("--grad-penalty: not available with --model gpt");
-  } else {
-    for (const char* flag : {"--eval-every", "--sample-tokens"}) {
-      const int64_t v = std::string(flag) == "--eval-every" ? c.eval_every : c.sample_tokens;
-      if (v != 0) throw UsageError(std::string(flag) + ": only --model gpt has validation text to evaluate or sample");
-    }
   }
   require(c.eval_every >= 0, "--eval-every", c.eval_every, "must be >= 0 (0: never)");
   require(c.eval_batches >= 1, "--eval-batches", c.eval_batches, "must be >= 1");
@@ -198,8 +193,10 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.top_k >= 1, "--top-k", c.top_k, "must be >= 1");
   require(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "must be >= 0 (0: at the end only)");
   require(c.keep_checkpoints >= 1, "--keep-checkpoints", c.keep_checkpoints, "must be >= 1");
-  if ((c.checkpoint_every > 0 || c.resume || !c.resume_from.empty()) && c.checkpoint_dir.empty() && c.resume_from.empty())
+  if ((c.checkpoint_every > 0 || c.resume) && c.checkpoint_dir.empty())
     throw UsageError("--checkpoint-every and --resume need --checkpoint-dir DIR");
+  if (!c.init_weights.empty() && (c.resume || !c.resume_from.empty()))
+    throw UsageError("--init-weights: a resumed run's weights come from its checkpoint; give one or the other");
   if (c.model == "mtl") {
     require(c.tasks >= 1, "--tasks", c.tasks, "must be >= 1");
     require(c.in_features >= 1, "--in-features", c.in_features, "must be >= 1");
@@ -267,6 +264,24 @@ void check_ranges(const TrainConfig& c, int world_size) {
     require(inj.rank >= 0 && inj.rank < world_size, "--inject-nonfinite", inj.rank,
             "rank must be in [0, " + std::to_string(world_size) + ")");
   }
+}
+
+// A flag of one model given to another is a mistake, not a default to ignore; so is
+// --keep-checkpoints without a directory to keep them in.
+void check_flags_apply(const po::variables_map& vm, const TrainConfig& c) {
+  static const std::pair<const char*, std::vector<const char*>> owners[] = {
+      {"mlp", {"width", "layers"}},
+      {"mtl", {"tasks", "in-features", "hidden", "features", "aggregator"}},
+      {"gpt", {"n-layer", "n-head", "n-embd", "block-size", "dropout", "eval-every", "eval-batches", "sample-tokens",
+               "temperature", "top-k", "prompt"}}};
+  auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+  for (const auto& [model, flags] : owners)
+    for (const char* flag : flags)
+      if (c.model != model && given(flag))
+        throw UsageError(std::string("--") + flag + ": only --model " + model + " uses it (this run is --model " +
+                         c.model + ")");
+  if (given("keep-checkpoints") && c.checkpoint_dir.empty())
+    throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
 }
 
 }  // namespace
@@ -404,6 +419,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     po::notify(vm);
     c.overlap = !no_overlap;
     check_ranges(c, world_size);
+    check_flags_apply(vm, c);
   } catch (const po::error& e) {
     res.exit_code = 2;
     res.message = std::string("amp_train: error: ") + e.what() + "\nTry 'amp_train --help' for the options.";

@@ -154,6 +154,16 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
   r = run(args + " --steps 9 --resume-from " + older);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resuming from " + older), std::string::npos) << r.out;
+  // A trainer.json whose step is not a step (it would place the data before the stream's start).
+  const std::string meta = older + "/trainer.json";
+  std::string text = bytes_of(meta);
+  const std::string step3 = "\"step\": 3";
+  ASSERT_NE(text.find(step3), std::string::npos) << text.substr(0, 200);
+  text.replace(text.find(step3), step3.size(), "\"step\": -3");
+  std::ofstream(meta, std::ios::binary | std::ios::trunc) << text;
+  r = run(args + " --steps 9 --resume-from " + older);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(meta + ": corrupt: step -3"), std::string::npos) << r.out;
 }
 
 TEST(Checkpoint, KeepsTheLastKAndRemovesStaleTemporaries) {

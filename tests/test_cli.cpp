@@ -93,6 +93,33 @@ TEST(Cli, EveryFlagIsValidated) {
 }
 
 
+// The GPT's and the checkpoints' flags: out of range, given to a model that does not use them, or
+// combined so that one would be silently ignored: each refused with exit 2, naming the flag.
+TEST(Cli, GptAndCheckpointFlagsAreValidated) {
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("cli_flags", 4000) +
+                          " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1 ";
+  const std::string mlp = " --steps 2 --batch-size 4 --threads 1 ";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {gpt + "--n-layer 0", "--n-layer"},          {gpt + "--n-head 0", "--n-head"},
+      {gpt + "--n-embd 10 --n-head 3", "--n-embd"}, {gpt + "--block-size 0", "--block-size"},
+      {gpt + "--dropout 1", "--dropout"},           {gpt + "--eval-every -1", "--eval-every"},
+      {gpt + "--eval-batches 0", "--eval-batches"}, {gpt + "--sample-tokens -1", "--sample-tokens"},
+      {gpt + "--temperature 0", "--temperature"},   {gpt + "--top-k 0", "--top-k"},
+      {gpt + "--checkpoint-every -1", "--checkpoint-every"},
+      {gpt + "--checkpoint-dir ck --keep-checkpoints 0", "--keep-checkpoints"},
+      {gpt + "--width 64", "--width"},              {mlp + "--n-layer 2", "--n-layer"},
+      {mlp + "--eval-every 2", "--eval-every"},     {mlp + "--prompt hello", "--prompt"},
+      {mlp + "--tasks 3", "--tasks"},               {"--model mtl" + mlp + "--layers 3", "--layers"},
+      {mlp + "--keep-checkpoints 2", "--keep-checkpoints"},
+      {mlp + "--resume-from ck/step-00000001 --checkpoint-every 1", "--checkpoint-dir"},
+      {mlp + "--resume --checkpoint-dir ck --init-weights w.safetensors", "--init-weights"}};
+  for (const auto& [args, needle] : bad) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << " -> " << r.out;
+  }
+}
+
 // --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'
 // lr, step by step, equals the sequence PyTorch computed for the same chain (optim_pytorch.safetensors,
 // "sched.warmup_cosine_floor": lr 0.1, 3 warmup steps, cosine to 1e-3 at step 10, then 1e-3).
