@@ -492,9 +492,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     Tensor acc = zeros({1}, DType::f32, device_);
     backend_for(device_).norm_accumulate(opt_->grads(), 2.0, acc);
     grad_norm = sqrt(acc);
-  } else {
-    grad_norm = full({1}, std::numeric_limits<double>::quiet_NaN(), DType::f32, device_);  // null in the metrics
-  }
+  }  // else: not computed, null in the metrics
   if (cfg_.clip_grad_value > 0.0) clip_grad_value_(params, cfg_.clip_grad_value);
   scaler_->step(*opt_);
   scaler_->update();
@@ -509,9 +507,10 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  std::vector<Tensor> figures = {loss_sum, scale_used, found, grad_norm, stop};
+  std::vector<Tensor> figures = {loss_sum, scale_used, found, stop};
+  if (grad_norm.defined()) figures.push_back(grad_norm);
   figures.insert(figures.end(), task_sums.begin(), task_sums.end());
-  PendingStep p{step, t0, backend_for(device_).start_readback(figures), {}, opt_->lr(), weights};
+  PendingStep p{step, t0, backend_for(device_).start_readback(figures), {}, opt_->lr(), weights, grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
@@ -527,9 +526,10 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   r.loss = v[0];
   r.scale = v[1];
   r.skipped = v[2] != 0.0;
-  r.grad_norm = v[3];
-  r.stop_requested = v[4] != 0.0;
-  r.task_losses.assign(v.begin() + 5, v.end());
+  r.stop_requested = v[3] != 0.0;
+  const size_t norms = p.grad_norm ? 1 : 0;
+  r.grad_norm = p.grad_norm ? v[4] : std::numeric_limits<double>::quiet_NaN();
+  r.task_losses.assign(v.begin() + 4 + static_cast<long>(norms), v.end());
   r.weights = p.weights;
   r.lr = p.lr;
   // From this step's start to the next one's: the step's share of the wall time, whether or not

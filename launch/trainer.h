@@ -65,10 +65,11 @@ class Trainer {
   struct PendingStep {
     int64_t step;
     std::chrono::steady_clock::time_point start;
-    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, grad_norm, stop
+    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, stop, [grad_norm], task losses...
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
     double lr = 0.0;  // the learning rate this step used
     std::vector<double> weights;  // the aggregator's (multi-task)
+    bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
   };
   PendingStep train_step(int64_t step);
   int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
