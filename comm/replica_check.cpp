@@ -1,27 +1,18 @@
 #include "comm/replica_check.h"
 
-#include <cstdio>
 #include <cstring>
+
+#include "runtime/fnv1a.h"
 
 namespace amp::comm {
 
 uint64_t parameter_hash(const std::vector<Tensor>& params) {
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnv1aOffset;
   for (const Tensor& p : params) {
     const Tensor host = p.to(kCPU);
-    const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
-    for (size_t i = 0; i < host.nbytes(); ++i) {
-      h ^= bytes[i];
-      h *= 0x100000001b3ull;
-    }
+    h = fnv1a(host.data_ptr(), host.nbytes(), h);
   }
   return h;
-}
-
-std::string hash_hex(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 ReplicaReport check_replicas(Communicator& comm, const std::vector<Tensor>& params) {

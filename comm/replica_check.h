@@ -11,7 +11,6 @@ namespace amp::comm {
 
 // FNV-1a over the parameters' bytes, in order.
 uint64_t parameter_hash(const std::vector<Tensor>& params);
-std::string hash_hex(uint64_t h);
 
 struct ReplicaReport {
   bool consistent = true;

@@ -1,7 +1,6 @@
 #include "launch/checkpoint.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,9 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+
+#include "launch/output_path.h"
+#include "runtime/fnv1a.h"
 
 namespace amp::launch {
 
@@ -48,14 +50,7 @@ std::string read_file(const fs::path& p, const std::string& what) {
   return bytes;
 }
 
-// FNV-1a, 64 bits: a checksum against truncation and damage (not against an adversary).
-std::string checksum(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
+std::string checksum(const std::string& bytes) { return hex64(fnv1a(bytes.data(), bytes.size())); }
 
 // Writes bytes to path and flushes them to the disk.
 void write_synced(const fs::path& path, const std::string& bytes) {
@@ -128,9 +123,7 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
     const std::string name = it->path().filename().string();
     if (name.compare(0, std::strlen(kTempPrefix), kTempPrefix) != 0) continue;
     const size_t dot = name.rfind('.');
-    const std::string pid = dot == std::string::npos ? "" : name.substr(dot + 1);
-    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours)
+    if (dot == std::string::npos || !writer_is_gone(name.substr(dot + 1))) continue;
     std::error_code rm;
     if (fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());
   }

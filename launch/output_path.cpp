@@ -38,6 +38,11 @@ void check_output_path(const char* flag, const std::string& path) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("the directory '" + dir.string() + "' is not writable");
 }
 
+bool writer_is_gone(const std::string& pid) {
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+  return ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;  // alive, or not ours: kept
+}
+
 std::vector<std::string> remove_stale_temporaries(const std::string& path) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
@@ -51,9 +56,7 @@ std::vector<std::string> remove_stale_temporaries(const std::string& path) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string pid = name.substr(prefix.size());
-    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
-    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours)
+    if (!writer_is_gone(name.substr(prefix.size()))) continue;
     if (it->is_regular_file(ec) && fs::remove(it->path(), ec)) removed.push_back(it->path().string());
   }
   return removed;

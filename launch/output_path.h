@@ -10,6 +10,10 @@ namespace amp::launch {
 // Throws std::invalid_argument naming flag and path when path cannot be written as a file.
 void check_output_path(const char* flag, const std::string& path);
 
+// True when pid (a temporary's suffix: the decimal id of the process that wrote it) names no live
+// process: the temporary is stale. False for anything else, including a live process of another user.
+bool writer_is_gone(const std::string& pid);
+
 // Removes the temporaries that a killed save of path left behind ("NAME.tmp.PID", safetensors.h,
 // whose process is gone), and returns their names. Another live process's temporary is kept.
 std::vector<std::string> remove_stale_temporaries(const std::string& path);

@@ -25,6 +25,7 @@
 #include "models/gpt_sample.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
+#include "runtime/fnv1a.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops.h"
 #include "runtime/rng_math.h"
@@ -553,7 +554,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
 
 comm::ReplicaReport Trainer::check_replicas(TrainResult* result) {
   const comm::ReplicaReport rep = comm::check_replicas(comm_, model().parameters());
-  result->param_checksum = comm::hash_hex(rep.hash);
+  result->param_checksum = hex64(rep.hash);
   result->replicas_consistent = rep.consistent;
   return rep;
 }
