@@ -1,10 +1,11 @@
-// The synthetic data stream: a pool of samples that repeats, each sample a function of its index
+// The text stream (--model gpt) follows the layout to the byte; and the synthetic data stream: a pool of samples that repeats, each sample a function of its index
 // alone (never of the batch, the chunk it was generated in, or the device), as a file would be.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "launch/dataset.h"
+#include "launch/text_dataset.h"
 #include "runtime/ops.h"
 #include "test_util.h"
 
@@ -15,6 +16,36 @@ std::vector<double> row_of(const Tensor& t, int64_t r) {
   const std::vector<double> all = t.to_vector();
   const int64_t w = t.shape()[1];
   return {all.begin() + r * w, all.begin() + (r + 1) * w};
+}
+
+// Bytes are tokens; the first floor(9N/10) bytes train, the rest validate; sample s of a split of
+// n bytes starts at byte (s T) mod (n - T - 1), its targets shifted by one. Written out here from
+// that rule, against the dataset's rows (far into the stream too, where s T would overflow int64).
+TEST(TextData, RowsFollowTheLayoutToTheByte) {
+  const int64_t N = 1001, T = 8;
+  std::string bytes(static_cast<size_t>(N), '\0');
+  for (int64_t i = 0; i < N; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((i * 7 + i / 256) % 256);
+  auto data = launch::make_text_dataset(bytes, T, kCPU, "generated");
+  EXPECT_EQ(data->train_bytes(), 900);  // 9 * 1001 / 10, rounded down
+  EXPECT_EQ(data->validation_bytes(), 101);
+  auto check = [&](const models::Batch& b, int64_t base, int64_t n, int64_t first, int64_t count) {
+    ASSERT_EQ(b.x.shape(), (Shape{count, T}));
+    const auto x = b.x.to_vector(), y = b.targets.at(0).to_vector();
+    const int64_t span = n - T - 1;
+    for (int64_t j = 0; j < count; ++j) {
+      int64_t start = 0;  // (first + j) T mod span, as T additions mod span (no product to overflow)
+      for (int64_t k = 0; k < T; ++k) start = (start + (first + j) % span) % span;
+      for (int64_t t = 0; t < T; ++t) {
+        const auto at = [&](int64_t k) { return static_cast<double>(static_cast<unsigned char>(bytes[static_cast<size_t>(base + k)])); };
+        ASSERT_EQ(x[static_cast<size_t>(j * T + t)], at(start + t)) << "sample " << first + j << " byte " << t;
+        ASSERT_EQ(y[static_cast<size_t>(j * T + t)], at(start + t + 1)) << "sample " << first + j << " byte " << t;
+      }
+    }
+  };
+  for (const int64_t first : {int64_t{0}, int64_t{100}, int64_t{1} << 61}) {
+    check(data->rows(first, 12), 0, 900, first, 12);
+    check(data->validation_rows(first, 5), 900, 101, first, 5);
+  }
 }
 
 TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
