@@ -116,6 +116,30 @@ autocast::~autocast() {
   if (--t_state.depth == 0) t_state.cache.clear();
 }
 
+void autocast_provide_casts(const std::vector<Tensor>& params, const std::vector<Tensor>& casts) {
+  if (params.size() != casts.size())
+    throw std::invalid_argument("autocast_provide_casts: " + std::to_string(casts.size()) + " casts for " +
+                                std::to_string(params.size()) + " parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const Tensor& c = casts[i];
+    const DeviceState& st = t_state.of(p.device().type);
+    if (!st.enabled)
+      throw std::invalid_argument("autocast_provide_casts: not inside an enabled autocast region of device type " +
+                                  p.device().str());
+    if (c.dtype() != st.dtype)
+      throw std::invalid_argument(std::string("autocast_provide_casts: cast ") + std::to_string(i) + " is " +
+                                  dtype_name(c.dtype()) + ", the region's dtype is " + dtype_name(st.dtype));
+    if (!p.is_leaf() || !p.requires_grad() || p.dtype() != DType::f32)
+      throw std::invalid_argument("autocast_provide_casts: parameter " + std::to_string(i) +
+                                  " is not a float32 leaf that requires grad");
+    if (!t_state.cache_enabled) continue;
+    const Tensor provided = cast_precomputed(p, c);  // checks shape and device
+    t_state.cache.insert_or_assign(std::make_pair(static_cast<const TensorImpl*>(p.impl()), c.dtype()),
+                                   CachedCast{p, provided});
+  }
+}
+
 bool is_autocast_enabled(DeviceType device_type) { return t_state.of(device_type).enabled; }
 DType get_autocast_dtype(DeviceType device_type) { return t_state.of(device_type).dtype; }
 bool is_autocast_cache_enabled() { return t_state.cache_enabled; }

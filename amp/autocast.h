@@ -5,9 +5,11 @@
 // outermost region clears the cast cache.
 #pragma once
 #include <optional>
+#include <vector>
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/tensor.h"
 
 namespace amp {
 
@@ -32,6 +34,14 @@ class autocast {
   CastLists prev_lists_;
   bool prev_cache_enabled_;
 };
+
+// Inside an enabled autocast region: the region's cast of params[i] is casts[i] (its values, already
+// rounded from it, as Optimizer::low_precision_copies() are), in place of a cast made at the
+// parameter's first use; gradients reach the parameter as through cast(). Each parameter must be a
+// float32 leaf that requires grad, each cast of the region's dtype. With the cache disabled, nothing
+// is provided (every use casts). Throws std::invalid_argument outside a region of the parameters'
+// device type, or for casts that cannot be the parameters' (sizes differ by more than this).
+void autocast_provide_casts(const std::vector<Tensor>& params, const std::vector<Tensor>& casts);
 
 bool is_autocast_enabled(DeviceType device_type);
 DType get_autocast_dtype(DeviceType device_type);

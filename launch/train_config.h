@@ -82,6 +82,10 @@ struct TrainConfig {
   float min_scale = 0.0f;
   float max_scale = std::numeric_limits<float>::infinity();
   std::vector<Injection> inject_nonfinite;
+  // Under autocast, the optimizer keeps each parameter's fp16/bf16 copy, rewritten by its step, and the
+  // forward reads it instead of casting every parameter every step (the same numbers; false: the
+  // control that tests compare against).
+  bool low_precision_copies = true;
   // Runtime and distribution
   DeviceKind device = DeviceKind::auto_;
   int threads = 0;  // 0: cores / ranks on this node

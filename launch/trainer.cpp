@@ -373,6 +373,10 @@ std::vector<double> Trainer::aggregate_jacobians() {
   return aggregator_->last_weights();
 }
 
+void Trainer::provide_casts() const {
+  if (!opt_->low_precision_copies().empty()) autocast_provide_casts(opt_->params(), opt_->low_precision_copies());
+}
+
 double Trainer::evaluate() {
   model_->train(false);
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
@@ -380,6 +384,7 @@ double Trainer::evaluate() {
   {
     NoGradGuard no_grad;
     autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
+    provide_casts();
     // Batch k is sequences [k R B, (k + 1) R B) of the validation stream; rank r takes its B.
     const int64_t B = cfg_.batch_size, R = comm_.size();
     for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
@@ -433,6 +438,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     models::Losses L;
     {
       autocast ac(device_.type, amp_dtype, autocasting, true, CastLists::cuda);
+      provide_casts();
       L = model_->losses(batch);
       if (K > 1)
         for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
@@ -570,6 +576,11 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 
 TrainResult Trainer::run() {
   connect();
+  // Under autocast the forward's casts of the parameters are the optimizer's low-precision copies,
+  // which each step rewrites as it updates the parameters (Optimizer::keep_low_precision_copies):
+  // made once, here, after the weights were loaded and broadcast, and outside any step's figures.
+  if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies)
+    opt_->keep_low_precision_copies(cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16);
   // Synthetic samples are made before the first step, as a file is read before it, so that no step
   // pays for data (nor counts it on the emulated GPU). This rank's rows repeat once the steps have
   // gone around the pool P: after P / gcd(E, P) steps, E the samples of a step.

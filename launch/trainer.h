@@ -56,6 +56,7 @@ class Trainer {
   // Collective from here on: broadcasts rank 0's weights, sets up the reducer, trains.
   TrainResult run();
   nn::Module& model() { return model_->module(); }
+  const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
 
@@ -85,6 +86,8 @@ class Trainer {
   std::unique_ptr<Dataset> data_;
   models::GptModel* gpt_ = nullptr;  // model_, when it is the GPT
   TextDataset* text_ = nullptr;      // data_, when it is text
+  // Inside an autocast region: the optimizer's low-precision copies, when kept, as the casts of the parameters.
+  void provide_casts() const;
   // The validation loss over cfg_.eval_batches batches (collective: every rank, same step).
   double evaluate();
   // cfg_.sample_tokens bytes continuing cfg_.prompt (this rank alone; no collective).

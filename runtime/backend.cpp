@@ -2,6 +2,7 @@
 
 #include <array>
 #include <stdexcept>
+#include <string>
 
 #include "runtime/cpu/cpu_backend.h"
 
@@ -22,6 +23,25 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bia
 void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }
 
 bool backend_available(DeviceType t) { return t == DeviceType::cpu || registry()[static_cast<size_t>(t)] != nullptr; }
+
+DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& copies) {
+  if (copies.empty()) return DType::f32;
+  if (copies.size() != params.size())
+    throw std::invalid_argument("optimizer step: " + std::to_string(copies.size()) + " low-precision copies for " +
+                                std::to_string(params.size()) + " parameters");
+  const DType dt = copies[0].dtype();
+  if (dt != DType::f16 && dt != DType::bf16)
+    throw std::invalid_argument(std::string("optimizer step: low-precision copies must be float16 or bfloat16, got ") +
+                                dtype_name(dt));
+  for (size_t t = 0; t < copies.size(); ++t)
+    if (copies[t].dtype() != dt || copies[t].numel() != params[t].numel() || copies[t].device() != params[t].device())
+      throw std::invalid_argument("optimizer step: low-precision copy " + std::to_string(t) + " (" +
+                                  dtype_name(copies[t].dtype()) + " " + shape_str(copies[t].shape()) + " on " +
+                                  copies[t].device().str() + ") does not match its parameter (" +
+                                  shape_str(params[t].shape()) + " on " + params[t].device().str() +
+                                  ") or the first copy's dtype " + dtype_name(dt));
+  return dt;
+}
 
 Backend& backend_for(Device d) {
   if (d.is_cpu()) return cpu_backend();

@@ -114,13 +114,16 @@ class Backend {
   // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
   // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by
   // inverse_scale(grad_scale) and written back unscaled in the same pass (PyTorch's fused path).
+  // copies: empty, or one per parameter, all float16 or all bfloat16, each as many elements as its
+  // parameter: each is written with its parameter's new value, rounded as cast() rounds, in the same
+  // pass (Optimizer::keep_low_precision_copies); a skipped step writes none.
   virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
-                        const Tensor& found_inf, const Tensor& grad_scale) = 0;
+                        const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
   virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                          const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                         const Tensor& found_inf, const Tensor& grad_scale) = 0;
+                         const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
   // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
   // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
@@ -130,6 +133,10 @@ class Backend {
 };
 
 // The backend that owns a device. Throws a clear error for a device that is not built or not present.
+// The dtype of an optimizer step's low-precision copies (sgd_step, adam_step), DType::f32 when there
+// are none; throws std::invalid_argument unless they are one per parameter, of one dtype, each with
+// its parameter's element count and device.
+DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& copies);
 Backend& backend_for(Device d);
 void register_backend(DeviceType t, Backend* b);  // called by a backend's static registrar
 bool backend_available(DeviceType t);

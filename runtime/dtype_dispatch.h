@@ -20,4 +20,18 @@ void dispatch_float(DType t, F&& f) {
   }
 }
 
+// The element type of an optimizer step's low-precision parameter copies (Backend::sgd_step):
+// NoCopy for DType::f32 (no copies), else Half or BFloat16.
+struct NoCopy {};
+template <class F>
+void dispatch_copies(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(NoCopy{}); return;
+    case DType::f16: f(Half{}); return;
+    case DType::bf16: f(BFloat16{}); return;
+    default: throw std::invalid_argument(std::string("low-precision copies must be float16 or bfloat16, got ") +
+                                         dtype_name(t));
+  }
+}
+
 }  // namespace amp

@@ -26,6 +26,9 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // Autograd-aware dtype conversion (round to nearest even); the gradient is cast back.
 Tensor cast(const Tensor& x, DType dtype);
+// cast(x, values.dtype()) whose result is already in `values` (the same numbers, computed elsewhere:
+// an optimizer's low-precision copy of its parameters). Shares values' storage; the backward is cast's.
+Tensor cast_precomputed(const Tensor& x, const Tensor& values);
 
 // Gradient helpers, differentiable in grad: relu's and gelu's backward.
 Tensor relu_backward(const Tensor& grad, const Tensor& x);

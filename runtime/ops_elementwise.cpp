@@ -190,8 +190,18 @@ Tensor cast(const Tensor& x, DType dtype) {
                                 " to " + dtype_name(dtype));
   Tensor y = empty(x.shape(), dtype, x.device());
   backend_for(x.device()).cast(x, y);
+  return cast_precomputed(x, y);
+}
+
+Tensor cast_precomputed(const Tensor& x, const Tensor& values) {
+  if (values.shape() != x.shape() || values.device() != x.device() || !is_floating(values.dtype()) ||
+      !is_floating(x.dtype()))
+    throw std::invalid_argument("cast_precomputed: values " + shape_str(values.shape()) + " " +
+                                dtype_name(values.dtype()) + " on " + values.device().str() + " are not a cast of " +
+                                shape_str(x.shape()) + " " + dtype_name(x.dtype()) + " on " + x.device().str());
   const DType from = x.dtype();
-  return record("CastBackward", y, {x}, [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; });
+  return record("CastBackward", values.detach(), {x},
+                [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; });
 }
 
 // --- in-place, no autograd

@@ -126,6 +126,62 @@ TEST(Autocast, CastCacheOncePerOutermostRegion) {
   EXPECT_THROW(autocast(DeviceType::cpu, DType::f32), std::invalid_argument);
 }
 
+// Provided casts (an optimizer's low-precision copies) stand in for the region's casts of the
+// parameters: the same numbers and gradients as casting, and they are what the forward reads.
+TEST(Autocast, ProvidedCastsAreTheRegionsCasts) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    auto run = [&](bool provide, double factor) {
+      Generator gen(4);
+      nn::Linear l1(8, 16, gen), l2(16, 4, gen);
+      const Tensor x = randn({5, 8}, gen);
+      std::vector<Tensor> params = l1.parameters(), casts;
+      for (const Tensor& p : l2.parameters()) params.push_back(p);
+      for (const Tensor& p : params) casts.push_back(cast(mul(p.detach(), factor), dt));
+      Tensor out;
+      {
+        autocast ac(DeviceType::cpu, dt);
+        if (provide) autocast_provide_casts(params, casts);
+        EXPECT_EQ(autocast_cache_size(), provide ? params.size() : 0u);
+        out = l2(relu(l1(x)));
+      }
+      sum(mul(out.to(DType::f32), out.to(DType::f32))).backward();
+      std::vector<Tensor> r = {out};
+      for (const Tensor& p : params) r.push_back(p.grad());
+      return r;
+    };
+    const auto cast_here = run(false, 1.0), provided = run(true, 1.0);
+    for (size_t i = 0; i < cast_here.size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(provided[i], cast_here[i])) << dtype_name(dt) << " result " << i;
+    // Casts of 2 p are read as they are: the output is no longer the parameters'.
+    EXPECT_FALSE(test::bitwise_equal(run(true, 2.0)[0], cast_here[0])) << dtype_name(dt);
+  }
+}
+
+TEST(Autocast, ProvidedCastsAreChecked) {
+  Generator gen(5);
+  nn::Linear lin(4, 3, gen);
+  const std::vector<Tensor> params = lin.parameters();
+  std::vector<Tensor> bf16, f16;
+  for (const Tensor& p : params) {
+    bf16.push_back(cast(p.detach(), DType::bf16));
+    f16.push_back(cast(p.detach(), DType::f16));
+  }
+  EXPECT_THROW(autocast_provide_casts(params, bf16), std::invalid_argument) << "outside a region";
+  {
+    autocast ac(DeviceType::cpu, DType::bf16);
+    EXPECT_THROW(autocast_provide_casts(params, f16), std::invalid_argument) << "another dtype than the region's";
+    EXPECT_THROW(autocast_provide_casts(params, {bf16[0]}), std::invalid_argument) << "counts differ";
+    EXPECT_THROW(autocast_provide_casts({params[0].detach()}, {bf16[0]}), std::invalid_argument) << "not a parameter";
+    EXPECT_THROW(autocast_provide_casts({params[0]}, {bf16[1]}), std::invalid_argument) << "shapes differ";
+    EXPECT_EQ(autocast_cache_size(), 0u);
+  }
+  {
+    autocast ac(DeviceType::cpu, DType::bf16, true, /*cache_enabled=*/false);
+    autocast_provide_casts(params, bf16);
+    EXPECT_EQ(autocast_cache_size(), 0u) << "without the cache every use casts";
+  }
+}
+
 TEST(Autocast, Bf16MlpMatchesPyTorch) {
   const std::string f = "mlp_pytorch.safetensors";
   auto mlp = test::fixture_mlp();

@@ -589,19 +589,19 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
     for (int f : found) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
       const OptimState before = make_state(kCPU, &c);
-      cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, flag, Tensor());
-      gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, flag.to(kGPU), Tensor());
+      cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, flag, Tensor(), {});
+      gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, flag.to(kGPU), Tensor(), {});
       expect_state_matches(g, c, 0, "sgd");
       if (f) expect_state_matches(g, before, 0, "skipped sgd step");
     }
     // An undefined found_inf means "no check": the step is taken.
-    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), Tensor());
-    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), Tensor());
+    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), Tensor(), {});
+    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), Tensor(), {});
     expect_state_matches(g, c, 0, "sgd without found_inf");
     // Still-scaled gradients with grad_scale: unscaled in the step's own pass and written back.
     const Tensor scale = from_vector({1024.0}, {1});
-    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), scale);
-    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), scale.to(kGPU));
+    cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), scale, {});
+    gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), scale.to(kGPU), {});
     expect_state_matches(g, c, 0, "sgd with grad_scale");
   }
 }
@@ -619,11 +619,55 @@ TEST_F(CudaVsCpu, AdamStepsAndSkips) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
       const OptimState before = make_state(kGPU, &g);
       const Tensor scale = from_vector({f ? 1.0 : 256.0}, {1});  // also the fused unscale
-      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag, scale);
-      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU), scale.to(kGPU));
+      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag, scale, {});
+      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU), scale.to(kGPU), {});
       // The fp64 bias corrections use pow, which may differ by an ulp between libm and CUDA.
       expect_state_matches(g, c, 1e-7, "adam");
       if (f) expect_state_matches(g, make_state(kCPU, &before), 0, "skipped adam step");
+    }
+  }
+}
+
+// The fused steps' low-precision copies are cast(parameter) to the bit on either backend (and the
+// same on both for SGD); a skipped step leaves them as they were (zeros here).
+TEST_F(CudaVsCpu, OptimizerStepsWriteTheParametersLowPrecisionCopies) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (int kind = 0; kind < 4; ++kind) {  // SGD with and without momentum, Adam with and without amsgrad
+      OptimState c = make_state(kCPU);
+      OptimState g = make_state(kGPU, &c);
+      std::vector<Tensor> cc, gc;
+      for (const Tensor& p : c.params) {
+        cc.push_back(zeros(p.shape(), dt));
+        gc.push_back(zeros(p.shape(), dt).to(kGPU));
+      }
+      const std::string what = std::string(dtype_name(dt)) + " kind " + std::to_string(kind);
+      const SgdHyper sh{0.05, kind == 0 ? 0.9 : 0.0, 0.0, 1e-2, false, false};
+      const AdamHyper ah{1e-2, 0.9, 0.999, 1e-8, 1e-2, true, kind == 3, false};
+      for (int f : {1, 0, 0}) {
+        const Tensor flag = from_vector({static_cast<double>(f)}, {1});
+        if (kind < 2) {
+          cpu().sgd_step(c.params, c.grads, c.s1, c.step, sh, flag, Tensor(), cc);
+          gpu().sgd_step(g.params, g.grads, g.s1, g.step, sh, flag.to(kGPU), Tensor(), gc);
+        } else {
+          cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, ah, flag, Tensor(), cc);
+          gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, ah, flag.to(kGPU), Tensor(), gc);
+        }
+        for (size_t i = 0; i < cc.size(); ++i) {
+          const Tensor want = f ? zeros(cc[i].shape(), dt) : cast(c.params[i], dt);
+          ASSERT_TRUE(matches(cc[i], want, 0)) << what << " CPU copy " << i << (f ? " (skipped)" : "");
+          const Tensor gpu_want = f ? zeros(cc[i].shape(), dt) : cast(g.params[i], dt).to(kCPU);
+          ASSERT_TRUE(matches(gc[i], gpu_want, 0)) << what << " GPU copy " << i << (f ? " (skipped)" : "");
+          // Adam's parameters may differ by an ulp between the backends (pow); SGD's are the same.
+          if (kind < 2) {
+            ASSERT_TRUE(matches(gc[i], cc[i], 0)) << what << " GPU copy " << i << " vs the CPU's";
+          }
+        }
+      }
+      std::vector<Tensor> wrong = cc;
+      wrong[0] = zeros({3}, dt);
+      EXPECT_THROW(cpu().sgd_step(c.params, c.grads, c.s1, c.step, sh, Tensor(), Tensor(), wrong), std::invalid_argument);
+      EXPECT_THROW(gpu().sgd_step(g.params, g.grads, g.s1, g.step, sh, Tensor(), Tensor(), to_device(wrong, kGPU)),
+                   std::invalid_argument);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/replica_check.h"
 #include "launch/trainer.h"
+#include "runtime/ops.h"
 #include "runtime/random.h"
 #include "test_util.h"
 
@@ -219,6 +220,49 @@ TEST(Distributed, InjectedInfOnOneRankMakesEveryRankSkip) {
   const auto rep = comm::check_replicas(w, m->parameters());
   EXPECT_TRUE(rep.consistent);
   EXPECT_TRUE(r.replicas_consistent);
+}
+
+// Under autocast the forward reads the optimizer's low-precision copies instead of casting the
+// parameters (TrainConfig::low_precision_copies): not one number changes, against the control that
+// casts. bf16 SGD with momentum and micro-batches; fp16 with clipping and an injected overflow (a
+// skipped step must leave the copies right); the GPT with AdamW, dropout and evaluations.
+TEST(Distributed, LowPrecisionCopiesChangeNoNumber) {
+  comm::MpiCommunicator& w = world();
+  std::vector<TrainConfig> configs;
+  TrainConfig c = base_config();
+  c.amp = launch::AmpMode::bf16;
+  c.momentum = 0.9;
+  c.micro_batches = 2;
+  configs.push_back(c);
+  c = base_config();
+  c.amp = launch::AmpMode::fp16;
+  c.init_scale = 1024.0;
+  c.clip_grad_norm = 1.0;
+  c.inject_nonfinite = {{2, 0}};
+  configs.push_back(c);
+  c = gpt_config();
+  c.amp = launch::AmpMode::bf16;
+  c.dropout = 0.1;
+  c.eval_every = 2;
+  c.eval_batches = 2;
+  configs.push_back(c);
+  for (size_t k = 0; k < configs.size(); ++k) {
+    TrainConfig with = configs[k], without = configs[k];
+    without.low_precision_copies = false;
+    std::unique_ptr<launch::Trainer> ta, tb;
+    const auto ra = train(with, w, nullptr, &ta), rb = train(without, w, nullptr, &tb);
+    SCOPED_TRACE("config " + std::to_string(k));
+    // The copies were kept, and are the parameters' casts: so the forward read them (Autocast tests).
+    ASSERT_EQ(ta->optimizer().low_precision_copies().size(), ta->optimizer().params().size());
+    EXPECT_TRUE(tb->optimizer().low_precision_copies().empty());
+    for (size_t i = 0; i < ta->optimizer().params().size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(ta->optimizer().low_precision_copies()[i],
+                                      cast(ta->optimizer().params()[i].detach(), with.amp == launch::AmpMode::bf16 ? DType::bf16 : DType::f16)))
+          << "parameter " << i;
+    expect_same_training(ra, ta->model(), rb, tb->model(), 0.0);
+    EXPECT_EQ(ra.param_checksum, rb.param_checksum);
+    EXPECT_EQ(ra.skipped_steps, k == 1 ? 1 : 0);
+  }
 }
 
 TEST(Distributed, BucketSizeDoesNotChangeTheResultBitwise) {

@@ -103,7 +103,7 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
     comm_->all_reduce(found_inf, comm::ReduceOp::max);
     EXPECT_EQ(found_inf.item(), inject ? 1.0 : 0.0) << "rank " << rank;
 
-    gpu.sgd_step(params, grads, bufs, step, sgd, found_inf, Tensor());
+    gpu.sgd_step(params, grads, bufs, step, sgd, found_inf, Tensor(), {});
     gpu.update_scale(scaler, tracker, found_inf, h);
     if (inject) {
       EXPECT_EQ(params[0].to_vector()[0], 1.0) << "parameters moved on a skipped step";

@@ -301,6 +301,57 @@ TEST(Optimizers, GroupsRejectDuplicatesAndEmptyGroups) {
   EXPECT_EQ(ok.num_param_groups(), 2u);
 }
 
+// Optimizer::keep_low_precision_copies: after every step each copy is cast(parameter) to the bit,
+// also when a parameter sits a step out (its own cohort then), for SGD and Adam, fp16 and bf16; a
+// skipped step writes none.
+TEST(Optimizers, LowPrecisionCopiesAreTheCastParametersAfterEveryStep) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      Generator gen(7);
+      std::vector<Tensor> params = {randn({3000}, gen).set_requires_grad(true), randn({7, 5}, gen).set_requires_grad(true),
+                                    randn({1}, gen).set_requires_grad(true)};
+      std::unique_ptr<optim::Optimizer> opt;
+      if (kind == 0) opt = std::make_unique<optim::SGD>(params, optim::SgdOptions{0.1, 0.9, 0.0, 1e-2, true, false});
+      if (kind == 1) opt = std::make_unique<optim::SGD>(params, optim::SgdOptions{0.3, 0.0, 0.0, 0.0, false, false});
+      if (kind == 2) {
+        optim::AdamOptions o;
+        o.lr = 0.05;
+        o.amsgrad = true;
+        opt = std::make_unique<optim::AdamW>(params, o);
+      }
+      const std::string what = std::string(dtype_name(dt)) + " optimizer " + std::to_string(kind);
+      opt->keep_low_precision_copies(dt);
+      ASSERT_EQ(opt->low_precision_copies().size(), params.size());
+      auto expect_cast = [&](const std::string& when) {
+        for (size_t i = 0; i < params.size(); ++i)
+          EXPECT_TRUE(test::bitwise_equal(opt->low_precision_copies()[i], cast(params[i].detach(), dt)))
+              << what << ", " << when << ", parameter " << i;
+      };
+      expect_cast("at the start");
+      for (int step = 0; step < 4; ++step) {
+        for (size_t i = 0; i < params.size(); ++i)
+          params[i].set_grad(step == 1 && i == 1 ? Tensor() : randn(params[i].shape(), gen));
+        opt->step();
+        expect_cast("after step " + std::to_string(step));
+      }
+      // A skipped step writes nothing: a copy set to zeros stays zeros.
+      Tensor c0 = opt->low_precision_copies()[0];
+      fill_(c0, 0.0);
+      for (Tensor& p : params) p.set_grad(randn(p.shape(), gen));
+      opt->step(from_vector({1.0}, {1}));
+      EXPECT_EQ(sum(c0.to(DType::f32)).item(), 0.0) << what;
+      opt->step();
+      expect_cast("after a skipped step and a taken one");
+    }
+  }
+  Tensor p = zeros({2}).set_requires_grad(true);
+  optim::SGD sgd({p}, optim::SgdOptions{0.1, 0.0, 0.0, 0.0, false, false});
+  EXPECT_THROW(sgd.keep_low_precision_copies(DType::f64), std::invalid_argument);
+  sgd.keep_low_precision_copies(DType::bf16);
+  sgd.keep_low_precision_copies(DType::f32);
+  EXPECT_TRUE(sgd.low_precision_copies().empty()) << "float32: no copies";
+}
+
 TEST(Optimizers, FoundInfLeavesEverythingUntouched) {
   Tensor p = from_vector({1.0, -2.0}, {2}).set_requires_grad(true);
   optim::AdamW opt({p}, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, true, false});

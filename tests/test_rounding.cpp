@@ -58,7 +58,7 @@ TEST(Rounding, CpuBackendSgdStepRoundsTheProductFirst) {
   Tensor g = from_vector({static_cast<double>(kOnePlus)}, {1});
   Tensor steps = zeros({1});
   const SgdHyper h{static_cast<double>(kOnePlus), 0.0, 0.0, 0.0, false, false};
-  backend_for(kCPU).sgd_step({p}, {g}, {}, steps, h, Tensor(), Tensor());
+  backend_for(kCPU).sgd_step({p}, {g}, {}, steps, h, Tensor(), Tensor(), {});
   EXPECT_EQ(static_cast<float>(p.item()), two_roundings_sub(1.0f, kOnePlus, kOnePlus));
 }
 

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/amp_math.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/dispatch.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/optim_math.h"
 
 namespace amp {
@@ -42,29 +45,54 @@ AMP_SIMD_CLONES int nonfinite_range(const T* d, long n) {
   return bad;
 }
 
-// Parameters, gradients and optimizer state are distinct tensors: the pointers never alias. The
-// flags that decide which arrays are written are template arguments, so that the loop body has no
-// conditional store and vectorises; the rest of the math's branches become selects.
-template <bool Momentum, bool Store>
-AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, long n, float inv,
-                               bool first, math::SgdCoef c) {
+// Parameters, gradients, optimizer state and the parameters' low-precision copies are distinct
+// tensors: the pointers never alias. The flags that decide which arrays are written are template
+// arguments, so that the loop body has no conditional store and vectorises; the rest of the math's
+// branches become selects. The copies (element type L; NoCopy: none) are written block by block,
+// right after the block's update, while it is in the L1 cache: a loop of their own, because the
+// rounding's NaN branch keeps the update's loop from vectorising when the two are one loop.
+constexpr long kCopyBlock = 1024;
+
+template <class L>
+inline void store_copies(const float* __restrict p, L* __restrict lp, long n) {
+  if constexpr (!std::is_same_v<L, NoCopy>)
+    for (long i = 0; i < n; ++i) lp[i] = Elem<L>::store(p[i]);  // cast()'s rounding (nearest even)
+}
+
+template <bool Momentum, bool Store, class L>
+AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, L* __restrict lp, long n,
+                               float inv, bool first, math::SgdCoef c) {
   if constexpr (!Momentum) c.momentum = 0.0f;  // as it is whenever there is no buffer
-  for (long i = 0; i < n; ++i) {
-    const float gi = math::unscale_element(g[i], inv);
-    if constexpr (Store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
-    math::sgd_update(&p[i], gi, Momentum ? &b[i] : nullptr, first, c);
+  for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
+    const long e = std::min(n, b0 + kCopyBlock);
+    for (long i = b0; i < e; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if constexpr (Store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
+      math::sgd_update(&p[i], gi, Momentum ? &b[i] : nullptr, first, c);
+    }
+    if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
   }
 }
 
-template <bool Amsgrad, bool Store>
+template <bool Amsgrad, bool Store, class L>
 AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
-                                float* __restrict vmax, long n, float inv, math::AdamCoef c) {
+                                float* __restrict vmax, L* __restrict lp, long n, float inv, math::AdamCoef c) {
   c.amsgrad = Amsgrad;
-  for (long i = 0; i < n; ++i) {
-    const float gi = math::unscale_element(g[i], inv);
-    if constexpr (Store) g[i] = gi;
-    math::adam_update(&p[i], gi, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
+  for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
+    const long e = std::min(n, b0 + kCopyBlock);
+    for (long i = b0; i < e; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if constexpr (Store) g[i] = gi;
+      math::adam_update(&p[i], gi, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
+    }
+    if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
   }
+}
+
+template <class L>
+L* copy_ptr(const std::vector<Tensor>& copies, size_t t) {
+  if constexpr (std::is_same_v<L, NoCopy>) return nullptr;
+  else return copies[t].data<L>();
 }
 
 // Sum of norm_term(|x|, p) over x[0, n) (cpu::lane_sum: the same from every clone).
@@ -127,54 +155,62 @@ void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& foun
 
 void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                          const Tensor& found_inf, const Tensor& grad_scale) {
+                          const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const bool first = step_count.data<float>()[0] == 0.0f;
   const math::SgdCoef c = math::sgd_coef(h);
-  for (size_t t = 0; t < params.size(); ++t) {
-    require_f32(params[t], "SGD parameter");
-    require_f32(grads[t], "SGD gradient");
-    float* p = params[t].data<float>();
-    float* g = grads[t].data<float>();
-    float* b = h.momentum != 0.0 ? bufs[t].data<float>() : nullptr;
-    const bool store = grad_scale.defined();
-    cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
-      const long k = e - i;
-      if (b && store) sgd_range<true, true>(p + i, g + i, b + i, k, inv, first, c);
-      else if (b) sgd_range<true, false>(p + i, g + i, b + i, k, inv, first, c);
-      else if (store) sgd_range<false, true>(p + i, g + i, nullptr, k, inv, first, c);
-      else sgd_range<false, false>(p + i, g + i, nullptr, k, inv, first, c);
-    });
-  }
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    for (size_t t = 0; t < params.size(); ++t) {
+      require_f32(params[t], "SGD parameter");
+      require_f32(grads[t], "SGD gradient");
+      float* p = params[t].data<float>();
+      float* g = grads[t].data<float>();
+      float* b = h.momentum != 0.0 ? bufs[t].data<float>() : nullptr;
+      L* lp = copy_ptr<L>(copies, t);
+      const bool store = grad_scale.defined();
+      cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
+        const long k = e - i;
+        L* l = lp ? lp + i : nullptr;
+        if (b && store) sgd_range<true, true>(p + i, g + i, b + i, l, k, inv, first, c);
+        else if (b) sgd_range<true, false>(p + i, g + i, b + i, l, k, inv, first, c);
+        else if (store) sgd_range<false, true>(p + i, g + i, nullptr, l, k, inv, first, c);
+        else sgd_range<false, false>(p + i, g + i, nullptr, l, k, inv, first, c);
+      });
+    }
+  });
   step_count.data<float>()[0] += 1.0f;
 }
 
 void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                            const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                           const Tensor& found_inf, const Tensor& grad_scale) {
+                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
   const math::AdamCoef c = math::adam_coef(h, step);
-  for (size_t t = 0; t < params.size(); ++t) {
-    require_f32(params[t], "Adam parameter");
-    require_f32(grads[t], "Adam gradient");
-    float* p = params[t].data<float>();
-    float* g = grads[t].data<float>();
-    float* m = exp_avgs[t].data<float>();
-    float* v = exp_avg_sqs[t].data<float>();
-    float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
-    const bool store = grad_scale.defined();
-    cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
-      const long k = e - i;
-      if (vmax && store) adam_range<true, true>(p + i, g + i, m + i, v + i, vmax + i, k, inv, c);
-      else if (vmax) adam_range<true, false>(p + i, g + i, m + i, v + i, vmax + i, k, inv, c);
-      else if (store) adam_range<false, true>(p + i, g + i, m + i, v + i, nullptr, k, inv, c);
-      else adam_range<false, false>(p + i, g + i, m + i, v + i, nullptr, k, inv, c);
-    });
-  }
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    for (size_t t = 0; t < params.size(); ++t) {
+      require_f32(params[t], "Adam parameter");
+      require_f32(grads[t], "Adam gradient");
+      float* p = params[t].data<float>();
+      float* g = grads[t].data<float>();
+      float* m = exp_avgs[t].data<float>();
+      float* v = exp_avg_sqs[t].data<float>();
+      float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
+      L* lp = copy_ptr<L>(copies, t);
+      const bool store = grad_scale.defined();
+      cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
+        const long k = e - i;
+        L* l = lp ? lp + i : nullptr;
+        if (vmax && store) adam_range<true, true>(p + i, g + i, m + i, v + i, vmax + i, l, k, inv, c);
+        else if (vmax) adam_range<true, false>(p + i, g + i, m + i, v + i, vmax + i, l, k, inv, c);
+        else if (store) adam_range<false, true>(p + i, g + i, m + i, v + i, nullptr, l, k, inv, c);
+        else adam_range<false, false>(p + i, g + i, m + i, v + i, nullptr, l, k, inv, c);
+      });
+    }
+  });
   step_count.data<float>()[0] = step;
 }
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "runtime/amp_math.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -55,7 +56,14 @@ __device__ __forceinline__ float grad_inverse_scale(const float* grad_scale) {
   return grad_scale != nullptr ? math::inverse_scale(*grad_scale) : 1.0f;
 }
 
-template <bool Momentum>
+// The parameter's new value into its low-precision copy (element type L; NoCopy: there is none), in
+// the slot after the optimizer's own tensors.
+template <class L>
+__device__ __forceinline__ void store_copy(void* const* p, int slot, int64_t i, float v) {
+  if constexpr (!std::is_same_v<L, NoCopy>) static_cast<L*>(p[slot])[i] = DevElem<L>::store(v);
+}
+
+template <bool Momentum, class L>
 struct SgdOp {
   const float* found_inf;
   const float* step_count;
@@ -73,11 +81,12 @@ struct SgdOp {
       const float g = math::unscale_element(grad[i], inv);
       if (grad_scale != nullptr) grad[i] = g;  // the unscaled gradient is written back, as in PyTorch
       math::sgd_update(&param[i], g, Momentum ? &buf[i] : nullptr, first, c);
+      store_copy<L>(p, Momentum ? 3 : 2, i, param[i]);
     }
   }
 };
 
-template <bool Amsgrad>
+template <bool Amsgrad, class L>
 struct AdamOp {
   const float* found_inf;
   const float* step_count;
@@ -99,6 +108,7 @@ struct AdamOp {
       const float g = math::unscale_element(grad[i], inv);
       if (grad_scale != nullptr) grad[i] = g;
       math::adam_update(&param[i], g, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
+      store_copy<L>(p, Amsgrad ? 5 : 4, i, param[i]);
     }
   }
 };
@@ -123,10 +133,12 @@ const float* optional_flag(const Tensor& found_inf) {
   return found_inf.data<float>();
 }
 
-// The pointers of lists[0][t], lists[1][t], ... for every t, and the element counts.
+// The pointers of lists[0][t], lists[1][t], ... for every t, and the element counts. Every list holds
+// float32 tensors, except a last list of low-precision copies when last_is_copies (their dtype was
+// checked by low_precision_copies_dtype).
 template <int Depth>
 void gather(const std::array<const std::vector<Tensor>*, Depth>& lists, std::vector<std::array<void*, Depth>>* ptrs,
-            std::vector<int64_t>* numels) {
+            std::vector<int64_t>* numels, bool last_is_copies) {
   const size_t n = lists[0]->size();
   for (int d = 1; d < Depth; ++d)
     if (lists[static_cast<size_t>(d)]->size() < n)
@@ -135,13 +147,30 @@ void gather(const std::array<const std::vector<Tensor>*, Depth>& lists, std::vec
     std::array<void*, Depth> row{};
     for (int d = 0; d < Depth; ++d) {
       const Tensor& x = (*lists[static_cast<size_t>(d)])[t];
-      require_f32(x, "optimizer tensor");
+      if (last_is_copies && d == Depth - 1) require_cuda(x, "low-precision copy");
+      else require_f32(x, "optimizer tensor");
       require_same_numel((*lists[0])[t], x, "fused optimizer step");
       row[static_cast<size_t>(d)] = x.data_ptr();
     }
     ptrs->push_back(row);
     numels->push_back((*lists[0])[t].numel());
   }
+}
+
+// One fused step over `lists` (float32: parameters, gradients, state), followed by the copies when L
+// is not NoCopy.
+template <class L, size_t N, class Op>
+void apply_step(const std::array<const std::vector<Tensor>*, N>& lists, const std::vector<Tensor>& copies,
+                const Op& op) {
+  constexpr bool kCopies = !std::is_same_v<L, NoCopy>;
+  constexpr int Depth = static_cast<int>(N) + (kCopies ? 1 : 0);
+  std::array<const std::vector<Tensor>*, Depth> all{};
+  for (size_t d = 0; d < N; ++d) all[d] = lists[d];
+  if constexpr (kCopies) all[N] = &copies;
+  std::vector<std::array<void*, Depth>> ptrs;
+  std::vector<int64_t> numels;
+  gather<Depth>(all, &ptrs, &numels, kCopies);
+  multi_tensor_apply<Depth>(ptrs, numels, op);
 }
 
 }  // namespace
@@ -180,20 +209,18 @@ void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& fou
 
 void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                           const Tensor& found_inf, const Tensor& grad_scale) {
+                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
-  std::vector<int64_t> numels;
-  if (h.momentum != 0.0f) {
-    std::vector<std::array<void*, 3>> ptrs;
-    gather<3>({&params, &grads, &bufs}, &ptrs, &numels);
-    multi_tensor_apply<3>(ptrs, numels, SgdOp<true>{flag, step_count.data<float>(), gs, h});
-  } else {
-    std::vector<std::array<void*, 2>> ptrs;
-    gather<2>({&params, &grads}, &ptrs, &numels);
-    multi_tensor_apply<2>(ptrs, numels, SgdOp<false>{flag, step_count.data<float>(), gs, h});
-  }
+  using Lists2 = std::array<const std::vector<Tensor>*, 2>;
+  using Lists3 = std::array<const std::vector<Tensor>*, 3>;
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    if (h.momentum != 0.0f)
+      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h});
+    else
+      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h});
+  });
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -201,20 +228,20 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
 void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                            const Tensor& found_inf, const Tensor& grad_scale) {
+                            const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
-  std::vector<int64_t> numels;
-  if (h.amsgrad) {
-    std::vector<std::array<void*, 5>> ptrs;
-    gather<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, &ptrs, &numels);
-    multi_tensor_apply<5>(ptrs, numels, AdamOp<true>{flag, step_count.data<float>(), gs, h});
-  } else {
-    std::vector<std::array<void*, 4>> ptrs;
-    gather<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &ptrs, &numels);
-    multi_tensor_apply<4>(ptrs, numels, AdamOp<false>{flag, step_count.data<float>(), gs, h});
-  }
+  using Lists4 = std::array<const std::vector<Tensor>*, 4>;
+  using Lists5 = std::array<const std::vector<Tensor>*, 5>;
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    if (h.amsgrad)
+      apply_step<L>(Lists5{&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, copies,
+                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h});
+    else
+      apply_step<L>(Lists4{&params, &grads, &exp_avgs, &exp_avg_sqs}, copies,
+                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h});
+  });
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }

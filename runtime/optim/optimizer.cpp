@@ -63,6 +63,15 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+void Optimizer::keep_low_precision_copies(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    throw std::invalid_argument(std::string("keep_low_precision_copies: dtype must be float16 or bfloat16 (float32: "
+                                            "none), got ") + dtype_name(dtype));
+  copies_.clear();
+  if (dtype == DType::f32) return;
+  for (const Tensor& p : params_) copies_.push_back(cast(p.detach(), dtype));  // detached: no graph
+}
+
 std::vector<Tensor> Optimizer::grads() const {
   std::vector<Tensor> out;
   for (const Tensor& p : params_)

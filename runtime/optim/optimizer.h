@@ -64,6 +64,16 @@ class Optimizer {
   std::optional<double> initial_lr(size_t group) const { return initial_lr_.at(group); }
   void set_initial_lr(size_t group, double lr) { initial_lr_.at(group) = lr; }
 
+  // Keeps a copy of every parameter in dtype (float16 or bfloat16): rounded from the parameter now,
+  // and from then on rewritten by every step() in the pass that updates the parameter (apex's master
+  // weights: the float32 parameters are the masters). An autocast forward takes them as its casts
+  // (amp::autocast_provide_casts) instead of reading every float32 parameter to cast it, every step.
+  // The copies hold while the parameters change through step() alone: after changing them otherwise
+  // (loading weights), call this again. DType::f32 drops the copies.
+  void keep_low_precision_copies(DType dtype);
+  // One per parameter, in params() order; empty when none are kept.
+  const std::vector<Tensor>& low_precision_copies() const { return copies_; }
+
   OptimizerStateDict state_dict() const;
   // Checks group sizes, names and shapes; takes the hyperparameters of the saved groups.
   void load_state_dict(const OptimizerStateDict& sd);
@@ -84,6 +94,10 @@ class Optimizer {
   // in_group: the group filter (a buffer only some groups need stays undefined elsewhere).
   std::vector<Tensor>& add_state(const std::string& name, const std::vector<bool>& in_group = {});
   std::vector<Tensor> select(const std::vector<Tensor>& all, const std::vector<size_t>& index) const;
+  // The low-precision copies of parameters `index`, for the backend's step (empty when none are kept).
+  std::vector<Tensor> copies_of(const std::vector<size_t>& index) const {
+    return copies_.empty() ? std::vector<Tensor>() : select(copies_, index);
+  }
   size_t group_of(size_t param) const { return group_of_.at(param); }
 
   std::vector<Tensor> params_;
@@ -95,6 +109,7 @@ class Optimizer {
   std::vector<std::optional<double>> initial_lr_;  // per group
   std::vector<size_t> cohort_of_;     // per parameter
   std::vector<Tensor> cohort_steps_;  // per cohort: 1-element f32 step count on the device
+  std::vector<Tensor> copies_;        // per parameter, or empty: keep_low_precision_copies
 };
 
 // Each group's parameters, and each group's lr, for the base constructor.
