@@ -40,7 +40,8 @@ class autocast {
 // parameter's first use; gradients reach the parameter as through cast(). Each parameter must be a
 // float32 leaf that requires grad, each cast of the region's dtype. With the cache disabled, nothing
 // is provided (every use casts). Throws std::invalid_argument outside a region of the parameters'
-// device type, or for casts that cannot be the parameters' (sizes differ by more than this).
+// device type, or for a cast whose dtype, shape or device cannot be its parameter's. The casts are
+// used as they are, not copied: a graph that outlives the next optimizer step reads the new copies.
 void autocast_provide_casts(const std::vector<Tensor>& params, const std::vector<Tensor>& casts);
 
 bool is_autocast_enabled(DeviceType device_type);
