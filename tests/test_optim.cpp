@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "models/mlp.h"
 #include "runtime/autograd.h"
@@ -343,6 +345,31 @@ TEST(Optimizers, LowPrecisionCopiesAreTheCastParametersAfterEveryStep) {
       opt->step();
       expect_cast("after a skipped step and a taken one");
     }
+  }
+  // Values at the rounding's edges, in a parameter long enough for the vectorised (streaming) store:
+  // a zero step leaves them as they are, and each copy must be cast()'s rounding of them.
+  {
+    std::vector<uint32_t> bits = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                                  0x3f808000u, 0x3f818000u, 0x3f808001u, 0x00000001u, 0x80000000u, 0x0000ffffu,
+                                  0x7fc0ffffu, 0xffffffffu};
+    std::vector<float> values(4096);
+    Generator g0(9);
+    const std::vector<double> noise = randn({4096}, g0).to_vector();
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint32_t b = i < bits.size() ? bits[i] : 0u;
+      float f;
+      if (i < bits.size()) std::memcpy(&f, &b, sizeof f);
+      else f = static_cast<float>(noise[i]);
+      values[i] = f;
+    }
+    Tensor edge = empty({4096});
+    std::memcpy(edge.data_ptr(), values.data(), values.size() * sizeof(float));
+    edge.set_requires_grad(true);
+    optim::SGD zero_step({edge}, optim::SgdOptions{0.0, 0.0, 0.0, 0.0, false, false});
+    zero_step.keep_low_precision_copies(DType::bf16);
+    edge.set_grad(zeros({4096}));
+    zero_step.step();
+    EXPECT_TRUE(test::bitwise_equal(zero_step.low_precision_copies()[0], cast(edge.detach(), DType::bf16)));
   }
   Tensor p = zeros({2}).set_requires_grad(true);
   optim::SGD sgd({p}, optim::SgdOptions{0.1, 0.0, 0.0, 0.0, false, false});

@@ -10,6 +10,7 @@
 #include "runtime/amp_math.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/dispatch.h"
+#include "runtime/cpu/stream_casts.h"
 #include "runtime/dtype_dispatch.h"
 #include "runtime/optim_math.h"
 
@@ -55,8 +56,12 @@ constexpr long kCopyBlock = 1024;
 
 template <class L>
 inline void store_copies(const float* __restrict p, L* __restrict lp, long n) {
-  if constexpr (!std::is_same_v<L, NoCopy>)
+  if constexpr (!std::is_same_v<L, NoCopy>) {
+    // Not read again before the next forward, by which time they would have left the cache.
+    if constexpr (std::is_same_v<L, BFloat16>)
+      if (cpu::stream_to_bf16(p, lp, n)) return;
     for (long i = 0; i < n; ++i) lp[i] = Elem<L>::store(p[i]);  // cast()'s rounding (nearest even)
+  }
 }
 
 template <bool Momentum, bool Store, class L>
@@ -72,6 +77,7 @@ AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* 
     }
     if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
   }
+  if constexpr (!std::is_same_v<L, NoCopy>) cpu::stream_fence();
 }
 
 template <bool Amsgrad, bool Store, class L>
@@ -87,6 +93,7 @@ AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float*
     }
     if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
   }
+  if constexpr (!std::is_same_v<L, NoCopy>) cpu::stream_fence();
 }
 
 template <class L>
