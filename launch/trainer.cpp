@@ -401,6 +401,7 @@ double Trainer::evaluate() {
 std::string Trainer::sample() {
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
+  provide_casts();
   models::SampleOptions o;
   o.tokens = cfg_.sample_tokens;
   o.temperature = cfg_.temperature;

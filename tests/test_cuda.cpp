@@ -668,6 +668,15 @@ TEST_F(CudaVsCpu, OptimizerStepsWriteTheParametersLowPrecisionCopies) {
       EXPECT_THROW(cpu().sgd_step(c.params, c.grads, c.s1, c.step, sh, Tensor(), Tensor(), wrong), std::invalid_argument);
       EXPECT_THROW(gpu().sgd_step(g.params, g.grads, g.s1, g.step, sh, Tensor(), Tensor(), to_device(wrong, kGPU)),
                    std::invalid_argument);
+      wrong = cc;
+      wrong.pop_back();  // one copy short
+      EXPECT_THROW(cpu().sgd_step(c.params, c.grads, c.s1, c.step, sh, Tensor(), Tensor(), wrong), std::invalid_argument);
+      wrong = cc;
+      wrong[1] = zeros(cc[1].shape(), DType::f32);  // not a low-precision dtype
+      EXPECT_THROW(cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, ah, Tensor(), Tensor(), wrong),
+                   std::invalid_argument);
+      EXPECT_THROW(gpu().sgd_step(g.params, g.grads, g.s1, g.step, sh, Tensor(), Tensor(), to_device(cc, kCPU)),
+                   std::invalid_argument) << "copies on another device than the parameters";
     }
   }
 }
