@@ -370,7 +370,10 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("min-scale", with_default(&c.min_scale), "lower bound of the scale")
     ("max-scale", po::value(&c.max_scale)->default_value(c.max_scale, "inf"), "upper bound of the scale")
     ("inject-nonfinite", po::value(&c.inject_nonfinite)->value_name("STEP[:RANK]"),
-     "put an inf into a gradient of RANK (default 0) at STEP; repeatable");
+     "put an inf into a gradient of RANK (default 0) at STEP; repeatable")
+    ("bf16-rounded-weight-grads", po::bool_switch(&c.bf16_rounded_weight_grads),
+     "under bf16, round each weight gradient to bf16 before it becomes the fp32 .grad, as PyTorch does "
+     "(default: the GEMM's fp32 sums, one pass less)");
   po::options_description dist("Distributed");
   dist.add_options()
     ("comm-timeout", with_default(&c.comm_timeout), "seconds any collective may take")

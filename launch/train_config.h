@@ -86,6 +86,9 @@ struct TrainConfig {
   // forward reads it instead of casting every parameter every step (the same numbers; false: the
   // control that tests compare against).
   bool low_precision_copies = true;
+  // Under bf16, a linear layer's weight gradient is its GEMM's fp32 sums, not rounded to bf16 first as
+  // PyTorch's autocast does (set_fp32_weight_grads); true: PyTorch's rounding.
+  bool bf16_rounded_weight_grads = false;
   // Runtime and distribution
   DeviceKind device = DeviceKind::auto_;
   int threads = 0;  // 0: cores / ranks on this node

@@ -582,6 +582,7 @@ TrainResult Trainer::run() {
   // made once, here, after the weights were loaded and broadcast, and outside any step's figures.
   if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies)
     opt_->keep_low_precision_copies(cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16);
+  set_fp32_weight_grads(!cfg_.bf16_rounded_weight_grads);
   // Synthetic samples are made before the first step, as a file is read before it, so that no step
   // pays for data (nor counts it on the emulated GPU). This rank's rows repeat once the steps have
   // gone around the pool P: after P / gcd(E, P) steps, E the samples of a step.

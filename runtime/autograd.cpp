@@ -14,6 +14,8 @@ namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 thread_local bool t_grad_enabled = true;
 thread_local bool t_accumulating = false;
+std::atomic<uint64_t> g_backward_count{0};
+thread_local uint64_t t_backward_id = 0;  // this thread's current backward(), 0 outside
 
 // Restores the previous value on every exit, exceptions included.
 class ScopedFlag {
@@ -30,6 +32,27 @@ class ScopedFlag {
 }  // namespace
 
 bool accumulating_backward() { return t_accumulating; }
+
+Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
+  if (!t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf() || leaf.grad().defined())
+    return Tensor();
+  TensorImpl* impl = leaf.impl();
+  const Tensor dst = leaf.grad_destination();
+  if (!dst.defined() || dst.dtype() != dtype || impl->grad_destination_taken_by == t_backward_id) return Tensor();
+  impl->grad_destination_taken_by = t_backward_id;
+  return dst;
+}
+
+std::vector<Tensor> CastNode::apply(const Tensor& grad_output) { return {cast(grad_output, from_)}; }
+
+const CastNode* cast_node_of(const Tensor& t) {
+  return t.defined() ? dynamic_cast<const CastNode*>(t.grad_fn().get()) : nullptr;
+}
+
+Tensor leaf_of(const std::shared_ptr<Node>& node) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(node.get());
+  return acc != nullptr ? acc->leaf() : Tensor();
+}
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
@@ -79,12 +102,22 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   return acc;
 }
 
-Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
-  if (!GradMode::enabled()) return out;
+namespace {
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::enabled()) return false;
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
-  if (!any) return out;
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  return any;
+}
+}  // namespace
+
+Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (!any_requires_grad(inputs)) return out;
+  return record_node(std::make_shared<FunctionNode>(name, std::move(fn)), std::move(out), inputs);
+}
+
+Tensor record_node(std::shared_ptr<Node> node, Tensor out, const std::vector<Tensor>& inputs) {
+  if (!any_requires_grad(inputs)) return out;
   node->next.reserve(inputs.size());
   for (const Tensor& t : inputs) node->next.push_back(gradient_edge(t));
   out.impl()->grad_fn = std::move(node);
@@ -183,6 +216,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   AutocastSuspend no_autocast;
   ScopedFlag grad_mode(&t_grad_enabled, create_graph);
   ScopedFlag accumulating(&t_accumulating, true);
+  const uint64_t outer_id = t_backward_id;  // a hook may run a backward of its own
+  t_backward_id = g_backward_count.fetch_add(1) + 1;
+  struct Restore {
+    uint64_t id;
+    ~Restore() { t_backward_id = id; }
+  } restore{outer_id};
   Engine e;
   e.run(roots, seeds, retain_graph || create_graph);
 }

@@ -75,12 +75,35 @@ class NoGradGuard {
   bool prev_;
 };
 
-// True inside backward() (gradients go to .grad), false inside grad() and outside autograd: only
-// then may an op write a leaf's gradient into its grad_destination.
+// True inside backward() (gradients go to .grad), false inside grad() and outside autograd.
 bool accumulating_backward();
+// The memory an op may compute `leaf`'s gradient into: its grad_destination, inside backward() (never
+// grad()), without a graph of the gradient, for a leaf without a gradient yet, of `dtype`, and only
+// for the first gradient of this backward to ask (a leaf used twice gets its second one elsewhere:
+// the first is still on its way to the accumulator). Undefined when none may be used.
+Tensor take_grad_destination(const Tensor& leaf, DType dtype);
+
+// A cast's backward: the gradient cast back to the source's dtype. Its own class so that the op
+// making that gradient can see the source's dtype and make it there directly (passed on unchanged).
+class CastNode final : public Node {
+ public:
+  explicit CastNode(DType from) : from_(from) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override;
+  std::string name() const override { return "CastBackward"; }
+  DType from() const { return from_; }
+
+ private:
+  DType from_;
+};
+// t's CastNode when t is a cast's output with history, else null.
+const CastNode* cast_node_of(const Tensor& t);
+// The leaf whose accumulator `node` is, or an undefined tensor.
+Tensor leaf_of(const std::shared_ptr<Node>& node);
 
 // Records `fn` as the backward of `out` if grad mode is on and any input requires grad.
 Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn);
+// The same with a node of its own class (apply() maps to one gradient per input).
+Tensor record_node(std::shared_ptr<Node> node, Tensor out, const std::vector<Tensor>& inputs);
 // The node a gradient for `t` flows into (its grad_fn, or its leaf accumulator), or null.
 std::shared_ptr<Node> gradient_edge(const Tensor& t);
 

@@ -200,8 +200,7 @@ Tensor cast_precomputed(const Tensor& x, const Tensor& values) {
                                 dtype_name(values.dtype()) + " on " + values.device().str() + " are not a cast of " +
                                 shape_str(x.shape()) + " " + dtype_name(x.dtype()) + " on " + x.device().str());
   const DType from = x.dtype();
-  return record("CastBackward", values.detach(), {x},
-                [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; });
+  return record_node(std::make_shared<CastNode>(from), values.detach(), {x});
 }
 
 // --- in-place, no autograd

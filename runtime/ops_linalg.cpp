@@ -1,4 +1,5 @@
 // Matrix products: mm with transposes folded into the GEMM, matmul and linear.
+#include <atomic>
 #include <stdexcept>
 
 #include "runtime/autocast_policy.h"
@@ -11,12 +12,29 @@ namespace amp {
 namespace {
 bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
-// The destination a leaf's gradient may be written into: only inside backward() (never grad()),
-// with no graph of the gradient, for a leaf without a gradient yet, and of a matching dtype.
-Tensor into_destination(const Tensor& leaf, DType dtype) {
-  if (!accumulating_backward() || GradMode::enabled() || !leaf.is_leaf() || leaf.grad().defined()) return Tensor();
-  const Tensor dst = leaf.grad_destination();
-  return dst.defined() && dst.dtype() == dtype ? dst : Tensor();
+std::atomic<bool> g_fp32_weight_grads{true};
+
+// linear's weight gradient g^T x. A bf16 weight that is a cast of an fp32 tensor (autocast's copy of
+// a parameter) gets it in fp32 straight from the GEMM's fp32 accumulator: the cast's backward passes
+// it on unchanged, so neither a bf16 gradient nor its cast to fp32 is written (Megatron-LM's gradient
+// accumulation fusion; PyTorch rounds the GEMM's output to bf16 and casts it back, within one bf16
+// rounding of this). fp16 keeps PyTorch's way: its range is the loss scaler's overflow check.
+Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
+  DType dtype = g.dtype();
+  Tensor owner = w;  // the leaf whose destination the gradient may be computed into
+  const CastNode* cast_of = cast_node_of(w);
+  if (g.dtype() == DType::bf16 && cast_of != nullptr && cast_of->from() == DType::f32 && accumulating_backward() &&
+      !GradMode::enabled() && g_fp32_weight_grads.load(std::memory_order_relaxed)) {
+    dtype = DType::f32;
+    owner = leaf_of(cast_of->next[0]);
+  }
+  Tensor dst = take_grad_destination(owner, dtype);
+  if (!dst.defined()) {
+    if (dtype == g.dtype()) return mm(g, x2, true, false);  // differentiable under create_graph
+    dst = empty(w.shape(), dtype, g.device());
+  }
+  backend_for(g.device()).gemm(true, false, 1.0f, g, x2, 0.0f, dst);
+  return dst;
 }
 
 void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
@@ -89,18 +107,10 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   }
   y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
     Tensor gw, gb;
-    if (needs(w)) {
-      // A leaf weight's first gradient goes straight into its destination (its gradient bucket).
-      Tensor dst = into_destination(w, g.dtype());
-      if (dst.defined()) {
-        backend_for(g.device()).gemm(true, false, 1.0f, g, x2, 0.0f, dst);
-        gw = dst;
-      } else {
-        gw = mm(g, x2, true, false);
-      }
-    }
+    // A leaf's first gradient goes straight into its destination (its gradient bucket).
+    if (needs(w)) gw = weight_grad(g, x2, w);
     if (needs(b)) {
-      Tensor dst = into_destination(b, g.dtype());
+      Tensor dst = take_grad_destination(b, g.dtype());
       if (dst.defined()) {
         backend_for(g.device()).sum_to(g, dst);
         gb = dst;
@@ -115,5 +125,8 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   out_shape.back() = w.shape()[0];
   return y.reshape(out_shape);
 }
+
+void set_fp32_weight_grads(bool enabled) { g_fp32_weight_grads.store(enabled); }
+bool fp32_weight_grads() { return g_fp32_weight_grads.load(); }
 
 }  // namespace amp

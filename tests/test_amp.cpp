@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "amp/autocast.h"
@@ -197,6 +198,72 @@ TEST(Autocast, Bf16MlpMatchesPyTorch) {
   loss.backward();
   for (auto& [name, p] : mlp->named_parameters())
     EXPECT_TRUE(test::all_close(p.grad(), test::fixture_tensor(f, "bf16.grad." + name), 2e-2, 2e-3)) << name;
+}
+
+// A bf16 weight cast from an fp32 parameter gets its gradient from the GEMM in fp32: the sum of the
+// bf16 products accumulated in fp32, not rounded to bf16 and cast back as PyTorch makes it (that is
+// the switch's other setting, checked here too). The oracle is the same sum in double, from the
+// operands' bf16 values; fp16 keeps PyTorch's rounding.
+bool representable_in(double v, int mantissa_bits) {
+  const float f = static_cast<float>(v);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof bits);
+  return (bits & ((1u << (23 - mantissa_bits)) - 1)) == 0;
+}
+
+TEST(Autocast, Bf16WeightGradientsAreTheGemmsFp32Sums) {
+  struct Restore {
+    ~Restore() { set_fp32_weight_grads(true); }
+  } restore;
+  Generator gen(21);
+  const int64_t batch = 48, in = 24, out = 16;
+  const Tensor x = randn({batch, in}, gen), r = randn({batch, out}, gen);
+  for (DType low : {DType::bf16, DType::f16}) {
+    // d(sum(y * r))/dW = r^T x, both operands as the region rounds them.
+    const std::vector<double> xv = cast(x, low).to_vector(), rv = cast(r, low).to_vector();
+    std::vector<double> ref(static_cast<size_t>(out * in), 0.0), mag(ref.size(), 0.0);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t b = 0; b < batch; ++b) {
+          const double t = rv[static_cast<size_t>(b * out + o)] * xv[static_cast<size_t>(b * in + i)];
+          ref[static_cast<size_t>(o * in + i)] += t;
+          mag[static_cast<size_t>(o * in + i)] += std::abs(t);
+        }
+    for (bool fused : {true, false}) {
+      for (bool bucket : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(low)) + (fused ? " fp32 gradients" : " rounded gradients") +
+                     (bucket ? ", into a destination" : ""));
+        set_fp32_weight_grads(fused);
+        Tensor w = randn({out, in}, gen).set_requires_grad(true), bias = randn({out}, gen).set_requires_grad(true);
+        Tensor dst = full({out, in}, 7.0);
+        if (bucket) w.set_grad_destination(dst);
+        Tensor y;
+        {
+          autocast ac(DeviceType::cpu, low);
+          y = linear(x, w, bias);
+        }
+        sum(mul(y.to(DType::f32), r)).backward();
+        ASSERT_EQ(w.grad().dtype(), DType::f32);
+        const bool exact = fused && low == DType::bf16;
+        EXPECT_EQ(w.grad().data_ptr() == dst.data_ptr(), bucket && (exact || low == DType::f32));
+        const std::vector<double> got = w.grad().to_vector();
+        int64_t rounded = 0;
+        for (size_t k = 0; k < got.size(); ++k) {
+          rounded += representable_in(got[k], low == DType::bf16 ? 7 : 10);
+          if (exact) {
+            EXPECT_NEAR(got[k], ref[k], 1e-6 * mag[k]) << k;  // fp32 accumulation of exact products
+          } else {
+            EXPECT_NEAR(got[k], ref[k], std::ldexp(std::abs(ref[k]), low == DType::bf16 ? -8 : -11) + 1e-6 * mag[k]) << k;
+          }
+        }
+        if (exact) {
+          EXPECT_LT(rounded, static_cast<int64_t>(got.size()) / 4) << "fp32 sums, mostly not bf16 values";
+        } else {
+          EXPECT_EQ(rounded, static_cast<int64_t>(got.size())) << "every gradient is a rounded low-precision value";
+        }
+      }
+    }
+  }
 }
 
 // Activation gradients of about 1e-8 are below fp16's smallest subnormal (6e-8): without scaling

@@ -36,7 +36,7 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
                            "--seed", "--amp", "--loss-scale", "--init-scale", "--growth-factor", "--backoff-factor",
                            "--growth-interval", "--hysteresis", "--min-scale", "--max-scale", "--clip-grad-norm",
                            "--clip-grad-value", "--grad-penalty", "--device", "--metrics", "--log-every",
-                           "--inject-nonfinite", "--comm-timeout", "--check-every", "--threads", "--config"})
+                           "--inject-nonfinite", "--bf16-rounded-weight-grads", "--comm-timeout", "--check-every", "--threads", "--config"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_NE(r.out.find("--growth-interval arg (=2000)"), std::string::npos);
   // Defaults as a person writes them, and PyTorch's: SGD's momentum 0, AdamW's weight decay 0.01.
@@ -335,6 +335,24 @@ TEST(Cli, DataFromAFileTrains) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto recs = read_jsonl(d.file("m.jsonl"));
   EXPECT_LT(recs[29]["loss"].get<double>(), recs[0]["loss"].get<double>());
+}
+
+// Under bf16 the weight gradients are the GEMMs' fp32 sums; the flag rounds them to bf16 first, as
+// PyTorch does: other weights at the end, the same training to a bf16 rounding.
+TEST(Cli, Bf16RoundedWeightGradsIsPyTorchsRounding) {
+  std::vector<nlohmann::json> ends;
+  for (const char* extra : {"", " --bf16-rounded-weight-grads"}) {
+    TempDir d;
+    const RunResult r = run("--width 32 --layers 3 --batch-size 16 --log-every 0 --threads 1 --steps 10 --lr 0.05 "
+                            "--momentum 0.9 --amp bf16 --metrics " + d.file("m.jsonl") + extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto recs = read_jsonl(d.file("m.jsonl"));
+    ASSERT_EQ(recs.size(), 11u);
+    ends.push_back(recs[9]);
+    ends.back()["param_checksum"] = recs.back()["param_checksum"];
+  }
+  EXPECT_NE(ends[0]["param_checksum"], ends[1]["param_checksum"]) << "the flag changed nothing";
+  EXPECT_NEAR(ends[0]["loss"].get<double>(), ends[1]["loss"].get<double>(), 1e-2 * ends[1]["loss"].get<double>());
 }
 
 TEST(Cli, EveryTrainingFeatureRunsEndToEnd) {

@@ -21,6 +21,8 @@
 #include <tuple>
 #include <vector>
 
+#include "amp/autocast.h"
+#include "runtime/autograd.h"
 #include "runtime/backend.h"
 #include "runtime/ops.h"
 #include "runtime/cuda/broadcast_index.h"
@@ -470,6 +472,35 @@ TEST_F(CudaVsCpu, LinearWithAndWithoutBias) {
       EXPECT_TRUE(matches(g, c, dt == DType::f32 ? 1e-6 : 8e-3)) << dtype_name(dt) << " bias " << bias;
     }
   }
+}
+
+// A bf16 weight cast from an fp32 parameter gets its gradient as the GEMM's fp32 sums on the GPU too
+// (cuBLAS writing fp32 from bf16 operands): within fp32 rounding of the CPU's, which test_amp checks
+// against a double oracle; a bf16 rounding on either side would be 2^-9 off, far outside the bound.
+TEST_F(CudaVsCpu, Bf16WeightGradientsAreFp32Sums) {
+  const Tensor x = random_cpu({64, 96}, DType::f32, 81), w0 = random_cpu({40, 96}, DType::f32, 82);
+  const Tensor b0 = random_cpu({40}, DType::f32, 83), r = random_cpu({64, 40}, DType::f32, 84);
+  std::vector<Tensor> grads;
+  for (Device d : {kCPU, kGPU}) {
+    Tensor w = w0.to(d).clone().set_requires_grad(true), b = b0.to(d).clone().set_requires_grad(true);
+    Tensor y;
+    {
+      autocast ac(d.type, DType::bf16);
+      y = amp::linear(x.to(d), w, b);
+    }
+    sum(mul(y.to(DType::f32), r.to(d))).backward();
+    ASSERT_EQ(w.grad().dtype(), DType::f32);
+    grads.push_back(w.grad());
+  }
+  EXPECT_TRUE(matches(grads[1], grads[0], 1e-6));
+  int64_t bf16_values = 0;
+  for (double v : grads[1].to_vector()) {
+    const float f = static_cast<float>(v);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof bits);
+    bf16_values += (bits & 0xffffu) == 0;
+  }
+  EXPECT_LT(bf16_values, grads[1].numel() / 4) << "the GPU's gradients are fp32 sums, not bf16 values";
 }
 
 // --- fused AMP kernels, with injected infs and NaNs

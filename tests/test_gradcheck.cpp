@@ -168,6 +168,23 @@ TEST(Autograd, GradDestinationReceivesTheGradientInPlace) {
   EXPECT_THROW(w.set_grad_destination(zeros({5, 4})), std::invalid_argument);
 }
 
+// A weight used by two layers: only the first gradient to arrive may take the destination; the
+// second is computed before the leaf's accumulator has run and must not write over the first.
+TEST(Autograd, GradDestinationIsTakenOncePerBackward) {
+  Generator gen(10);
+  const Tensor x1 = randn({6, 5}, gen), x2 = randn({3, 5}, gen);
+  Tensor w = randn({4, 5}, gen).set_requires_grad(true);
+  auto loss = [&] { return add(sum(mul(linear(x1, w, Tensor()), 3.0)), sum(linear(x2, w, Tensor()))); };
+  loss().backward();
+  const auto reference = w.grad().to_vector();
+  w.set_grad(Tensor());
+  Tensor dw = full({4, 5}, 7.0);
+  w.set_grad_destination(dw);
+  loss().backward();
+  const auto got = w.grad().to_vector();
+  for (size_t i = 0; i < reference.size(); ++i) EXPECT_NEAR(got[i], reference[i], 1e-5 * (1 + std::abs(reference[i]))) << i;
+}
+
 TEST(Autograd, ErrorsAreClear) {
   Tensor x = from_vector({1.0}, {1});
   EXPECT_THROW(sum(x).backward(), std::runtime_error);  // nothing requires grad
