@@ -3,6 +3,8 @@
 #pragma once
 #include <omp.h>
 
+#include <type_traits>
+
 #include "runtime/dtype_dispatch.h"
 
 namespace amp::cpu {
@@ -44,6 +46,21 @@ void parallel_chunks(long n, F&& body, long grain = kParallelGrain) {
     const long begin = t * chunk < n ? t * chunk : n;
     const long end = begin + chunk < n ? begin + chunk : n;
     if (begin < end) body(begin, end);
+  }
+}
+
+// f(std::bool_constant<flags>...): run-time flags as template arguments, so that a kernel's loop has
+// no branch on them (one instantiation per combination).
+template <class F>
+void with_flags(F&& f) {
+  f();
+}
+template <class F, class... Rest>
+void with_flags(F&& f, bool flag, Rest... rest) {
+  if (flag) {
+    with_flags([&](auto... later) { f(std::true_type{}, later...); }, rest...);
+  } else {
+    with_flags([&](auto... later) { f(std::false_type{}, later...); }, rest...);
   }
 }
 
