@@ -3,6 +3,8 @@
 
 Runs `amp_train` (its per-step `step_ms` from --metrics) and the equivalent PyTorch loop on the CPU,
 for fp32 and bf16 autocast, and prints each median step and amp_train's ratio to the faster PyTorch.
+Each side runs --rounds times, the sides taking turns, and its figure is the median of its timed
+steps over every round, so that a slow spell of a shared machine falls on both sides alike.
 --model mlp (default): the MLP at 2048 x 256 and 4096 x 512 (WIDTHxBATCH), SGD with momentum; also
 bench_mlp's step for the same configuration (the model's step alone) with amp_train's ratio to it,
 and the scaler's share of bench_mlp's fp16 step.
@@ -118,10 +120,6 @@ print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_val
 GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64
 
 
-def median_after(times, warmup):
-    return statistics.median(times[warmup:])
-
-
 def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None):
     with tempfile.TemporaryDirectory() as d:
         metrics = os.path.join(d, "m.jsonl")
@@ -182,6 +180,9 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the median (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of each side, taken in turn, so that a slow spell of this machine falls on both "
+                         "(each side's figure: the median of its timed steps over every round; default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--system-python", default="/usr/bin/python3", help="the interpreter with Debian's python3-torch")
     ap.add_argument("--venv", help="a virtual environment with PyTorch from PyPI, compared too")
@@ -189,6 +190,8 @@ def main():
     a = ap.parse_args()
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup")
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if a.model == "gpt" and not (a.data and os.path.isfile(a.data)):
         ap.error("--model gpt needs --data FILE, a text file (launch/run_example.sh makes build/example/kjv.txt)")
     data = a.data if a.model == "gpt" else None
@@ -214,30 +217,47 @@ def main():
         sys.exit("no PyTorch to compare with: install python3-torch, or pass --venv (with --make-venv)")
 
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
+    modes = a.modes.split(",")
     print(f"{'size':>10} {'mode':>5} {'amp_train ms':>13} " + " ".join(f"{'torch ' + n + ' ms':>17}" for n, _ in peers) +
-          f" {'ratio':>6}" + (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else
-                              f" {'bench_mlp ms':>13} {'÷ bench_mlp':>11}"))
+          f" {'ratio':>6} {'per round':>16}" + (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else
+                                               f" {'bench_mlp ms':>13} {'÷ bench_mlp':>11}"))
     scaler_shares = []
     for width, batch in sizes:
-        bench = None
-        if not data:
-            bench = run_bench_mlp(a.bench_mlp, width, batch, a.layers, a.modes.split(",") + ["fp16"],
-                                  max(3, a.steps - a.warmup), a.threads)
-            scaler_shares.append(f"{width}x{batch} {bench[1]['fp16']:.2f} %")
-        for mode in a.modes.split(","):
-            ours = median_after(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads, data),
-                                a.warmup)
-            theirs = []
-            for name, python in peers:
-                times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads, data)
-                versions[name] = version
-                theirs.append((median_after(times, a.warmup), name))
-            best = min(t for t, _ in theirs)
-            extra = (f" {batch * GPT_BLOCK / ours * 1e3:>16.0f} {batch * GPT_BLOCK / best * 1e3:>12.0f}" if data else
-                     f" {bench[0][mode]:>13.1f} {ours / bench[0][mode]:>11.2f}")
-            print(f"{width:>5}x{batch:<4} {mode:>5} {ours:>13.1f} " + " ".join(f"{t:>17.1f}" for t, _ in theirs) +
-                  f" {ours / best:>6.2f}" + extra, flush=True)
-    print("ratio: amp_train's median step over the faster PyTorch's; PyTorch " +
+        # Each round runs every side once, in turn; a side's figure pools its timed steps over the rounds.
+        ours = {m: [] for m in modes}
+        theirs = {m: {n: [] for n, _ in peers} for m in modes}
+        bench_ms = {m: [] for m in modes}
+        shares = []
+        for _ in range(a.rounds):
+            if not data:
+                bench = run_bench_mlp(a.bench_mlp, width, batch, a.layers, modes + ["fp16"],
+                                      max(3, a.steps - a.warmup), a.threads)
+                for m in modes:
+                    bench_ms[m].append(bench[0][m])
+                shares.append(bench[1]["fp16"])
+            for mode in modes:
+                ours[mode].append(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
+                                                data)[a.warmup:])
+                for name, python in peers:
+                    times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads, data)
+                    versions[name] = version
+                    theirs[mode][name].append(times[a.warmup:])
+        if shares:
+            scaler_shares.append(f"{width}x{batch} {statistics.median(shares):.2f} %")
+        for mode in modes:
+            pooled = lambda runs: statistics.median([t for run in runs for t in run])
+            mine = pooled(ours[mode])
+            peer_ms = [pooled(theirs[mode][n]) for n, _ in peers]
+            best = min(peer_ms)
+            per_round = [statistics.median(ours[mode][r]) /
+                         min(statistics.median(theirs[mode][n][r]) for n, _ in peers) for r in range(a.rounds)]
+            rounds = ",".join(f"{x:.2f}" for x in per_round)
+            extra = (f" {batch * GPT_BLOCK / mine * 1e3:>16.0f} {batch * GPT_BLOCK / best * 1e3:>12.0f}" if data else
+                     f" {statistics.median(bench_ms[mode]):>13.1f} {mine / statistics.median(bench_ms[mode]):>11.2f}")
+            print(f"{width:>5}x{batch:<4} {mode:>5} {mine:>13.1f} " + " ".join(f"{t:>17.1f}" for t in peer_ms) +
+                  f" {mine / best:>6.2f} {rounds:>16}" + extra, flush=True)
+    print(f"ratio: amp_train's median step over the faster PyTorch's, each the median of its timed steps over "
+          f"{a.rounds} round(s) (per round: that round's own ratio); PyTorch " +
           ", ".join(f"{n} {v}" for n, v in versions.items()))
     if scaler_shares:
         print("the scaler's share of bench_mlp's fp16 step (scale, inf/NaN check, update): " + ", ".join(scaler_shares))
