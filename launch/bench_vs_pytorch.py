@@ -22,6 +22,7 @@ is used). Python is needed by this script only, never by the build or the tests.
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -120,7 +121,7 @@ print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_val
 GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64
 
 
-def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None):
+def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None, extra=()):
     with tempfile.TemporaryDirectory() as d:
         metrics = os.path.join(d, "m.jsonl")
         common = ["--device", "cpu", "--batch-size", str(batch), "--steps", str(steps), "--threads", str(threads),
@@ -132,7 +133,7 @@ def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None)
         else:
             cmd = [binary, "--width", str(width), "--layers", str(layers), "--optimizer", "sgd", "--lr", "0.01",
                    "--momentum", "0.9"] + common
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd + list(extra), check=True, stdout=subprocess.DEVNULL)
         with open(metrics) as f:
             recs = [json.loads(line) for line in f]
         return [r["step_ms"] for r in recs if "step" in r and "event" not in r]
@@ -171,6 +172,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--amp-train", default=os.path.join(root, "build/release/launch/amp_train"))
+    ap.add_argument("--amp-train-flags", default="",
+                    help="more flags for amp_train, e.g. '--bf16-rounded-weight-grads' (PyTorch's rounding)")
     ap.add_argument("--bench-mlp", default=os.path.join(root, "build/release/launch/bench_mlp"),
                     help="mlp: the model's step alone, for the same configuration")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
@@ -237,7 +240,7 @@ def main():
                 shares.append(bench[1]["fp16"])
             for mode in modes:
                 ours[mode].append(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
-                                                data)[a.warmup:])
+                                                data, shlex.split(a.amp_train_flags))[a.warmup:])
                 for name, python in peers:
                     times, version = run_torch(python, width, batch, a.layers, mode, a.steps, a.threads, data)
                     versions[name] = version
