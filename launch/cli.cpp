@@ -257,6 +257,9 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
+  if (c.bf16_rounded_weight_grads && c.amp != AmpMode::bf16)
+    throw UsageError("--bf16-rounded-weight-grads: only --amp bf16 has bf16 weight gradients to round (fp16 keeps "
+                     "PyTorch's rounding always)");
   if (c.model != "mtl") check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,

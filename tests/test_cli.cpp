@@ -353,6 +353,11 @@ TEST(Cli, Bf16RoundedWeightGradsIsPyTorchsRounding) {
   }
   EXPECT_NE(ends[0]["param_checksum"], ends[1]["param_checksum"]) << "the flag changed nothing";
   EXPECT_NEAR(ends[0]["loss"].get<double>(), ends[1]["loss"].get<double>(), 1e-2 * ends[1]["loss"].get<double>());
+  for (const char* amp : {"off", "fp16"}) {  // nothing to round: a usage error, not a silent no-op
+    const RunResult r = run(kNoSteps + "--amp " + amp + " --bf16-rounded-weight-grads");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--bf16-rounded-weight-grads: only --amp bf16"), std::string::npos) << r.out;
+  }
 }
 
 TEST(Cli, EveryTrainingFeatureRunsEndToEnd) {
