@@ -260,6 +260,9 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (c.bf16_rounded_weight_grads && c.amp != AmpMode::bf16)
     throw UsageError("--bf16-rounded-weight-grads: only --amp bf16 has bf16 weight gradients to round (fp16 keeps "
                      "PyTorch's rounding always)");
+  if (c.bf16_rounded_weight_grads && c.model == "mtl")
+    throw UsageError("--bf16-rounded-weight-grads: --model mtl takes its gradients by Jacobian descent (grad()), "
+                     "which rounds them as PyTorch does already");
   if (c.model != "mtl") check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
@@ -375,7 +378,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("inject-nonfinite", po::value(&c.inject_nonfinite)->value_name("STEP[:RANK]"),
      "put an inf into a gradient of RANK (default 0) at STEP; repeatable")
     ("bf16-rounded-weight-grads", po::bool_switch(&c.bf16_rounded_weight_grads),
-     "under bf16, round each weight gradient to bf16 before it becomes the fp32 .grad, as PyTorch does "
+     "under bf16, round each linear layer's weight gradient to bf16 before it becomes the fp32 .grad, as PyTorch does "
      "(default: the GEMM's fp32 sums, one pass less)");
   po::options_description dist("Distributed");
   dist.add_options()

@@ -54,7 +54,7 @@ struct TensorImpl {
   // Where a leaf's first gradient of a backward may be computed in place (a slice of a gradient
   // bucket), so that it need not be copied there afterwards. Only used when .grad is undefined.
   std::shared_ptr<TensorImpl> grad_destination;
-  uint64_t grad_destination_taken_by = 0;  // the backward() that wrote there (autograd.cpp)
+  uint64_t grad_destination_taken_by = 0;  // the backward() that took it (autograd.cpp)
 };
 
 class Tensor {

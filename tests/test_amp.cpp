@@ -245,7 +245,7 @@ TEST(Autocast, Bf16WeightGradientsAreTheGemmsFp32Sums) {
         sum(mul(y.to(DType::f32), r)).backward();
         ASSERT_EQ(w.grad().dtype(), DType::f32);
         const bool exact = fused && low == DType::bf16;
-        EXPECT_EQ(w.grad().data_ptr() == dst.data_ptr(), bucket && (exact || low == DType::f32));
+        EXPECT_EQ(w.grad().data_ptr() == dst.data_ptr(), bucket && exact);
         const std::vector<double> got = w.grad().to_vector();
         int64_t rounded = 0;
         for (size_t k = 0; k < got.size(); ++k) {
@@ -263,6 +263,41 @@ TEST(Autocast, Bf16WeightGradientsAreTheGemmsFp32Sums) {
         }
       }
     }
+  }
+}
+
+// The fp32 weight gradients where they meet the rest of autograd: one cached cast used by two layers
+// with the parameter's gradient bucket as destination (the reducer's case: the first gradient takes
+// the bucket, the second must not write over it; the sum is fp32), and grad() or create_graph, which
+// keep PyTorch's rounding (their results are the bf16 gradient cast back: bf16 values).
+TEST(Autocast, Bf16WeightGradientsWithASharedCastADestinationAndGrad) {
+  Generator gen(22);
+  const Tensor x1 = randn({32, 16}, gen), x2 = randn({24, 16}, gen);
+  Tensor w = randn({8, 16}, gen).set_requires_grad(true);
+  auto loss = [&] {
+    autocast ac(DeviceType::cpu, DType::bf16);  // the cache: both layers use one bf16 copy of w
+    return add(sum(linear(x1, w, Tensor()).to(DType::f32)), mul(sum(linear(x2, w, Tensor()).to(DType::f32)), 3.0));
+  };
+  loss().backward();
+  const std::vector<double> reference = w.grad().to_vector();
+  w.set_grad(Tensor());
+  Tensor bucket = full({8, 16}, 7.0);
+  w.set_grad_destination(bucket);
+  loss().backward();
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_EQ(w.grad().to_vector(), reference) << "the same sums with the bucket as destination";
+  w.set_grad_destination(Tensor());
+  for (bool create_graph : {false, true}) {
+    Tensor one_layer;
+    {
+      autocast ac(DeviceType::cpu, DType::bf16);
+      one_layer = sum(linear(x1, w, Tensor()).to(DType::f32));
+    }
+    const Tensor g = grad({one_layer}, {w}, {}, create_graph, create_graph)[0];
+    ASSERT_EQ(g.dtype(), DType::f32);
+    int64_t bf16_values = 0;
+    for (double v : g.to_vector()) bf16_values += representable_in(v, 7);
+    EXPECT_EQ(bf16_values, g.numel()) << "grad() keeps PyTorch's rounding (create_graph " << create_graph << ")";
   }
 }
 

@@ -358,6 +358,9 @@ TEST(Cli, Bf16RoundedWeightGradsIsPyTorchsRounding) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("--bf16-rounded-weight-grads: only --amp bf16"), std::string::npos) << r.out;
   }
+  const RunResult mtl = run(kNoSteps + "--model mtl --amp bf16 --bf16-rounded-weight-grads");
+  EXPECT_EQ(mtl.code, 2) << mtl.out;
+  EXPECT_NE(mtl.out.find("--model mtl takes its gradients by Jacobian descent"), std::string::npos) << mtl.out;
 }
 
 TEST(Cli, EveryTrainingFeatureRunsEndToEnd) {
