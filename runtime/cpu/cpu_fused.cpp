@@ -64,17 +64,16 @@ inline void store_copies(const float* __restrict p, L* __restrict lp, long n) {
   }
 }
 
-// Plain: the common case, with no weight decay, nesterov or maximize and a momentum buffer that
-// exists. Fixing those makes the update's remaining branches few enough for GCC to unswitch them all
-// and vectorise (with all five left to the run time it stops unswitching and the loop stays scalar).
-template <bool Momentum, bool Store, bool Plain, class L>
+// Plain: the common case, without nesterov or maximize, with a momentum buffer that exists (not the
+// first step); Decay: a weight decay. Fixing those makes the update's remaining branches few enough
+// for GCC to unswitch them all and vectorise (with all five left to the run time it stops
+// unswitching and the loop stays scalar).
+template <bool Momentum, bool Store, bool Plain, bool Decay, class L>
 AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, L* __restrict lp, long n,
                                float inv, bool first, math::SgdCoef c) {
   if constexpr (!Momentum) c.momentum = 0.0f;  // as it is whenever there is no buffer
-  if constexpr (Plain) {
-    c.weight_decay = 0.0f;
-    c.nesterov = c.maximize = first = false;
-  }
+  if constexpr (!Decay) c.weight_decay = 0.0f;
+  if constexpr (Plain) c.nesterov = c.maximize = first = false;
   for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
     const long e = std::min(n, b0 + kCopyBlock);
     for (long i = b0; i < e; ++i) {
@@ -174,7 +173,8 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const bool first = step_count.data<float>()[0] == 0.0f;
   const math::SgdCoef c = math::sgd_coef(h);
-  const bool plain = h.momentum != 0.0 && h.weight_decay == 0.0 && !h.nesterov && !h.maximize && !first;
+  const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
+  const bool decay = h.weight_decay != 0.0;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     for (size_t t = 0; t < params.size(); ++t) {
       require_f32(params[t], "SGD parameter");
@@ -188,11 +188,11 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
         const long k = e - i;
         L* l = lp ? lp + i : nullptr;
         cpu::with_flags(
-            [&](auto momentum, auto store_grad, auto plain_case) {
-              sgd_range<momentum.value, store_grad.value, plain_case.value>(p + i, g + i, b ? b + i : nullptr, l, k, inv,
-                                                                      first, c);
+            [&](auto momentum, auto store_grad, auto plain_case, auto decay_case) {
+              sgd_range<momentum.value, store_grad.value, plain_case.value, decay_case.value>(
+                  p + i, g + i, b ? b + i : nullptr, l, k, inv, first, c);
             },
-            b != nullptr, store, plain);
+            b != nullptr, store, plain, decay);
       });
     }
   });
