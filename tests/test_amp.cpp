@@ -204,12 +204,6 @@ TEST(Autocast, Bf16MlpMatchesPyTorch) {
 // bf16 products accumulated in fp32, not rounded to bf16 and cast back as PyTorch makes it (that is
 // the switch's other setting, checked here too). The oracle is the same sum in double, from the
 // operands' bf16 values; fp16 keeps PyTorch's rounding.
-bool representable_in(double v, int mantissa_bits) {
-  const float f = static_cast<float>(v);
-  uint32_t bits = 0;
-  std::memcpy(&bits, &f, sizeof bits);
-  return (bits & ((1u << (23 - mantissa_bits)) - 1)) == 0;
-}
 
 TEST(Autocast, Bf16WeightGradientsAreTheGemmsFp32Sums) {
   struct Restore {
@@ -247,9 +241,8 @@ TEST(Autocast, Bf16WeightGradientsAreTheGemmsFp32Sums) {
         const bool exact = fused && low == DType::bf16;
         EXPECT_EQ(w.grad().data_ptr() == dst.data_ptr(), bucket && exact);
         const std::vector<double> got = w.grad().to_vector();
-        int64_t rounded = 0;
+        const int64_t rounded = test::count_representable(w.grad(), low == DType::bf16 ? 7 : 10);
         for (size_t k = 0; k < got.size(); ++k) {
-          rounded += representable_in(got[k], low == DType::bf16 ? 7 : 10);
           if (exact) {
             EXPECT_NEAR(got[k], ref[k], 1e-6 * mag[k]) << k;  // fp32 accumulation of exact products
           } else {
@@ -295,9 +288,7 @@ TEST(Autocast, Bf16WeightGradientsWithASharedCastADestinationAndGrad) {
     }
     const Tensor g = grad({one_layer}, {w}, {}, create_graph, create_graph)[0];
     ASSERT_EQ(g.dtype(), DType::f32);
-    int64_t bf16_values = 0;
-    for (double v : g.to_vector()) bf16_values += representable_in(v, 7);
-    EXPECT_EQ(bf16_values, g.numel()) << "grad() keeps PyTorch's rounding (create_graph " << create_graph << ")";
+    EXPECT_EQ(test::count_representable(g, 7), g.numel()) << "grad() keeps PyTorch's rounding (create_graph " << create_graph << ")";
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,17 @@
 #include "runtime/random.h"
 
 namespace amp::test {
+
+int64_t count_representable(const Tensor& t, int mantissa_bits) {
+  int64_t n = 0;
+  for (double v : t.to_vector()) {
+    const float f = static_cast<float>(v);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof bits);
+    n += (bits & ((1u << (23 - mantissa_bits)) - 1)) == 0;
+  }
+  return n;
+}
 
 std::string data_path(const std::string& file) { return std::string(AMP_TEST_DATA_DIR) + "/" + file; }
 

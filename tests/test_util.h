@@ -24,6 +24,9 @@ std::string generated_text_file(const std::string& name, size_t bytes);
 double closeness(const Tensor& a, const Tensor& b, double rtol, double atol);
 ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6);
 ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b);
+// How many of t's values (converted to fp32) have at most `mantissa_bits` significand bits: 7 for a
+// bf16 value, 10 for an fp16 normal one.
+int64_t count_representable(const Tensor& t, int mantissa_bits);
 
 // Checks autograd's gradient of sum(f(inputs) * w) (w a fixed random weight) against central
 // finite differences, in fp64. With second_order, also checks the gradient of sum(grad * v) with

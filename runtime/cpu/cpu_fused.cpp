@@ -102,10 +102,22 @@ AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float*
   if constexpr (!std::is_same_v<L, NoCopy>) cpu::stream_fence();
 }
 
-template <class L>
-L* copy_ptr(const std::vector<Tensor>& copies, size_t t) {
-  if constexpr (std::is_same_v<L, NoCopy>) return nullptr;
-  else return copies[t].data<L>();
+// The loop both optimizer steps share: for each parameter t (fp32, as its gradient), each thread's
+// range [i, i + n) of it, with `lp` the range's low-precision copies (null when there are none):
+// range(t, i, n, lp), L the copies' element type (NoCopy: none).
+template <class Range>
+void for_each_parameter_range(const char* param_name, const char* grad_name, const std::vector<Tensor>& params,
+                              const std::vector<Tensor>& grads, const std::vector<Tensor>& copies, Range&& range) {
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    for (size_t t = 0; t < params.size(); ++t) {
+      require_f32(params[t], param_name);
+      require_f32(grads[t], grad_name);
+      L* lp = nullptr;
+      if constexpr (!std::is_same_v<L, NoCopy>) lp = copies[t].data<L>();
+      cpu::parallel_chunks(static_cast<long>(params[t].numel()),
+                           [&](long i, long e) { range(t, i, e - i, lp ? lp + i : lp); });
+    }
+  });
 }
 
 // Sum of norm_term(|x|, p) over x[0, n) (cpu::lane_sum: the same from every clone).
@@ -175,27 +187,17 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
   const math::SgdCoef c = math::sgd_coef(h);
   const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
   const bool decay = h.weight_decay != 0.0;
-  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
-    for (size_t t = 0; t < params.size(); ++t) {
-      require_f32(params[t], "SGD parameter");
-      require_f32(grads[t], "SGD gradient");
-      float* p = params[t].data<float>();
-      float* g = grads[t].data<float>();
-      float* b = h.momentum != 0.0 ? bufs[t].data<float>() : nullptr;
-      L* lp = copy_ptr<L>(copies, t);
-      const bool store = grad_scale.defined();
-      cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
-        const long k = e - i;
-        L* l = lp ? lp + i : nullptr;
-        cpu::with_flags(
-            [&](auto momentum, auto store_grad, auto plain_case, auto decay_case) {
-              sgd_range<momentum.value, store_grad.value, plain_case.value, decay_case.value>(
-                  p + i, g + i, b ? b + i : nullptr, l, k, inv, first, c);
-            },
-            b != nullptr, store, plain, decay);
-      });
-    }
-  });
+  const bool store = grad_scale.defined();
+  auto range = [&](size_t t, long i, long n, auto* lp) {
+    float* b = h.momentum != 0.0 ? bufs[t].data<float>() + i : nullptr;
+    cpu::with_flags(
+        [&](auto momentum, auto store_grad, auto plain_case, auto decay_case) {
+          sgd_range<momentum.value, store_grad.value, plain_case.value, decay_case.value>(
+              params[t].data<float>() + i, grads[t].data<float>() + i, b, lp, n, inv, first, c);
+        },
+        b != nullptr, store, plain, decay);
+  };
+  for_each_parameter_range("SGD parameter", "SGD gradient", params, grads, copies, range);
   step_count.data<float>()[0] += 1.0f;
 }
 
@@ -207,29 +209,18 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
   const math::AdamCoef c = math::adam_coef(h, step);
-  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
-    for (size_t t = 0; t < params.size(); ++t) {
-      require_f32(params[t], "Adam parameter");
-      require_f32(grads[t], "Adam gradient");
-      float* p = params[t].data<float>();
-      float* g = grads[t].data<float>();
-      float* m = exp_avgs[t].data<float>();
-      float* v = exp_avg_sqs[t].data<float>();
-      float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() : nullptr;
-      L* lp = copy_ptr<L>(copies, t);
-      const bool store = grad_scale.defined();
-      cpu::parallel_chunks(static_cast<long>(params[t].numel()), [&](long i, long e) {
-        const long k = e - i;
-        L* l = lp ? lp + i : nullptr;
-        cpu::with_flags(
-            [&](auto amsgrad, auto store_grad) {
-              adam_range<amsgrad.value, store_grad.value>(p + i, g + i, m + i, v + i, vmax ? vmax + i : nullptr, l, k,
-                                                          inv, c);
-            },
-            vmax != nullptr, store);
-      });
-    }
-  });
+  const bool store = grad_scale.defined();
+  auto range = [&](size_t t, long i, long n, auto* lp) {
+    float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() + i : nullptr;
+    cpu::with_flags(
+        [&](auto amsgrad, auto store_grad) {
+          adam_range<amsgrad.value, store_grad.value>(params[t].data<float>() + i, grads[t].data<float>() + i,
+                                                      exp_avgs[t].data<float>() + i, exp_avg_sqs[t].data<float>() + i,
+                                                      vmax, lp, n, inv, c);
+        },
+        vmax != nullptr, store);
+  };
+  for_each_parameter_range("Adam parameter", "Adam gradient", params, grads, copies, range);
   step_count.data<float>()[0] = step;
 }
 
