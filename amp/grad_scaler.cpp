@@ -106,11 +106,12 @@ void GradScaler::step(optim::Optimizer& opt) {
   Tensor grad_scale;
   if (st.stage == Stage::ready) {
     // Check them read-only first; the fused step then unscales them (and writes them back) in its
-    // own pass: one read pass instead of a separate read-write unscale pass.
+    // own pass: one read pass instead of a separate read-write unscale pass. The check looks at the
+    // unscaled values, which are what the step applies.
     const std::vector<Tensor> grads = checked_grads(opt, &st);
     if (!grads.empty()) {
-      backend_for(grads[0].device()).check_finite(grads, st.found_inf);
       grad_scale = scale_.to(grads[0].device());
+      backend_for(grads[0].device()).check_finite(grads, grad_scale, st.found_inf);
     }
   }
   if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
@@ -228,6 +229,18 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     throw std::runtime_error("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.");
   for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
     if (!state.count(k)) throw std::invalid_argument(std::string("GradScaler state_dict is missing '") + k + "'");
+  // Counts must be whole numbers in range (a cast of 1e30 to int is undefined behaviour, and a
+  // tracker at or past the interval would never grow the scale again).
+  auto count_in = [&state](const char* key, double lo, double hi) {
+    const double v = state.at(key);
+    if (!(v >= lo && v <= hi) || v != std::floor(v))
+      throw std::invalid_argument(std::string("GradScaler state_dict: '") + key + "' must be a whole number in [" +
+                                  float_repr(lo) + ", " + float_repr(hi) + "], got " + float_repr(v));
+  };
+  constexpr double kIntMax = 2147483647.0;
+  count_in("growth_interval", 1.0, kIntMax);
+  count_in("_growth_tracker", 0.0, state.at("growth_interval") - 1.0);
+  if (state.count("_hysteresis_left")) count_in("_hysteresis_left", 0.0, kIntMax);
   GradScalerOptions o = options_;
   o.init_scale = state.at("scale");
   o.growth_factor = state.at("growth_factor");

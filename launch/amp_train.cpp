@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "launch/checkpoint.h"
 #include "launch/cli.h"
 #include "launch/interrupt.h"
+#include "launch/output_lock.h"
 #include "launch/output_path.h"
 #include "launch/device_comm.h"
 #include "launch/trainer.h"
@@ -132,8 +134,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
     } catch (const std::bad_alloc&) {
       code = 1;
       message = std::string("out of memory while setting up (") +
-                (cfg.model == "gpt" ? "are --n-embd, --n-layer, --block-size or --batch-size"
-                                    : "is --width or --batch-size") +
+                (cfg.model == "gpt"   ? "are --n-embd, --n-layer, --block-size or --batch-size"
+                 : cfg.model == "mtl" ? "are --in-features, --hidden, --features, --tasks or --batch-size"
+                                      : "is --width or --batch-size") +
                 " too large for this machine?)";
     } catch (const std::exception& e) {
       code = 1;
@@ -148,11 +151,15 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   // 1. What can fail on one rank alone: the outputs, the device, then the model, weights and data.
   debug_stall_in_setup(mpi.rank());
   Device device = kCPU;
-  attempt([&] {  // rank 0 writes the outputs: check them before anything runs
+  launch::OutputLocks locks;  // held until training ends: another live run cannot write our outputs
+  attempt([&] {  // rank 0 writes the outputs: check and lock them before anything runs
     if (!rank0) return;
     launch::check_output_path("--save-weights", cfg.save_weights);
     launch::check_output_path("--metrics", cfg.metrics);
     if (!cfg.checkpoint_dir.empty()) launch::check_checkpoint_dir(cfg.checkpoint_dir);
+    locks.acquire("--checkpoint-dir", cfg.checkpoint_dir, true);
+    locks.acquire("--metrics", cfg.metrics, false);
+    locks.acquire("--save-weights", cfg.save_weights, false);
     for (const std::string& t : launch::remove_stale_temporaries(cfg.save_weights))
       std::printf("notice: removed '%s', a temporary file left by a run that was killed while saving\n", t.c_str());
   });
@@ -197,6 +204,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/interrupt.h).
   launch::install_interrupt_handlers();
   const launch::TrainResult result = trainer->run();
+  if (!result.errors.empty()) {  // trained, but an output was not saved: named, and exit 1 (no abort)
+    if (rank0)
+      for (const std::string& e : result.errors) std::fprintf(stderr, "amp_train: error: %s\n", e.c_str());
+    return 1;
+  }
   if (result.interrupted_by != 0) {
     if (rank0)
       std::fprintf(stderr, "amp_train: interrupted by %s after step %lld of %lld%s\n",
@@ -227,6 +239,9 @@ int train(comm::MpiSession& mpi, const launch::TrainConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, which each output reports naming
+  // its file, instead of SIGXFSZ killing the process (and the outputs not yet written).
+  std::signal(SIGXFSZ, SIG_IGN);
   comm::MpiSession mpi(&argc, &argv);
   const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
   if (!cli.config) {

@@ -77,7 +77,7 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
     if (m.scaler) {
       Tensor flag = zeros({1}, DType::f32, dev);
       ts = Clock::now();
-      b.check_finite(opt.grads(), flag);
+      b.check_finite(opt.grads(), Tensor(), flag);
       b.synchronize();
       sc += ms_since(ts);
     }

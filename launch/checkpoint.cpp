@@ -25,6 +25,7 @@ constexpr const char* kModel = "model.safetensors";
 constexpr const char* kOptimizer = "optimizer.safetensors";
 constexpr const char* kMeta = "trainer.json";
 constexpr const char* kTempPrefix = ".tmp-step-";
+constexpr const char* kTrashPrefix = ".old-step-";  // a checkpoint being pruned
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -51,6 +52,13 @@ std::string read_file(const fs::path& p, const std::string& what) {
 }
 
 std::string checksum(const std::string& bytes) { return hex64(fnv1a(bytes.data(), bytes.size())); }
+
+// trainer.json's own checksum: over its compact text without the "checksum" key (nlohmann::json
+// keeps keys sorted, and numbers print so that they read back the same).
+std::string meta_checksum(nlohmann::json meta) {
+  meta.erase("checksum");
+  return checksum(meta.dump());
+}
 
 // Writes bytes to path and flushes them to the disk.
 void write_synced(const fs::path& path, const std::string& bytes) {
@@ -121,7 +129,9 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.compare(0, std::strlen(kTempPrefix), kTempPrefix) != 0) continue;
+    if (name.compare(0, std::strlen(kTempPrefix), kTempPrefix) != 0 &&
+        name.compare(0, std::strlen(kTrashPrefix), kTrashPrefix) != 0)
+      continue;
     const size_t dot = name.rfind('.');
     if (dot == std::string::npos || !writer_is_gone(name.substr(dot + 1))) continue;
     std::error_code rm;
@@ -156,6 +166,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
     meta["optimizer_param_groups"] = optimizer.param_groups;
     meta["files"] = {{kModel, {{"bytes", model_bytes.size()}, {"fnv1a64", checksum(model_bytes)}}},
                      {kOptimizer, {{"bytes", opt_bytes.size()}, {"fnv1a64", checksum(opt_bytes)}}}};
+    meta["checksum"] = meta_checksum(meta);
     write_synced(tmp / kModel, model_bytes);
     write_synced(tmp / kOptimizer, opt_bytes);
     write_synced(tmp / kMeta, meta.dump(2) + "\n");  // last: its presence means the others are there
@@ -168,9 +179,28 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
     fs::remove_all(tmp, ec);
     throw;
   }
-  const std::vector<std::string> all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  prune_checkpoints(dir, keep);
   return final_path.string();
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::function<void()>& between_files) {
+  // Each one is first renamed out of the step-* names (atomic), then deleted: a process killed while
+  // deleting leaves a .old-step-*.PID directory, which the next run removes, never a partial step-*.
+  const std::vector<std::string> all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    const fs::path from = all[i];
+    const fs::path trash = fs::path(dir) / (kTrashPrefix + from.filename().string().substr(5) + "." + std::to_string(::getpid()));
+    std::error_code ec;
+    fs::rename(from, trash, ec);
+    if (ec) continue;  // still complete where it is: kept, and tried again by the next checkpoint
+    sync_directory(dir);
+    for (fs::directory_iterator it(trash, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+      if (between_files) between_files();
+    }
+    fs::remove_all(trash, ec);
+  }
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
@@ -189,8 +219,20 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (!c.meta.contains("step") || !c.meta["step"].is_number_integer() || !files.is_object() ||
       !c.meta.contains("optimizer_param_groups"))
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: missing step, files or optimizer_param_groups");
+  // Its own checksum (written by every version since format 2): a changed step, scale or position
+  // is refused, not trained from.
+  const bool checked = c.meta.contains("checksum");
+  if (checked && (!c.meta["checksum"].is_string() || c.meta["checksum"].get<std::string>() != meta_checksum(c.meta)))
+    throw std::invalid_argument((dir / kMeta).string() + ": checksum mismatch: the file was changed or damaged");
+  if (!checked && !(c.meta.contains("format") && c.meta["format"] == 1))
+    throw std::invalid_argument((dir / kMeta).string() + ": corrupt: no checksum");
+  c.meta.erase("checksum");
   c.step = c.meta["step"].get<int64_t>();
   if (c.step < 1) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " is not a step");
+  const int64_t named = step_of(dir.filename().string());
+  if (named >= 0 && named != c.step)
+    throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " in a directory named " +
+                                dir.filename().string());
   for (const char* name : {kModel, kOptimizer}) {
     const fs::path file = dir / name;
     const std::string bytes = read_file(file, "the checkpoint is partial");

@@ -2,11 +2,13 @@
 //   model.safetensors      the parameters (PyTorch's names)
 //   optimizer.safetensors  the optimizer's state tensors, "state.<param id>.<name>" (PyTorch's numbering)
 //   trainer.json           the step, the optimizer's param_groups, the scaler's state, the RNG state,
-//                          the configuration a resume must match, and each file's size and checksum.
+//                          the configuration a resume must match, each file's size and checksum,
+//                          and its own checksum (over its content without that key).
 // A checkpoint is written into DIR/.tmp-step-NNNNNNNN.<pid>/, every file flushed to disk, then
 // renamed into place and DIR synced: a directory named step-* is complete. The last `keep` are kept.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,7 +50,13 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 // std::invalid_argument naming --checkpoint-dir and the reason (before the first step).
 void check_checkpoint_dir(const std::string& dir);
 
-// Removes DIR/.tmp-step-* directories left by processes that no longer run; their paths.
+// Removes all but the newest `keep` complete checkpoints under dir. Each is renamed out of the
+// step-* names first (to .old-step-NNNNNNNN.PID), then deleted, so that a process killed while
+// deleting never leaves an incomplete step-*. between_files (a test's hook) runs after each file.
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::function<void()>& between_files = {});
+
+// Removes DIR/.tmp-step-* (a checkpoint being written) and DIR/.old-step-* (one being pruned)
+// directories left by processes that no longer run; their paths.
 std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir);
 
 }  // namespace amp::launch

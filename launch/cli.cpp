@@ -68,8 +68,8 @@ void validate(boost::any& v, const std::vector<std::string>& values, LossScale*,
     size_t used = 0;
     float f = 0.0f;
     try { f = std::stof(s, &used); } catch (...) { used = 0; }
-    if (used != s.size() || !(f > 0.0f) || !std::isfinite(f))
-      invalid_value(s, "auto, dynamic, off, or a positive number");
+    if (used != s.size() || !(f > 0.0f) || !std::isfinite(f) || !std::isfinite(static_cast<float>(1.0 / f)))
+      invalid_value(s, "auto, dynamic, off, or a positive number whose inverse is finite in float32 (>= about 2.9e-39)");
     ls.kind = LossScale::Kind::constant;
     ls.value = f;
   }
@@ -145,6 +145,25 @@ void check_memory(const TrainConfig& c) {
     os << bytes / gib << " GiB, and this machine has " << ram / gib << " GiB";
     return os.str();
   };
+  if (c.model == "mtl") {
+    // The trunk in -> hidden -> features and one features -> 1 head per task: weights, gradients,
+    // two optimizer slots and a spare copy in fp32; the trunk's Jacobian [tasks, trunk] and its
+    // all-reduced copy; a micro-batch's activations.
+    const long double in = static_cast<long double>(c.in_features), h = static_cast<long double>(c.hidden);
+    const long double f = static_cast<long double>(c.features), tasks = static_cast<long double>(c.tasks);
+    const long double trunk = in * h + h + h * f + f;
+    const long double mtl = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2;
+    const long double acts = static_cast<long double>(c.batch_size) * (in + 2 * h + 2 * f + tasks) * 4 * 4;
+    if (mtl > ram)
+      throw UsageError("--in-features " + std::to_string(c.in_features) + ", --hidden " + std::to_string(c.hidden) +
+                       ", --features " + std::to_string(c.features) + " and --tasks " + std::to_string(c.tasks) +
+                       ": the model and its Jacobian alone need at least " + need(mtl));
+    if (mtl + acts > ram)
+      throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --in-features " + std::to_string(c.in_features) +
+                       " and --hidden " + std::to_string(c.hidden) + ": a micro-batch's activations and the model need at least " +
+                       need(mtl + acts) + "; use more --micro-batches of a smaller --batch-size");
+    return;
+  }
   if (c.model == "gpt") {
     // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the
     // backward (about 16 values of [B, T, C] a layer, and the attention weights [B, H, T, T] with
@@ -240,6 +259,10 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a finite number >= 0");
   require(c.init_scale > 0.0 && std::isfinite(static_cast<float>(c.init_scale)), "--init-scale", c.init_scale,
           "must be a positive number within float32's range");
+  // Gradients are unscaled by (float)(1 / scale): below about 2.9e-39 that is infinite, and every
+  // step would be skipped.
+  require(std::isfinite(static_cast<float>(1.0 / static_cast<double>(static_cast<float>(c.init_scale)))), "--init-scale",
+          c.init_scale, "must be at least about 2.9e-39 (its inverse, which unscales the gradients, must be finite in float32)");
   require(c.growth_factor > 1.0, "--growth-factor", c.growth_factor, "must be > 1");
   require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
@@ -263,7 +286,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (c.bf16_rounded_weight_grads && c.model == "mtl")
     throw UsageError("--bf16-rounded-weight-grads: --model mtl takes its gradients by Jacobian descent (grad()), "
                      "which rounds them as PyTorch does already");
-  if (c.model != "mtl") check_memory(c);
+  check_memory(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

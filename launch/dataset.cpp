@@ -121,6 +121,11 @@ class FromFile final : public Dataset {
 std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& wanted,
                                  const std::string& expected, Device device) {
   const auto tensors = safetensors::load(path);
+  // A tensor nobody reads means a file made for another model or task count: refused, not ignored.
+  for (const auto& [n, v] : tensors)
+    if (std::none_of(wanted.begin(), wanted.end(), [&](const auto& w) { return w.first == n; }))
+      throw std::invalid_argument(path + ": --data file holds a tensor '" + n + "' that this run does not read (expected " +
+                                  expected + ", and nothing else): a file made for another --model, --tasks or --width?");
   std::vector<Tensor> out;
   for (const auto& [name, width] : wanted) {
     Tensor t;

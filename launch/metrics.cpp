@@ -1,7 +1,11 @@
 #include "launch/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
-#include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -13,23 +17,38 @@ nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::order
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  out_.open(path_, append ? std::ios::app : std::ios::trunc);
-  if (!out_) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing");
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing: " + std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (out_.is_open()) out_.close();
+  if (fd_ >= 0) ::close(fd_);
 }
 
-// One write per line: the line is built first, then written and flushed whole.
-void MetricsWriter::line(const std::string& json) {
-  out_.write((json + '\n').data(), static_cast<std::streamsize>(json.size() + 1));
-  out_.flush();
-  if (!out_) throw std::runtime_error("--metrics: cannot write '" + path_ + "'");
+// One write(2) per line. A short or failed write is cut off again (ftruncate to the length before
+// it), so that no reader ever sees half a record, and the writer stops.
+void MetricsWriter::line(const std::string& json, int64_t step) {
+  if (fd_ < 0) return;
+  const std::string text = json + '\n';
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      error_ = "--metrics: cannot write '" + path_ + "' at step " + std::to_string(step) + ": " + std::strerror(err);
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) error_ += " (and the partial line could not be removed)";
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 void MetricsWriter::write(const StepRecord& r) {
-  if (!out_.is_open()) return;
+  if (fd_ < 0) return;
   nlohmann::ordered_json j = {{"step", r.step},       {"loss", num(r.loss)}, {"scale", num(r.scale)},
                               {"skipped", r.skipped}, {"grad_norm", num(r.grad_norm)},
                               {"lr", r.lr},           {"step_ms", r.step_ms}};
@@ -48,16 +67,14 @@ void MetricsWriter::write(const StepRecord& r) {
     j["device_host_syncs"] = r.device_host_syncs;
     j["device_d2h_copies"] = r.device_d2h_copies;
   }
-  line(j.dump());
+  line(j.dump(), r.step);
 }
 
 void MetricsWriter::write(const EvalRecord& r) {
-  if (!out_.is_open()) return;
-  line(nlohmann::ordered_json{{"event", "eval"}, {"step", r.step}, {"val_loss", num(r.val_loss)}}.dump());
+  line(nlohmann::ordered_json{{"event", "eval"}, {"step", r.step}, {"val_loss", num(r.val_loss)}}.dump(), r.step);
 }
 
 void MetricsWriter::write(const EndRecord& r) {
-  if (!out_.is_open()) return;
   nlohmann::ordered_json j = {{"event", "end"},
                               {"steps", r.steps},
                               {"skipped_steps", r.skipped_steps},
@@ -65,15 +82,19 @@ void MetricsWriter::write(const EndRecord& r) {
                               {"param_checksum", r.param_checksum},
                               {"replicas_consistent", r.replicas_consistent}};
   if (!r.interrupted_by.empty()) j["interrupted_by"] = r.interrupted_by;
-  line(j.dump());
+  line(j.dump(), r.steps);
+}
+
+void MetricsWriter::write(const FailedRecord& r) {
+  line(nlohmann::ordered_json{{"event", "failed"}, {"steps", r.steps}, {"error", r.error}}.dump(), r.steps);
 }
 
 void MetricsWriter::close() {
-  if (!out_.is_open()) return;
-  out_.flush();
-  const bool ok = static_cast<bool>(out_);
-  out_.close();
-  if (!ok) throw std::runtime_error("--metrics: cannot write '" + path_ + "'");
+  if (fd_ < 0) return;
+  if (::fsync(fd_) != 0 && errno != EINVAL && error_.empty())
+    error_ = "--metrics: cannot flush '" + path_ + "' to the disk: " + std::strerror(errno);
+  if (::close(fd_) != 0 && error_.empty()) error_ = "--metrics: cannot close '" + path_ + "': " + std::strerror(errno);
+  fd_ = -1;
 }
 
 }  // namespace amp::launch

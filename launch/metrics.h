@@ -1,10 +1,14 @@
-// Metrics as JSON Lines (DESIGN §9): one record per optimizer step, then one "end" record, written
-// to FILE itself as training goes (`tail -f` works), a whole line at a time, flushed per record. A
-// run that dies leaves every finished step's line and no partial one; the "end" record marks a run
-// that finished.
+// Metrics as JSON Lines: one record per optimizer step, then one "end" record, written to FILE
+// itself as training goes (`tail -f` works), a whole line at a time with one write(2) each. A run that
+// dies leaves every finished step's line and no partial one; the "end" record marks a run that
+// finished and saved its outputs, a "failed" record one that trained but could not save them.
+//
+// A line that cannot be written (a full disk, a file-size limit) is cut off again, so the file ends
+// with its last whole line; the writer then stops writing and keeps the error, with its cause and
+// step, for the caller to report: the metrics failing must not stop the training, nor cost the
+// weights and checkpoints.
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -42,9 +46,16 @@ struct EndRecord {
   std::string interrupted_by;  // "SIGTERM", ..., or empty (and then not written)
 };
 
+// The run trained but an output could not be saved (the weights, the final checkpoint).
+struct FailedRecord {
+  int64_t steps;
+  std::string error;
+};
+
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
+  // Throws std::invalid_argument naming --metrics when the file cannot be opened.
   explicit MetricsWriter(const std::string& path, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -52,12 +63,16 @@ class MetricsWriter {
   void write(const StepRecord& r);
   void write(const EvalRecord& r);
   void write(const EndRecord& r);
-  void close();  // flush and close; throws if anything could not be written
+  void write(const FailedRecord& r);
+  void close();  // flushes to the disk and closes; a failure is kept in error()
+  // Empty while every line was written; else "--metrics: cannot write 'FILE' at step N: CAUSE".
+  const std::string& error() const { return error_; }
 
  private:
-  void line(const std::string& json);
+  void line(const std::string& json, int64_t step);
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
+  std::string error_;
 };
 
 }  // namespace amp::launch

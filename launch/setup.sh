@@ -10,7 +10,7 @@
 #   bible-kjv           the main job's corpus: the King James Bible (public domain), 4.4 MB of English
 #                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/run_example.sh).
 set -euo pipefail
-packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev
+packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
           clang libclang-rt-14-dev ccache bible-kjv)
 missing=()

@@ -45,6 +45,12 @@ std::string number_str(double v) {
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
+
+// True when the scale's float32 inverse, which unscales the gradients (amp_math.h inverse_scale), is
+// not finite: below about 2.9e-39 every gradient unscales to inf or NaN, and every step is skipped.
+bool scale_collapsed(double scale) {
+  return !std::isfinite(static_cast<float>(1.0 / static_cast<double>(static_cast<float>(scale))));
+}
 }  // namespace
 
 std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt) {
@@ -180,7 +186,7 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
   else
     model.update({{"width", cfg_.width}, {"layers", cfg_.layers}});
   const int64_t E = cfg_.batch_size * cfg_.micro_batches * comm_.size();
-  return {{"format", 1},
+  return {{"format", 2},
           {"must_match", {{"model", model},
                           {"effective_batch", E},
                           {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
@@ -198,6 +204,9 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
           // sampling has its own stream: the seed and the step are the whole RNG state.
           {"rng", {{"seed", cfg_.seed}, {"kind", "counter-based (splitmix64), indexed by sample"}}},
           {"scaler", scaler_->state_dict()},
+          // Skipped since step 1, so that a resumed run's count (and its all-skipped rule) is the
+          // uninterrupted run's.
+          {"skipped_steps", skipped_steps_},
           // Seeded aggregators draw by call count (--model mtl).
           {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
           // Not required to match: a resumed run may train longer, or on another schedule (and says so).
@@ -217,75 +226,148 @@ void Trainer::resume() {
     return;
   }
   const std::string meta_file = ck->path + "/trainer.json";
-  const nlohmann::json now = checkpoint_meta(ck->step);
-  const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
-  for (const auto& [key, value] : now["must_match"].items()) {
-    if (then.contains(key) && then[key] == value) continue;
-    const std::string was = then.contains(key) ? then[key].dump() : "nothing";
-    std::string hint;
-    if (key == "effective_batch")
-      hint = " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout was " +
-             ck->meta.value("batch_layout", nlohmann::json()).dump() + ")";
-    throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
-                                was + hint);
+  // Every read below names the file; the JSON library's own errors (a value of another type) too.
+  try {
+    const nlohmann::json now = checkpoint_meta(ck->step);
+    const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
+    if (!then.is_object()) throw std::invalid_argument(meta_file + ": corrupt: must_match is not an object");
+    for (const auto& [key, value] : now["must_match"].items()) {
+      if (then.contains(key) && then[key] == value) continue;
+      const std::string was = then.contains(key) ? then[key].dump() : "nothing";
+      std::string hint;
+      if (key == "effective_batch")
+        hint = " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout was " +
+               ck->meta.value("batch_layout", nlohmann::json()).dump() + ")";
+      throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
+                                  was + hint);
+    }
+    if (ck->step >= cfg_.steps)
+      throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
+                                  ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
+    // A run that resumes into a directory holding checkpoints newer than the one it resumes from
+    // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
+    // K would delete its own: refused, naming them.
+    if (!cfg_.checkpoint_dir.empty()) {
+      const std::string mine = fs::path(ck->path).filename().string();
+      for (const std::string& other : list_checkpoints(cfg_.checkpoint_dir))
+        if (fs::path(other).filename().string() > mine)  // step-NNNNNNNN: the names sort as the steps
+          throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " holds " + other +
+                                      ", newer than the checkpoint this run resumes from (" + ck->path +
+                                      "): move it away, or write this run's checkpoints to another --checkpoint-dir");
+    }
+    nn::load_state_dict(model(), ck->model, ck->path + "/model.safetensors");
+    // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit
+    // for bit. The optimizer's state (moments, step counts) comes from the checkpoint, its
+    // hyperparameters from this run's flags and schedule (as the note below says), not the checkpoint's.
+    if (scheduler_)
+      for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
+    optim::OptimizerStateDict state = ck->optimizer;
+    state.param_groups = opt_->state_dict().param_groups;
+    opt_->load_state_dict(state);
+    std::map<std::string, double> scaler_state;
+    const nlohmann::json saved_scaler = ck->meta.value("scaler", nlohmann::json::object());
+    if (!saved_scaler.is_object()) throw std::invalid_argument(meta_file + ": corrupt: scaler is not an object");
+    for (const auto& [k, v] : saved_scaler.items()) {
+      if (!v.is_number()) throw std::invalid_argument(meta_file + ": corrupt: scaler." + k + " is not a number");
+      scaler_state[k] = v.get<double>();
+    }
+    if (scaler_->is_enabled()) {
+      // The scale, the growth tracker and the hysteresis count are the run's state: from the checkpoint.
+      // The factors and the interval are hyperparameters: from this run's flags, as the optimizer's are.
+      const GradScalerOptions mine = scaler_->options();  // this run's flags (the load below replaces them)
+      try {
+        scaler_->load_state_dict(scaler_state);  // checks the checkpoint's own state first
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
+      }
+      std::string changed;
+      auto take_flag = [&](const char* key, const char* flag, double value) {
+        const auto it = scaler_state.find(key);
+        if (it != scaler_state.end() && it->second != value)
+          changed += std::string(changed.empty() ? "" : ", ") + flag + " " + number_str(value) + " (the checkpoint's run had " +
+                     number_str(it->second) + ")";
+        scaler_state[key] = value;
+      };
+      take_flag("growth_factor", "--growth-factor", mine.growth_factor);
+      take_flag("backoff_factor", "--backoff-factor", mine.backoff_factor);
+      take_flag("growth_interval", "--growth-interval", mine.growth_interval);
+      // A shorter interval than the checkpoint's: the successful steps counted so far, at most all but one.
+      scaler_state["_growth_tracker"] = std::min(scaler_state["_growth_tracker"], mine.growth_interval - 1.0);
+      if (scaler_state.count("_hysteresis_left"))
+        scaler_state["_hysteresis_left"] = std::min(scaler_state["_hysteresis_left"], static_cast<double>(mine.hysteresis));
+      const auto scale = scaler_state.find("scale");
+      if (scale != scaler_state.end() && (!(scale->second > 0.0) || scale_collapsed(scale->second)))
+        throw std::invalid_argument(meta_file + ": corrupt: scaler.scale " + number_str(scale->second) +
+                                    " is not a usable loss scale (positive, with an inverse finite in float32)");
+      try {
+        scaler_->load_state_dict(scaler_state);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
+      }
+      if (!changed.empty() && comm_.rank() == 0)
+        std::printf("amp_train: note: the loss scaler's %s: the steps from here use this run's flags\n", changed.c_str());
+    }
+    // Written by this version (format 2): the data position and the skipped steps, checked.
+    if (ck->meta.value("format", 0) >= 2) {
+      const int64_t E = now["must_match"]["effective_batch"].get<int64_t>();
+      const nlohmann::json pos = ck->meta.at("data_position").at("next_sample");
+      if (!pos.is_number_integer() || pos.get<int64_t>() != ck->step * E)
+        throw std::invalid_argument(meta_file + ": corrupt: data_position.next_sample " + pos.dump() + " is not step " +
+                                    std::to_string(ck->step) + " x " + std::to_string(E) + " samples");
+      const nlohmann::json skipped = ck->meta.at("skipped_steps");
+      if (!skipped.is_number_integer() || skipped.get<int64_t>() < 0 || skipped.get<int64_t>() > ck->step)
+        throw std::invalid_argument(meta_file + ": corrupt: skipped_steps " + skipped.dump() + " is not a count in [0, " +
+                                    std::to_string(ck->step) + "]");
+      skipped_steps_ = skipped.get<int64_t>();
+    }
+    if (aggregator_) {
+      const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
+      if (!calls.is_number_unsigned() && !calls.is_number_integer())
+        throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
+      aggregator_->set_calls(calls.get<uint64_t>());
+    }
+    start_step_ = ck->step;
+    if (comm_.rank() == 0) {
+      const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
+      const nlohmann::json mine = now["batch_layout"];
+      std::printf("amp_train: resuming from %s (step %lld)", ck->path.c_str(), static_cast<long long>(ck->step));
+      if (layout != mine)
+        std::printf(" on another layout: %lld ranks x batch %lld x %lld micro-batches, where the checkpoint had %lld x %lld x "
+                    "%lld; the same %lld samples per step",
+                    static_cast<long long>(comm_.size()), static_cast<long long>(cfg_.batch_size),
+                    static_cast<long long>(cfg_.micro_batches), layout.value("ranks", 0LL), layout.value("batch_size", 0LL),
+                    layout.value("micro_batches", 0LL), static_cast<long long>(now["must_match"]["effective_batch"].get<int64_t>()));
+      std::printf("\n");
+      if (ck->meta.value("schedule", nlohmann::json()) != now["schedule"])
+        std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
+                    "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "
+                    "give it to keep the schedule of a run that trains longer)\n",
+                    ck->meta.value("schedule", nlohmann::json()).dump().c_str(), now["schedule"].dump().c_str());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
   }
-  if (ck->step >= cfg_.steps)
-    throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
-                                ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
-  // A run that resumes into a directory holding checkpoints newer than the one it resumes from
-  // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
-  // K would delete its own: refused, naming them.
-  if (!cfg_.checkpoint_dir.empty()) {
-    const std::string mine = fs::path(ck->path).filename().string();
-    for (const std::string& other : list_checkpoints(cfg_.checkpoint_dir))
-      if (fs::path(other).filename().string() > mine)  // step-NNNNNNNN: the names sort as the steps
-        throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " holds " + other +
-                                    ", newer than the checkpoint this run resumes from (" + ck->path +
-                                    "): move it away, or write this run's checkpoints to another --checkpoint-dir");
-  }
-  nn::load_state_dict(model(), ck->model, ck->path + "/model.safetensors");
-  // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit
-  // for bit. The optimizer's state (moments, step counts) comes from the checkpoint, its
-  // hyperparameters from this run's flags and schedule (as the note below says), not the checkpoint's.
-  if (scheduler_)
-    for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
-  optim::OptimizerStateDict state = ck->optimizer;
-  state.param_groups = opt_->state_dict().param_groups;
-  opt_->load_state_dict(state);
-  std::map<std::string, double> scaler_state;
-  const nlohmann::json saved_scaler = ck->meta.value("scaler", nlohmann::json::object());
-  for (const auto& [k, v] : saved_scaler.items()) {
-    if (!v.is_number()) throw std::invalid_argument(meta_file + ": corrupt: scaler." + k + " is not a number");
-    scaler_state[k] = v.get<double>();
-  }
-  if (scaler_->is_enabled()) scaler_->load_state_dict(scaler_state);
-  if (aggregator_) {
-    const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
-    if (!calls.is_number_unsigned() && !calls.is_number_integer())
-      throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
-    aggregator_->set_calls(calls.get<uint64_t>());
-  }
-  start_step_ = ck->step;
-  if (comm_.rank() == 0) {
-    const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
-    const nlohmann::json mine = now["batch_layout"];
-    std::printf("amp_train: resuming from %s (step %lld)", ck->path.c_str(), static_cast<long long>(ck->step));
-    if (layout != mine)
-      std::printf(" on another layout: %lld ranks x batch %lld x %lld micro-batches, where the checkpoint had %lld x %lld x "
-                  "%lld; the same %lld samples per step",
-                  static_cast<long long>(comm_.size()), static_cast<long long>(cfg_.batch_size),
-                  static_cast<long long>(cfg_.micro_batches), layout.value("ranks", 0LL), layout.value("batch_size", 0LL),
-                  layout.value("micro_batches", 0LL), static_cast<long long>(now["must_match"]["effective_batch"].get<int64_t>()));
-    std::printf("\n");
-    if (ck->meta.value("schedule", nlohmann::json()) != now["schedule"])
-      std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
-                  "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "
-                  "give it to keep the schedule of a run that trains longer)\n",
-                  ck->meta.value("schedule", nlohmann::json()).dump().c_str(), now["schedule"].dump().c_str());
+}
+
+void Trainer::require_finite_parameters(int64_t step) {
+  // Every rank holds the same parameters (the replica check ran before), so every rank finds the same.
+  Tensor found = zeros({1}, DType::f32, device_);
+  backend_for(device_).check_finite(model().parameters(), Tensor(), found);
+  if (found.item() != 0.0) {
+    std::string names;
+    for (const auto& [name, p] : model().named_parameters()) {
+      Tensor one = zeros({1}, DType::f32, device_);
+      backend_for(device_).check_finite({p}, Tensor(), one);
+      if (one.item() != 0.0) names += (names.empty() ? "" : ", ") + name;
+    }
+    throw JobError("after step " + std::to_string(step) + ": the parameters hold inf or NaN (" + names +
+                   "): nothing is saved from this state (the checkpoints written before are intact). A step that no "
+                   "scaler skipped diverged: lower --lr, or clip with --clip-grad-norm");
   }
 }
 
 void Trainer::save_checkpoint_at(int64_t step) {
+  require_finite_parameters(step);
   comm_.set_context("writing the checkpoint of step " + std::to_string(step));
   std::string error, path;
   if (comm_.rank() == 0) {
@@ -593,13 +675,26 @@ TrainResult Trainer::run() {
       data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
   }
   TrainResult result;
+  result.skipped_steps = skipped_steps_;
   const bool rank0 = comm_.rank() == 0;
   // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
   // appear again, from the resumed run).
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, start_step_ > 0) : MetricsWriter();
+  // A metrics file that cannot be written is said at once and at the end (exit 1), and costs
+  // nothing else: training goes on, and the weights and checkpoints are saved.
+  bool warned = false;
+  auto warn_once_about = [&](const MetricsWriter& m) {
+    if (m.error().empty() || warned) return;
+    warned = true;
+    std::fprintf(stderr, "amp_train: warning: %s; no more metrics are written (the file ends with its last whole line), "
+                 "training goes on and the run will exit 1\n", m.error().c_str());
+    std::fflush(stderr);
+  };
   if (cfg_.checkpoint_dir.size() && rank0)
     for (const std::string& t : remove_stale_checkpoint_temporaries(cfg_.checkpoint_dir))
-      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while writing it\n", t.c_str());
+      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while %s it\n", t.c_str(),
+                  fs::path(t).filename().string().rfind(".old-", 0) == 0 ? "deleting (an older one it no longer kept)"
+                                                                           : "writing");
   const auto start = std::chrono::steady_clock::now();
   const int64_t samples_per_step = cfg_.batch_size * cfg_.micro_batches * comm_.size();
   bool stopping = false;  // every rank sets it at the same step (the flag is in the reduced figures)
@@ -611,9 +706,18 @@ TrainResult Trainer::run() {
                                (std::isnan(r.loss) ? "NaN" : "infinite") +
                                " and no loss scaler skipped the step (non-finite data or weights, or a learning "
                                "rate that diverges); stopping before the weights are corrupted");
+    // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN: every step
+    // from here would be skipped. The same figure on every rank, so every rank stops here.
+    if (scaler_->is_enabled() && scale_collapsed(r.scale))
+      throw JobError("step " + std::to_string(r.step) + ": the loss scale has collapsed to " + number_str(r.scale) +
+                     ", whose inverse is not finite in float32: every step from here would be skipped. The "
+                     "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
+                     "rate that diverges (--min-scale sets a floor for the scale)");
     result.records.push_back(r);
-    result.skipped_steps += r.skipped;
+    skipped_steps_ += r.skipped;
+    result.skipped_steps = skipped_steps_;
     metrics.write(r);
+    warn_once_about(metrics);
     if (r.stop_requested && !stopping) {
       stopping = true;
       if (rank0)
@@ -646,6 +750,7 @@ TrainResult Trainer::run() {
   auto report_evaluation = [&](int64_t step) {
     const double val = evaluate();
     metrics.write(EvalRecord{step, val});
+    warn_once_about(metrics);
     if (rank0) {
       std::printf("step %lld: validation loss %s\n", static_cast<long long>(step), number_str(val).c_str());
       std::fflush(stdout);
@@ -656,69 +761,91 @@ TrainResult Trainer::run() {
     if (late) emit(finish(*late, std::chrono::steady_clock::now()));
     late.reset();
   };
-  if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // about ln 256, for bytes
-  for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
-    result.steps_done = step;
-    comm_.set_context("step " + std::to_string(step));
-    PendingStep cur = train_step(step);
-    const auto now = std::chrono::steady_clock::now();
-    if (late) {
-      emit(finish(*late, cur.start));
-      late.reset();
-    }
-    if (cur.figures->ready()) emit(finish(cur, now));
-    else late = std::make_unique<PendingStep>(std::move(cur));
-    if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
-      require_consistent(check_replicas(&result), step);
-    if (gpt_ && cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
-      flush_late();
-      report_evaluation(step);
-    }
-    if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
-        step != cfg_.steps && !stopping) {
-      flush_late();
-      if (!stopping) save_checkpoint_at(step);  // the flushed figures may ask to stop: that saves after the loop
-    }
-  }
-  flush_late();
-  if (emulated_device_counters() && device_.is_cuda()) {
-    // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
-    std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
-                "training steps\n",
-                comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
-                static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
-    std::fflush(stdout);
-  }
-  if (result.skipped_steps == result.steps_done - start_step_ && result.steps_done > start_step_)
-    throw JobError("every one of the " + std::to_string(result.steps_done - start_step_) +
-                             " steps was skipped for non-finite gradients: nothing was trained (final scale " +
-                             number_str(scaler_->get_scale()) + ")");
-  comm_.set_context("the end-of-run replica check");
-  result.final_scale = scaler_->get_scale();
-  const comm::ReplicaReport rep = check_replicas(&result);
-  if (stopping) result.interrupted_by = interrupt_signal() != 0 ? interrupt_signal() : SIGTERM;
-  metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
-                          result.replicas_consistent,
-                          stopping ? signal_label(result.interrupted_by) : ""});
-  // One output's failure must not cost the other: the weights are saved even if the metrics fail.
-  std::string metrics_error;
+  // A failure that ends the run is the metrics' last record (when they can still be written).
   try {
+    if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // about ln 256, for bytes
+    for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
+      result.steps_done = step;
+      comm_.set_context("step " + std::to_string(step));
+      PendingStep cur = train_step(step);
+      const auto now = std::chrono::steady_clock::now();
+      if (late) {
+        emit(finish(*late, cur.start));
+        late.reset();
+      }
+      if (cur.figures->ready()) emit(finish(cur, now));
+      else late = std::make_unique<PendingStep>(std::move(cur));
+      if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
+        require_consistent(check_replicas(&result), step);
+      if (gpt_ && cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
+        flush_late();
+        report_evaluation(step);
+      }
+      if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
+          step != cfg_.steps && !stopping) {
+        flush_late();
+        if (!stopping) save_checkpoint_at(step);  // the flushed figures may ask to stop: that saves after the loop
+      }
+    }
+    flush_late();
+    if (emulated_device_counters() && device_.is_cuda()) {
+      // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
+      std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
+                  "training steps\n",
+                  comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
+                  static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
+      std::fflush(stdout);
+    }
+    // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
+    // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
+    if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > start_step_)
+      throw JobError("every one of the " + std::to_string(result.steps_done) +
+                     " steps was skipped for non-finite gradients: nothing was trained (final scale " +
+                     number_str(scaler_->get_scale()) + ")");
+    comm_.set_context("the end-of-run replica check");
+    result.final_scale = scaler_->get_scale();
+    if (scaler_->is_enabled() && scale_collapsed(result.final_scale))
+      throw JobError("after step " + std::to_string(result.steps_done) + ": the loss scale has collapsed to " +
+                     number_str(result.final_scale) + ", whose inverse is not finite in float32: nothing more can be "
+                     "trained from this state, and it is not saved");
+    const comm::ReplicaReport rep = check_replicas(&result);
+    if (stopping) result.interrupted_by = interrupt_signal() != 0 ? interrupt_signal() : SIGTERM;
+    require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
+    require_finite_parameters(result.steps_done);  // likewise: a NaN model is never saved, nor exits 0
+    // The outputs, then the record that says the run finished: one output's failure costs no other.
+    if (rank0 && !cfg_.save_weights.empty()) {
+      try {
+        safetensors::save(cfg_.save_weights, nn::state_dict(model()));
+      } catch (const std::exception& e) {
+        result.errors.push_back(std::string("--save-weights: ") + e.what());
+      }
+    }
+    // The last step's checkpoint: at the end, or where an interruption stopped the run.
+    if (!cfg_.checkpoint_dir.empty() && result.steps_done > start_step_) {
+      try {
+        save_checkpoint_at(result.steps_done);
+      } catch (const JobError& e) {  // every rank: the weights above are kept, and the job exits 1
+        result.errors.push_back(e.what());
+      }
+    }
+    if (result.errors.empty())
+      metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
+                              result.replicas_consistent, stopping ? signal_label(result.interrupted_by) : ""});
+    else
+      metrics.write(FailedRecord{result.steps_done, result.errors.front()});
     metrics.close();
-  } catch (const std::exception& e) {
-    metrics_error = e.what();
+    if (!metrics.error().empty()) result.errors.push_back(metrics.error());
+    if (rank0 && gpt_ && cfg_.sample_tokens > 0 && !stopping) {
+      const std::string text = sample();
+      std::printf("--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n%s%s\n---\n",
+                  static_cast<long long>(cfg_.sample_tokens), cfg_.temperature, static_cast<long long>(cfg_.top_k),
+                  cfg_.prompt.c_str(), text.c_str());
+      std::fflush(stdout);
+    }
+  } catch (const JobError& e) {
+    metrics.write(FailedRecord{result.steps_done, e.what()});
+    throw;
   }
-  require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
-  if (rank0 && !cfg_.save_weights.empty()) safetensors::save(cfg_.save_weights, nn::state_dict(model()));
-  // The last step's checkpoint: at the end, or where an interruption stopped the run.
-  if (!cfg_.checkpoint_dir.empty() && result.steps_done > start_step_) save_checkpoint_at(result.steps_done);
-  if (rank0 && gpt_ && cfg_.sample_tokens > 0 && !stopping) {
-    const std::string text = sample();
-    std::printf("--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n%s%s\n---\n",
-                static_cast<long long>(cfg_.sample_tokens), cfg_.temperature, static_cast<long long>(cfg_.top_k),
-                cfg_.prompt.c_str(), text.c_str());
-    std::fflush(stdout);
-  }
-  if (!metrics_error.empty()) throw std::runtime_error(metrics_error);
   return result;
 }
 

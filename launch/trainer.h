@@ -44,6 +44,10 @@ struct TrainResult {
   double final_scale = 1.0;
   std::string param_checksum;
   bool replicas_consistent = true;
+  // Outputs that could not be saved (the weights, the final checkpoint, the metrics), each naming
+  // its flag and cause: the run trained, and the job exits 1. Rank 0's, and every rank's for a
+  // checkpoint.
+  std::vector<std::string> errors;
 };
 
 class Trainer {
@@ -97,7 +101,10 @@ class Trainer {
   nlohmann::json checkpoint_meta(int64_t step) const;
   void resume();
   void save_checkpoint_at(int64_t step);
+  // Throws JobError naming the parameters that hold inf or NaN (every rank reaches the same verdict).
+  void require_finite_parameters(int64_t step);
   int64_t start_step_ = 0;  // the step the run continues from (0: a fresh run)
+  int64_t skipped_steps_ = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
   // The multi-task backward of micro-batch `last` or not; on the last, with several ranks, the

@@ -18,9 +18,16 @@ AMP_HD bool is_nonfinite(double g) { return !std::isfinite(g); }  // float64 gra
 
 // One gradient element times inv_scale, in the gradient's compute type (float64 gradients multiply
 // by the float32 inverse widened, as PyTorch's kernel does). The value is unscaled even when it is
-// non-finite, as in PyTorch; callers OR is_nonfinite(g) of the original value into found_inf.
+// non-finite, as in PyTorch; callers OR unscaled_is_nonfinite into found_inf.
 template <class C>
 AMP_HD C unscale_element(C g, float inv_scale) { return g * static_cast<C>(inv_scale); }
+
+// found_inf's test: the unscaled value, which is what an optimizer step applies. It is non-finite
+// whenever the gradient is (inv_scale > 0), and also when a finite gradient times inv_scale is not:
+// an inverse that overflowed (a scale below about 2.9e-39) or a product past the float's range.
+// PyTorch tests the scaled value only and would apply those infinities; they are skipped here.
+template <class C>
+AMP_HD bool unscaled_is_nonfinite(C g, float inv_scale) { return is_nonfinite(unscale_element(g, inv_scale)); }
 
 // _amp_update_scale_ plus hysteresis and min/max clamps. With hysteresis 1, min_scale 0 and
 // max_scale inf it is exactly PyTorch's algorithm: the factors are doubles and a new scale is

@@ -103,13 +103,15 @@ class Backend {
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
-  // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any grad is inf or NaN (never reset here).
+  // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any unscaled grad is inf or NaN (never
+  // reset here; amp_math.h unscaled_is_nonfinite).
   virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
   // scale: float32 (0-dim or 1 element); tracker: int64 [growth_tracker, hysteresis_left], both on
   // the device; see amp_math.h update_scale.
   virtual void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
-  // found_inf = 1 if any element of xs is inf or NaN (never reset here). Read-only.
-  virtual void check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) = 0;
+  // found_inf = 1 if any element of xs, times (float)(1.0 / (double)scale), is inf or NaN (never
+  // reset here): what unscale_and_check would find. Read-only. An undefined scale means 1.
+  virtual void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) = 0;
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
   // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
   // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by

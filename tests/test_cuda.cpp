@@ -713,8 +713,8 @@ TEST_F(CudaVsCpu, CheckFiniteFindsInfAndNaN) {
     if (inject == 1) poke(c[1], 7, kNaN);
     if (inject == 2) poke(c[0], 69999, kInf);
     Tensor cf = zeros({1}), gf = zeros({1}).to(kGPU);
-    cpu().check_finite(c, cf);
-    gpu().check_finite(to_device(c, kGPU), gf);
+    cpu().check_finite(c, Tensor(), cf);
+    gpu().check_finite(to_device(c, kGPU), Tensor(), gf);
     EXPECT_EQ(cf.item(), inject == 0 ? 0.0 : 1.0);
     EXPECT_EQ(gf.item(), cf.item()) << "inject " << inject;
   }
@@ -951,7 +951,7 @@ TEST_F(CudaVsCpu, MultiTensorOpsRefuseNonFloatingTensors) {
   const std::vector<Tensor> mixed = {ones({70000}, DType::f32, kGPU), zeros({70000}, DType::i64, kGPU)};
   Tensor out = zeros({1}, DType::f32, kGPU);
   EXPECT_THROW(gpu().norm_accumulate(mixed, 2.0, out), std::invalid_argument);
-  EXPECT_THROW(gpu().check_finite(mixed, out), std::invalid_argument);
+  EXPECT_THROW(gpu().check_finite(mixed, Tensor(), out), std::invalid_argument);
   const std::vector<Tensor> mixed_cpu = {ones({7}, DType::f32), zeros({7}, DType::i64)};
   Tensor out_cpu = zeros({1}, DType::f32);
   EXPECT_THROW(cpu().norm_accumulate(mixed_cpu, 2.0, out_cpu), std::invalid_argument);

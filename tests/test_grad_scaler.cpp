@@ -211,6 +211,41 @@ TEST(UnscaleKernel, UnscalesAndFlags) {
   EXPECT_THROW(b.unscale_and_check({a, c}, scalar_tensor(2.0), found), std::invalid_argument);
 }
 
+// The check sees what the step applies: the unscaled gradients. A scale whose float32 inverse
+// overflows (below about 2.9e-39), or a finite gradient whose unscaled value leaves float32's range,
+// must skip the step, on both paths (step() alone, and unscale_ then step()). Checking the scaled
+// gradients only let a step write inf and NaN into every weight and exit 0.
+TEST(GradScaler, StepIsSkippedWhenTheUnscaledGradientsAreNotFinite) {
+  struct Case {
+    float scale;
+    float grad;
+  };
+  for (const Case c : {Case{1e-45f, 1e-3f}, Case{1e-45f, 0.0f}, Case{1e-30f, 1e10f}, Case{2e-39f, 1.0f}}) {
+    for (bool explicit_unscale : {false, true}) {
+      SCOPED_TRACE("scale " + std::to_string(c.scale) + " grad " + std::to_string(c.grad) +
+                   (explicit_unscale ? " unscale_" : " step"));
+      ASSERT_FALSE(std::isfinite(c.grad * static_cast<float>(1.0 / c.scale)));  // the case is one
+      GradScaler s(GradScalerOptions{.init_scale = c.scale});
+      Rig r;
+      s.scale(scalar_tensor(1.0));
+      r.p.set_grad(full({4}, c.grad));
+      if (explicit_unscale) s.unscale_(r.opt);
+      s.step(r.opt);
+      EXPECT_TRUE(s.found_inf(r.opt));
+      for (double v : r.p.to_vector()) EXPECT_EQ(v, 0.0) << "the step was taken";
+      s.update();
+    }
+  }
+  // A finite unscaled value at the edge of the range is taken (the check is not stricter than that).
+  GradScaler s(GradScalerOptions{.init_scale = 0.5f});
+  Rig r;
+  s.scale(scalar_tensor(1.0));
+  r.p.set_grad(full({4}, 1e38));
+  s.step(r.opt);
+  EXPECT_FALSE(s.found_inf(r.opt));
+  for (double v : r.p.to_vector()) EXPECT_TRUE(std::isfinite(v) && v != 0.0);
+}
+
 TEST(GradScaler, HysteresisToleratesConsecutiveOverflows) {
   GradScaler s(GradScalerOptions{.init_scale = 64.0f, .growth_interval = 1000, .hysteresis = 2});
   Rig r;

@@ -32,17 +32,17 @@ AMP_SIMD_CLONES int unscale_range(T* d, long n, float inv) {
   using C = typename Elem<T>::Compute;
   int bad = 0;
   for (long i = 0; i < n; ++i) {
-    const C v = Elem<T>::load(d[i]);
-    bad |= math::is_nonfinite(v) ? 1 : 0;
-    d[i] = Elem<T>::store(math::unscale_element(v, inv));
+    const C u = math::unscale_element(Elem<T>::load(d[i]), inv);
+    bad |= math::is_nonfinite(u) ? 1 : 0;
+    d[i] = Elem<T>::store(u);
   }
   return bad;
 }
 
 template <class T>
-AMP_SIMD_CLONES int nonfinite_range(const T* d, long n) {
+AMP_SIMD_CLONES int nonfinite_range(const T* d, long n, float inv) {
   int bad = 0;
-  for (long i = 0; i < n; ++i) bad |= math::is_nonfinite(Elem<T>::load(d[i])) ? 1 : 0;
+  for (long i = 0; i < n; ++i) bad |= math::unscaled_is_nonfinite(Elem<T>::load(d[i]), inv) ? 1 : 0;
   return bad;
 }
 
@@ -154,14 +154,15 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
   if (any) found_inf.data<float>()[0] = 1.0f;
 }
 
-void CpuBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) {
+void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
+  const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
   int bad = 0;
   for (const Tensor& x : xs) {
     cpu::dispatch_float(x.dtype(), [&](auto T_tag) {
       using T = decltype(T_tag);
       const T* d = x.data<T>();
       cpu::parallel_chunks(static_cast<long>(x.numel()), [&](long b, long e) {
-        const int found = nonfinite_range(d + b, e - b);
+        const int found = nonfinite_range(d + b, e - b, inv);
 #pragma omp atomic
         bad |= found;
       });

@@ -1,4 +1,3 @@
-#include <cblas.h>
 #include <omp.h>
 
 #include <stdexcept>
@@ -11,7 +10,6 @@ namespace amp {
 void set_num_threads(int n) {
   if (n < 1) throw std::invalid_argument("thread count must be >= 1, got " + std::to_string(n));
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 int get_num_threads() { return omp_get_max_threads(); }

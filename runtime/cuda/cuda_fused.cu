@@ -33,9 +33,9 @@ struct UnscaleOp {
     const float inv = math::inverse_scale(*scale);
     bool bad = false;
     AMP_MT_LOOP(i, begin, end) {
-      const typename DevElem<T>::Compute v = DevElem<T>::load(g[i]);
-      bad = bad || math::is_nonfinite(v);
-      g[i] = DevElem<T>::store(math::unscale_element(v, inv));
+      const typename DevElem<T>::Compute u = math::unscale_element(DevElem<T>::load(g[i]), inv);
+      bad = bad || math::is_nonfinite(u);
+      g[i] = DevElem<T>::store(u);
     }
     if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
   }

@@ -101,10 +101,12 @@ struct ClampOp {
 template <class T>
 struct CheckFiniteOp {
   float* found_inf;
+  const float* scale;  // null: 1
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     const T* x = static_cast<const T*>(p[0]);
+    const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
     bool bad = false;
-    AMP_MT_LOOP(i, begin, end) { bad = bad || math::is_nonfinite(DevElem<T>::load(x[i])); }
+    AMP_MT_LOOP(i, begin, end) { bad = bad || math::unscaled_is_nonfinite(DevElem<T>::load(x[i]), inv); }
     if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
   }
 };
@@ -176,13 +178,17 @@ void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
   });
 }
 
-void CudaBackend::check_finite(const std::vector<Tensor>& xs, Tensor& found_inf) {
+void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
   if (xs.empty()) return;
   require_cuda(found_inf, "found_inf");
   if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
+  if (scale.defined()) {
+    require_cuda(scale, "scale");
+    if (scale.dtype() != DType::f32 || scale.numel() != 1) throw std::invalid_argument("scale must be a 1-element float32 tensor");
+  }
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>()});
+    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr});
   });
 }
 
