@@ -97,7 +97,8 @@ TEST(FailureModes, AMetricsFileThatCannotBeWrittenCostsNothingElse) {
   // 4 KiB limit would refuse) are not used: TCP between the ranks, no shared-memory all-reduce.
   for (const std::string& launcher : {std::string("bash -c"), std::string("mpirun -np 2 --oversubscribe --mca btl self,tcp -x AMP_COMM_SHM=0 bash -c")}) {
     TempDir d;
-    const std::string args = kMlp + "--steps 60 --save-weights w.safetensors --checkpoint-dir ck";
+    // On the CPU: the emulated GPU's NCCL keeps shared files of its own, which the limit would refuse.
+    const std::string args = kMlp + "--device cpu --steps 60 --save-weights w.safetensors --checkpoint-dir ck";
     const std::string out = shell(launcher + " \"ulimit -f 4; exec $AMP " + args + " --metrics m.jsonl\"; echo exit=$?", d);
     EXPECT_TRUE(has(out, "exit=1")) << launcher << out;
     EXPECT_TRUE(has(out, "--metrics: cannot write")) << out;
@@ -112,7 +113,7 @@ TEST(FailureModes, AMetricsFileThatCannotBeWrittenCostsNothingElse) {
     // The weights and the checkpoint are there, and they are the control run's (no metrics).
     ASSERT_TRUE(fs::exists(d.file("w.safetensors"))) << out;
     EXPECT_TRUE(fs::exists(d.file("ck/step-00000060/trainer.json"))) << out;
-    const std::string control = shell(launcher + " \"$AMP " + kMlp + "--steps 60 --save-weights c.safetensors\"", d);
+    const std::string control = shell(launcher + " \"$AMP " + kMlp + "--device cpu --steps 60 --save-weights c.safetensors\"", d);
     const auto mine = safetensors::load(d.file("w.safetensors")), theirs = safetensors::load(d.file("c.safetensors"));
     ASSERT_EQ(mine.size(), theirs.size()) << control;
     for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i].second.to_vector(), theirs[i].second.to_vector());
