@@ -133,10 +133,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
       message = e.what();
     } catch (const std::bad_alloc&) {
       code = 1;
-      message = std::string("out of memory while setting up (") +
-                (cfg.model == "gpt"   ? "are --n-embd, --n-layer, --block-size or --batch-size"
-                 : cfg.model == "mtl" ? "are --in-features, --hidden, --features, --tasks or --batch-size"
-                                      : "is --width or --batch-size") +
+      message = "out of memory while setting up (" + models::configure_model(cfg.model, cfg.model_flags)->size_flags() +
                 " too large for this machine?)";
     } catch (const std::exception& e) {
       code = 1;
@@ -182,19 +179,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
   if (!agreed("building the model and loading the data")) return code;
   if (rank0) {
-    char model[512];
-    if (cfg.model == "mtl")
-      std::snprintf(model, sizeof model, "mtl %lld tasks (%lld-%lld-%lld trunk, %s)", static_cast<long long>(cfg.tasks),
-                    static_cast<long long>(cfg.in_features), static_cast<long long>(cfg.hidden),
-                    static_cast<long long>(cfg.features), cfg.aggregator.c_str());
-    else if (cfg.model == "gpt")
-      std::snprintf(model, sizeof model, "gpt %lld layers x %lld heads x %lld wide, block %lld, on %s",
-                    static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
-                    static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.block_size), cfg.data.c_str());
-    else
-      std::snprintf(model, sizeof model, "mlp %lldx%lld", static_cast<long long>(cfg.layers), static_cast<long long>(cfg.width));
+    const std::string model = trainer->spec().describe(cfg.data);
     std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
-                mpi.size(), device.str().c_str(), model,
+                mpi.size(), device.str().c_str(), model.c_str(),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off");

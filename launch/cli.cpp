@@ -1,13 +1,14 @@
 #include "launch/cli.h"
 
-#include "jd/aggregator.h"
 #include "launch/trainer.h"
+#include "models/model_spec.h"
 #include "runtime/ops.h"
 #include "runtime/number_format.h"
 
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -128,111 +129,33 @@ void require(bool ok, const char* flag, const T& value, const std::string& rule)
   throw UsageError(os.str());
 }
 
-// Sizes that cannot fit are refused here, naming the flag, rather than as a bad_alloc later. The
-// estimate is a floor (fp32 weights, gradients, two optimizer slots and the reducer's buckets; a
-// micro-batch's activations, saved for backward, with their gradients), held against this
-// machine's physical memory.
-void check_memory(const TrainConfig& c) {
-  const long double gib = 1024.0L * 1024.0L * 1024.0L;
-  const long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
-  if (ram <= 0) return;
-  const long double w = static_cast<long double>(c.width), layers = static_cast<long double>(c.layers);
-  const long double model = layers * w * (w + 1) * 4 * 5;
-  const long double activations = static_cast<long double>(c.batch_size) * w * (layers + 2) * 4 * 4;
-  auto need = [&](long double bytes) {
-    std::ostringstream os;
-    os.precision(3);
-    os << bytes / gib << " GiB, and this machine has " << ram / gib << " GiB";
-    return os.str();
-  };
-  if (c.model == "mtl") {
-    // The trunk in -> hidden -> features and one features -> 1 head per task: weights, gradients,
-    // two optimizer slots and a spare copy in fp32; the trunk's Jacobian [tasks, trunk] and its
-    // all-reduced copy; a micro-batch's activations.
-    const long double in = static_cast<long double>(c.in_features), h = static_cast<long double>(c.hidden);
-    const long double f = static_cast<long double>(c.features), tasks = static_cast<long double>(c.tasks);
-    const long double trunk = in * h + h + h * f + f;
-    const long double mtl = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2;
-    const long double acts = static_cast<long double>(c.batch_size) * (in + 2 * h + 2 * f + tasks) * 4 * 4;
-    if (mtl > ram)
-      throw UsageError("--in-features " + std::to_string(c.in_features) + ", --hidden " + std::to_string(c.hidden) +
-                       ", --features " + std::to_string(c.features) + " and --tasks " + std::to_string(c.tasks) +
-                       ": the model and its Jacobian alone need at least " + need(mtl));
-    if (mtl + acts > ram)
-      throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --in-features " + std::to_string(c.in_features) +
-                       " and --hidden " + std::to_string(c.hidden) + ": a micro-batch's activations and the model need at least " +
-                       need(mtl + acts) + "; use more --micro-batches of a smaller --batch-size");
-    return;
+// The model's own flags and checks are its kind's (models/model_spec.h): sizes that cannot fit in
+// this machine's physical memory are refused there, naming the flag, rather than as a bad_alloc later.
+void check_model(const TrainConfig& c) {
+  std::shared_ptr<const models::ModelSpec> spec;
+  try {
+    spec = models::configure_model(c.model, c.model_flags);
+    const long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+    spec->check({c.data, c.batch_size}, ram > 0 ? ram : 0.0L);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
   }
-  if (c.model == "gpt") {
-    // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the
-    // backward (about 16 values of [B, T, C] a layer, and the attention weights [B, H, T, T] with
-    // their dropout mask) and the logits [B, T, 256].
-    const long double C = static_cast<long double>(c.n_embd), L = static_cast<long double>(c.n_layer);
-    const long double T = static_cast<long double>(c.block_size), B = static_cast<long double>(c.batch_size);
-    const long double gpt = (12 * L * C * C + (256 + T) * C) * 4 * 4;
-    const long double acts = B * T * (16 * C * L + 2 * static_cast<long double>(c.n_head) * T * L + 3 * 256) * 4;
-    if (gpt > ram)
-      throw UsageError("--n-embd " + std::to_string(c.n_embd) + ", --n-layer " + std::to_string(c.n_layer) +
-                       " and --block-size " + std::to_string(c.block_size) + " (the position embedding): the model alone needs at least " +
-                       need(gpt));
-    if (gpt + acts > ram)
-      throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --block-size " + std::to_string(c.block_size) +
-                       ": a micro-batch's activations and the model need at least " + need(gpt + acts) +
-                       "; use more --micro-batches of a smaller --batch-size");
-    return;
-  }
-  if (model > ram)
-    throw UsageError("--width " + std::to_string(c.width) + " with --layers " + std::to_string(c.layers) +
-                     ": the model alone needs at least " + need(model));
-  if (model + activations > ram)
-    throw UsageError("--batch-size " + std::to_string(c.batch_size) + " at --width " + std::to_string(c.width) +
-                     ": a micro-batch's activations and the model need at least " + need(model + activations) +
-                     "; use more --micro-batches of a smaller --batch-size");
+  if (c.grad_penalty > 0.0 && !spec->double_backward())
+    throw UsageError("--grad-penalty: not available with --model " + c.model);
+  if (c.bf16_rounded_weight_grads && spec->aggregator(0) != nullptr)
+    throw UsageError("--bf16-rounded-weight-grads: --model " + c.model + " takes its gradients by Jacobian descent "
+                     "(grad()), which rounds them as PyTorch does already");
 }
 
 void check_ranges(const TrainConfig& c, int world_size) {
-  require(c.model == "mlp" || c.model == "mtl" || c.model == "gpt", "--model", c.model, "must be mlp, mtl or gpt");
-  if (c.model == "gpt") {
-    require(c.n_layer >= 1, "--n-layer", c.n_layer, "must be >= 1");
-    require(c.n_head >= 1, "--n-head", c.n_head, "must be >= 1");
-    require(c.n_embd >= 1 && c.n_embd % c.n_head == 0, "--n-embd", c.n_embd,
-            "must be a positive multiple of --n-head=" + std::to_string(c.n_head));
-    require(c.block_size >= 1, "--block-size", c.block_size, "must be >= 1");
-    require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout", c.dropout, "must be in [0, 1)");
-    if (c.data == "synthetic")
-      throw UsageError("--data: --model gpt trains on a text FILE (bytes); launch/run_example.sh makes one from the "
-                       "King James Bible (Debian's bible-kjv)");
-    if (c.grad_penalty > 0.0) throw UsageError("--grad-penalty: not available with --model gpt");
-  }
   require(c.eval_every >= 0, "--eval-every", c.eval_every, "must be >= 0 (0: never)");
   require(c.eval_batches >= 1, "--eval-batches", c.eval_batches, "must be >= 1");
-  require(c.sample_tokens >= 0, "--sample-tokens", c.sample_tokens, "must be >= 0");
-  require(c.temperature > 0.0 && std::isfinite(c.temperature), "--temperature", c.temperature, "must be a finite number > 0");
-  require(c.top_k >= 1, "--top-k", c.top_k, "must be >= 1");
   require(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "must be >= 0 (0: at the end only)");
   require(c.keep_checkpoints >= 1, "--keep-checkpoints", c.keep_checkpoints, "must be >= 1");
   if ((c.checkpoint_every > 0 || c.resume) && c.checkpoint_dir.empty())
     throw UsageError("--checkpoint-every and --resume need --checkpoint-dir DIR");
   if (!c.init_weights.empty() && (c.resume || !c.resume_from.empty()))
     throw UsageError("--init-weights: a resumed run's weights come from its checkpoint; give one or the other");
-  if (c.model == "mtl") {
-    require(c.tasks >= 1, "--tasks", c.tasks, "must be >= 1");
-    require(c.in_features >= 1, "--in-features", c.in_features, "must be >= 1");
-    require(c.hidden >= 1, "--hidden", c.hidden, "must be >= 1");
-    require(c.features >= 1, "--features", c.features, "must be >= 1");
-    if (c.grad_penalty > 0.0) throw UsageError("--grad-penalty: not available with --model mtl");
-    try {
-      // Built and tried on a [tasks, 3] Jacobian: an aggregator that refuses this many rows (Krum,
-      // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
-      auto agg = jd::make_aggregator(c.aggregator);
-      (*agg)(ones({c.tasks, 3}));
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--aggregator: ") + e.what());
-    }
-  }
-  require(c.width >= 1, "--width", c.width, "must be >= 1");
-  require(c.layers >= 1, "--layers", c.layers, "must be >= 1");
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
@@ -283,10 +206,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   if (c.bf16_rounded_weight_grads && c.amp != AmpMode::bf16)
     throw UsageError("--bf16-rounded-weight-grads: only --amp bf16 has bf16 weight gradients to round (fp16 keeps "
                      "PyTorch's rounding always)");
-  if (c.bf16_rounded_weight_grads && c.model == "mtl")
-    throw UsageError("--bf16-rounded-weight-grads: --model mtl takes its gradients by Jacobian descent (grad()), "
-                     "which rounds them as PyTorch does already");
-  check_memory(c);
+  check_model(c);
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");
@@ -295,20 +215,33 @@ void check_ranges(const TrainConfig& c, int world_size) {
   }
 }
 
-// A flag of one model given to another is a mistake, not a default to ignore; so is
-// --keep-checkpoints without a directory to keep them in.
+// The chosen model's flags become its values; a flag of another model is a mistake, not a default
+// to ignore; so is --keep-checkpoints without a directory to keep them in.
+// collect: take the chosen model's values; else: refuse another model's flags.
+void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect) {
+  auto given = [&vm](const std::string& flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+  try {
+    models::model_kind(c.model);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  for (const models::ModelKind& kind : models::model_kinds())
+    for (const models::ModelFlag& f : kind.flags) {
+      if (!given(f.name)) continue;
+      if (kind.name == c.model) {
+        if (collect) c.model_flags[f.name] = vm[f.name].as<std::string>();
+        continue;
+      }
+      if (collect) continue;
+      bool also_mine = false;  // two kinds may share a flag's name
+      for (const models::ModelFlag& g : models::model_kind(c.model).flags) also_mine = also_mine || g.name == f.name;
+      if (!also_mine)
+        throw UsageError("--" + f.name + ": only --model " + kind.name + " uses it (this run is --model " + c.model + ")");
+    }
+}
+
 void check_flags_apply(const po::variables_map& vm, const TrainConfig& c) {
-  static const std::pair<const char*, std::vector<const char*>> owners[] = {
-      {"mlp", {"width", "layers"}},
-      {"mtl", {"tasks", "in-features", "hidden", "features", "aggregator"}},
-      {"gpt", {"n-layer", "n-head", "n-embd", "block-size", "dropout", "eval-every", "eval-batches", "sample-tokens",
-               "temperature", "top-k", "prompt"}}};
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
-  for (const auto& [model, flags] : owners)
-    for (const char* flag : flags)
-      if (c.model != model && given(flag))
-        throw UsageError(std::string("--") + flag + ": only --model " + model + " uses it (this run is --model " +
-                         c.model + ")");
   if (given("keep-checkpoints") && c.checkpoint_dir.empty())
     throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
 }
@@ -330,27 +263,28 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("metrics", po::value(&c.metrics), "write per-step metrics as JSON Lines to FILE (rank 0)")
     ("log-every", with_default(&c.log_every), "progress line every N steps on rank 0 (0: off)");
   po::options_description model("Model");
+  std::string kinds;
+  for (const models::ModelKind& k : models::model_kinds()) kinds += (kinds.empty() ? "" : ", ") + k.name + " (" + k.summary + ")";
+  model.add_options()("model", with_default(&c.model), kinds.c_str());
+  // Each kind's own flags (models/model_spec.h), as text that the kind parses and checks.
+  std::vector<std::string> added;
+  for (const models::ModelKind& k : models::model_kinds())
+    for (const models::ModelFlag& f : k.flags) {
+      if (std::find(added.begin(), added.end(), f.name) != added.end()) continue;
+      added.push_back(f.name);
+      std::string shown = f.default_value;
+      for (size_t p = 0; (p = shown.find('\n', p)) != std::string::npos;) shown.replace(p, 1, "\\n");
+      model.add_options()(f.name.c_str(), po::value<std::string>()->default_value(f.default_value, shown), f.help.c_str());
+    }
   model.add_options()
-    ("model", with_default(&c.model), "mlp, mtl (multi-task, Jacobian descent), or gpt (GPT-2 on bytes of a text file)")
-    ("width", with_default(&c.width), "mlp: hidden width (also the input and output size)")
-    ("layers", with_default(&c.layers), "mlp: number of Linear layers")
-    ("tasks", with_default(&c.tasks), "mtl: tasks (losses, heads)")
-    ("in-features", with_default(&c.in_features), "mtl: input size")
-    ("hidden", with_default(&c.hidden), "mtl: the shared trunk's hidden size")
-    ("features", with_default(&c.features), "mtl: the shared features' size")
-    ("aggregator", with_default(&c.aggregator),
-     "mtl: upgrad|mean|sum|random|dualproj|mgda|pcgrad|imtlg|alignedmtl|config|graddrop|trimmedmean[:T]|krum[:F[:K]]|constant:W1,W2,...")
-    ("n-layer", with_default(&c.n_layer), "gpt: transformer blocks")
-    ("n-head", with_default(&c.n_head), "gpt: attention heads")
-    ("n-embd", with_default(&c.n_embd), "gpt: embedding width (a multiple of --n-head)")
-    ("block-size", with_default(&c.block_size), "gpt: context length in bytes")
-    ("dropout", with_default(&c.dropout), "gpt: dropout probability (embeddings, attention, residuals)")
     ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
     ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
+  std::string data_help = "synthetic, or a FILE:";
+  for (const models::ModelKind& k : models::model_kinds()) data_help += " " + k.name + ": " + k.data_help + ";";
+  data_help.pop_back();
   po::options_description training("Training");
   training.add_options()
-    ("data", with_default(&c.data),
-     "synthetic, or a FILE: mlp x, y [N, width] and mtl x [N, in], y1..yT [N, 1] (safetensors); gpt: any text")
+    ("data", with_default(&c.data), data_help.c_str())
     ("steps", with_default(&c.steps), "optimizer steps")
     ("batch-size", with_default(&c.batch_size), "samples per rank per micro-batch")
     ("micro-batches", with_default(&c.micro_batches), "micro-batches accumulated per step")
@@ -371,14 +305,10 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
      "report the gradients' 2-norm in the metrics without --clip-grad-norm too (one more read of every gradient a step)")
     ("clip-grad-value", with_default(&c.clip_grad_value), "clamp each gradient (0: off)")
     ("grad-penalty", with_default(&c.grad_penalty), "add LAMBDA * ||grad loss||_2 (0: off)");
-  po::options_description evals("Evaluation and sampling (gpt)");
+  po::options_description evals("Evaluation (a model whose data has a validation split)");
   evals.add_options()
     ("eval-every", with_default(&c.eval_every), "validation loss every N steps and after the last (0: never)")
-    ("eval-batches", with_default(&c.eval_batches), "validation batches (of --batch-size per rank) per evaluation")
-    ("sample-tokens", with_default(&c.sample_tokens), "print N bytes sampled from the model at the end (0: none)")
-    ("temperature", with_default(&c.temperature), "sampling temperature")
-    ("top-k", with_default(&c.top_k), "sample among the K most likely bytes")
-    ("prompt", po::value(&c.prompt)->default_value(c.prompt, "\\n"), "text the sample continues");
+    ("eval-batches", with_default(&c.eval_batches), "validation batches (of --batch-size per rank) per evaluation");
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()
     ("checkpoint-dir", po::value(&c.checkpoint_dir), "write checkpoints under DIR (step-NNNNNNNN/ each)")
@@ -450,7 +380,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     }
     po::notify(vm);
     c.overlap = !no_overlap;
+    take_model_flags(vm, c, true);
     check_ranges(c, world_size);
+    take_model_flags(vm, c, false);
     check_flags_apply(vm, c);
   } catch (const po::error& e) {
     res.exit_code = 2;

@@ -31,7 +31,7 @@ struct StepRecord {
   int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;
 };
 
-// The validation loss (gpt): mean over the evaluation's batches, averaged over ranks.
+// The validation loss: mean over the evaluation's batches, averaged over ranks.
 struct EvalRecord {
   int64_t step;
   double val_loss;

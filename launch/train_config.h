@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "models/model_spec.h"
+
 namespace amp::launch {
 
 enum class AmpMode { off, fp16, bf16 };
@@ -24,23 +26,13 @@ struct Injection {
 };
 
 struct TrainConfig {
-  // Model
-  std::string model = "mlp";  // mlp | mtl | gpt
-  int64_t width = 256;        // mlp
-  int64_t layers = 3;         // mlp
-  // mtl: TorchJD's example network, trained by Jacobian descent with --aggregator.
-  int64_t tasks = 2, in_features = 10, hidden = 5, features = 3;
-  std::string aggregator = "upgrad";
-  // gpt: nanoGPT's GPT-2 on bytes (vocabulary 256), trained on a text file (--data).
-  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
-  double dropout = 0.0;
-  // Evaluation and sampling (gpt): the validation loss over eval_batches batches every eval_every
-  // steps and after the last (0: never); sample_tokens bytes sampled at the end (0: none).
+  // Model: a kind of the registry (models/model_spec.h) and the values of its own flags, by name
+  // ({"n-layer", "2"}); the flags not given keep the kind's defaults.
+  std::string model = models::model_kinds().front().name;
+  models::ModelFlagValues model_flags;
+  // Evaluation (a model whose data has a validation split): the validation loss over eval_batches
+  // batches every eval_every steps and after the last (0: never).
   int64_t eval_every = 0, eval_batches = 8;
-  int64_t sample_tokens = 0;
-  double temperature = 0.8;
-  int64_t top_k = 200;
-  std::string prompt = "\n";
   // Checkpoints: every checkpoint_every steps (and at the end, and when interrupted) into
   // checkpoint_dir/step-NNNNNNNN, keeping the last keep_checkpoints; resume from the latest.
   std::string checkpoint_dir;

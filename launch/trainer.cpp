@@ -19,10 +19,6 @@
 #include "comm/replica_check.h"
 #include "launch/interrupt.h"
 #include "jd/mtl_backward.h"
-#include "models/mlp.h"
-#include "models/mtl.h"
-#include "models/gpt.h"
-#include "models/gpt_sample.h"
 #include "runtime/autograd.h"
 #include "runtime/backend.h"
 #include "runtime/fnv1a.h"
@@ -104,29 +100,14 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     if (std::sscanf(s, "%d:%lld", &stall_.rank, &stall_.step) != 2) stall_ = {};
   }
   Generator gen(cfg_.seed);
-  if (cfg_.model == "mtl") {
-    model_ = models::make_mtl_model({cfg_.tasks, cfg_.in_features, cfg_.hidden, cfg_.features}, gen, device_);
-    data_ = cfg_.data == "synthetic" ? make_synthetic_tasks(cfg_.in_features, cfg_.hidden, cfg_.tasks, cfg_.seed, device_)
-                                     : load_task_dataset(cfg_.data, cfg_.in_features, cfg_.tasks, device_);
-    aggregator_ = jd::make_aggregator(cfg_.aggregator, cfg_.seed);
-  } else if (cfg_.model == "gpt") {
-    models::GptConfig g;
-    g.n_layer = cfg_.n_layer;
-    g.n_head = cfg_.n_head;
-    g.n_embd = cfg_.n_embd;
-    g.block_size = cfg_.block_size;
-    g.dropout = cfg_.dropout;
-    auto gpt = models::make_gpt_model(g, gen, device_);
-    gpt_ = gpt.get();
-    model_ = std::move(gpt);
-    auto text = load_text_dataset(cfg_.data, cfg_.block_size, device_);
-    text_ = text.get();
-    data_ = std::move(text);
-  } else {
-    model_ = models::make_mlp_model({cfg_.width, cfg_.width, cfg_.width, cfg_.layers}, gen, device_);
-    data_ = cfg_.data == "synthetic" ? make_synthetic(cfg_.width, cfg_.seed, device_)
-                                     : load_dataset(cfg_.data, cfg_.width, device_);
-  }
+  spec_ = models::configure_model(cfg_.model, cfg_.model_flags);
+  spec_->check({cfg_.data, cfg_.batch_size}, 0.0L);
+  model_ = spec_->build(gen, device_);
+  data_ = spec_->data(cfg_.data, cfg_.seed, device_);
+  aggregator_ = spec_->aggregator(cfg_.seed);
+  if (cfg_.eval_every > 0 && !data_->has_validation())
+    throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
+                                ") has no validation split");
   if (!cfg_.init_weights.empty()) {
     nn::load_state_dict(model_->module(), safetensors::load(cfg_.init_weights), cfg_.init_weights);
   }
@@ -177,25 +158,18 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
 }
 
 nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
-  nlohmann::json model = {{"model", cfg_.model}};
-  if (cfg_.model == "gpt")
-    model.update({{"n_layer", cfg_.n_layer}, {"n_head", cfg_.n_head}, {"n_embd", cfg_.n_embd},
-                  {"block_size", cfg_.block_size}, {"vocab_size", 256}});
-  else if (cfg_.model == "mtl")
-    model.update({{"tasks", cfg_.tasks}, {"in_features", cfg_.in_features}, {"hidden", cfg_.hidden}, {"features", cfg_.features}});
-  else
-    model.update({{"width", cfg_.width}, {"layers", cfg_.layers}});
+  // The model's identity ({"model": {...}, "dropout": ...}), then what every run must match.
+  nlohmann::json must_match = spec_->checkpoint_identity();
   const int64_t E = cfg_.batch_size * cfg_.micro_batches * comm_.size();
+  must_match.update({{"effective_batch", E},
+                     {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
+                     {"amp", cfg_.amp == AmpMode::off ? "off" : cfg_.amp == AmpMode::fp16 ? "fp16" : "bf16"},
+                     {"loss_scaling", scaler_->is_enabled()},
+                     {"seed", cfg_.seed},
+                     // The data's size, not its path: a moved file resumes.
+                     {"data_samples", data_->resume_size()}});
   return {{"format", 2},
-          {"must_match", {{"model", model},
-                          {"effective_batch", E},
-                          {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
-                          {"amp", cfg_.amp == AmpMode::off ? "off" : cfg_.amp == AmpMode::fp16 ? "fp16" : "bf16"},
-                          {"loss_scaling", scaler_->is_enabled()},
-                          {"seed", cfg_.seed},
-                          {"dropout", cfg_.dropout},
-                          // The data's size, not its path: a moved file resumes.
-                          {"data_samples", text_ ? text_->train_bytes() : data_->period()}}},
+          {"must_match", must_match},
           {"data", cfg_.data},
           {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
           // Samples of the stream consumed: step i uses [(i - 1) E, i E).
@@ -207,7 +181,7 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
           // Skipped since step 1, so that a resumed run's count (and its all-skipped rule) is the
           // uninterrupted run's.
           {"skipped_steps", skipped_steps_},
-          // Seeded aggregators draw by call count (--model mtl).
+          // Seeded aggregators draw by call count (multi-task models).
           {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
           // Not required to match: a resumed run may train longer, or on another schedule (and says so).
           {"schedule", {{"lr_schedule", cfg_.lr_schedule == LrSchedule::cosine ? "cosine" : "constant"},
@@ -470,7 +444,7 @@ double Trainer::evaluate() {
     // Batch k is sequences [k R B, (k + 1) R B) of the validation stream; rank r takes its B.
     const int64_t B = cfg_.batch_size, R = comm_.size();
     for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
-      const models::Batch b = text_->validation_rows((k * R + comm_.rank()) * B, B);
+      const models::Batch b = data_->validation_rows((k * R + comm_.rank()) * B, B);
       add_(total, model_->losses(b).per_task.at(0).detach().reshape({1}).to(DType::f32));
     }
   }
@@ -480,16 +454,11 @@ double Trainer::evaluate() {
   return total.item();
 }
 
-std::string Trainer::sample() {
+std::string Trainer::after_training() {
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   autocast ac(device_.type, amp_dtype, cfg_.amp != AmpMode::off, true, CastLists::cuda);
   provide_casts();
-  models::SampleOptions o;
-  o.tokens = cfg_.sample_tokens;
-  o.temperature = cfg_.temperature;
-  o.top_k = cfg_.top_k;
-  o.seed = math::mix64(cfg_.seed ^ 0x73616d706c65ull);  // the sampler's own stream
-  return models::sample(*gpt_, cfg_.prompt, o);
+  return spec_->after_training(*model_, cfg_.seed);
 }
 
 int64_t Trainer::first_sample(int64_t step) const {
@@ -727,13 +696,13 @@ TrainResult Trainer::run() {
     if (rank0 && cfg_.log_every > 0 && (r.step % cfg_.log_every == 0 || r.step == cfg_.steps || stopping)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       // Samples per second, or tokens per second for a language model (block_size tokens a sample).
-      const double tokens_per_sample = gpt_ ? static_cast<double>(cfg_.block_size) : 1.0;
+      const double tokens_per_sample = spec_->tokens_per_sample();
       const int64_t done = r.step - start_step_;
       const double rate = static_cast<double>(done * samples_per_step) * tokens_per_sample / elapsed;
       const double eta = elapsed / static_cast<double>(done) * static_cast<double>(cfg_.steps - r.step);
       std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f %s/s  ETA %.0fs",
                   static_cast<long long>(r.step), static_cast<long long>(cfg_.steps), number_str(r.loss).c_str(), r.lr,
-                  r.scale, static_cast<long long>(result.skipped_steps), rate, gpt_ ? "tokens" : "samples", eta);
+                  r.scale, static_cast<long long>(result.skipped_steps), rate, spec_->unit(), eta);
       if (r.device_launches >= 0)
         std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
                     static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),
@@ -763,7 +732,7 @@ TrainResult Trainer::run() {
   };
   // A failure that ends the run is the metrics' last record (when they can still be written).
   try {
-    if (gpt_ && cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // about ln 256, for bytes
+    if (cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // the untrained model's (about ln 256, for bytes)
     for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
       result.steps_done = step;
       comm_.set_context("step " + std::to_string(step));
@@ -777,7 +746,7 @@ TrainResult Trainer::run() {
       else late = std::make_unique<PendingStep>(std::move(cur));
       if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
         require_consistent(check_replicas(&result), step);
-      if (gpt_ && cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
+      if (cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
         flush_late();
         report_evaluation(step);
       }
@@ -835,11 +804,9 @@ TrainResult Trainer::run() {
       metrics.write(FailedRecord{result.steps_done, result.errors.front()});
     metrics.close();
     if (!metrics.error().empty()) result.errors.push_back(metrics.error());
-    if (rank0 && gpt_ && cfg_.sample_tokens > 0 && !stopping) {
-      const std::string text = sample();
-      std::printf("--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n%s%s\n---\n",
-                  static_cast<long long>(cfg_.sample_tokens), cfg_.temperature, static_cast<long long>(cfg_.top_k),
-                  cfg_.prompt.c_str(), text.c_str());
+    if (rank0 && !stopping) {
+      const std::string text = after_training();  // a language model's sample, say
+      std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
     }
   } catch (const JobError& e) {

@@ -13,13 +13,12 @@
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
 #include "jd/aggregator.h"
-#include "launch/dataset.h"
-#include "models/training_model.h"
 #include "launch/checkpoint.h"
 #include "launch/metrics.h"
-#include "launch/text_dataset.h"
-#include "models/gpt.h"
 #include "launch/train_config.h"
+#include "models/data/dataset.h"
+#include "models/model_spec.h"
+#include "models/training_model.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_support.h"
 #include "runtime/nn/layers.h"
@@ -60,6 +59,7 @@ class Trainer {
   // Collective from here on: broadcasts rank 0's weights, sets up the reducer, trains.
   TrainResult run();
   nn::Module& model() { return model_->module(); }
+  const models::ModelSpec& spec() const { return *spec_; }
   const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
@@ -86,16 +86,15 @@ class Trainer {
   TrainConfig cfg_;
   comm::Communicator& comm_;
   Device device_;
+  std::shared_ptr<const models::ModelSpec> spec_;  // the configured kind of model (registry)
   std::unique_ptr<models::TrainingModel> model_;
-  std::unique_ptr<Dataset> data_;
-  models::GptModel* gpt_ = nullptr;  // model_, when it is the GPT
-  TextDataset* text_ = nullptr;      // data_, when it is text
+  std::unique_ptr<models::Dataset> data_;
   // Inside an autocast region: the optimizer's low-precision copies, when kept, as the casts of the parameters.
   void provide_casts() const;
   // The validation loss over cfg_.eval_batches batches (collective: every rank, same step).
   double evaluate();
-  // cfg_.sample_tokens bytes continuing cfg_.prompt (this rank alone; no collective).
-  std::string sample();
+  // What the model prints after training, under the run's autocast (this rank alone; no collective).
+  std::string after_training();
   // Checkpoints (launch/checkpoint.h): the configuration a resume must match, restoring one (in the
   // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
   nlohmann::json checkpoint_meta(int64_t step) const;

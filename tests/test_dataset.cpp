@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "launch/dataset.h"
-#include "launch/text_dataset.h"
+#include "models/data/dataset.h"
+#include "models/data/text_dataset.h"
 #include "runtime/ops.h"
 #include "test_util.h"
 
@@ -25,7 +25,7 @@ TEST(TextData, RowsFollowTheLayoutToTheByte) {
   const int64_t N = 1001, T = 8;
   std::string bytes(static_cast<size_t>(N), '\0');
   for (int64_t i = 0; i < N; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((i * 7 + i / 256) % 256);
-  auto data = launch::make_text_dataset(bytes, T, kCPU, "generated");
+  auto data = models::make_text_dataset(bytes, T, kCPU, "generated");
   EXPECT_EQ(data->train_bytes(), 900);  // 9 * 1001 / 10, rounded down
   EXPECT_EQ(data->validation_bytes(), 101);
   auto check = [&](const models::Batch& b, int64_t base, int64_t n, int64_t first, int64_t count) {
@@ -49,13 +49,13 @@ TEST(TextData, RowsFollowTheLayoutToTheByte) {
 }
 
 TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
-  const int64_t width = 16, pool = launch::pool_samples(2 * width);
+  const int64_t width = 16, pool = models::pool_samples(2 * width);
   EXPECT_EQ(pool % 256, 0);
   EXPECT_GE(pool, 256);
-  auto data = launch::make_synthetic(width, 7, kCPU);
+  auto data = models::make_synthetic(width, 7, kCPU);
   // A batch that crosses a chunk boundary (256) row by row equals single-sample requests, asked
   // in another order from a fresh stream (so the chunks are generated in another order too).
-  auto fresh = launch::make_synthetic(width, 7, kCPU);
+  auto fresh = models::make_synthetic(width, 7, kCPU);
   const models::Batch b_x = data->rows(250, 12);
   const Tensor x = b_x.x, y = b_x.targets.at(0);
   for (int64_t k = 11; k >= 0; --k) {
@@ -73,7 +73,7 @@ TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
   EXPECT_EQ(row_of(yw, 3), row_of(y0, 1));
   EXPECT_NE(row_of(xw, 1), row_of(x0, 1));
   // Another seed, other samples; x is standard normal and y is not degenerate.
-  auto other = launch::make_synthetic(width, 8, kCPU);
+  auto other = models::make_synthetic(width, 8, kCPU);
   EXPECT_NE(row_of(other->rows(0, 1).x, 0), row_of(x0, 0));
   const models::Batch b_xs = data->rows(0, 256);
   const Tensor xs = b_xs.x, ys = b_xs.targets.at(0);
@@ -85,7 +85,7 @@ TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {
 
 // The multi-task stream: one [N, 1] target per task, each from its own teacher, x shared.
 TEST(SyntheticData, MultiTaskTargetsComeFromATeacherEach) {
-  auto data = launch::make_synthetic_tasks(10, 5, 3, 7, kCPU);
+  auto data = models::make_synthetic_tasks(10, 5, 3, 7, kCPU);
   const models::Batch b = data->rows(100, 300);
   ASSERT_EQ(b.targets.size(), 3u);
   EXPECT_EQ(b.x.shape(), (Shape{300, 10}));
@@ -94,7 +94,7 @@ TEST(SyntheticData, MultiTaskTargetsComeFromATeacherEach) {
     EXPECT_GT(mean(mul(t, t)).item(), 0.01);
   }
   EXPECT_NE(b.targets[0].to_vector(), b.targets[1].to_vector());
-  auto again = launch::make_synthetic_tasks(10, 5, 3, 7, kCPU);
+  auto again = models::make_synthetic_tasks(10, 5, 3, 7, kCPU);
   EXPECT_EQ(again->rows(100, 300).targets[2].to_vector(), b.targets[2].to_vector());
 }
 

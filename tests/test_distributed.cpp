@@ -21,8 +21,7 @@ using launch::TrainConfig;
 
 TrainConfig base_config() {
   TrainConfig c;
-  c.width = 24;
-  c.layers = 3;
+  c.model_flags = {{"width", "24"}, {"layers", "3"}};
   c.steps = 6;
   c.batch_size = 4;
   c.lr = 0.05f;
@@ -101,7 +100,7 @@ TEST(Distributed, MicroBatchesTimesBatchEqualsOneMicroBatch) { expect_micro_batc
 TrainConfig mtl_config() {
   TrainConfig c = base_config();
   c.model = "mtl";
-  c.tasks = 3;
+  c.model_flags = {{"tasks", "3"}};
   c.batch_size = 8;
   c.lr = 0.05;
   return c;
@@ -154,10 +153,7 @@ TEST(Distributed, MultiTaskMicroBatchesEqualOneMicroBatch) {
 TrainConfig gpt_config() {
   TrainConfig c = base_config();
   c.model = "gpt";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.block_size = 16;
+  c.model_flags = {{"n-layer", "2"}, {"n-head", "2"}, {"n-embd", "16"}, {"block-size", "16"}};
   c.batch_size = 2;
   c.steps = 4;
   c.optimizer = launch::OptimizerKind::adamw;
@@ -171,7 +167,7 @@ TEST(Distributed, GptRanksTimesBatchEqualsOneRank) {
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: with one, both runs are the same run";
   for (double dropout : {0.0, 0.2}) {
     TrainConfig many = gpt_config();
-    many.dropout = dropout;
+    many.model_flags["dropout"] = std::to_string(dropout);
     Pair p = ranks_against_one_rank(many);
     expect_same_training(p.many, p.tm->model(), p.one, p.to->model(), 2e-5);
     EXPECT_TRUE(comm::check_replicas(w, p.tm->model().parameters()).consistent);
@@ -180,11 +176,11 @@ TEST(Distributed, GptRanksTimesBatchEqualsOneRank) {
 
 TEST(Distributed, GptMicroBatchesEqualOneMicroBatch) {
   TrainConfig k = gpt_config();
-  k.dropout = 0.1;
+  k.model_flags["dropout"] = "0.1";
   expect_micro_batches_equal_one(k, 3);
   // A control: dropout does change the training (so the equality is not of runs without it).
   TrainConfig with = k, without = k;
-  without.dropout = 0.0;
+  without.model_flags["dropout"] = "0";
   std::unique_ptr<launch::Trainer> ta, tb;
   const auto ra = train(with, world(), nullptr, &ta), rb = train(without, world(), nullptr, &tb);
   EXPECT_GT(std::fabs(ra.records.back().loss - rb.records.back().loss), 1e-4);
@@ -242,7 +238,7 @@ TEST(Distributed, LowPrecisionCopiesChangeNoNumber) {
   configs.push_back(c);
   c = gpt_config();
   c.amp = launch::AmpMode::bf16;
-  c.dropout = 0.1;
+  c.model_flags["dropout"] = "0.1";
   c.eval_every = 2;
   c.eval_batches = 2;
   configs.push_back(c);

@@ -1,4 +1,5 @@
-// Training data. Step i (0-based) uses samples [i E, (i+1) E) of the stream, E = batch × micro-batches
+// Training data (the models layer: each model kind names its data source, models/model_spec.h).
+// Step i (0-based) uses samples [i E, (i+1) E) of the stream, E = batch × micro-batches
 // × ranks, split rank-major: rank r takes [r K B, (r+1) K B) of those, and its micro-batch m takes
 // [m B, (m+1) B). So R ranks × batch B see exactly the samples of 1 rank × batch R·B.
 #pragma once
@@ -10,18 +11,25 @@
 #include "runtime/nn/layers.h"
 #include "runtime/tensor.h"
 
-namespace amp::launch {
+namespace amp::models {
 
 class Dataset {
  public:
   virtual ~Dataset() = default;
   // Rows [first, first + count) of the sample stream: x [count, in] and each target [count, out_t].
-  virtual models::Batch rows(int64_t first, int64_t count) = 0;
+  virtual Batch rows(int64_t first, int64_t count) = 0;
   // Makes rows [first, first + count) ready, so that rows() then only copies them.
   virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
   // Rows that prepare() can make: the stream repeats with this period (0: all rows are ready).
   virtual int64_t period() const { return 0; }
   virtual std::string describe() const = 0;
+  // A validation split (text has one): rows [first, first + count) of its own stream, laid out as
+  // the training stream. None by default (has_validation() false, validation_rows() throws).
+  virtual bool has_validation() const { return false; }
+  virtual Batch validation_rows(int64_t first, int64_t count);
+  // What a resumed run's data must match: its size (the pool's samples, or the training bytes),
+  // not its path, so that a moved file resumes.
+  virtual int64_t resume_size() const { return period(); }
 };
 
 // x ~ N(0, 1) from a counter-based stream (pool sample j uses counters j·width...), y = teacher(x)
@@ -41,4 +49,4 @@ std::unique_ptr<Dataset> load_dataset(const std::string& path, int64_t width, De
 // x [N, in] and y1 ... yT [N, 1] (float32) from a safetensors file, for the multi-task model.
 std::unique_ptr<Dataset> load_task_dataset(const std::string& path, int64_t in_features, int64_t tasks, Device device);
 
-}  // namespace amp::launch
+}  // namespace amp::models

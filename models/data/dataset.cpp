@@ -1,7 +1,9 @@
-#include "launch/dataset.h"
+#include "models/data/dataset.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include "models/mlp.h"
@@ -10,7 +12,7 @@
 #include "runtime/ops.h"
 #include "runtime/safetensors.h"
 
-namespace amp::launch {
+namespace amp::models {
 
 namespace {
 
@@ -38,8 +40,8 @@ std::vector<Tensor> copy_rows(const std::vector<Tensor>& sources, int64_t first,
   return out;
 }
 
-models::Batch to_batch(std::vector<Tensor> v) {
-  models::Batch b;
+Batch to_batch(std::vector<Tensor> v) {
+  Batch b;
   b.x = v[0];
   b.targets.assign(v.begin() + 1, v.end());
   return b;
@@ -70,7 +72,7 @@ class Synthetic final : public Dataset {
       : in_(in), teachers_(std::move(teachers)), seed_(seed), device_(device), what_(std::move(what)) {
     chunks_.resize(static_cast<size_t>(pool_samples(floats_per_sample) / kChunk));
   }
-  models::Batch rows(int64_t first, int64_t count) override {
+  Batch rows(int64_t first, int64_t count) override {
     const std::vector<Tensor>& first_chunk = chunk(((first % period()) / kChunk));
     return to_batch(copy_rows(first_chunk, first, count, period(), kChunk, [this](int64_t c) -> const std::vector<Tensor>& { return chunk(c); }));
   }
@@ -106,7 +108,7 @@ class Synthetic final : public Dataset {
 class FromFile final : public Dataset {
  public:
   FromFile(std::vector<Tensor> tensors, std::string path) : tensors_(std::move(tensors)), path_(std::move(path)) {}
-  models::Batch rows(int64_t first, int64_t count) override {
+  Batch rows(int64_t first, int64_t count) override {
     const int64_t n = tensors_[0].shape()[0];
     return to_batch(copy_rows(tensors_, first, count, n, n, [this](int64_t) -> const std::vector<Tensor>& { return tensors_; }));
   }
@@ -147,6 +149,10 @@ std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std:
 
 }  // namespace
 
+Batch Dataset::validation_rows(int64_t, int64_t) {
+  throw std::logic_error(describe() + ": this data has no validation split");
+}
+
 int64_t pool_samples(int64_t floats_per_sample) {
   constexpr int64_t kBudget = int64_t{256} << 20;  // bytes of every sample's x and targets together
   const int64_t fit = kBudget / (floats_per_sample * static_cast<int64_t>(sizeof(float)));
@@ -182,4 +188,4 @@ std::unique_ptr<Dataset> load_task_dataset(const std::string& path, int64_t in_f
   return std::make_unique<FromFile>(read_tensors(path, wanted, expected, device), path);
 }
 
-}  // namespace amp::launch
+}  // namespace amp::models

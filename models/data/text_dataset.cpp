@@ -1,4 +1,4 @@
-#include "launch/text_dataset.h"
+#include "models/data/text_dataset.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace amp::launch {
+namespace amp::models {
 
 namespace {
 
@@ -25,8 +25,8 @@ class Text final : public TextDataset {
     check(train_, "training");
     check(n - train_, "validation");
   }
-  models::Batch rows(int64_t first, int64_t count) override { return batch(0, train_, first, count); }
-  models::Batch validation_rows(int64_t first, int64_t count) override {
+  Batch rows(int64_t first, int64_t count) override { return batch(0, train_, first, count); }
+  Batch validation_rows(int64_t first, int64_t count) override {
     return batch(train_, static_cast<int64_t>(bytes_.size()) - train_, first, count);
   }
   int64_t train_bytes() const override { return train_; }
@@ -37,7 +37,7 @@ class Text final : public TextDataset {
   }
 
  private:
-  models::Batch batch(int64_t base, int64_t size, int64_t first, int64_t count) const {
+  Batch batch(int64_t base, int64_t size, int64_t first, int64_t count) const {
     const int64_t T = block_, span = size - T - 1;
     std::vector<int64_t> x(static_cast<size_t>(count * T)), y(x.size());
     for (int64_t j = 0; j < count; ++j) {
@@ -48,7 +48,7 @@ class Text final : public TextDataset {
         y[static_cast<size_t>(j * T + t)] = static_cast<unsigned char>(bytes_[static_cast<size_t>(base + start + t + 1)]);
       }
     }
-    models::Batch b;
+    Batch b;
     b.x = from_int64(x, {count, T}, device_);
     b.targets = {from_int64(y, {count, T}, device_)};
     b.first = first;
@@ -80,4 +80,4 @@ std::unique_ptr<TextDataset> load_text_dataset(const std::string& path, int64_t 
   return make_text_dataset(std::move(bytes), block_size, device, path);
 }
 
-}  // namespace amp::launch
+}  // namespace amp::models

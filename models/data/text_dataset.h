@@ -6,14 +6,14 @@
 #include <memory>
 #include <string>
 
-#include "launch/dataset.h"
+#include "models/data/dataset.h"
 
-namespace amp::launch {
+namespace amp::models {
 
 class TextDataset : public Dataset {
  public:
-  // Rows [first, first + count) of the validation split's stream (the same layout).
-  virtual models::Batch validation_rows(int64_t first, int64_t count) = 0;
+  bool has_validation() const override { return true; }
+  int64_t resume_size() const override { return train_bytes(); }
   virtual int64_t train_bytes() const = 0;
   virtual int64_t validation_bytes() const = 0;
 };
@@ -24,4 +24,4 @@ std::unique_ptr<TextDataset> load_text_dataset(const std::string& path, int64_t 
 // The same from bytes in memory (tests).
 std::unique_ptr<TextDataset> make_text_dataset(std::string bytes, int64_t block_size, Device device, std::string name);
 
-}  // namespace amp::launch
+}  // namespace amp::models

@@ -1,0 +1,116 @@
+// --model gpt: nanoGPT's GPT-2 on the bytes of a text file (models/gpt.h), its validation split
+// evaluated by the trainer, and text sampled at the end (models/gpt_sample.h).
+#include <cstdio>
+#include <stdexcept>
+
+#include "models/data/text_dataset.h"
+#include "models/gpt.h"
+#include "models/gpt_sample.h"
+#include "models/model_spec.h"
+#include "runtime/rng_math.h"
+
+namespace amp::models {
+
+namespace {
+
+class GptSpec final : public ModelSpec {
+ public:
+  GptSpec(const GptConfig& c, const SampleOptions& sample, std::string prompt)
+      : c_(c), sample_(sample), prompt_(std::move(prompt)) {}
+  void check(const RunShape& run, long double ram) const override {
+    if (run.data == "synthetic")
+      throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes); launch/run_example.sh makes one "
+                                  "from the King James Bible (Debian's bible-kjv)");
+    if (ram <= 0) return;
+    // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the
+    // backward (about 16 values of [B, T, C] a layer, and the attention weights [B, H, T, T] with
+    // their dropout mask) and the logits [B, T, 256].
+    const long double C = static_cast<long double>(c_.n_embd), L = static_cast<long double>(c_.n_layer);
+    const long double T = static_cast<long double>(c_.block_size), B = static_cast<long double>(run.batch_size);
+    const long double gpt = (12 * L * C * C + (256 + T) * C) * 4 * 4;
+    const long double acts = B * T * (16 * C * L + 2 * static_cast<long double>(c_.n_head) * T * L + 3 * 256) * 4;
+    if (gpt > ram)
+      throw std::invalid_argument("--n-embd " + std::to_string(c_.n_embd) + ", --n-layer " + std::to_string(c_.n_layer) +
+                                  " and --block-size " + std::to_string(c_.block_size) +
+                                  " (the position embedding): the model alone needs at least " + memory_needed(gpt, ram));
+    if (gpt + acts > ram)
+      throw std::invalid_argument("--batch-size " + std::to_string(run.batch_size) + " at --block-size " +
+                                  std::to_string(c_.block_size) + ": a micro-batch's activations and the model need at least " +
+                                  memory_needed(gpt + acts, ram) + "; use more --micro-batches of a smaller --batch-size");
+  }
+  std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
+    return make_gpt_model(c_, gen, device);
+  }
+  std::unique_ptr<Dataset> data(const std::string& data, uint64_t, Device device) const override {
+    return load_text_dataset(data, c_.block_size, device);
+  }
+  nlohmann::json checkpoint_identity() const override {
+    return {{"model",
+             {{"model", "gpt"}, {"n_layer", c_.n_layer}, {"n_head", c_.n_head}, {"n_embd", c_.n_embd},
+              {"block_size", c_.block_size}, {"vocab_size", c_.vocab_size}}},
+            {"dropout", c_.dropout}};
+  }
+  std::string describe(const std::string& data) const override {
+    return "gpt " + std::to_string(c_.n_layer) + " layers x " + std::to_string(c_.n_head) + " heads x " +
+           std::to_string(c_.n_embd) + " wide, block " + std::to_string(c_.block_size) + ", on " + data;
+  }
+  std::string size_flags() const override { return "are --n-embd, --n-layer, --block-size or --batch-size"; }
+  double tokens_per_sample() const override { return static_cast<double>(c_.block_size); }
+  const char* unit() const override { return "tokens"; }
+  bool double_backward() const override { return false; }
+  std::string after_training(TrainingModel& model, uint64_t seed) const override {
+    if (sample_.tokens == 0) return {};
+    SampleOptions o = sample_;
+    o.seed = math::mix64(seed ^ 0x73616d706c65ull);  // the sampler's own stream
+    const std::string text = sample(dynamic_cast<GptModel&>(model), prompt_, o);
+    char head[160];
+    std::snprintf(head, sizeof head, "--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n",
+                  static_cast<long long>(o.tokens), o.temperature, static_cast<long long>(o.top_k));
+    return head + prompt_ + text + "\n---\n";
+  }
+
+ private:
+  GptConfig c_;
+  SampleOptions sample_;
+  std::string prompt_;
+};
+
+}  // namespace
+
+ModelKind gpt_kind() {
+  ModelKind k;
+  k.name = "gpt";
+  k.summary = "GPT-2 on the bytes of a text file";
+  k.data_help = "any text (no synthetic data)";
+  k.flags = {{"n-layer", "4", "gpt: transformer blocks"},
+             {"n-head", "4", "gpt: attention heads"},
+             {"n-embd", "128", "gpt: embedding width (a multiple of --n-head)"},
+             {"block-size", "64", "gpt: context length in bytes"},
+             {"dropout", "0.0", "gpt: dropout probability (embeddings, attention, residuals)"},
+             {"sample-tokens", "0", "gpt: print N bytes sampled from the model at the end (0: none)"},
+             {"temperature", "0.8", "gpt: sampling temperature"},
+             {"top-k", "200", "gpt: sample among the K most likely bytes"},
+             {"prompt", "\n", "gpt: text the sample continues"}};
+  k.configure = [flags = k.flags](const ModelFlagValues& v) -> std::shared_ptr<const ModelSpec> {
+    const FlagReader r(flags, v);
+    GptConfig c;
+    c.n_layer = r.integer("n-layer", 1);
+    c.n_head = r.integer("n-head", 1);
+    c.n_embd = r.integer("n-embd", 1);
+    c.block_size = r.integer("block-size", 1);
+    c.dropout = r.number("dropout");
+    if (c.n_embd % c.n_head != 0)
+      throw std::invalid_argument("--n-embd must be a positive multiple of --n-head=" + std::to_string(c.n_head) +
+                                  ", got " + std::to_string(c.n_embd));
+    if (!(c.dropout >= 0.0 && c.dropout < 1.0)) throw std::invalid_argument("--dropout must be in [0, 1), got " + r.text("dropout"));
+    SampleOptions s;
+    s.tokens = r.integer("sample-tokens", 0);
+    s.temperature = r.number("temperature");
+    if (!(s.temperature > 0.0)) throw std::invalid_argument("--temperature must be a finite number > 0, got " + r.text("temperature"));
+    s.top_k = r.integer("top-k", 1);
+    return std::make_shared<GptSpec>(c, s, r.text("prompt"));
+  };
+  return k;
+}
+
+}  // namespace amp::models

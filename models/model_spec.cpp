@@ -1,0 +1,89 @@
+#include "models/model_spec.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace amp::models {
+
+namespace {
+std::vector<ModelKind>& kinds() {
+  // The built-in kinds: one line each.
+  static std::vector<ModelKind> all = {mlp_kind(), mtl_kind(), gpt_kind()};
+  return all;
+}
+}  // namespace
+
+const std::vector<ModelKind>& model_kinds() { return kinds(); }
+
+void register_model(ModelKind kind) {
+  for (const ModelKind& k : kinds())
+    if (k.name == kind.name) throw std::invalid_argument("register_model: a model named '" + kind.name + "' exists");
+  kinds().push_back(std::move(kind));
+}
+
+const ModelKind& model_kind(const std::string& name) {
+  std::string names;
+  for (const ModelKind& k : kinds()) {
+    if (k.name == name) return k;
+    names += (names.empty() ? "" : ", ") + k.name;
+  }
+  throw std::invalid_argument("--model must be one of " + names + ", got " + name);
+}
+
+std::shared_ptr<const ModelSpec> configure_model(const std::string& name, const ModelFlagValues& values) {
+  const ModelKind& kind = model_kind(name);
+  for (const auto& [flag, value] : values) {
+    bool known = false;
+    for (const ModelFlag& f : kind.flags) known = known || f.name == flag;
+    if (!known) throw std::invalid_argument("--" + flag + ": --model " + name + " has no such flag");
+  }
+  return kind.configure(values);
+}
+
+std::string FlagReader::text(const std::string& name) const {
+  const auto it = values_.find(name);
+  if (it != values_.end()) return it->second;
+  for (const ModelFlag& f : flags_)
+    if (f.name == name) return f.default_value;
+  throw std::logic_error("FlagReader: no flag --" + name);
+}
+
+int64_t FlagReader::integer(const std::string& name, int64_t min) const {
+  const std::string s = text(name);
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size())
+    throw std::invalid_argument("--" + name + " must be a whole number, got '" + s + "'");
+  if (v < min) throw std::invalid_argument("--" + name + " must be >= " + std::to_string(min) + ", got " + s);
+  return v;
+}
+
+double FlagReader::number(const std::string& name) const {
+  const std::string s = text(name);
+  size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size() || !std::isfinite(v))
+    throw std::invalid_argument("--" + name + " must be a finite number, got '" + s + "'");
+  return v;
+}
+
+std::string memory_needed(long double bytes, long double physical_memory) {
+  const long double gib = 1024.0L * 1024.0L * 1024.0L;
+  std::ostringstream os;
+  os.precision(3);
+  os << bytes / gib << " GiB, and this machine has " << physical_memory / gib << " GiB";
+  return os.str();
+}
+
+}  // namespace amp::models

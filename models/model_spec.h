@@ -1,0 +1,104 @@
+// The model registry: what the trainer and the CLI ask of a kind of model, so that neither names one.
+// A kind declares its name, its flags and their checks, its memory estimate, its data source, what a
+// checkpoint must match, and its optional hooks (sampling, Jacobian descent). Adding a model is one
+// file (its spec) and one line in model_spec.cpp's list, or register_model() from outside (tests,
+// a program that embeds the runtime).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "jd/aggregator.h"
+#include "models/data/dataset.h"
+#include "models/training_model.h"
+#include "runtime/random.h"
+
+namespace amp::models {
+
+// A flag of a model kind: --NAME VALUE, with its default and help as --help prints them.
+struct ModelFlag {
+  std::string name, default_value, help;
+};
+// The values a run gives its model's flags, by name (the ones not given keep their defaults).
+using ModelFlagValues = std::map<std::string, std::string>;
+
+// What the rest of the run looks like, for a model's checks.
+struct RunShape {
+  std::string data;  // --data: "synthetic" or a file
+  int64_t batch_size = 1;  // samples per rank per micro-batch
+};
+
+// One configured model of a kind: its flags' values parsed and checked.
+class ModelSpec {
+ public:
+  virtual ~ModelSpec() = default;
+  // Checks the run against this model (data, sizes against physical_memory bytes: 0 skips that).
+  // Throws std::invalid_argument naming the flag and what is wrong.
+  virtual void check(const RunShape& run, long double physical_memory) const = 0;
+  // A fresh model, initialised from gen.
+  virtual std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const = 0;
+  // Its data: "synthetic" or a file. Throws std::invalid_argument naming the file.
+  virtual std::unique_ptr<Dataset> data(const std::string& data, uint64_t seed, Device device) const = 0;
+  // What a checkpoint must match to resume into this model ({"model": {...}, ...}).
+  virtual nlohmann::json checkpoint_identity() const = 0;
+  // One line for the start of a run ("gpt 4 layers x 4 heads x 128 wide, block 64, on FILE").
+  virtual std::string describe(const std::string& data) const = 0;
+  // The flags that size it, for an out-of-memory message ("--width or --batch-size").
+  virtual std::string size_flags() const = 0;
+  // Progress: tokens per sample and their name ("tokens" for a language model).
+  virtual double tokens_per_sample() const { return 1.0; }
+  virtual const char* unit() const { return "samples"; }
+  // Multi-task models train by Jacobian descent: their aggregator (null: an ordinary model).
+  virtual std::unique_ptr<jd::Aggregator> aggregator(uint64_t /*seed*/) const { return nullptr; }
+  // Whether the step may differentiate through its own gradients (--grad-penalty).
+  virtual bool double_backward() const { return true; }
+  // After training (rank 0): text to print, e.g. a sample of a language model; empty: nothing.
+  virtual std::string after_training(TrainingModel& /*model*/, uint64_t /*seed*/) const { return {}; }
+};
+
+// A kind of model: its name (--model NAME), a line for --help, its flags, and how to configure one.
+struct ModelKind {
+  std::string name, summary;
+  std::string data_help;  // what --data FILE holds for it ("x, y [N, width] float32 (safetensors)")
+  std::vector<ModelFlag> flags;
+  // Parses and checks the values (unknown names are the caller's concern); throws std::invalid_argument
+  // naming the flag.
+  std::function<std::shared_ptr<const ModelSpec>(const ModelFlagValues&)> configure;
+};
+
+// Every kind, in registration order: the built-in ones, then those registered by register_model().
+const std::vector<ModelKind>& model_kinds();
+// Adds a kind (a test's, an embedding program's); a name already taken is refused.
+void register_model(ModelKind kind);
+// The kind named `name`; throws std::invalid_argument naming --model and the kinds there are.
+const ModelKind& model_kind(const std::string& name);
+// model_kind(name).configure(values), refusing a value for a flag the kind does not have.
+std::shared_ptr<const ModelSpec> configure_model(const std::string& name, const ModelFlagValues& values = {});
+
+// Reads a kind's flags from the values, with their defaults (a flag's check names it).
+class FlagReader {
+ public:
+  FlagReader(const std::vector<ModelFlag>& flags, const ModelFlagValues& values) : flags_(flags), values_(values) {}
+  std::string text(const std::string& name) const;
+  int64_t integer(const std::string& name, int64_t min) const;  // a whole number >= min
+  double number(const std::string& name) const;                 // any finite number
+
+ private:
+  const std::vector<ModelFlag>& flags_;
+  const ModelFlagValues& values_;
+};
+
+// "X GiB, and this machine has Y GiB": for the memory checks' messages.
+std::string memory_needed(long double bytes, long double physical_memory);
+
+// The built-in kinds (each in its own file).
+ModelKind mlp_kind();
+ModelKind mtl_kind();
+ModelKind gpt_kind();
+
+}  // namespace amp::models

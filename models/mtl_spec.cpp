@@ -1,0 +1,93 @@
+// --model mtl: TorchJD's multi-task example network (models/mtl.h), trained by Jacobian descent
+// with --aggregator.
+#include <stdexcept>
+
+#include "models/model_spec.h"
+#include "models/mtl.h"
+#include "runtime/ops.h"
+
+namespace amp::models {
+
+namespace {
+
+class MtlSpec final : public ModelSpec {
+ public:
+  MtlSpec(const MtlConfig& c, std::string aggregator) : c_(c), aggregator_(std::move(aggregator)) {}
+  void check(const RunShape& run, long double ram) const override {
+    if (ram <= 0) return;
+    // Weights, gradients, two optimizer slots and a spare copy in fp32; the trunk's Jacobian
+    // [tasks, trunk] and its all-reduced copy; a micro-batch's activations.
+    const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
+    const long double f = static_cast<long double>(c_.features), tasks = static_cast<long double>(c_.tasks);
+    const long double trunk = in * h + h + h * f + f;
+    const long double model = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2;
+    const long double acts = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 4 * 4;
+    if (model > ram)
+      throw std::invalid_argument("--in-features " + std::to_string(c_.in_features) + ", --hidden " +
+                                  std::to_string(c_.hidden) + ", --features " + std::to_string(c_.features) +
+                                  " and --tasks " + std::to_string(c_.tasks) +
+                                  ": the model and its Jacobian alone need at least " + memory_needed(model, ram));
+    if (model + acts > ram)
+      throw std::invalid_argument("--batch-size " + std::to_string(run.batch_size) + " at --in-features " +
+                                  std::to_string(c_.in_features) + " and --hidden " + std::to_string(c_.hidden) +
+                                  ": a micro-batch's activations and the model need at least " +
+                                  memory_needed(model + acts, ram) + "; use more --micro-batches of a smaller --batch-size");
+  }
+  std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
+    return make_mtl_model(c_, gen, device);
+  }
+  std::unique_ptr<Dataset> data(const std::string& data, uint64_t seed, Device device) const override {
+    return data == "synthetic" ? make_synthetic_tasks(c_.in_features, c_.hidden, c_.tasks, seed, device)
+                               : load_task_dataset(data, c_.in_features, c_.tasks, device);
+  }
+  nlohmann::json checkpoint_identity() const override {
+    return {{"model",
+             {{"model", "mtl"}, {"tasks", c_.tasks}, {"in_features", c_.in_features}, {"hidden", c_.hidden},
+              {"features", c_.features}}},
+            {"dropout", 0.0}};
+  }
+  std::string describe(const std::string&) const override {
+    return "mtl " + std::to_string(c_.tasks) + " tasks (" + std::to_string(c_.in_features) + "-" +
+           std::to_string(c_.hidden) + "-" + std::to_string(c_.features) + " trunk, " + aggregator_ + ")";
+  }
+  std::string size_flags() const override { return "are --in-features, --hidden, --features, --tasks or --batch-size"; }
+  std::unique_ptr<jd::Aggregator> aggregator(uint64_t seed) const override { return jd::make_aggregator(aggregator_, seed); }
+  bool double_backward() const override { return false; }  // its gradients come from grad() of each task
+
+ private:
+  MtlConfig c_;
+  std::string aggregator_;
+};
+
+}  // namespace
+
+ModelKind mtl_kind() {
+  ModelKind k;
+  k.name = "mtl";
+  k.summary = "multi-task, by Jacobian descent";
+  k.data_help = "x [N, in], y1..yT [N, 1] float32 (safetensors)";
+  k.flags = {{"tasks", "2", "mtl: tasks (losses, heads)"},
+             {"in-features", "10", "mtl: input size"},
+             {"hidden", "5", "mtl: the shared trunk's hidden size"},
+             {"features", "3", "mtl: the shared features' size"},
+             {"aggregator", "upgrad",
+              "mtl: upgrad|mean|sum|random|dualproj|mgda|pcgrad|imtlg|alignedmtl|config|graddrop|trimmedmean[:T]|"
+              "krum[:F[:K]]|constant:W1,W2,..."}};
+  k.configure = [flags = k.flags](const ModelFlagValues& v) -> std::shared_ptr<const ModelSpec> {
+    const FlagReader r(flags, v);
+    const MtlConfig c{r.integer("tasks", 1), r.integer("in-features", 1), r.integer("hidden", 1), r.integer("features", 1)};
+    const std::string aggregator = r.text("aggregator");
+    try {
+      // Built and tried on a [tasks, 3] Jacobian: an aggregator that refuses this many rows (Krum,
+      // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
+      auto agg = jd::make_aggregator(aggregator);
+      (*agg)(ones({c.tasks, 3}));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--aggregator: ") + e.what());
+    }
+    return std::make_shared<MtlSpec>(c, aggregator);
+  };
+  return k;
+}
+
+}  // namespace amp::models
