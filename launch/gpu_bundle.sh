@@ -11,7 +11,7 @@
 #              CPU test binaries, and Open MPI's orterun (mpirun) and orted, all stripped
 #   lib/       every shared library they load, found from the binaries (ldd: the whole closure), that
 #              is neither glibc nor the CUDA toolkit's/driver's; Open MPI's and PMIx's plugins
-#              (lib/openmpi, lib/pmix) and what those load; lib/gcc: libstdc++ and libgcc_s, used only
+#              (lib/openmpi, lib/pmix), hwloc's PCI plugin (lib/hwloc) and what those load; lib/gcc: libstdc++ and libgcc_s, used only
 #              where the node's own are older than what the binaries need
 #   share/ etc/  Open MPI's and PMIx's help texts and parameter files (mpirun reads them at run time)
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
@@ -60,7 +60,7 @@ fi
 stage=$top/build/bundle
 root=$stage/amp_gpu_bundle
 rm -rf "$stage"
-mkdir -p "$root"/{bin,libexec,lib/gcc,lib/openmpi,lib/pmix,share/openmpi,share/pmix,etc,launch}
+mkdir -p "$root"/{bin,libexec,lib/gcc,lib/openmpi,lib/pmix,lib/hwloc,share/openmpi,share/pmix,etc,launch}
 
 exes=()
 for p in "${programs[@]}"; do exes+=("$build/launch/$p"); done
@@ -84,6 +84,14 @@ if [[ -n $pmix_lib ]]; then
   [[ -d $pmix_dir/../share ]] && pmix_share=$(readlink -f "$pmix_dir/../share")
 fi
 
+# hwloc (Open MPI's topology) loads plugins of its own: the PCI one, which places GPUs and NICs on
+# their NUMA nodes. Its XML (libxml2 pulls 30 MB of ICU data; hwloc parses XML itself without it),
+# OpenCL and X11 ones are left out on purpose.
+hwloc_lib=$(ldd "$(command -v orted)" | awk '$1 ~ /^libhwloc\.so/ {print $3; exit}')
+hwloc_plugins=()
+[[ -n $hwloc_lib && -f $(dirname "$(readlink -f "$hwloc_lib")")/hwloc/hwloc_pci.so ]] &&
+  hwloc_plugins=("$(dirname "$(readlink -f "$hwloc_lib")")/hwloc/hwloc_pci.so")
+
 # The whole closure of what every ELF loads, from the loader itself (ldd), less the node's part.
 copy_deps() {
   local f line name path
@@ -105,10 +113,11 @@ for e in "${exes[@]}"; do
 done
 cp -L "${plugins[@]}" "$root/lib/openmpi/"
 ((${#pmix_plugins[@]})) && cp -L "${pmix_plugins[@]}" "$root/lib/pmix/"
+((${#hwloc_plugins[@]})) && cp -L "${hwloc_plugins[@]}" "$root/lib/hwloc/"
 # Open MPI's plugins load its libmca_common_* from its libdir: ldd finds them there.
-copy_deps "${exes[@]}" "${plugins[@]}" "${pmix_plugins[@]}"
+copy_deps "${exes[@]}" "${plugins[@]}" "${pmix_plugins[@]}" "${hwloc_plugins[@]}"
 chmod -R u+w "$root"
-strip --strip-unneeded "$root"/libexec/* "$root"/lib/*.so* "$root"/lib/openmpi/*.so "$root"/lib/pmix/*.so 2>/dev/null || true
+strip --strip-unneeded "$root"/libexec/* "$root"/lib/*.so* "$root"/lib/{openmpi,pmix,hwloc}/*.so 2>/dev/null || true
 mv "$root/libexec/$(basename "$mpirun_real")" "$root/libexec/mpirun"
 [[ $(basename "$orted_real") == orted ]] || mv "$root/libexec/$(basename "$orted_real")" "$root/libexec/orted"
 
@@ -197,6 +206,7 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   export PMIX_PREFIX=$_b PMIX_LIBDIR=$_b/lib PMIX_PKGLIBDIR=$_b/lib/pmix PMIX_DATADIR=$_b/share
   export PMIX_PKGDATADIR=$_b/share/pmix PMIX_SYSCONFDIR=$_b/etc
   export OMPI_MCA_mca_base_component_path=$_b/lib/openmpi PMIX_MCA_mca_base_component_path=$_b/lib/pmix
+  export HWLOC_PLUGINS_PATH=$_b/lib/hwloc
   export AMP_BUNDLE_ENV=1
   unset _b _ld _need _sys _py _site _lib _found _d _s
 fi
