@@ -17,7 +17,7 @@
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
 #              and NCCL (found on the node: the loader's cache, CUDA_HOME, /usr/local/cuda, PyTorch's
 #              nvidia-* wheels)
-#   launch/gpu_check.sh, launch/bench_vs_pytorch.py, MANIFEST
+#   launch/gpu_check.sh, launch/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
 # and checks the size (at most AMP_BUNDLE_MAX_MIB, default 48). tests/scripts/bundle_check.sh checks
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
 # machine without any of this project's packages. Use on the node: see README, "On a GPU node".
@@ -60,7 +60,7 @@ fi
 stage=$top/build/bundle
 root=$stage/amp_gpu_bundle
 rm -rf "$stage"
-mkdir -p "$root"/{bin,libexec,lib/gcc,lib/openmpi,lib/pmix,lib/hwloc,share/openmpi,share/pmix,etc,launch}
+mkdir -p "$root"/{bin,libexec,lib/gcc,lib/openmpi,lib/pmix,lib/hwloc,share/openmpi,share/pmix,etc,launch,tests}
 
 exes=()
 for p in "${programs[@]}"; do exes+=("$build/launch/$p"); done
@@ -127,7 +127,8 @@ if [[ -n $pmix_share ]]; then
   cp -r "$pmix_share"/pmix/. "$root/share/pmix/" 2>/dev/null || true
   cp "$pmix_share"/pmix-mca-params.conf "$root/etc/" 2>/dev/null || true
 fi
-cp launch/gpu_check.sh launch/bench_vs_pytorch.py "$root/launch/"
+cp launch/gpu_check.sh launch/gpu_bundle.sh launch/bench_vs_pytorch.py "$root/launch/"
+cp -r tests/data "$root/tests/"   # the test binaries' fixtures (AMP_TEST_DATA_DIR)
 
 # A wrapper per program, so that `env -i PATH=...` (as the CLI tests run amp_train) still works.
 for e in "$root"/libexec/*; do
@@ -207,6 +208,7 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   export PMIX_PKGDATADIR=$_b/share/pmix PMIX_SYSCONFDIR=$_b/etc
   export OMPI_MCA_mca_base_component_path=$_b/lib/openmpi PMIX_MCA_mca_base_component_path=$_b/lib/pmix
   export HWLOC_PLUGINS_PATH=$_b/lib/hwloc
+  export AMP_TEST_DATA_DIR=$_b/tests/data
   export AMP_BUNDLE_ENV=1
   unset _b _ld _need _sys _py _site _lib _found _d _s
 fi
