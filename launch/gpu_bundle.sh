@@ -76,7 +76,9 @@ ompi_pkgdata=$(ompi_path pkgdatadir)
 ompi_sysconf=$(ompi_path sysconfdir)
 plugins=("$ompi_pkglib"/*.so)
 # PMIx is Open MPI's external one on Debian: libpmix.so.2 with its plugins in pmix/ beside it.
-pmix_lib=$(ldd "$ompi_pkglib"/mca_pmix_*.so 2>/dev/null | awk '$1 ~ /^libpmix\.so/ {print $3; exit}')
+# (awk reads to the end in these pipelines: an early exit would kill the writer with SIGPIPE, and
+# pipefail would fail the script.)
+pmix_lib=$(ldd "$ompi_pkglib"/mca_pmix_*.so 2>/dev/null | awk '$1 ~ /^libpmix\.so/ && !p {print $3; p = 1}')
 pmix_plugins=() pmix_share=""
 if [[ -n $pmix_lib ]]; then
   pmix_dir=$(dirname "$(readlink -f "$pmix_lib")")
@@ -87,7 +89,7 @@ fi
 # hwloc (Open MPI's topology) loads plugins of its own: the PCI one, which places GPUs and NICs on
 # their NUMA nodes. Its XML (libxml2 pulls 30 MB of ICU data; hwloc parses XML itself without it),
 # OpenCL and X11 ones are left out on purpose.
-hwloc_lib=$(ldd "$(command -v orted)" | awk '$1 ~ /^libhwloc\.so/ {print $3; exit}')
+hwloc_lib=$(ldd "$(command -v orted)" | awk '$1 ~ /^libhwloc\.so/ && !p {print $3; p = 1}')
 hwloc_plugins=()
 [[ -n $hwloc_lib && -f $(dirname "$(readlink -f "$hwloc_lib")")/hwloc/hwloc_pci.so ]] &&
   hwloc_plugins=("$(dirname "$(readlink -f "$hwloc_lib")")/hwloc/hwloc_pci.so")
@@ -159,7 +161,8 @@ archs=$(grep -o 'arch=compute_[0-9]*,code=[^ ]*' $build/runtime/CMakeFiles/amp_r
 cat >"$root/env.sh" <<'EOF'
 # Sourced (sh or bash): the bundle's environment. Sets AMP_BUNDLE, PATH, LD_LIBRARY_PATH, Open MPI's
 # and PMIx's relocation variables, and finds on this node the CUDA libraries the binaries load
-# (AMP_BUNDLE_CUDA_LIBS: name=path or name=MISSING, each). Safe to source twice.
+# (AMP_BUNDLE_CUDA_LIBS: name=path or name=MISSING, each). Safe to source twice, and from a script
+# under set -e and pipefail: no command here fails, no pipeline ends early.
 if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   # The wrappers in bin/ set AMP_BUNDLE; a user's `source env.sh` (bash) finds it from its own path.
   [ -n "${AMP_BUNDLE:-}" ] && [ -f "$AMP_BUNDLE/MANIFEST" ] || AMP_BUNDLE=$(cd "$(dirname "${BASH_SOURCE:-$0}")" && pwd)
@@ -168,15 +171,15 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   _ld=$_b/lib
   # libstdc++/libgcc_s from the bundle only where the node's lack a version the binaries use.
   _need=$(sed -n 's/^glibcxx_needed=//p' "$_b/MANIFEST")
-  _sys=$(/sbin/ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  _sys=$(/sbin/ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ && !p {print $NF; p = 1}' || true)
   if [ -n "$_need" ] && { [ -z "$_sys" ] || ! grep -q "$_need" "$_sys" 2>/dev/null; }; then _ld=$_ld:$_b/lib/gcc; fi
   # The node's CUDA libraries: the loader's cache first, then the toolkit's directories, then PyTorch's
   # nvidia-* wheels (nvidia/nccl/lib, nvidia/cublas/lib).
-  _py=$(command -v python3 2>/dev/null)
+  _py=$(command -v python3 2>/dev/null || true)
   _site=""
   AMP_BUNDLE_CUDA_LIBS=""
   for _lib in $(sed -n 's/^cuda_libs=//p' "$_b/MANIFEST"); do
-    _found=$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$_lib" '$1 == n && /x86-64/ {print $NF; exit}')
+    _found=$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$_lib" '$1 == n && /x86-64/ && !p {print $NF; p = 1}' || true)
     if [ -z "$_found" ]; then
       for _d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${CUDA_HOME:+$CUDA_HOME/lib} /usr/local/cuda/lib64 /usr/local/cuda/lib \
                 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -184,7 +187,7 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
       done
     fi
     if [ -z "$_found" ] && [ -n "$_py" ]; then
-      [ -n "$_site" ] || _site=$("$_py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null)
+      [ -n "$_site" ] || _site=$("$_py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null || true)
       for _s in $_site; do
         for _d in "$_s"/nvidia/*/lib; do
           [ -e "$_d/$_lib" ] && { _found=$_d/$_lib; break 2; }

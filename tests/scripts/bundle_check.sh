@@ -16,7 +16,7 @@
 #    that nothing the archive needs comes from them. (Inside that tool, as CI runs, step 3 is left out:
 #    there the project's packages are installed, and steps 1 and 2 are what can be checked.)
 # --inside ARCHIVE: step 2 alone (what step 3 runs on the new machine).
-set -euo pipefail
+set -euo pipefail   # (so no pipeline here may end early: SIGPIPE would fail it)
 cd "$(dirname "$0")/../.."
 top=$PWD
 inside=0
@@ -60,7 +60,7 @@ if [[ $inside == 0 ]]; then
   done
   # The check itself must fail on an archive without one of amp_train's libraries.
   drop=$(readelf -d "$root/libexec/amp_train" | sed -n 's/.*(NEEDED).*Shared library: \[\(.*\)\]/\1/p' |
-         grep -Ev "$node_libs_re" | head -n1)
+         grep -Ev "$node_libs_re" | sed -n 1p)
   cp -a "$root" "$work/dropped"
   rm "$work/dropped/lib/$drop"
   if out=$(check_needed "$work/dropped"); then fail "with $drop removed the needed check still passes"; fi
@@ -102,7 +102,7 @@ for f in $opened; do
   n=$(basename "$f")
   if [[ $f != */* ]]; then
     [[ $n =~ $node_libs_re || -e $root/lib/$n ]] && continue
-    /sbin/ldconfig -p | awk '{print $1}' | grep -qxF "$n" || continue
+    /sbin/ldconfig -p | awk '{print $1}' | grep -xF "$n" >/dev/null || continue
   fi
   outside+=" $f"
 done
@@ -112,7 +112,7 @@ read -ra cpu_tests <<<"$(sed -n 's/^cpu_tests=//p' "$root/MANIFEST")"
 for t in "${cpu_tests[@]}"; do
   run "$root/bin/$t"; tail -n1 "$work/out.txt"
 done
-run "$root/bin/test_cuda"; grep -E '^\[  (PASSED|SKIPPED) ' "$work/out.txt" | head -n2
+run "$root/bin/test_cuda"; grep -m2 -E '^\[  (PASSED|SKIPPED) ' "$work/out.txt"
 set +e
 "$root/launch/gpu_check.sh" --bundle "$archive" --out "$work/gpu_check" >"$work/gc.txt" 2>&1
 rc=$?
