@@ -28,7 +28,7 @@
 # nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
 bundle="" out="" ranks=""
 while (($#)); do
   case $1 in
@@ -58,7 +58,7 @@ json_str() {
 write_json() {   # write_json VERDICT
   local f=$out/gpu_check.json i sep
   {
-    printf '{\n  "verdict": %s,\n  "mode": %s,\n  "stages": [' "$(json_str "$1")" "$(json_str "${bundle:+bundle}${bundle:-source}")"
+    printf '{\n  "verdict": %s,\n  "mode": %s,\n  "stages": [' "$(json_str "$1")" "$(json_str "$([[ -n $bundle ]] && echo bundle || echo source)")"
     sep=""
     for i in "${!names[@]}"; do
       printf '%s\n    {"name": %s, "result": %s, "seconds": %s, "log": %s}' "$sep" "$(json_str "${names[$i]}")" \
@@ -83,8 +83,8 @@ write_json() {   # write_json VERDICT
 }
 table() {
   echo
-  printf '%-18s %-34s %s\n' stage result seconds
-  for i in "${!names[@]}"; do printf '%-18s %-34s %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"; done
+  printf '%-18s %7s  %s\n' stage seconds result
+  for i in "${!names[@]}"; do printf '%-18s %7s  %s\n' "${names[$i]}" "${seconds[$i]}" "${results[$i]}"; done
 }
 # stop MESSAGE: a prerequisite is missing; what ran so far is in the table and the JSON. Exit 2.
 stop() {
@@ -108,7 +108,7 @@ stage() {
   names+=("$name"); seconds+=($((SECONDS - t0)))
   if ((rc == 124 || rc == 137)); then results+=("FAIL (timed out after ${limit} s)")
   elif ((rc != 0)); then results+=("FAIL (exit $rc)")
-  elif grep -q '^\[  SKIPPED \]' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
+  elif grep -q '\[  SKIPPED \]' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
   else results+=(pass); fi
 }
 skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); echo "== $1: skipped: $2"; }
@@ -268,18 +268,51 @@ visible_list="${visible[*]}"
 export -f gpu_env
 export visible_list driver_cuda build_cuda gpus real
 stage env 60 gpu_env
+lib_paths=()
 for lib in libcublas libcublasLt libnccl libcudart; do
   p=$(ldd "$real/test_nccl" 2>/dev/null | awk -v l="$lib.so" 'index($1, l) == 1 {print $3; exit}')
   [[ -n $p ]] && fact "$lib" "$(readlink -f "$p" 2>/dev/null || echo "$p")"
+  [[ -f $p && $lib != libcublasLt ]] && lib_paths+=("$p")
 done
-nccl_path=$(ldd "$real/test_nccl" 2>/dev/null | awk '/libnccl/ {print $3}')
+nccl_path=$(ldd "$real/test_nccl" 2>/dev/null | awk '/libnccl/ && $3 != "not" {print $3}')
 case $nccl_path in
-  */site-packages/*|*/dist-packages/*) fact nccl_from "PyTorch's nvidia-nccl wheel" ;;
-  "") fact nccl_from "not found" ;;
-  *) fact nccl_from "the system or the CUDA toolkit" ;;
+  */site-packages/*|*/dist-packages/*) nccl_from_text="PyTorch's nvidia-nccl wheel" ;;
+  "") nccl_from_text="not found" ;;
+  *) nccl_from_text="the system or the CUDA toolkit ($nccl_path)" ;;
 esac
-nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader >"$logs/gpus.csv" 2>/dev/null
+fact nccl_from "$nccl_from_text"
+visible_ids=$(printf '%s\n' "${visible[@]}" | grep -v '^MIG-' | paste -sd, || true)
+nvidia-smi --query-gpu=index,name,compute_cap,memory.total --format=csv,noheader ${visible_ids:+-i "$visible_ids"} \
+  >"$logs/gpus.csv" 2>/dev/null
 fact gpus "$(paste -sd';' "$logs/gpus.csv")"
+# The versions the libraries report themselves (their file names often carry none).
+if command -v python3 >/dev/null && ((${#lib_paths[@]})); then
+  fact library_versions "$(python3 - "${lib_paths[@]}" 2>&1 <<'EOF'
+import ctypes, sys
+out = []
+for path in sys.argv[1:]:
+    try:
+        lib, v = ctypes.CDLL(path), ctypes.c_int()
+        if "libcublas.so" in path:
+            p = [ctypes.c_int() for _ in range(3)]
+            for i in range(3):
+                lib.cublasGetProperty(i, ctypes.byref(p[i]))
+            out.append("cuBLAS %d.%d.%d" % tuple(x.value for x in p))
+        elif "libnccl.so" in path:
+            lib.ncclGetVersion(ctypes.byref(v))
+            c = v.value
+            out.append("NCCL %d.%d.%d" % ((c // 10000, c // 100 % 100, c % 100) if c >= 10000 else
+                                          (c // 1000, c // 100 % 10, c % 100)))
+        elif "libcudart.so" in path:
+            lib.cudaRuntimeGetVersion(ctypes.byref(v))
+            out.append("CUDA runtime %d.%d" % (v.value // 1000, v.value % 1000 // 10))
+    except OSError as e:
+        out.append("%s: %s" % (path, e))
+print(", ".join(out))
+EOF
+)"
+  echo "== libraries: ${facts_v[-1]}; NCCL from $nccl_from_text"
+fi
 
 # --- 2. the CUDA backend's and NCCL's own suites
 stage test_cuda 900 "$test_bin/test_cuda"
