@@ -232,7 +232,10 @@ if [[ -z $bundle ]]; then
 fi
 # A driver runs code of its own CUDA major version or older (minor versions are compatible).
 if [[ -n $driver_cuda && -n $build_cuda ]] && ((${driver_cuda%%.*} < ${build_cuda%%.*})); then
-  stop "the driver supports CUDA $driver_cuda, the build uses CUDA $build_cuda: a driver for CUDA ${build_cuda%%.*} is needed (for 13: R580 or newer)"
+  need="a driver for CUDA ${build_cuda%%.*} is needed"
+  [[ ${build_cuda%%.*} == 13 ]] && need+=" (R580 or newer)"
+  [[ ${build_cuda%%.*} == 12 ]] && need+=" (R525 or newer)"
+  stop "the driver supports CUDA $driver_cuda, the build uses CUDA $build_cuda: $need"
 fi
 
 if [[ -z $bundle ]]; then
