@@ -171,18 +171,26 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   _ld=$_b/lib
   # libstdc++/libgcc_s from the bundle only where the node's lack a version the binaries use.
   _need=$(sed -n 's/^glibcxx_needed=//p' "$_b/MANIFEST")
-  _sys=$(/sbin/ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ && !p {print $NF; p = 1}' || true)
+  _sys=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ && !p {print $NF; p = 1}' || true)
   if [ -n "$_need" ] && { [ -z "$_sys" ] || ! grep -q "$_need" "$_sys" 2>/dev/null; }; then _ld=$_ld:$_b/lib/gcc; fi
-  # The node's CUDA libraries: the loader's cache first, then the toolkit's directories, then PyTorch's
-  # nvidia-* wheels (nvidia/nccl/lib, nvidia/cublas/lib).
+  # The node's CUDA libraries: where the loader looks, then the toolkit's directories, then PyTorch's
+  # nvidia-* wheels (nvidia/nccl/lib, nvidia/cublas/lib, nvidia/cu13/lib).
+  PATH=$PATH:/sbin:/usr/sbin   # ldconfig
   _py=$(command -v python3 2>/dev/null || true)
   _site=""
   AMP_BUNDLE_CUDA_LIBS=""
   for _lib in $(sed -n 's/^cuda_libs=//p' "$_b/MANIFEST"); do
-    _found=$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$_lib" '$1 == n && /x86-64/ && !p {print $NF; p = 1}' || true)
+    # In the loader's order: LD_LIBRARY_PATH (a `module load cuda`), its cache, then the usual places.
+    _found=""
+    for _d in $(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' ' '); do
+      [ -e "$_d/$_lib" ] && { _found=$_d/$_lib; break; }
+    done
+    [ -n "$_found" ] ||
+      _found=$(ldconfig -p 2>/dev/null | awk -v n="$_lib" '$1 == n && /x86-64/ && !p {print $NF; p = 1}' || true)
+    [ -e "$_found" ] || _found=""   # the cache can name a file that is gone
     if [ -z "$_found" ]; then
-      for _d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${CUDA_HOME:+$CUDA_HOME/lib} /usr/local/cuda/lib64 /usr/local/cuda/lib \
-                /usr/local/cuda/targets/x86_64-linux/lib; do
+      for _d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${CUDA_HOME:+$CUDA_HOME/lib} ${CUDA_PATH:+$CUDA_PATH/lib64} \
+                /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
         [ -e "$_d/$_lib" ] && { _found=$_d/$_lib; break; }
       done
     fi

@@ -279,7 +279,7 @@ for lib in libcublas libcublasLt libnccl libcudart; do
 done
 nccl_path=$(ldd "$real/test_nccl" 2>/dev/null | awk '/libnccl/ && $3 != "not" {print $3}')
 case $nccl_path in
-  */site-packages/*|*/dist-packages/*) nccl_from_text="PyTorch's nvidia-nccl wheel" ;;
+  */site-packages/*|*/dist-packages/*|*/nvidia/*/lib/*) nccl_from_text="PyTorch's nvidia-nccl wheel" ;;
   "") nccl_from_text="not found" ;;
   *) nccl_from_text="the system or the CUDA toolkit ($nccl_path)" ;;
 esac
