@@ -54,7 +54,7 @@ for i in range(layers):
         mods.append(torch.nn.ReLU())
 model = torch.nn.Sequential(*mods).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
-dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+dtype = torch.float16 if mode == "fp16" else torch.bfloat16  # (unused by fp32: autocast is off)
 scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()) \
     if mode == "fp16" else None
 # A pool of samples produced once, as amp_train's synthetic data is (after its first pass).
@@ -141,7 +141,7 @@ if cuda:  # the fused CUDA AdamW, where this PyTorch has it (2.0 and newer)
         opt = torch.optim.AdamW(groups, lr=1e-3)
 else:
     opt = torch.optim.AdamW(groups, lr=1e-3)
-dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+dtype = torch.float16 if mode == "fp16" else torch.bfloat16  # (unused by fp32: autocast is off)
 scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()) \
     if mode == "fp16" else None
 data = torch.tensor(list(open(cfg["data"], "rb").read()), dtype=torch.int64)
