@@ -1,72 +1,367 @@
 #!/usr/bin/env bash
-# The first thing to run on a machine with one or more GPUs (and what we run the day one is lent).
+# The first thing to run on a machine with one or more GPUs. Two ways:
 #
-# A GPU machine must already have what no Debian package here provides:
-#   - an NVIDIA driver that sees the GPUs (nvidia-smi -L lists them),
-#   - the CUDA toolkit, 12 or newer (nvcc on PATH or in /usr/local/cuda/bin, with cuBLAS),
-#   - NCCL (nccl.h and libnccl.so, in the toolkit's tree or the system's).
-# Everything else (MPI, Boost, BLAS, oneDNN, CMake, GoogleTest) launch/setup.sh installs.
+#   launch/gpu_check.sh --bundle ARCHIVE [--out DIR] [--ranks N]
+#       On a node where nothing can be installed or built: ARCHIVE is launch/gpu_bundle.sh's
+#       amp_gpu_bundle.tar.xz (or the directory it unpacks to). Needs there an NVIDIA driver, the CUDA
+#       toolkit's libraries (cuBLAS; NCCL from the toolkit or PyTorch's nvidia-nccl wheel) and, for
+#       the last stage, Python with PyTorch. The script is in the archive too:
+#       tar -xJf amp_gpu_bundle.tar.xz && amp_gpu_bundle/launch/gpu_check.sh --bundle amp_gpu_bundle
+#   launch/gpu_check.sh [--out DIR] [--ranks N]
+#       From source on a machine with apt: launch/setup.sh, then the `cuda` preset (warnings are
+#       errors). Needs the driver, the CUDA toolkit 12 or newer (nvcc, cuBLAS) and NCCL.
 #
-# Stages, each under its own time limit; a failed stage does not stop the later ones:
-#   setup, build (preset cuda, warnings are errors), test_cuda, test_nccl (2+ GPUs), the MLP
-#   benchmark (fp32, fp16 + scaler, bf16), and a 50-step data-parallel run on every GPU.
-# Prints a pass/fail table and exits 1 when any stage failed (2 when a prerequisite is missing).
-# Logs: build/cuda/gpu_check/<stage>.log.
+# Stages, each under its own time limit (timeout), each logged to DIR/logs/STAGE.log; a failed stage
+# does not stop the later ones:
+#   bundle      (--bundle) the archive unpacks and its programs load: amp_train --help, 3 CPU steps
+#   env         driver, the GPUs CUDA_VISIBLE_DEVICES leaves visible, compute capability, the CUDA
+#               version the driver supports against the build's, cuBLAS's and NCCL's versions and paths
+#   test_cuda, test_nccl_np1, test_nccl_npN (N = visible GPUs, when 2 or more)
+#   sanitize_{memcheck,racecheck,synccheck,initcheck}   compute-sanitizer over test_cuda, where it exists
+#   emu_train   test_emu_train's comparisons of --device cuda with the CPU backend, on this GPU
+#   train       50 data-parallel fp16 steps, one rank per visible GPU
+#   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench_vs_pytorch.py --device cuda: against
+#               PyTorch on this GPU (skipped where Python has no PyTorch)
+# A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
+# fact and figure goes to DIR/gpu_check.json.
+# Exit: 0 all passed; 1 a stage failed; 2 a prerequisite is missing (no NVIDIA driver, no visible GPU,
+# nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-build=build/cuda
-logs=$build/gpu_check
-[[ -d /usr/local/cuda/bin ]] && export PATH=$PATH:/usr/local/cuda/bin
+src=$(cd "$(dirname "$0")/.." && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
+bundle="" out="" ranks=""
+while (($#)); do
+  case $1 in
+    --bundle) bundle=${2:?--bundle needs an archive or a directory}; shift ;;
+    --out) out=${2:?--out needs a directory}; shift ;;
+    --ranks) ranks=${2:?--ranks needs a number}; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -z $ranks || $ranks =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --ranks $ranks: a positive number, please" >&2; exit 2; }
+if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
+mkdir -p "$out/logs" || exit 2
+out=$(cd "$out" && pwd)
+logs=$out/logs
 
-missing() { echo "gpu_check: $1" >&2; echo "gpu_check: a GPU machine must already have an NVIDIA driver, the CUDA toolkit (nvcc, cuBLAS) and NCCL; see the top of this script" >&2; exit 2; }
+# ------------------------------------------------------------------------------------------------
+# Records: stages, facts (key value), and the JSON that holds them.
+names=() results=() seconds=() facts_k=() facts_v=()
+fact() { facts_k+=("$1"); facts_v+=("$2"); }
+json_str() {
+  local s=$1
+  s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\t'/\\t}; s=${s//$'\r'/}
+  printf '"%s"' "$s"
+}
+write_json() {   # write_json VERDICT
+  local f=$out/gpu_check.json i sep
+  {
+    printf '{\n  "verdict": %s,\n  "mode": %s,\n  "stages": [' "$(json_str "$1")" "$(json_str "$([[ -n $bundle ]] && echo bundle || echo source)")"
+    sep=""
+    for i in "${!names[@]}"; do
+      printf '%s\n    {"name": %s, "result": %s, "seconds": %s, "log": %s}' "$sep" "$(json_str "${names[$i]}")" \
+        "$(json_str "${results[$i]}")" "${seconds[$i]}" "$(json_str "$logs/${names[$i]}.log")"
+      sep=","
+    done
+    printf '\n  ],\n  "facts": {'
+    sep=""
+    for i in "${!facts_k[@]}"; do
+      printf '%s\n    %s: %s' "$sep" "$(json_str "${facts_k[$i]}")" "$(json_str "${facts_v[$i]}")"
+      sep=","
+    done
+    printf '\n  },\n  "bench": {'
+    sep=""
+    for b in "$out"/bench_*.json; do
+      [[ -s $b ]] || continue
+      printf '%s\n    %s: %s' "$sep" "$(json_str "$(basename "$b" .json)")" "$(cat "$b")"
+      sep=","
+    done
+    printf '\n  }\n}\n'
+  } >"$f"
+}
+table() {
+  echo
+  printf '%-18s %7s  %s\n' stage seconds result
+  for i in "${!names[@]}"; do printf '%-18s %7s  %s\n' "${names[$i]}" "${seconds[$i]}" "${results[$i]}"; done
+}
+# stop MESSAGE: a prerequisite is missing; what ran so far is in the table and the JSON. Exit 2.
+stop() {
+  echo "gpu_check: $1" >&2
+  fact stopped "$1"
+  table
+  write_json "prerequisite missing: $1"
+  echo "gpu_check: stopped (exit 2); logs in $logs, figures in $out/gpu_check.json" >&2
+  exit 2
+}
 
-command -v nvidia-smi >/dev/null || missing "nvidia-smi not found: no NVIDIA driver is installed"
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-((${gpus:-0} > 0)) || missing "nvidia-smi -L lists no GPU (driver not loaded, or CUDA_VISIBLE_DEVICES hides them)"
-command -v nvcc >/dev/null || missing "nvcc not found (looked on PATH and in /usr/local/cuda/bin): install the CUDA toolkit"
-nccl_h=$(find "$(dirname "$(dirname "$(command -v nvcc)")")" /usr/include /usr/local/include -maxdepth 3 -name nccl.h 2>/dev/null | head -n1)
-[[ -n $nccl_h ]] || missing "nccl.h not found next to the CUDA toolkit or in /usr/include: install NCCL"
-echo "== $gpus GPU(s); nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); NCCL header $nccl_h"
-nvidia-smi -L
-
-mkdir -p "$logs"
-names=() results=() seconds=()
-# stage NAME LIMIT_SECONDS COMMAND...: runs it under timeout, logs to $logs/NAME.log, records the verdict.
+# stage NAME LIMIT_SECONDS COMMAND...: runs it under timeout, logs to $logs/NAME.log, records the
+# verdict. A GoogleTest that skipped a test (no usable device) counts as failed here.
 stage() {
   local name=$1 limit=$2; shift 2
   echo "== $name (limit ${limit} s): $*"
   local t0=$SECONDS rc
+  if declare -F "$1" >/dev/null; then set -- bash -c '"$@"' "$1" "$@"; fi   # a function: timeout needs a program
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
   rc=${PIPESTATUS[0]}
   names+=("$name"); seconds+=($((SECONDS - t0)))
-  if ((rc == 0)); then results+=(pass); elif ((rc == 124 || rc == 137)); then results+=("FAIL (timed out)"); else results+=("FAIL (exit $rc)"); fi
+  if ((rc == 124 || rc == 137)); then results+=("FAIL (timed out after ${limit} s)")
+  elif ((rc != 0)); then results+=("FAIL (exit $rc)")
+  elif grep -q '\[  SKIPPED \]' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
+  else results+=(pass); fi
 }
-skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); }
+skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); echo "== $1: skipped: $2"; }
+last_passed() { [[ ${results[-1]} == pass ]]; }
 
-stage setup 900 launch/setup.sh
-stage build 3600 bash -c "cmake --preset cuda >/dev/null && cmake --build --preset cuda -j ${AMP_BUILD_JOBS:-$(nproc)}"
-if [[ ${results[-1]} == pass ]]; then
-  stage test_cuda 900 ctest --test-dir "$build" -R '^test_cuda$' --output-on-failure
-  if ((gpus >= 2)); then
-    stage test_nccl 900 ctest --test-dir "$build" -R '^test_nccl_np2$' --output-on-failure
+# ------------------------------------------------------------------------------------------------
+# Versions: "12.4" -> 12004, so that they compare as numbers.
+# shellcheck disable=SC2086  # split on the dots on purpose
+vnum() { local IFS=.; set -- $1; echo $(( ${1:-0} * 1000 + ${2:-0} )); }
+export -f vnum
+
+# The GPUs CUDA will show this process: all that nvidia-smi lists, or those CUDA_VISIBLE_DEVICES
+# names (indices, GPU-UUID prefixes or MIG ids), up to its first invalid entry, as CUDA reads it.
+# Prints nvidia-smi's index (or the MIG id) of each, one a line.
+visible_gpus() {
+  local listed; listed=$(nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  if [[ -z ${CUDA_VISIBLE_DEVICES+set} ]]; then cut -d, -f1 <<<"$listed" | grep . ; return 0; fi
+  local e idx seen=" "
+  IFS=, read -ra entries <<<"$CUDA_VISIBLE_DEVICES"
+  for e in "${entries[@]}"; do
+    e=${e// /}
+    if [[ $e =~ ^[0-9]+$ ]]; then idx=$(awk -F, -v i="$e" '$1 == i {print $1}' <<<"$listed")
+    elif [[ $e == MIG-* ]]; then idx=$e
+    else idx=$(awk -F, -v u="$e" 'index($2, u) == 1 || index($2, "GPU-" u) == 1 {print $1; exit}' <<<"$listed"); fi
+    [[ -z $idx || $seen == *" $idx "* ]] && break
+    seen+="$idx "
+    echo "$idx"
+  done
+}
+
+cuda_bin_dirs() { echo "${CUDA_HOME:+$CUDA_HOME/bin} /usr/local/cuda/bin"; }
+find_cuda_tool() {
+  command -v "$1" 2>/dev/null && return 0
+  local d; for d in $(cuda_bin_dirs); do [[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }; done
+  return 1
+}
+
+# ------------------------------------------------------------------------------------------------
+# What runs, from the bundle or from the build.
+if [[ -n $bundle ]]; then
+  if [[ -d $bundle ]]; then root=$(cd "$bundle" && pwd)
   else
-    skip test_nccl "needs 2 GPUs, one per rank"
+    [[ -f $bundle ]] || { echo "gpu_check: --bundle $bundle: no such file or directory" >&2; exit 2; }
+    rm -rf "$out/bundle"; mkdir -p "$out/bundle"
+    case $bundle in
+      *.zst) zstd -dc "$bundle" | tar -x -C "$out/bundle" ;;
+      *) tar -xf "$bundle" -C "$out/bundle" ;;
+    esac || { echo "gpu_check: cannot unpack $bundle" >&2; exit 2; }
+    root=$out/bundle/amp_gpu_bundle
   fi
-  # Extra flags: BENCH_ARGS="--steps 20".
-  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags: split on purpose
-  stage bench_mlp 900 "$build/launch/bench_mlp" --device cuda --modes fp32,fp16,bf16 ${BENCH_ARGS:-}
-  stage train 900 mpirun -np "$gpus" "$build/launch/amp_train" --device cuda --steps 50 --amp fp16
+  [[ -f $root/MANIFEST && -f $root/env.sh ]] || { echo "gpu_check: $root is not an amp_gpu_bundle (no MANIFEST)" >&2; exit 2; }
+  # shellcheck source=/dev/null
+  . "$root/env.sh"
+  manifest() { sed -n "s/^$1=//p" "$root/MANIFEST"; }
+  export -f manifest
+  fact bundle "$root"
+  for k in commit built cuda_version cuda_architectures glibc_needed open_mpi; do fact "bundle_$k" "$(manifest "$k")"; done
+  fact cuda_libs_found "${AMP_BUNDLE_CUDA_LIBS# }"
+  build_cuda=$(manifest cuda_version)
+  bin=$root/bin real=$root/libexec test_bin=$root/bin bench_py=$root/launch/bench_vs_pytorch.py mpirun=$root/bin/mpirun
+  export root bin real
+  echo "== bundle $root: commit $(manifest commit), CUDA $build_cuda, sm $(manifest cuda_architectures)"
+  echo "   CUDA libraries from this node: ${AMP_BUNDLE_CUDA_LIBS# }"
+
+  # The bundle loads, before anything needs a GPU: glibc new enough, every library found but the GPU's.
+  bundle_loads() {
+    local have need missing
+    need=$(manifest glibc_needed)
+    have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+    echo "glibc here $have, the bundle needs ${need#GLIBC_}"
+    if [[ -n $have && -n $need ]] && (($(vnum "$have") < $(vnum "${need#GLIBC_}"))); then
+      echo "this node's glibc $have is older than the bundle's ${need#GLIBC_}: build the bundle on an older distribution"; return 1
+    fi
+    missing=$(for e in "$real"/*; do ldd "$e"; done 2>&1 | awk '/not found/ {print $1}' | sort -u)
+    local cuda_re='^lib(cudart|cublas|cublasLt|nccl|nvrtc|nvJitLink|cuda)\.'
+    if grep -Ev "$cuda_re" <<<"$missing" | grep -q .; then
+      echo "libraries the bundle lacks: $(grep -Ev "$cuda_re" <<<"$missing" | tr '\n' ' ')"; return 1
+    fi
+    [[ -n $missing ]] && echo "CUDA libraries not found on this node (the GPU stages need them): $(tr '\n' ' ' <<<"$missing")"
+    "$bin/amp_train" --help >/dev/null || { echo "amp_train --help failed"; return 1; }
+    "$bin/amp_train" --device cpu --steps 3 --width 64 --layers 2 --batch-size 8 --log-every 1 --threads 1
+  }
+  export -f bundle_loads
+  stage bundle 300 bundle_loads
 else
-  for s in test_cuda test_nccl bench_mlp train; do skip "$s" "the build failed"; done
+  root=$src
+  build=$root/build/cuda
+  bin=$build/launch real=$build/tests test_bin=$build/tests bench_py=$root/launch/bench_vs_pytorch.py mpirun=mpirun
+  [[ -d /usr/local/cuda/bin ]] && export PATH=$PATH:/usr/local/cuda/bin
 fi
 
-echo
-printf '%-10s %-22s %s\n' stage result seconds
-failed=0
-for i in "${!names[@]}"; do
-  printf '%-10s %-22s %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
-  [[ ${results[$i]} == FAIL* ]] && failed=1
+# ------------------------------------------------------------------------------------------------
+# Prerequisites: the driver and the GPUs it shows; from source, nvcc 12 or newer and NCCL.
+command -v nvidia-smi >/dev/null ||
+  stop "no NVIDIA driver: nvidia-smi is not installed. This node cannot run the GPU stages (install the driver, or run on a GPU node)"
+nvidia-smi -L >"$logs/nvidia-smi.txt" 2>&1 ||
+  stop "no NVIDIA driver loaded: nvidia-smi fails ($(head -n1 "$logs/nvidia-smi.txt"))"
+mapfile -t visible < <(visible_gpus)
+gpus=${#visible[@]}
+fact gpus_listed "$(grep -c '^GPU' "$logs/nvidia-smi.txt")"
+fact cuda_visible_devices "${CUDA_VISIBLE_DEVICES-(unset)}"
+fact gpus_visible "$gpus"
+((gpus > 0)) || stop "no GPU visible: nvidia-smi lists $(grep -c '^GPU' "$logs/nvidia-smi.txt"), CUDA_VISIBLE_DEVICES='${CUDA_VISIBLE_DEVICES-}' leaves none"
+if [[ -n $ranks ]]; then
+  ((ranks <= gpus)) || stop "--ranks $ranks: only $gpus GPU(s) visible; NCCL needs one GPU per rank (see CUDA_VISIBLE_DEVICES)"
+else
+  ranks=$gpus
+fi
+driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
+fact driver_version "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1)"
+fact driver_cuda "$driver_cuda"
+if [[ -z $bundle ]]; then
+  nvcc=$(find_cuda_tool nvcc) || stop "nvcc not found (looked on PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin): install the CUDA toolkit 12 or newer"
+  build_cuda=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+  fact nvcc "$nvcc $build_cuda"
+  (($(vnum "$build_cuda") >= 12000)) ||
+    stop "nvcc $build_cuda is too old: the device code is C++20, which needs CUDA 12 or newer (put a newer toolkit's bin/ first on PATH)"
+  nccl_h=$(find "$(dirname "$(dirname "$nvcc")")" /usr/include /usr/local/include -maxdepth 3 -name nccl.h 2>/dev/null | head -n1)
+  [[ -n $nccl_h ]] || stop "nccl.h not found next to the CUDA toolkit or in /usr/include: install NCCL (libnccl-dev)"
+  fact nccl_header "$nccl_h"
+fi
+# A driver runs code of its own CUDA major version or older (minor versions are compatible).
+if [[ -n $driver_cuda && -n $build_cuda ]] && ((${driver_cuda%%.*} < ${build_cuda%%.*})); then
+  need="a driver for CUDA ${build_cuda%%.*} is needed"
+  [[ ${build_cuda%%.*} == 13 ]] && need+=" (R580 or newer)"
+  [[ ${build_cuda%%.*} == 12 ]] && need+=" (R525 or newer)"
+  stop "the driver supports CUDA $driver_cuda, the build uses CUDA $build_cuda: $need"
+fi
+
+if [[ -z $bundle ]]; then
+  stage setup 900 "$root/launch/setup.sh"
+  stage build 3600 bash -c "cd '$root' && cmake --preset cuda >/dev/null && cmake --build --preset cuda -j ${AMP_BUILD_JOBS:-$(nproc)}"
+  if ! last_passed; then
+    for s in env test_cuda test_nccl sanitize emu_train train bench; do skip "$s" "the build failed"; done
+    table; write_json FAIL; echo "gpu_check: FAILED (logs in $logs)"; exit 1
+  fi
+fi
+
+# --- 1. the environment
+gpu_env() {
+  local ids; ids=$(tr ' ' '\n' <<<"$visible_list" | grep -v '^MIG-' | paste -sd,)
+  echo "driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1), CUDA $driver_cuda (driver); build CUDA $build_cuda"
+  echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-(unset)}: $gpus GPU(s) visible: $visible_list"
+  nvidia-smi --query-gpu=index,name,compute_cap,memory.total,pci.bus_id --format=csv ${ids:+-i "$ids"} || return 1
+  local cc low=0
+  for cc in $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader ${ids:+-i "$ids"}); do
+    (($(vnum "$cc") >= 8000)) || { echo "compute capability $cc: the kernels need 8.0 or newer (sm_80, sm_90 and PTX)"; low=1; }
+  done
+  # Which cuBLAS and NCCL the binaries load, as the loader resolves them now.
+  local lib path ok=0
+  for lib in libcudart libcublas libcublasLt libnccl; do
+    path=$(ldd "$real/test_nccl" 2>/dev/null | awk -v l="$lib.so" 'index($1, l) == 1 {print ($3 == "not" ? "MISSING" : $3); exit}')
+    [[ -z $path ]] && continue
+    echo "$lib: $path -> $(readlink -f "$path" 2>/dev/null)"
+    [[ $path == MISSING ]] && ok=1
+  done
+  return $((low || ok))
+}
+visible_list="${visible[*]}"
+export -f gpu_env
+export visible_list driver_cuda build_cuda gpus real
+stage env 60 gpu_env
+lib_paths=()
+for lib in libcublas libcublasLt libnccl libcudart; do
+  p=$(ldd "$real/test_nccl" 2>/dev/null | awk -v l="$lib.so" 'index($1, l) == 1 {print $3; exit}')
+  [[ -n $p ]] && fact "$lib" "$(readlink -f "$p" 2>/dev/null || echo "$p")"
+  [[ -f $p && $lib != libcublasLt ]] && lib_paths+=("$p")
 done
-if ((failed)); then echo "gpu_check: FAILED (logs in $logs)"; exit 1; fi
-echo "gpu_check: all stages passed"
+nccl_path=$(ldd "$real/test_nccl" 2>/dev/null | awk '/libnccl/ && $3 != "not" {print $3}')
+case $nccl_path in
+  */site-packages/*|*/dist-packages/*|*/nvidia/*/lib/*) nccl_from_text="PyTorch's nvidia-nccl wheel" ;;
+  "") nccl_from_text="not found" ;;
+  *) nccl_from_text="the system or the CUDA toolkit ($nccl_path)" ;;
+esac
+fact nccl_from "$nccl_from_text"
+visible_ids=$(printf '%s\n' "${visible[@]}" | grep -v '^MIG-' | paste -sd, || true)
+nvidia-smi --query-gpu=index,name,compute_cap,memory.total --format=csv,noheader ${visible_ids:+-i "$visible_ids"} \
+  >"$logs/gpus.csv" 2>/dev/null
+fact gpus "$(paste -sd';' "$logs/gpus.csv")"
+# The versions the libraries report themselves (their file names often carry none).
+if command -v python3 >/dev/null && ((${#lib_paths[@]})); then
+  fact library_versions "$(python3 - "${lib_paths[@]}" 2>&1 <<'EOF'
+import ctypes, sys
+out = []
+for path in sys.argv[1:]:
+    try:
+        lib, v = ctypes.CDLL(path), ctypes.c_int()
+        if "libcublas.so" in path:
+            p = [ctypes.c_int() for _ in range(3)]
+            for i in range(3):
+                lib.cublasGetProperty(i, ctypes.byref(p[i]))
+            out.append("cuBLAS %d.%d.%d" % tuple(x.value for x in p))
+        elif "libnccl.so" in path:
+            lib.ncclGetVersion(ctypes.byref(v))
+            c = v.value
+            out.append("NCCL %d.%d.%d" % ((c // 10000, c // 100 % 100, c % 100) if c >= 10000 else
+                                          (c // 1000, c // 100 % 10, c % 100)))
+        elif "libcudart.so" in path:
+            lib.cudaRuntimeGetVersion(ctypes.byref(v))
+            out.append("CUDA runtime %d.%d" % (v.value // 1000, v.value % 1000 // 10))
+    except OSError as e:
+        out.append("%s: %s" % (path, e))
+print(", ".join(out))
+EOF
+)"
+  echo "== libraries: ${facts_v[-1]}; NCCL from $nccl_from_text"
+fi
+
+# --- 2. the CUDA backend's and NCCL's own suites
+stage test_cuda 900 "$test_bin/test_cuda"
+stage test_nccl_np1 900 "$mpirun" -np 1 "$test_bin/test_nccl"
+if ((ranks >= 2)); then
+  stage "test_nccl_np$ranks" 900 "$mpirun" -np "$ranks" --oversubscribe "$test_bin/test_nccl"
+else
+  skip test_nccl_npN "one GPU visible: one rank per GPU needs 2 or more"
+fi
+
+# --- 3. what the emulated GPU cannot check: the real memory model
+if sanitizer=$(find_cuda_tool compute-sanitizer); then
+  fact compute_sanitizer "$sanitizer"
+  for tool in memcheck racecheck synccheck initcheck; do
+    stage "sanitize_$tool" 1800 "$sanitizer" --tool "$tool" --error-exitcode 1 "$real/test_cuda"
+  done
+else
+  skip sanitize "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+fi
+
+# --- 4. the emulated GPU's training comparisons, on this GPU (2 ranks where 2 GPUs are visible)
+emu_ranks=$((ranks >= 2 ? 2 : 1))
+stage emu_train 1800 env AMP_TRAIN_BIN="$bin/amp_train" AMP_TEST_RANKS=$emu_ranks "$test_bin/test_emu_train"
+stage train 900 "$mpirun" -np "$ranks" --oversubscribe "$bin/amp_train" --device cuda --steps 50 --amp fp16
+
+# --- 5. against PyTorch on this GPU
+py=${PYTHON:-python3}
+if ! command -v "$py" >/dev/null; then
+  skip bench "no python3 (PYTHON=...) to run PyTorch with"
+elif ! "$py" -c 'import torch' 2>/dev/null; then
+  skip bench "$py has no PyTorch"
+else
+  fact pytorch "$("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
+  bench=("$py" "$bench_py" --device cuda --python "$py" --amp-train "$bin/amp_train" --bench-mlp "$bin/bench_mlp")
+  stage bench_mlp 1800 "${bench[@]}" --model mlp --json "$out/bench_mlp.json"
+  stage bench_gpt 1800 "${bench[@]}" --model gpt --json "$out/bench_gpt.json"
+  stage bench_gpt2_small 2400 "${bench[@]}" --model gpt --gpt2-small --json "$out/bench_gpt2_small.json"
+fi
+
+table
+failed=0
+for r in "${results[@]}"; do [[ $r == FAIL* ]] && failed=1; done
+if ((failed)); then
+  write_json FAIL
+  echo "gpu_check: FAILED (logs in $logs, figures in $out/gpu_check.json)"
+  exit 1
+fi
+write_json pass
+echo "gpu_check: all stages passed (logs in $logs, figures in $out/gpu_check.json)"

@@ -6,6 +6,9 @@
 # Then the CPU's hot-loop clones against a baseline-only build (tests/scripts/simd_clones_match.sh:
 # training identical byte for byte), and the safetensors reader's fuzz target: its regression
 # corpus, and AMP_FUZZ_SECONDS (default 60) of fuzzing (tests/scripts/fuzz_safetensors.sh).
+# Where nvcc is installed, last: the GPU bundle for a node without our packages (launch/gpu_bundle.sh,
+# the cuda preset: its objects are release's, so ccache makes it a relink) and its check
+# (tests/scripts/bundle_check.sh: every library it loads is in it, and it runs unpacked).
 # With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead (build/asan).
 # The emulated GPU has a sanitizer preset too (cuda-emu-asan; see README, "The emulated GPU").
 set -euo pipefail
@@ -21,4 +24,9 @@ done
 if [[ ${1:-} != --asan ]]; then
   tests/scripts/simd_clones_match.sh
   tests/scripts/fuzz_safetensors.sh "${AMP_FUZZ_SECONDS:-60}"
+  if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    echo "== run_tests: the GPU bundle"
+    launch/gpu_bundle.sh
+    tests/scripts/bundle_check.sh
+  fi
 fi

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that a fresh machine lacks. Idempotent, and quiet when nothing is missing.
+# On another distribution (a user's Ubuntu 22.04/24.04 GPU box) a name may not exist: each package that
+# the distribution has is installed, the others are named at the end, with what they are for; the exit
+# status is 1 only when one of them is needed to build (the fuzz target, ccache and the corpus are not).
 # Everything the build, the tests and the main job read comes from this one list; check it with
 # ../shared/tools/fresh-machine-diff (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
 #   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
@@ -13,10 +16,14 @@ set -euo pipefail
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
           clang libclang-rt-14-dev ccache bible-kjv)
+# What a package is for when it is not needed to build and test the project.
+declare -A optional=([clang]="the safetensors fuzz target" [libclang-rt-14-dev]="the safetensors fuzz target"
+                     [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/run_example.sh)")
+# Other distributions' names for the same thing, tried when a name does not exist there.
+declare -A alternative=([libclang-rt-14-dev]="libclang-rt-dev libclang-common-14-dev")
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 ((${#missing[@]} == 0)) && exit 0
 echo "setup: installing ${missing[*]}" >&2
 sudo=""
@@ -26,4 +33,26 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# A name this distribution's package lists know (a candidate version), or one of its alternatives.
+available() { local c; c=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: *//p'); [[ -n $c && $c != "(none)" ]]; }
+want=() absent=()
+for p in "${missing[@]}"; do
+  if available "$p"; then want+=("$p"); continue; fi
+  alt=""
+  for a in ${alternative[$p]:-}; do available "$a" && { alt=$a; break; }; done
+  if [[ -n $alt ]]; then echo "setup: $p is called $alt here" >&2; installed "$alt" || want+=("$alt")
+  else absent+=("$p"); fi
+done
+install() { $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+# One transaction when it works (the usual case); package by package when one of them fails.
+if ((${#want[@]})) && ! install "${want[@]}"; then
+  for p in "${want[@]}"; do install "$p" || absent+=("$p"); done
+fi
+((${#absent[@]} == 0)) && exit 0
+needed=0
+for p in "${absent[@]}"; do
+  if [[ -n ${optional[$p]:-} ]]; then echo "setup: could not install $p (optional: ${optional[$p]})" >&2
+  else echo "setup: could not install $p (needed to build)" >&2; needed=1; fi
+done
+((needed == 0)) || echo "setup: install the packages above by other means (or their equivalents), then run this again" >&2
+exit $needed

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +32,11 @@ int64_t count_representable(const Tensor& t, int mantissa_bits) {
   return n;
 }
 
-std::string data_path(const std::string& file) { return std::string(AMP_TEST_DATA_DIR) + "/" + file; }
+// AMP_TEST_DATA_DIR in the environment: the fixtures where they travelled (the GPU bundle's tests/data).
+std::string data_path(const std::string& file) {
+  const char* dir = std::getenv("AMP_TEST_DATA_DIR");
+  return std::string(dir && *dir ? dir : AMP_TEST_DATA_DIR) + "/" + file;
+}
 
 const safetensors::NamedTensors& fixture(const std::string& file) {
   // The cache's tensors are freed through the CPU backend at exit: the backend (a function-local
