@@ -138,7 +138,7 @@ if [[ -x $tool && $(id -u) -eq 0 && -d /work/.library ]]; then
   trap 'rm -rf "$work" "$carry"' EXIT
   cp "$archive" "$carry/"
   say "fresh: running step 2 on a new machine ($tool; it purges this project's packages first)"
-  "$tool" "for p in openmpi-bin libopenmpi3 libboost-program-options1.74.0 libdnnl3 libopenblas0-openmp libgomp1; do
+  "$tool" "for p in openmpi-bin libopenmpi3 libboost-program-options1.74.0 libdnnl3 libgomp1; do
              dpkg-query -W -f='\${Status}' \$p 2>/dev/null | grep -q 'install ok installed' && echo \"present: \$p\"
            done; echo 'bundle_check: fresh: packages above (if any) are on the new machine';
            bash tests/scripts/bundle_check.sh --inside $carry/$(basename "$archive")" ||
