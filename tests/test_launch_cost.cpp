@@ -74,6 +74,7 @@ TEST_F(LaunchCost, ElementWiseCastAndBroadcast) {
   const Tensor x = random_gpu({37, 53}, DType::f32, 1);
   const int64_t n = 37 * 53;
   Tensor y = poisoned({37, 53}, DType::f32);
+  ASSERT_EQ(written(y), 0);  // the check itself: nothing has written y yet
   gpu().unary(UnaryOp::exp, x, y, 1.0);
   EXPECT_EQ(written(y), n * 4);
   emu::LaunchRecord l = last("unary_kernel");
