@@ -154,6 +154,17 @@ TEST_F(LaunchCost, ElementWiseCastAndPermute) {
 
   Tensor p = poisoned({13, 7}, DType::f32);
   expect_declared("permute_kernel", touched([&] { gpu().permute(x, {1, 0}, p); }, {x}, {p}));
+
+  Tensor wide = poisoned({7, 13}, DType::bf16);
+  expect_declared("gather_kernel", touched([&] { gpu().broadcast_to(b, wide); }, {b}, {wide}));
+  const Tensor one = random_gpu({1}, DType::bf16, 12);
+  wide = poisoned({7, 13}, DType::bf16);
+  expect_declared("fill_from_device_kernel", touched([&] { gpu().broadcast_to(one, wide); }, {one}, {wide}));
+
+  // In place; the total norm (a scalar the call reads) is not among the declared bytes.
+  std::vector<Tensor> xs = {random_gpu({200}, DType::f32, 13)};
+  const Tensor norm = full({1}, 0.5, DType::f32, kGPU);
+  expect_declared("multi_tensor_kernel", touched([&] { gpu().clip_by_norm(xs, norm, 0.25); }, {xs[0]}, {xs[0]}));
 }
 
 TEST_F(LaunchCost, RowKernels) {
@@ -174,6 +185,12 @@ TEST_F(LaunchCost, RowKernels) {
   expect_declared("layer_norm_backward_input_kernel", touched(backward, {g, x, w, mean, rstd}, {gx}));
   for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);  // written by the runs above
   expect_declared("layer_norm_backward_params_kernel", touched(backward, {g, x, w, mean, rstd}, {gw, gb}));
+
+  gpu().softmax_lastdim(x, sm, false);  // touched() left the last poisoned run's row of NaN
+  const Tensor gy = random_gpu({rows, cols}, DType::f32, 14);
+  Tensor gs = poisoned({rows, cols}, DType::f32);
+  expect_declared("softmax_backward_kernel",
+                  touched([&] { gpu().softmax_backward(sm, gy, gs, false, 1.0); }, {sm, gy}, {gs}));
 
   const Tensor tall = random_gpu({9, 40}, DType::f32, 8);  // few rows: one pass, no partial sums
   Tensor col = poisoned({40}, DType::f32);

@@ -3,6 +3,7 @@
 // per-element math is runtime/transformer_math.h, shared with the CPU backend; row statistics are
 // block reductions in double, column sums run in row order (so gw, gb and the embedding's gradient
 // add up in the CPU's order).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
