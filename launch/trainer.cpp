@@ -479,6 +479,10 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const bool autocasting = cfg_.amp != AmpMode::off;
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
+  if (counted_from && device_.is_cuda()) {
+    backend_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
+    log_emulated_step_begin(step);
+  }
   const Tensor scale_used = scaler_->scale_snapshot(device_);
 
   opt_->zero_grad();
@@ -574,6 +578,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
     counted_ += *p.counted;
+    log_emulated_step(step, backend_for(device_).peak_bytes());
   }
   return p;
 }
@@ -677,7 +682,8 @@ TrainResult Trainer::run() {
                                "rate that diverges); stopping before the weights are corrupted");
     // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN: every step
     // from here would be skipped. The same figure on every rank, so every rank stops here.
-    if (scaler_->is_enabled() && scale_collapsed(r.scale))
+    // (The emulated GPU's dry run reads back a scale of 0: it runs nothing, so nothing collapsed.)
+    if (scaler_->is_enabled() && scale_collapsed(r.scale) && !emulated_dry_run())
       throw JobError("step " + std::to_string(r.step) + ": the loss scale has collapsed to " + number_str(r.scale) +
                      ", whose inverse is not finite in float32: every step from here would be skipped. The "
                      "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
@@ -773,7 +779,7 @@ TrainResult Trainer::run() {
                      number_str(scaler_->get_scale()) + ")");
     comm_.set_context("the end-of-run replica check");
     result.final_scale = scaler_->get_scale();
-    if (scaler_->is_enabled() && scale_collapsed(result.final_scale))
+    if (scaler_->is_enabled() && scale_collapsed(result.final_scale) && !emulated_dry_run())
       throw JobError("after step " + std::to_string(result.steps_done) + ": the loss scale has collapsed to " +
                      number_str(result.final_scale) + ", whose inverse is not finite in float32: nothing more can be "
                      "trained from this state, and it is not saved");

@@ -13,6 +13,9 @@ bool cuda_usable(std::string* reason) {
 }
 
 std::optional<DeviceCounters> emulated_device_counters() { return std::nullopt; }
+bool emulated_dry_run() { return false; }
+void log_emulated_step_begin(int64_t) {}
+void log_emulated_step(int64_t, size_t) {}
 
 void cuda_init(int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");

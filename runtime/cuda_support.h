@@ -29,4 +29,13 @@ struct DeviceCounters {
 };
 std::optional<DeviceCounters> emulated_device_counters();
 
+// Whether this is the emulated GPU's dry run (AMP_EMU_DRY_RUN=1, runtime/cuda/emu/emu.h): nothing runs
+// on the device and every read-back is zeros. False on a real GPU and in builds without CUDA.
+bool emulated_dry_run();
+// Mark the start and the end of training step `step` in the emulated GPU's launch log
+// (AMP_EMU_LAUNCH_LOG), the end with the device allocator's peak bytes during the step. Nothing on
+// a real GPU or without CUDA.
+void log_emulated_step_begin(int64_t step);
+void log_emulated_step(int64_t step, size_t peak_bytes);
+
 }  // namespace amp

@@ -104,6 +104,7 @@ namespace {
 template <class U>
 void launch_fill(void* d, int64_t n, U v) {
   Context& ctx = context();
+  declare_launch_cost(0, n * static_cast<int64_t>(sizeof(U)));
   AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), fill_kernel<U>)(static_cast<U*>(d), n, v);
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -124,6 +125,7 @@ void launch_unary(const Tensor& x, Tensor& y, double alpha) {
   using C = typename DevElem<T>::Compute;
   Context& ctx = context();
   const int64_t n = x.numel();
+  declare_launch_cost(n * static_cast<int64_t>(sizeof(T)), n * static_cast<int64_t>(sizeof(T)), n);
   AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), unary_kernel<K, T>)(x.data<T>(), y.data<T>(), n,
                                                                                  static_cast<C>(alpha));
   AMP_CUDA_CHECK_LAUNCH();
@@ -135,6 +137,8 @@ void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
   const BroadcastIndex ia = make_broadcast_index(a.shape(), out.shape());
   const BroadcastIndex ib = make_broadcast_index(b.shape(), out.shape());
+  // A broadcast operand is read once: its own size, not the output's (what a cache makes of it).
+  declare_launch_cost((a.numel() + b.numel()) * static_cast<int64_t>(sizeof(T)), n * static_cast<int64_t>(sizeof(T)), n);
   AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), binary_kernel<K, T>)(a.data<T>(), b.data<T>(),
                                                                                   out.data<T>(), n, ia, ib);
   AMP_CUDA_CHECK_LAUNCH();
@@ -170,6 +174,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
   Context& ctx = context();
   dispatch_float(src.dtype(), [&](auto S_tag) { using S = decltype(S_tag);
     dispatch_float(dst.dtype(), [&](auto D_tag) { using D = decltype(D_tag);
+      declare_launch_cost(n * static_cast<int64_t>(sizeof(S)), n * static_cast<int64_t>(sizeof(D)));
       AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), cast_kernel<S, D>)(src.data<S>(), dst.data<D>(), n);
       AMP_CUDA_CHECK_LAUNCH();
     });
@@ -231,6 +236,7 @@ void CudaBackend::broadcast_to(const Tensor& x, Tensor& out) {
   Context& ctx = context();
   dispatch_bits(dtype_size(x.dtype()), [&](auto U_tag) { using U = decltype(U_tag);
     const unsigned grid = grid_for(n, ctx.sm_count());
+    declare_launch_cost(x.numel() * static_cast<int64_t>(sizeof(U)), n * static_cast<int64_t>(sizeof(U)));
     if (x.numel() == 1) {
       AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), fill_from_device_kernel<U>)(out.data<U>(), n, x.data<U>());
     } else {

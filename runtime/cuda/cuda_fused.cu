@@ -159,9 +159,10 @@ void gather(const std::array<const std::vector<Tensor>*, Depth>& lists, std::vec
 
 // One fused step over `lists` (float32: parameters, gradients, state), followed by the copies when L
 // is not NoCopy.
+// cost: per element, without the copies (added here).
 template <class L, size_t N, class Op>
 void apply_step(const std::array<const std::vector<Tensor>*, N>& lists, const std::vector<Tensor>& copies,
-                const Op& op) {
+                const Op& op, MtCost cost) {
   constexpr bool kCopies = !std::is_same_v<L, NoCopy>;
   constexpr int Depth = static_cast<int>(N) + (kCopies ? 1 : 0);
   std::array<const std::vector<Tensor>*, Depth> all{};
@@ -170,7 +171,8 @@ void apply_step(const std::array<const std::vector<Tensor>*, N>& lists, const st
   std::vector<std::array<void*, Depth>> ptrs;
   std::vector<int64_t> numels;
   gather<Depth>(all, &ptrs, &numels, kCopies);
-  multi_tensor_apply<Depth>(ptrs, numels, op);
+  if constexpr (kCopies) cost.written += static_cast<int64_t>(sizeof(L));
+  multi_tensor_apply<Depth>(ptrs, numels, op, cost);
 }
 
 }  // namespace
@@ -191,7 +193,8 @@ void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tens
     numels.push_back(g.numel());
   }
   dispatch_float(dt, [&](auto T_tag) { using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()});
+    multi_tensor_apply<1>(ptrs, numels, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()},
+                          MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 2});
   });
 }
 
@@ -202,6 +205,7 @@ void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& fou
   require_cuda(tracker, "scaler tracker");
   if (tracker.dtype() != DType::i64 || tracker.numel() != 2)
     throw std::invalid_argument("scaler tracker must be int64 [growth_tracker, hysteresis_left]");
+  declare_launch_cost(4 + 16 + 4, 4 + 16, 10);
   AMP_LAUNCH(1, 1, 0, context().stream(), update_scale_kernel)(scale.data<float>(), tracker.data<int64_t>(),
                                                                found_inf.data<float>(), h);
   AMP_CUDA_CHECK_LAUNCH();
@@ -215,12 +219,17 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists2 = std::array<const std::vector<Tensor>*, 2>;
   using Lists3 = std::array<const std::vector<Tensor>*, 3>;
+  // float32 parameters, gradients (written back when still scaled) and momentum buffers.
+  const int64_t g_written = gs != nullptr ? 4 : 0;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     if (h.momentum != 0.0f)
-      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h});
+      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h},
+                    MtCost{12, 8 + g_written, 6});
     else
-      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h});
+      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h},
+                    MtCost{8, 4 + g_written, 3});
   });
+  declare_launch_cost(8, 4, 1);
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -235,13 +244,16 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
   using Lists4 = std::array<const std::vector<Tensor>*, 4>;
   using Lists5 = std::array<const std::vector<Tensor>*, 5>;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    // float32 parameters, gradients (written back when still scaled), moments (and their maximum).
+    const int64_t g_written = gs != nullptr ? 4 : 0;
     if (h.amsgrad)
       apply_step<L>(Lists5{&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, copies,
-                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h});
+                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h}, MtCost{20, 16 + g_written, 16});
     else
       apply_step<L>(Lists4{&params, &grads, &exp_avgs, &exp_avg_sqs}, copies,
-                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h});
+                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h}, MtCost{16, 12 + g_written, 14});
   });
+  declare_launch_cost(8, 4, 1);
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
   AMP_CUDA_CHECK_LAUNCH();
 }

@@ -155,9 +155,10 @@ void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tenso
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial.as<double>() + offset});
+    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial.as<double>() + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
+  declare_launch_cost(8 * blocks, 4, blocks);
   AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, kind, out.data<float>());
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -167,14 +168,15 @@ void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& tota
   if (total_norm.dtype() != DType::f32) throw std::invalid_argument("total norm must be float32");
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, ClipOp<T>{total_norm.data<float>(), static_cast<float>(max_norm)});
+    multi_tensor_apply<1>(ptrs, numels, ClipOp<T>{total_norm.data<float>(), static_cast<float>(max_norm)},
+                          MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 1});
   });
 }
 
 void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, ClampOp<T>{lo, hi});
+    multi_tensor_apply<1>(ptrs, numels, ClampOp<T>{lo, hi}, MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 2});
   });
 }
 
@@ -188,7 +190,8 @@ void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scal
   }
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr});
+    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr},
+                          MtCost{static_cast<int64_t>(sizeof(T)), 0, 2});
   });
 }
 

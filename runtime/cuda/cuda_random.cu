@@ -34,6 +34,7 @@ void CudaBackend::fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double
   if (n == 0) return;
   Context& ctx = context();
   dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 10 * n);
     AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), uniform_kernel<T>)(t.data<T>(), n, seed, offset, lo, hi);
     AMP_CUDA_CHECK_LAUNCH();
   });
@@ -45,6 +46,7 @@ void CudaBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double 
   if (n == 0) return;
   Context& ctx = context();
   dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 20 * n);
     AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), normal_kernel<T>)(t.data<T>(), n, seed, offset, mean, std);
     AMP_CUDA_CHECK_LAUNCH();
   });

@@ -150,8 +150,10 @@ void launch_sum_all(const Tensor& x, Tensor& out) {
   const int64_t n = x.numel();
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (n + 4 * kBlock - 1) / (4 * kBlock)), 1024));
   Scratch partial(sizeof(double) * static_cast<size_t>(blocks));
+  declare_launch_cost(n * static_cast<int64_t>(sizeof(T)), 8 * blocks, n);
   AMP_LAUNCH(blocks, kBlock, 0, ctx.stream(), sum_all_partial_kernel<T>)(x.data<T>(), n, partial.as<double>());
   AMP_CUDA_CHECK_LAUNCH();
+  declare_launch_cost(8 * blocks, static_cast<int64_t>(sizeof(T)), blocks);
   AMP_LAUNCH(1, 1024, 0, ctx.stream(), sum_partials_kernel<T>)(partial.as<double>(), blocks, out.data<T>());
   AMP_CUDA_CHECK_LAUNCH();
 }
@@ -178,6 +180,7 @@ void launch_sum_to(const Tensor& x, Tensor& out) {
   for (int d = 0; d < red.n; ++d) reduced *= red.size[d];
   const int64_t outputs = out.numel();
   Context& ctx = context();
+  const int64_t x_bytes = x.numel() * static_cast<int64_t>(sizeof(T)), out_bytes = outputs * static_cast<int64_t>(sizeof(T));
   // The summed dims all lead and the kept ones all trail: x is [reduced, outputs].
   bool leading = true;
   for (int d = 0, seen_kept = 0; d < ob.ndim; ++d) {
@@ -193,20 +196,25 @@ void launch_sum_to(const Tensor& x, Tensor& out) {
     const int64_t rows_per_split = (reduced + splits - 1) / splits;
     const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits));
     if (splits == 1) {
+      declare_launch_cost(x_bytes, out_bytes, x.numel());
       AMP_LAUNCH(grid, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(
           x.data<T>(), out.data<T>(), nullptr, reduced, outputs, rows_per_split);
     } else {
       Scratch partials(sizeof(double) * static_cast<size_t>(splits * outputs));
+      declare_launch_cost(x_bytes, 8 * splits * outputs, x.numel());
       AMP_LAUNCH(grid, dim3(kColTile, kRowLanes), 0, ctx.stream(), sum_columns_kernel<T>)(
           x.data<T>(), out.data<T>(), partials.as<double>(), reduced, outputs, rows_per_split);
       AMP_CUDA_CHECK_LAUNCH();
+      declare_launch_cost(8 * splits * outputs, out_bytes, splits * outputs);
       AMP_LAUNCH(grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream(), sum_column_partials_kernel<T>)(
           partials.as<double>(), splits, outputs, out.data<T>());
     }
   } else if (outputs <= 4096 && reduced >= 256) {
+    declare_launch_cost(x_bytes, out_bytes, x.numel());
     AMP_LAUNCH(static_cast<unsigned>(outputs), kBlock, 0, ctx.stream(), sum_block_per_output_kernel<T>)(x.data<T>(), out.data<T>(),
                                                                                                 kept, red, reduced);
   } else {
+    declare_launch_cost(x_bytes, out_bytes, x.numel());
     AMP_LAUNCH(grid_for(outputs, ctx.sm_count()), kBlock, 0, ctx.stream(), sum_thread_per_output_kernel<T>)(
         x.data<T>(), out.data<T>(), outputs, kept, red, reduced);
   }
@@ -242,6 +250,9 @@ void launch_softmax(const Tensor& x, Tensor& y, bool log, double scale, bool cau
   const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    // Every element read (a masked one too, by the last pass) and written; the passes over a row
+    // after the first hit the cache. About 5 operations an element.
+    declare_launch_cost(x.numel() * static_cast<int64_t>(sizeof(T)), x.numel() * static_cast<int64_t>(sizeof(T)), 5 * x.numel());
     AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T>)(x.data<T>(), y.data<T>(), cols, log,
                                                                                        scale, causal);
     AMP_CUDA_CHECK_LAUNCH();
@@ -263,6 +274,7 @@ void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& los
   const int64_t rows = logp.shape()[0], cols = logp.shape()[1];
   Context& ctx = context();
   dispatch_float(logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(rows * (8 + static_cast<int64_t>(sizeof(T))), static_cast<int64_t>(sizeof(T)), rows);
     AMP_LAUNCH(1, 1024, 0, ctx.stream(), nll_loss_kernel<T>)(logp.data<T>(), target.data<int64_t>(), rows, cols, loss.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
   });
@@ -278,6 +290,7 @@ void CudaBackend::nll_loss_backward(const Tensor& grad, const Tensor& target, Te
   AMP_CUDA_CHECK(cudaMemsetAsync(grad_logp.data_ptr(), 0, grad_logp.nbytes(), ctx.stream()));
   if (rows == 0) return;
   dispatch_float(grad_logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(static_cast<int64_t>(sizeof(T)) + rows * 8, rows * static_cast<int64_t>(sizeof(T)), rows);
     AMP_LAUNCH(grid_for(rows, ctx.sm_count()), kBlock, 0, ctx.stream(), nll_loss_backward_kernel<T>)(
         grad.data<T>(), target.data<int64_t>(), rows, cols, grad_logp.data<T>());
     AMP_CUDA_CHECK_LAUNCH();

@@ -50,6 +50,26 @@ std::optional<DeviceCounters> emulated_device_counters() {
 #endif
 }
 
+bool emulated_dry_run() {
+#if defined(AMP_CUDA_EMU)
+  return emu::dry_run();
+#else
+  return false;
+#endif
+}
+
+void log_emulated_step_begin([[maybe_unused]] int64_t step) {
+#if defined(AMP_CUDA_EMU)
+  emu::log_step_begin(step);
+#endif
+}
+
+void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t peak_bytes) {
+#if defined(AMP_CUDA_EMU)
+  emu::log_step(step, peak_bytes);
+#endif
+}
+
 bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
 
 void cuda_init(int local_rank) {

@@ -3,6 +3,7 @@
 // per-element math is runtime/transformer_math.h, shared with the CPU backend; row statistics are
 // block reductions in double, column sums run in row order (so gw, gb and the embedding's gradient
 // add up in the CPU's order).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -176,6 +177,7 @@ void CudaBackend::embedding(const Tensor& weight, const Tensor& idx, Tensor& out
   if (n * cols == 0) return;
   Context& ctx = context();
   dispatch_float(weight.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(n * 8 + n * cols * static_cast<int64_t>(sizeof(T)), n * cols * static_cast<int64_t>(sizeof(T)));
     AMP_LAUNCH(grid_for(n * cols, ctx.sm_count()), kBlock, 0, ctx.stream(), embedding_kernel<T>)(
         weight.data<T>(), idx.data<int64_t>(), n, vocab, cols, out.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
@@ -191,6 +193,9 @@ void CudaBackend::embedding_backward(const Tensor& grad, const Tensor& idx, Tens
   if (n * cols == 0) return;
   Context& ctx = context();
   dispatch_float(grad.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    // The rows of the indices read, added to and written: at most min(n, vocab) distinct ones.
+    const int64_t touched = std::min(n, vocab) * cols * static_cast<int64_t>(sizeof(T));
+    declare_launch_cost(n * 8 + n * cols * static_cast<int64_t>(sizeof(T)) + touched, touched, n * cols);
     AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), embedding_backward_kernel<T>)(
         grad.data<T>(), idx.data<int64_t>(), n, vocab, cols, grad_weight.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
@@ -205,6 +210,7 @@ void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, 
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     using C = typename DevElem<T>::Compute;
+    declare_launch_cost((rows + 2) * cols * static_cast<int64_t>(sizeof(T)), rows * cols * static_cast<int64_t>(sizeof(T)) + 2 * rows * static_cast<int64_t>(sizeof(C)), 8 * rows * cols);
     AMP_LAUNCH(rows_grid(rows, "layer_norm"), row_threads(cols), 0, ctx.stream(), layer_norm_kernel<T>)(
         x.data<T>(), w.data<T>(), b.data<T>(), cols, eps, y.data<T>(), mean.data<C>(), rstd.data<C>());
     AMP_CUDA_CHECK_LAUNCH();
@@ -220,10 +226,13 @@ void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Te
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     using C = typename DevElem<T>::Compute;
+    const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
+    declare_launch_cost(2 * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats, gx_bytes, 10 * rows * cols);
     AMP_LAUNCH(rows_grid(rows, "layer_norm_backward"), row_threads(cols), 0, ctx.stream(),
                layer_norm_backward_input_kernel<T>)(g.data<T>(), x.data<T>(), w.data<T>(), mean.data<C>(),
                                                     rstd.data<C>(), cols, gx.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
+    declare_launch_cost(2 * gx_bytes + stats, 2 * cols * static_cast<int64_t>(sizeof(T)), 4 * rows * cols);
     AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), layer_norm_backward_params_kernel<T>)(
         g.data<T>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, gw.data<T>(), gb.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
@@ -238,6 +247,7 @@ void CudaBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Ten
   if (total == 0) return;
   Context& ctx = context();
   auto launch = [&](auto U_tag) { using U = decltype(U_tag);
+    declare_launch_cost(total * static_cast<int64_t>(sizeof(U)), total * static_cast<int64_t>(sizeof(U)));
     AMP_LAUNCH(grid_for(total, ctx.sm_count()), kBlock, 0, ctx.stream(), permute_kernel<U>)(
         static_cast<const U*>(x.data_ptr()), total, index, static_cast<U*>(out.data_ptr()));
     AMP_CUDA_CHECK_LAUNCH();
@@ -258,6 +268,7 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx,
   if (rows == 0) return;
   Context& ctx = context();
   dispatch_float(y.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(2 * y.numel() * static_cast<int64_t>(sizeof(T)), y.numel() * static_cast<int64_t>(sizeof(T)), 4 * y.numel());
     AMP_LAUNCH(rows_grid(rows, "softmax_backward"), row_threads(cols), 0, ctx.stream(), softmax_backward_kernel<T>)(
         y.data<T>(), g.data<T>(), gx.data<T>(), cols, log, scale);
     AMP_CUDA_CHECK_LAUNCH();
@@ -270,6 +281,7 @@ void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, dou
   if (n == 0) return;
   Context& ctx = context();
   dispatch_float(mask.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 10 * n);  // a counter-based draw an element
     AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), dropout_mask_kernel<T>)(mask.data<T>(), n, seed,
                                                                                               offset, p);
     AMP_CUDA_CHECK_LAUNCH();

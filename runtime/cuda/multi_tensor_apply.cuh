@@ -40,11 +40,18 @@ __global__ void __launch_bounds__(512) multi_tensor_kernel(TensorListMeta<Depth>
   op(ptrs, begin, end, meta.block_base + blockIdx.x);
 }
 
+// What op moves and computes per element of the tensors (bytes read, bytes written, FLOPs), and
+// writes per block (a partial result): each launch declares its own elements' share for the launch
+// log (declare_launch_cost, launch.cuh).
+struct MtCost {
+  int64_t read = 0, written = 0, flops = 0, written_per_block = 0;
+};
+
 // Launches op over the tensors described by ptrs (Depth pointers per tensor, same element count)
 // and numels, on the compute stream.
 template <int Depth, class Op>
 void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
-                        const Op& op) {
+                        const Op& op, const MtCost& cost) {
   static_assert(sizeof(TensorListMeta<Depth>) + sizeof(Op) <= 4000, "kernel parameters exceed 4 KB");
   const auto plan = plan_multi_tensor(numels, kChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
   Context& ctx = context();
@@ -56,12 +63,18 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
       for (int d = 0; d < Depth; ++d) meta.addr[d][s] = ptrs[t][static_cast<size_t>(d)];
       meta.numel[s] = numels[t];
     }
+    int64_t elements = 0;
     for (size_t b = 0; b < launch.block_slot.size(); ++b) {
       meta.block_slot[b] = static_cast<uint8_t>(launch.block_slot[b]);
       meta.block_chunk[b] = launch.block_chunk[b];
+      const int64_t begin = static_cast<int64_t>(launch.block_chunk[b]) * kChunkSize;
+      const int64_t numel = meta.numel[launch.block_slot[b]];
+      elements += (numel - begin < kChunkSize ? numel - begin : kChunkSize);
     }
     meta.block_base = base;
     const auto blocks = static_cast<unsigned>(launch.block_slot.size());
+    declare_launch_cost(elements * cost.read, elements * cost.written + blocks * cost.written_per_block,
+                        elements * cost.flops);
     AMP_LAUNCH(blocks, 512, 0, ctx.stream(), multi_tensor_kernel<Depth, Op>)(meta, op);
     AMP_CUDA_CHECK_LAUNCH();
     base += blocks;

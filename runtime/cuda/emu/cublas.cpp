@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "device.h"
+#include "emu.h"
+#include "launch_log.h"
 #include "runtime/half.h"
 
 struct cublasContext {
@@ -270,6 +272,28 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
   // Split-K with the partial sums added in C's type: what cuBLAS may do without the DISALLOW flag.
   g.split_k = (handle->mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == 0 &&
               (Ctype == CUDA_R_16F || Ctype == CUDA_R_16BF) && k >= 64;
+  if (launch_log_on()) {
+    // Each operand read once and C written once (read too when beta != 0): what a tiled GEMM moves
+    // at the least; 2 m n k FLOPs per GEMM.
+    const auto mnb = [&](int r, int c, cudaDataType t) {
+      return static_cast<int64_t>(r) * c * batch * static_cast<int64_t>(type_size(t));
+    };
+    const int64_t c_bytes = mnb(m, n, Ctype);
+    const int64_t read = mnb(m, k, Atype) + mnb(k, n, Btype) + (g.beta != 0 ? c_bytes : 0);
+    const int64_t flops = 2 * static_cast<int64_t>(m) * n * k * batch;
+    log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(m) + ",\"n\":" +
+                         std::to_string(n) + ",\"k\":" + std::to_string(k) + ",\"batch\":" + std::to_string(batch) +
+                         ",\"a\":\"" + type_name(Atype) + "\",\"b\":\"" + type_name(Btype) + "\",\"c\":\"" +
+                         type_name(Ctype) + "\",\"compute\":\"" + (fp64 ? "64F" : "32F") +
+                         "\",\"beta\":" + (g.beta != 0 ? "1" : "0") + ",\"read\":" + std::to_string(read) +
+                         ",\"written\":" + std::to_string(c_bytes) + ",\"flops\":" + std::to_string(flops),
+             handle->stream);
+  }
+  if (dry_run()) {  // recorded, not run (emu.h)
+    if (enqueue(handle->stream, Op{name, [] { return true; }}) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    count_launch();
+    return CUBLAS_STATUS_SUCCESS;
+  }
   std::vector<Gemm> gemms;
   for (int i = 0; i < batch; ++i) {
     Gemm gi = g;

@@ -44,6 +44,10 @@ bool is_device_range(const void* p, size_t bytes);
 // Pinned host memory from cudaMallocHost.
 bool is_pinned_range(const void* p, size_t bytes);
 
+// The dry run's device memory (dry_run.cpp): reserved address space, page-aligned, never written.
+void* reserve_device_memory(size_t bytes);
+void release_device_memory(void* p, size_t bytes);
+
 // Counters (see emu.h): launched kernels, host synchronisations, device-to-host copies.
 void count_launch();
 void count_d2h();

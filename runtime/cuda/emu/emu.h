@@ -1,12 +1,28 @@
 // The emulated GPU's controls and counters, for tests and for amp_train's per-step figures.
 // Environment: AMP_EMU_SEED (default 1) seeds the stream order and the delays; AMP_EMU_SMS (default 2)
-// is the multiprocessor count the device reports, small so that grid-stride loops iterate.
+// is the multiprocessor count the device reports, small so that grid-stride loops iterate (132, an
+// H100's, for the cost model's dry runs).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace amp::emu {
+
+// The dry run (AMP_EMU_DRY_RUN=1): every launch, GEMM, copy, memset and collective is checked,
+// counted and logged (launch_log.h) as usual, but none of them runs: no kernel body, no GEMM, no
+// byte copied or set, no collective's data moved (the ranks still meet, in order). Device memory is
+// reserved (mmap, MAP_NORESERVE) and never touched, so an 80 GB device costs no host memory; the
+// memory limit is 80 GB unless AMP_EMU_MEMORY_MB says otherwise. Every device-to-host copy delivers
+// zero bytes: a loss of 0 (finite), found_inf 0 (no step skipped), a stop flag of 0, a gradient norm
+// of 0, a loss scale of 0 (amp_train does not call it collapsed in a dry run). A program whose host
+// code branches on device values therefore sees zeros; a training step reads none.
+bool dry_run();
+
+// Mark the start and the end of a training step in the launch log, the end with the device
+// allocator's peak bytes during the step (amp_train calls them once per step).
+void log_step_begin(int64_t step);
+void log_step(int64_t step, size_t peak_bytes);
 
 struct Counters {
   int64_t launches = 0;    // kernels launched (cuBLAS GEMMs and NCCL collectives count one each)
@@ -15,11 +31,13 @@ struct Counters {
 };
 Counters counters();
 
-// The kernels launched so far (at most the last 256), as launched: name and geometry. A test can
-// check which kernel an op chose and with what grid.
+// The kernels launched so far (at most the last 256), as launched: name, geometry, and the cost its
+// call site declared (declare_cost; -1 when none). A test can check which kernel an op chose, with
+// what grid, and what it said it moves.
 struct LaunchRecord {
   std::string kernel;
   unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z;
+  int64_t bytes_read = -1, bytes_written = -1, flops = -1;
 };
 std::vector<LaunchRecord> recent_launches();
 

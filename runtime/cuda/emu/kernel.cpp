@@ -10,6 +10,7 @@
 // stacks are therefore unknown to it: it still checks every heap access (device memory), which is
 // what the emulated GPU needs it for.
 #include <boost/context/fiber.hpp>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "device.h"
 #include "emu.h"
 #include "kernel.h"
+#include "launch_log.h"
 
 namespace amp::emu {
 
@@ -278,8 +280,34 @@ std::vector<LaunchRecord> recent_launches() {
   return std::vector<LaunchRecord>(g_launches.begin(), g_launches.end());
 }
 
+namespace {
+// The kernel's parameter types, demangled, without the project's namespaces:
+// "(float const*, float*, long)".
+std::string parameter_types(const std::type_info& signature) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(signature.name(), nullptr, nullptr, &status);
+  std::string s = status == 0 && d != nullptr ? d : signature.name();
+  std::free(d);
+  for (const std::string cut : {"(anonymous namespace)::", "amp::cuda::", "amp::math::", "amp::"})
+    for (size_t at; (at = s.find(cut)) != std::string::npos;) s.erase(at, cut.size());
+  const size_t open = s.find("(*)");  // "void (*)(...)": keep the parameter list
+  return open == std::string::npos ? s : s.substr(open + 3);
+}
+
+// s as the inside of a JSON string.
+std::string json_escaped(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
 void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char* name,
-                   std::function<void()> body, std::vector<std::pair<int, const void*>> pointers) {
+                   const std::type_info& signature, std::function<void()> body,
+                   std::vector<std::pair<int, const void*>> pointers) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || shmem > 48 * 1024) {
@@ -292,13 +320,33 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
   }
   count_launch();
   std::string kernel = name;
+  const DeclaredCost cost = take_declared_cost();
+  if (launch_log_on()) {
+    const auto triple = [](unsigned x, unsigned y, unsigned z) {
+      return "[" + std::to_string(x) + "," + std::to_string(y) + "," + std::to_string(z) + "]";
+    };
+    log_line("kernel", ",\"name\":\"" + json_escaped(kernel) + "\",\"params\":\"" +
+                           json_escaped(parameter_types(signature)) + "\",\"grid\":" + triple(grid.x, grid.y, grid.z) +
+                           ",\"block\":" + triple(block.x, block.y, block.z) + ",\"shmem\":" + std::to_string(shmem) +
+                           ",\"read\":" + std::to_string(cost.read) + ",\"written\":" + std::to_string(cost.written) +
+                           ",\"flops\":" + std::to_string(cost.flops) +
+                           ",\"declared\":" + (cost.declared ? "true" : "false"),
+             stream);
+  }
   {
     std::lock_guard<std::mutex> lock(g_launches_mutex);
-    g_launches.push_back(LaunchRecord{kernel, grid.x, grid.y, grid.z, block.x, block.y, block.z});
+    g_launches.push_back(LaunchRecord{kernel, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                      cost.declared ? cost.read : -1, cost.declared ? cost.written : -1,
+                                      cost.declared ? cost.flops : -1});
     if (g_launches.size() > 256) g_launches.pop_front();
   }
   Op op;
   op.name = "kernel " + kernel;
+  if (dry_run()) {  // recorded, not run (emu.h)
+    op.step = [] { return true; };
+    if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) set_last_error(err);
+    return;
+  }
   const uint64_t seed = random_u64();
   op.step = [grid, block, kernel, seed, body = std::move(body), pointers = std::move(pointers)] {
     for (const auto& [index, p] : pointers)

@@ -20,6 +20,7 @@
 #include <source_location>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -76,11 +77,18 @@ class SharedVar {
   uint64_t serial_ = 0;
 };
 
+// What the next launch of the calling thread reads and writes (bytes) and computes (FLOPs), as its
+// call site declares it from the tensors' sizes (amp::cuda::declare_launch_cost): the launch log
+// (AMP_EMU_LAUNCH_LOG, launch_log.h) records it with the launch, which takes it back to zero.
+void declare_cost(int64_t bytes_read, int64_t bytes_written, int64_t flops);
+
 // Type-erased launch: validates the configuration (errors go to the last-error slot, as a real
 // launch's do) and enqueues a kernel operation that runs body once per thread of the grid.
 // pointers: the pointer-typed arguments, checked against device and pinned memory when it runs.
+// signature: the kernel's type, whose parameter types tell a template's instances apart in the log.
 void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char* name,
-                   std::function<void()> body, std::vector<std::pair<int, const void*>> pointers);
+                   const std::type_info& signature, std::function<void()> body,
+                   std::vector<std::pair<int, const void*>> pointers);
 
 template <class... P>
 class Launcher {
@@ -95,7 +103,7 @@ class Launcher {
     std::vector<std::pair<int, const void*>> pointers;
     collect(params, pointers, std::index_sequence_for<P...>{});
     auto k = k_;
-    launch_erased(g_, b_, shmem_, s_, name_, [k, params]() { std::apply(k, params); }, std::move(pointers));
+    launch_erased(g_, b_, shmem_, s_, name_, typeid(k), [k, params]() { std::apply(k, params); }, std::move(pointers));
   }
 
  private:

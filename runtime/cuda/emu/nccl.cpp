@@ -37,6 +37,8 @@
 #include <vector>
 
 #include "device.h"
+#include "emu.h"
+#include "launch_log.h"
 #include "runtime/half.h"
 
 namespace amp::emu {
@@ -289,7 +291,7 @@ struct Coll {
       if (!published) {  // (1) my slot is free once everybody has read the previous chunk
         for (int r = 0; r < c.nranks; ++r)
           if (load(h.rank[r].depart) < seq - 1) return false;
-        if (desc.kind != kBroadcast || me == static_cast<int>(desc.root))
+        if ((desc.kind != kBroadcast || me == static_cast<int>(desc.root)) && !dry_run())
           std::memcpy(c.slot(me), send + first * esize, n * esize);
         h.rank[me].desc = desc;
         store(h.rank[me].arrive, seq);
@@ -304,6 +306,8 @@ struct Coll {
         for (int r = 0; r < c.nranks; ++r)
           text += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " + describe(h.rank[r].desc);
         c.set_async(ncclInvalidUsage, text);
+      } else if (dry_run()) {
+        // The ranks met and agreed; no data moves (emu.h).
       } else if (desc.kind == kAllReduce) {
         std::vector<const char*> src;
         for (int r = 0; r < c.nranks; ++r) src.push_back(c.slot(r));
@@ -347,6 +351,14 @@ ncclResult_t launch(Pending p) {
   state->launched = true;  // before `state` is released below: the last owner's ~Coll sees it
   ++c.issued;
   count_launch();
+  if (launch_log_on()) {
+    const Desc& d = state->desc;
+    static const char* const ops[] = {"sum", "prod", "max", "min", "avg"};
+    const char* kind = d.kind == kAllReduce ? "all_reduce" : d.kind == kBroadcast ? "broadcast" : "all_gather";
+    log_line(kind, std::string(",\"redop\":\"") + (d.kind == kAllReduce && d.op < 5 ? ops[d.op] : "none") +
+                       "\",\"bytes\":" + std::to_string(d.count * state->esize) + ",\"ranks\":" +
+                       std::to_string(c.nranks), p.stream);
+  }
   return ncclSuccess;
 }
 

@@ -26,6 +26,7 @@
 
 #include "device.h"
 #include "emu.h"
+#include "launch_log.h"
 
 namespace amp::emu {
 
@@ -203,7 +204,7 @@ struct Memory {
   std::mutex m;
   std::map<uintptr_t, size_t> device, pinned;
   size_t device_bytes = 0;
-  size_t limit = static_cast<size_t>(env_long("AMP_EMU_MEMORY_MB", 8192)) << 20;
+  size_t limit = static_cast<size_t>(env_long("AMP_EMU_MEMORY_MB", dry_run() ? 81920 : 8192)) << 20;
 };
 Memory& memory() {
   static Memory* mem = new Memory;
@@ -439,9 +440,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     std::lock_guard<std::mutex> lock(mem.m);
     if (mem.device_bytes + rounded > mem.limit) return result(cudaErrorMemoryAllocation);
   }
-  void* q = std::aligned_alloc(256, rounded);
+  void* q = dry_run() ? reserve_device_memory(rounded) : std::aligned_alloc(256, rounded);
   if (q == nullptr) return result(cudaErrorMemoryAllocation);
-  std::memset(q, 0xff, rounded);  // NaN in every float type: uninitialised reads show
+  if (!dry_run()) std::memset(q, 0xff, rounded);  // NaN in every float type: uninitialised reads show
   std::lock_guard<std::mutex> lock(mem.m);
   mem.device.emplace(reinterpret_cast<uintptr_t>(q), bytes);
   mem.device_bytes += rounded;
@@ -464,8 +465,14 @@ cudaError_t free_after_device(std::map<uintptr_t, size_t> Memory::*map, void* p,
   host_wait(what, [&] { return e.all_idle(); });
   std::lock_guard<std::mutex> lock(mem.m);
   auto it = (mem.*map).find(reinterpret_cast<uintptr_t>(p));
+  const size_t rounded = (it->second + 255) / 256 * 256;
+  if (device) mem.device_bytes -= rounded;
+  if (device && dry_run()) {
+    (mem.*map).erase(it);
+    release_device_memory(p, rounded);
+    return result(cudaSuccess);
+  }
   std::memset(p, 0xff, it->second);
-  if (device) mem.device_bytes -= (it->second + 255) / 256 * 256;
   (mem.*map).erase(it);
   std::free(p);
   return result(cudaSuccess);
@@ -514,9 +521,22 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes == 0) return result(cudaSuccess);
   if (dst == nullptr || src == nullptr) return result(cudaErrorInvalidValue);
   if (const cudaError_t err = check_copy(dst, src, bytes, kind); err != cudaSuccess) return result(err);
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d < s + bytes && s < d + bytes) {  // (a pageable source cannot overlap device memory)
+    std::fprintf(stderr, "emulated GPU: cudaMemcpyAsync: source and destination overlap (undefined on a GPU)\n");
+    return result(cudaErrorInvalidValue);
+  }
   Op op;
   op.name = "cudaMemcpyAsync";
-  if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes)) {
+  const bool pinned = is_pinned_range(kind == cudaMemcpyDeviceToHost ? dst : src, bytes);
+  static const char* const kinds[] = {"h2h", "h2d", "d2h", "d2d"};
+  log_line("memcpy", std::string(",\"kind\":\"") + kinds[kind] + "\",\"pinned\":" + (pinned ? "true" : "false") +
+                         ",\"bytes\":" + std::to_string(bytes), stream);
+  if (dry_run()) {
+    // Nothing moves; what the host reads back is zeros (emu.h), there from the call on.
+    if (kind == cudaMemcpyDeviceToHost) std::memset(dst, 0, bytes);
+    op.step = [] { return true; };
+  } else if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes)) {
     // From pageable memory the source is staged before the call returns.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                 static_cast<const unsigned char*>(src) + bytes);
@@ -525,11 +545,6 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       return true;
     };
   } else {
-    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    if (d < s + bytes && s < d + bytes) {
-      std::fprintf(stderr, "emulated GPU: cudaMemcpyAsync: source and destination overlap (undefined on a GPU)\n");
-      return result(cudaErrorInvalidValue);
-    }
     op.step = [dst, src, bytes] {
       std::memcpy(dst, src, bytes);
       return true;
@@ -537,7 +552,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   // Into pinned memory, the old contents are gone at once: a host read before the copy's event
   // sees NaN bytes, not a plausible stale value.
-  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes)) std::memset(dst, 0xff, bytes);
+  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes) && !dry_run()) std::memset(dst, 0xff, bytes);
   if (kind == cudaMemcpyDeviceToHost) count_d2h();
   if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) return result(err);
   if (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes))
@@ -554,8 +569,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return result(cudaSuccess);
   if (!is_device_range(p, bytes)) return result(cudaErrorInvalidValue);
-  return result(enqueue(stream, Op{"cudaMemsetAsync", [p, value, bytes] {
-                                     std::memset(p, value, bytes);
+  log_line("memset", ",\"bytes\":" + std::to_string(bytes), stream);
+  const bool dry = dry_run();
+  return result(enqueue(stream, Op{"cudaMemsetAsync", [p, value, bytes, dry] {
+                                     if (!dry) std::memset(p, value, bytes);
                                      return true;
                                    }}));
 }

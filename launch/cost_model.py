@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""A cost model of one H100 SXM over the emulated GPU's launch log (AMP_EMU_LAUNCH_LOG).
+
+A model, not a measurement: it prices each logged device operation from what its launch site
+declared (bytes read and written, FLOPs) and its geometry, with the constants below, and prints per
+training step the modeled time, the ten operations that take longest, the step's floor and the
+share of the time that is host launch overhead, with and without a CUDA graph.
+
+  cost_model.py LOG [--gpt N_LAYER,N_EMBD,TOKENS | --mlp WIDTH,LAYERS,BATCH] [--act-bytes 2]
+
+How an operation is priced (seconds):
+  kernel   max(bytes / (HBM_BW * HBM_REACHABLE * fill), flops / (CUDA_CORE_FLOPS * fill)),
+           fill = min(1, blocks / SMS): a grid of fewer blocks than SMs reaches that fraction.
+  GEMM     max(flops / (peak * eff), bytes / (HBM_BW * HBM_REACHABLE)); peak TENSOR_FLOPS for
+           bf16/fp16 inputs, FP32_GEMM_FLOPS for fp32 (TF32 off) and fp64; eff = GEMM_EFFICIENCY
+           for more than GEMM_FULL_FLOPS, below it GEMM_EFFICIENCY * min(1, tiles / SMS), tiles the
+           GEMM_TILE x GEMM_TILE output tiles of all its batch: a small GEMM cannot fill the SMs.
+  memset   bytes / (HBM_BW * HBM_REACHABLE); device-to-device copy twice its bytes (read + write);
+           host<->device copy bytes / PCIE_BW.
+  all-reduce  bytes * 2 (n - 1) / n / NVLINK_BUS_BW (all-gather and broadcast (n - 1) / n); 0 for 1 rank.
+Every operation costs at least KERNEL_MIN_S on the device. The host issues one operation every
+LAUNCH_HOST_S (LAUNCH_GRAPH_S inside a CUDA graph); an operation starts when it has been issued and
+the one before it has finished (one stream: overlap between streams is not modeled). The step's
+modeled time is when its last operation ends; the launch-overhead share is the part of it the
+device spends waiting for the host.
+
+The floor: the step's GEMM FLOPs at TENSOR_FLOPS (fp32 GEMMs at FP32_GEMM_FLOPS) plus, at HBM_BW,
+the bytes that must move once: the optimizer's multi-tensor launches as declared (weights, their
+low-precision copies, gradients and optimizer state, each read or written once) and the saved
+activations (--gpt / --mlp, see saved_activation_bytes).
+"""
+import argparse
+import json
+import sys
+
+# --- H100 SXM (the issue's figures)
+HBM_BW = 3.35e12            # bytes/s
+HBM_REACHABLE = 0.80        # of HBM_BW, by a well-formed kernel
+TENSOR_FLOPS = 990e12       # dense bf16/fp16 tensor-core FLOP/s
+GEMM_EFFICIENCY = 0.70      # reached by a GEMM of more than GEMM_FULL_FLOPS
+GEMM_FULL_FLOPS = 1e9
+GEMM_TILE = 128             # output tile edge, for the fill of smaller GEMMs
+FP32_GEMM_FLOPS = 60e12     # fp32 GEMMs, TF32 off (PyTorch's default)
+SMS = 132
+LAUNCH_HOST_S = 4e-6        # host time per launch
+LAUNCH_GRAPH_S = 1e-6       # the same inside a CUDA graph
+NVLINK_BUS_BW = 370e9       # all-reduce bus bandwidth, 8 H100s
+# --- ours, not the issue's
+CUDA_CORE_FLOPS = 67e12     # fp32 non-tensor FLOP/s (element-wise arithmetic)
+PCIE_BW = 25e9              # host<->device copies, bytes/s
+KERNEL_MIN_S = 2e-6         # the shortest a kernel takes on the device
+
+
+def hbm(nbytes, fill=1.0):
+    return nbytes / (HBM_BW * HBM_REACHABLE * max(fill, 1e-9))
+
+
+def gemm_time(op):
+    flops = op["flops"]
+    narrow = op["a"] in ("bf16", "f16")
+    peak = TENSOR_FLOPS if narrow else FP32_GEMM_FLOPS
+    eff = GEMM_EFFICIENCY if narrow else 1.0
+    if flops <= GEMM_FULL_FLOPS:
+        tiles = -(-op["m"] // GEMM_TILE) * -(-op["n"] // GEMM_TILE) * op["batch"]
+        eff *= min(1.0, tiles / SMS)
+    return max(flops / (peak * eff), hbm(op["read"] + op["written"]))
+
+
+def op_time(op):
+    kind = op["op"]
+    if kind == "kernel":
+        blocks = op["grid"][0] * op["grid"][1] * op["grid"][2]
+        fill = min(1.0, blocks / SMS)
+        t = max(hbm(op["read"] + op["written"], fill), op["flops"] / (CUDA_CORE_FLOPS * fill))
+    elif kind == "gemm":
+        t = gemm_time(op)
+    elif kind == "memset":
+        t = hbm(op["bytes"])
+    elif kind == "memcpy":
+        t = hbm(2 * op["bytes"]) if op["kind"] == "d2d" else op["bytes"] / PCIE_BW
+    elif kind in ("all_reduce", "all_gather", "broadcast"):
+        n = op["ranks"]
+        factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+        t = op["bytes"] * factor / NVLINK_BUS_BW
+    else:
+        return 0.0
+    return max(t, KERNEL_MIN_S)
+
+
+def simulate(times, per_launch):
+    """When the last operation ends, and the device's busy time, issuing one every per_launch."""
+    end = 0.0
+    for i, t in enumerate(times):
+        end = max(end, (i + 1) * per_launch) + t
+    return end
+
+
+def saved_activation_bytes(args):
+    """The activations a step must write once (forward) to read in backward, at the least."""
+    a = args.act_bytes
+    if args.gpt:
+        layers, c, tokens = args.gpt
+        # Per layer and token: LayerNorm outputs 2C, q/k/v 3C, attention output C, MLP hidden 4C
+        # and its GELU 4C in the autocast dtype; the fp32 residual stream twice (2C x 4 bytes).
+        return layers * tokens * (14 * c * a + 2 * c * 4)
+    if args.mlp:
+        width, layers, batch = args.mlp
+        return layers * batch * width * 2 * a  # each layer's input and pre-activation
+    return 0
+
+
+def steps_of(path):
+    steps, cur, step = [], None, None
+    with open(path) as f:
+        for line in f:
+            op = json.loads(line)
+            if op["op"] == "step_begin":
+                cur, step = [], op["step"]
+            elif op["op"] == "step":
+                if cur is not None:
+                    steps.append((step, cur, op["peak_bytes"]))
+                cur = None
+            elif cur is not None:
+                cur.append(op)
+    return steps
+
+
+def label(op):
+    if op["op"] == "kernel":
+        g, b = op["grid"], op["block"]
+        name = op["name"]
+        if name.startswith("multi_tensor_kernel"):  # the op is what tells them apart
+            name = "multi_tensor_kernel " + op["params"].split(", ", 1)[-1].rstrip(")")
+        else:
+            params = op["params"]
+            name += " " + (params if len(params) <= 60 else params[:57] + "...")
+        return f'{name} <<<{g[0]}x{g[1]}x{g[2]}, {b[0]}x{b[1]}x{b[2]}>>>'
+    if op["op"] == "gemm":
+        return f'{op["name"]} m={op["m"]} n={op["n"]} k={op["k"]} batch={op["batch"]} {op["a"]}->{op["c"]}'
+    if op["op"] == "memcpy":
+        return f'memcpy {op["kind"]} {op["bytes"]} B'
+    return f'{op["op"]} {op.get("bytes", 0)} B'
+
+
+def report(step, ops, peak, args):
+    times = [op_time(op) for op in ops]
+    device = sum(times)
+    eager = simulate(times, LAUNCH_HOST_S)
+    graph = simulate(times, LAUNCH_GRAPH_S)
+    gemm_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] in ("bf16", "f16"))
+    fp32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] not in ("bf16", "f16"))
+    optimizer = sum(op["read"] + op["written"] for op in ops
+                    if op["op"] == "kernel" and ("AdamOp" in op["params"] or "SgdOp" in op["params"]))
+    acts = saved_activation_bytes(args)
+    floor = gemm_flops / TENSOR_FLOPS + fp32_flops / FP32_GEMM_FLOPS + (optimizer + acts) / HBM_BW
+    undeclared = sum(1 for op in ops if op["op"] == "kernel" and not op["declared"])
+    gemm_time_total = sum(t for t, op in zip(times, ops) if op["op"] == "gemm")
+    print(f"step {step}: {len(ops)} device operations ({sum(op['op'] == 'gemm' for op in ops)} GEMMs)"
+          + (f", {undeclared} kernels without a declared cost" if undeclared else ""))
+    print(f"  modeled step      {eager * 1e3:9.2f} ms   (in a CUDA graph {graph * 1e3:.2f} ms; device busy "
+          f"{device * 1e3:.2f} ms, GEMMs {gemm_time_total * 1e3:.2f} ms)")
+    print(f"  floor             {floor * 1e3:9.2f} ms   (GEMMs {(gemm_flops + fp32_flops) / 1e12:.3f} TFLOP; "
+          f"weights, gradients, optimizer state {optimizer / 1e9:.3f} GB; saved activations {acts / 1e9:.3f} GB)")
+    print(f"  modeled / floor   {eager / floor if floor else float('nan'):9.2f}")
+    print(f"  launch overhead   {100 * (eager - device) / eager:8.1f} %  of the step "
+          f"({100 * (graph - device) / graph:.1f} % in a CUDA graph; the host issues the step's {len(ops)} "
+          f"operations in {len(ops) * LAUNCH_HOST_S * 1e3:.2f} ms, {len(ops) * LAUNCH_GRAPH_S * 1e3:.2f} ms)")
+    print(f"  peak device memory {peak / 2**30:8.2f} GiB")
+    # The ten longest, operations of one name and geometry summed (a layer's kernels repeat).
+    groups = {}
+    for t, op in zip(times, ops):
+        key = label(op)
+        g = groups.setdefault(key, [0.0, 0, 0])
+        g[0] += t
+        g[1] += 1
+        g[2] += op.get("read", 0) + op.get("written", 0) + (op.get("bytes", 0) if op["op"] != "kernel" else 0)
+    print("  ten longest (operations of one name and shape summed):")
+    print(f"  {'ms':>8} {'share':>6} {'calls':>5} {'GB':>8}  operation")
+    for key, (t, n, b) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:10]:
+        print(f"  {t * 1e3:8.2f} {100 * t / device:5.1f}% {n:5d} {b / 1e9:8.3f}  {key}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("log")
+    p.add_argument("--gpt", type=lambda s: [int(x) for x in s.split(",")], help="N_LAYER,N_EMBD,TOKENS")
+    p.add_argument("--mlp", type=lambda s: [int(x) for x in s.split(",")], help="WIDTH,LAYERS,BATCH")
+    p.add_argument("--act-bytes", type=int, default=2, help="bytes of an activation (2: bf16/fp16 autocast)")
+    p.add_argument("--last", action="store_true", help="only the last step (the steady state)")
+    args = p.parse_args()
+    steps = steps_of(args.log)
+    if not steps:
+        sys.exit(f"{args.log}: no complete training step (is AMP_EMU_LAUNCH_LOG set, and --device cuda?)")
+    for step, ops, peak in steps[-1:] if args.last else steps:
+        report(step, ops, peak, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU step's modeled speed on an H100, without a GPU: runs the emulated GPU's dry run
+# (AMP_EMU_DRY_RUN=1: nothing executes, every launch is logged with what it moves; 132 SMs, so grids
+# are an H100's) of two shapes from build/cuda-emu, and prints launch/cost_model.py's report of the
+# last of two steps (the first also allocates the optimizer state):
+#   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
+#   the seeds' MLP: 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
+# It builds nothing (run launch/build.sh cuda-emu first) and asserts no time: it prints figures.
+# Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build/cuda-emu}
+bin=$build/launch/amp_train
+[[ -x $bin ]] || { echo "gpu_cost_report: $bin not built (launch/build.sh cuda-emu)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "gpu_cost_report: python3 not found: no report" >&2; exit 0; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# 2 MB of text for the GPT's byte-level data (its content does not matter: nothing runs).
+while [[ $(stat -c %s "$work/text" 2>/dev/null || echo 0) -lt 2000000 ]]; do cat README.md >>"$work/text"; done
+export AMP_EMU_DRY_RUN=1 AMP_EMU_SMS=132 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+run() {  # name, cost-model shape flags, amp_train flags
+  local name=$1 shape=$2
+  shift 2
+  local t0=$SECONDS
+  AMP_EMU_LAUNCH_LOG=$work/$name.jsonl "$bin" --device cuda --steps 2 --log-every 1 "$@" >"$work/$name.out" 2>&1 || {
+    echo "gpu_cost_report: $name: amp_train failed:" >&2
+    cat "$work/$name.out" >&2
+    exit 1
+  }
+  echo "== $name (dry run: $((SECONDS - t0)) s on this machine; modeled H100 SXM below)"
+  python3 launch/cost_model.py "$work/$name.jsonl" --last $shape
+}
+
+run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \
+  --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --eval-every 0 --sample-tokens 0
+run mlp-4096x3-bf16 "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp bf16 \
+  --momentum 0.9
+run mlp-4096x3-fp16-scaler "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp fp16 --loss-scale dynamic \
+  --momentum 0.9

@@ -1,0 +1,103 @@
+// amp_train --device cuda in the emulated GPU's dry run (AMP_EMU_DRY_RUN=1) with its launch log
+// (AMP_EMU_LAUNCH_LOG), one rank: a small GPT in bf16 with AdamW and an MLP in fp16 with dynamic loss
+// scaling train to the end on read-backs of zeros, with 0 host synchronisations; every kernel's cost
+// is declared at its launch site; and the log of each step is the log of the same run with
+// everything executed (poisoning off, as in the dry run): what the host launches does not depend on
+// device values.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Step {
+  std::vector<nlohmann::json> ops;
+  int64_t peak_bytes = -1;
+};
+
+struct Run {
+  int code = -1;
+  std::string out;
+  std::vector<Step> steps;
+};
+
+Run train(bool dry, const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("amp_emu_dry_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string text = (dir / "text").string(), log = (dir / "log.jsonl").string();
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 2000; ++i) t << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const std::string cmd = std::string("env -i PATH=\"$PATH\" HOME=\"$HOME\" ASAN_OPTIONS=detect_leaks=0 ") +
+                          (dry ? "AMP_EMU_DRY_RUN=1 " : "AMP_CUDA_POISON_FREED=0 ") + "AMP_EMU_LAUNCH_LOG=" + log +
+                          " timeout 300 " + AMP_TRAIN_BIN + " --device cuda --threads 1 --steps 3 --log-every 1 " +
+                          args + (args.find("gpt") != std::string::npos ? " --data " + text : "") + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["op"] == "step_begin") {
+      r.steps.emplace_back();
+      inside = true;
+    } else if (j["op"] == "step") {
+      r.steps.back().peak_bytes = j["peak_bytes"].get<int64_t>();
+      inside = false;
+    } else if (inside) {
+      r.steps.back().ops.push_back(j);
+    }
+  }
+  fs::remove_all(dir);
+  return r;
+}
+
+void check(const std::string& args) {
+  const Run dry = train(true, args), real = train(false, args);
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  ASSERT_EQ(real.code, 0) << real.out;
+  EXPECT_NE(dry.out.find("emulated GPU: 0 host syncs"), std::string::npos) << dry.out;
+  ASSERT_EQ(dry.steps.size(), 3u) << dry.out;
+  ASSERT_EQ(real.steps.size(), 3u) << real.out;
+  for (size_t s = 0; s < dry.steps.size(); ++s) {
+    EXPECT_GT(dry.steps[s].peak_bytes, 0);
+    EXPECT_EQ(dry.steps[s].peak_bytes, real.steps[s].peak_bytes) << "step " << s + 1;
+    ASSERT_EQ(dry.steps[s].ops.size(), real.steps[s].ops.size()) << "step " << s + 1;
+    for (size_t i = 0; i < dry.steps[s].ops.size(); ++i) {
+      const nlohmann::json& op = dry.steps[s].ops[i];
+      EXPECT_EQ(op, real.steps[s].ops[i]) << "step " << s + 1 << ", operation " << i;
+      if (op["op"] == "kernel") {
+        EXPECT_TRUE(op["declared"].get<bool>()) << op.dump();
+      }
+      if (op["op"] == "gemm") {
+        EXPECT_GT(op["flops"].get<int64_t>(), 0) << op.dump();
+      }
+    }
+  }
+}
+
+TEST(EmuDryRun, GptBf16AdamW) {
+  check("--model gpt --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --amp bf16 --optimizer adamw "
+        "--dropout 0.1 --eval-every 0 --sample-tokens 0");
+}
+
+TEST(EmuDryRun, MlpFp16DynamicScaling) {
+  check("--width 64 --layers 3 --batch-size 16 --amp fp16 --loss-scale dynamic --momentum 0.9 --clip-grad-norm 1.0");
+}
+
+}  // namespace
