@@ -99,16 +99,25 @@ void report_fatal(int rank, const std::string& what) {
   std::fflush(stderr);
 }
 
-// Test hook for the fault tests: AMP_DEBUG_STALL=RANK:0 makes that rank stop answering before the
-// first collective of the set-up (RANK:STEP, STEP >= 1, is the trainer's).
-void debug_stall_in_setup(int rank) {
-  const char* s = std::getenv("AMP_DEBUG_STALL");
-  int r = -1;
+// Test hook for the fault tests, read once here: AMP_DEBUG_STALL=RANK:STEP makes that rank stop
+// answering, before the first collective of the set-up (STEP 0) or at the start of step STEP (the
+// trainer's before-step hook).
+struct DebugStall {
+  int rank = -1;
   long long step = -1;
-  if (s == nullptr || std::sscanf(s, "%d:%lld", &r, &step) != 2 || r != rank || step != 0) return;
-  std::fprintf(stderr, "amp_train: rank %d: stalling in the set-up (AMP_DEBUG_STALL)\n", rank);
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-}
+  static DebugStall from_environment() {
+    DebugStall d;
+    const char* s = std::getenv("AMP_DEBUG_STALL");
+    if (s == nullptr || std::sscanf(s, "%d:%lld", &d.rank, &d.step) != 2) d = {};
+    return d;
+  }
+  void at(int rank_here, long long step_here) const {
+    if (rank != rank_here || step != step_here) return;
+    std::fprintf(stderr, "amp_train: rank %d: stalling %s (AMP_DEBUG_STALL)\n", rank_here,
+                 step_here == 0 ? "in the set-up" : ("at step " + std::to_string(step_here)).c_str());
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+};
 
 int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, std::unique_ptr<comm::Communicator>& host_comm,
                         std::unique_ptr<comm::Communicator>& device_comm, std::unique_ptr<launch::Trainer>& trainer) {
@@ -146,7 +155,8 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   };
 
   // 1. What can fail on one rank alone: the outputs, the device, then the model, weights and data.
-  debug_stall_in_setup(mpi.rank());
+  const DebugStall stall = DebugStall::from_environment();
+  stall.at(mpi.rank(), 0);
   Device device = kCPU;
   launch::OutputLocks locks;  // held until training ends: another live run cannot write our outputs
   attempt([&] {  // rank 0 writes the outputs: check and lock them before anything runs
@@ -189,6 +199,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   std::fflush(stdout);
 
   // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/interrupt.h).
+  if (stall.rank >= 0 && stall.step > 0) trainer->set_before_step([stall, &mpi](int64_t step) { stall.at(mpi.rank(), step); });
   launch::install_interrupt_handlers();
   const launch::TrainResult result = trainer->run();
   if (!result.errors.empty()) {  // trained, but an output was not saved: named, and exit 1 (no abort)

@@ -42,6 +42,30 @@ std::string number_str(double v) {
   return buf;
 }
 
+// The figures a step reads back to the host, packed into one read-back and unpacked by name: their
+// order lives here only.
+struct StepFigures {
+  Tensor loss, scale, found_inf, stop;
+  Tensor grad_norm;  // undefined: not computed this step (no placeholder travels)
+  std::vector<Tensor> task_losses;
+
+  std::vector<Tensor> packed() const {
+    std::vector<Tensor> v = {loss, scale, found_inf, stop};
+    if (grad_norm.defined()) v.push_back(grad_norm);
+    v.insert(v.end(), task_losses.begin(), task_losses.end());
+    return v;
+  }
+  static void unpack(const std::vector<double>& v, bool has_grad_norm, StepRecord* r) {
+    size_t i = 0;
+    r->loss = v.at(i++);
+    r->scale = v.at(i++);
+    r->skipped = v.at(i++) != 0.0;
+    r->stop_requested = v.at(i++) != 0.0;
+    r->grad_norm = has_grad_norm ? v.at(i++) : std::numeric_limits<double>::quiet_NaN();
+    r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
+  }
+};
+
 // True when the scale's float32 inverse, which unscales the gradients (amp_math.h inverse_scale), is
 // not finite: below about 2.9e-39 every gradient unscales to inf or NaN, and every step is skipped.
 bool scale_collapsed(double scale) {
@@ -95,10 +119,6 @@ GradScalerOptions scaler_options(const TrainConfig& c) {
 
 Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device device)
     : cfg_(config), comm_(comm), device_(device) {
-  // Test hook for the fault tests: AMP_DEBUG_STALL=RANK:STEP makes that rank stop answering there.
-  if (const char* s = std::getenv("AMP_DEBUG_STALL")) {
-    if (std::sscanf(s, "%d:%lld", &stall_.rank, &stall_.step) != 2) stall_ = {};
-  }
   Generator gen(cfg_.seed);
   spec_ = models::configure_model(cfg_.model, cfg_.model_flags);
   spec_->check({cfg_.data, cfg_.batch_size}, 0.0L);
@@ -468,11 +488,7 @@ int64_t Trainer::first_sample(int64_t step) const {
 
 Trainer::PendingStep Trainer::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (stall_.rank == comm_.rank() && stall_.step == step) {
-    std::fprintf(stderr, "amp_train: rank %d: stalling at step %lld (AMP_DEBUG_STALL)\n", comm_.rank(),
-                 static_cast<long long>(step));
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  if (before_step_) before_step_(step);
   const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
   const int64_t first = first_sample(step);
   const std::vector<Tensor> params = model().parameters();
@@ -570,10 +586,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  std::vector<Tensor> figures = {loss_sum, scale_used, found, stop};
-  if (grad_norm.defined()) figures.push_back(grad_norm);
-  figures.insert(figures.end(), task_sums.begin(), task_sums.end());
-  PendingStep p{step, t0, backend_for(device_).start_readback(figures), {}, opt_->lr(), weights, grad_norm.defined()};
+  const StepFigures figures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
+  PendingStep p{step, t0, backend_for(device_).start_readback(figures.packed()), {}, opt_->lr(), weights,
+                grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
@@ -584,16 +599,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
 }
 
 StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point next_start) {
-  const std::vector<double> v = p.figures->values();
   StepRecord r;
   r.step = p.step;
-  r.loss = v[0];
-  r.scale = v[1];
-  r.skipped = v[2] != 0.0;
-  r.stop_requested = v[3] != 0.0;
-  const size_t norms = p.grad_norm ? 1 : 0;
-  r.grad_norm = p.grad_norm ? v[4] : std::numeric_limits<double>::quiet_NaN();
-  r.task_losses.assign(v.begin() + 4 + static_cast<long>(norms), v.end());
+  StepFigures::unpack(p.figures->values(), p.grad_norm, &r);
   r.weights = p.weights;
   r.lr = p.lr;
   // From this step's start to the next one's: the step's share of the wall time, whether or not

@@ -3,6 +3,7 @@
 // optional clipping, then step-or-skip and a scale update that is identical on every rank.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -63,6 +64,8 @@ class Trainer {
   const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
+  // A hook called at the start of every step, before any work (fault tests make a rank stall there).
+  void set_before_step(std::function<void(int64_t step)> hook) { before_step_ = std::move(hook); }
 
  private:
   void connect();  // the collective part of the setup, once
@@ -70,7 +73,7 @@ class Trainer {
   struct PendingStep {
     int64_t step;
     std::chrono::steady_clock::time_point start;
-    std::unique_ptr<Readback> figures;  // loss, scale, found_inf, stop, [grad_norm], task losses...
+    std::unique_ptr<Readback> figures;  // StepFigures::packed(), on its way to the host
     std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
     double lr = 0.0;  // the learning rate this step used
     std::vector<double> weights;  // the aggregator's (multi-task)
@@ -118,10 +121,7 @@ class Trainer {
   std::unique_ptr<GradScaler> scaler_;
   DeviceCounters counted_;  // the emulated GPU's counts over every train_step, this rank
   std::unique_ptr<comm::GradientReducer> reducer_;
-  struct {
-    int rank = -1;
-    long long step = -1;
-  } stall_;
+  std::function<void(int64_t)> before_step_;
 };
 
 // The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
