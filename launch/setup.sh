@@ -4,7 +4,8 @@
 # the distribution has is installed, the others are named at the end, with what they are for; the exit
 # status is 1 only when one of them is needed to build (the fuzz target, ccache and the corpus are not).
 # Everything the build, the tests and the main job read comes from this one list; check it with
-# ../shared/tools/fresh-machine-diff (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
+# the CI host's fresh-machine tools, outside this repository (docs/BUILD.md): ../shared/tools/fresh-machine-diff
+# (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
 #   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
 #                       calls find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
 #   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).

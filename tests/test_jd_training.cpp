@@ -70,7 +70,7 @@ TEST(JacobianDescent, ControlVersusScaledWithAnInjectedInf) {
   train_example(scaled, &scaler, 2, false);
   EXPECT_EQ(scaler.get_scale(), 128.0 * std::pow(2.0, 7) * 0.5) << "7 clean steps grew it, the poisoned one backed off";
   const auto pc = control.model->module().named_parameters(), ps = scaled.model->module().named_parameters();
-  // UPGrad is invariant to the power-of-two scale, bitwise (JACOBIAN_DESCENT.md): the two runs
+  // UPGrad is invariant to the power-of-two scale, bitwise (docs/JACOBIAN_DESCENT.md): the two runs
   // agree to rounding of the unscale, here exactly.
   for (size_t k = 0; k < pc.size(); ++k) EXPECT_TRUE(test::all_close(ps[k].second, pc[k].second, 1e-6, 1e-7)) << pc[k].first;
 }
