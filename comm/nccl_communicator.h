@@ -1,4 +1,4 @@
-// NcclCommunicator: the Communicator for CUDA tensors (DESIGN.md section 8).
+// NcclCommunicator: the Communicator for CUDA tensors (docs/DESIGN.md §8).
 //
 // - Rank 0's ncclUniqueId is broadcast over MPI; the NCCL communicator is non-blocking, so that no
 //   NCCL call can hang the host and a stuck one can be aborted.

@@ -1,5 +1,5 @@
 // bench_comm (run under mpirun): what data parallelism costs on this machine.
-//  1. The seeds' MLP step per rank: rank 0 alone without communication, then every rank with the
+//  1. The reference MLP's step (bench_mlp's) per rank: rank 0 alone without communication, then every rank with the
 //     bucketed all-reduce, overlap on and off. The gap is what communication adds.
 //  2. All-reduce bandwidth for one large buffer against a plain memcpy of the same size.
 #include <mpi.h>

@@ -1,6 +1,6 @@
-// bench_mlp: the seeds' workload (an MLP of 3 x 4096, batch 512, MSE, SGD) per precision mode.
+// bench_mlp: the reference workload (an MLP of 3 x 4096, batch 512, MSE, SGD) per precision mode.
 // Prints the step time, GFLOP/s, the time of the step's GEMMs alone on the same library, the
-// scaler's own cost and the peak memory. Figures, not assertions: see the README for measurements.
+// scaler's own cost and the peak memory. Figures, not assertions: see docs/BENCHMARKS.md for measurements.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>

@@ -33,7 +33,7 @@ import argparse
 import json
 import sys
 
-# --- H100 SXM (the figures)
+# --- H100 SXM (the figures the model was specified with)
 HBM_BW = 3.35e12            # bytes/s
 HBM_REACHABLE = 0.80        # of HBM_BW, by a well-formed kernel
 TENSOR_FLOPS = 990e12       # dense bf16/fp16 tensor-core FLOP/s
@@ -45,7 +45,7 @@ SMS = 132
 LAUNCH_HOST_S = 4e-6        # host time per launch
 LAUNCH_GRAPH_S = 1e-6       # the same inside a CUDA graph
 NVLINK_BUS_BW = 370e9       # all-reduce bus bandwidth, 8 H100s
-# --- ours, not the issue's
+# --- our own estimates
 CUDA_CORE_FLOPS = 67e12     # fp32 non-tensor FLOP/s (element-wise arithmetic)
 PCIE_BW = 25e9              # host<->device copies, bytes/s
 KERNEL_MIN_S = 2e-6         # the shortest a kernel takes on the device

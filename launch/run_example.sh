@@ -5,6 +5,8 @@
 #   build/example/kjv.txt          the corpus (from Debian's bible-kjv; 9/10 training, 1/10 validation)
 #   build/example/metrics.jsonl    per-step metrics and the validation losses
 #   build/example/checkpoints/     a checkpoint every 1000 steps and at the end
+#   build/example/metrics.png      the run drawn by launch/plot_metrics.py, where python3 has matplotlib
+#                                  (installed by `launch/setup.sh --plot`, which the tests never need)
 # Extra arguments go to amp_train: `launch/run_example.sh --resume` continues a run that was stopped
 # (without it, the example starts afresh and replaces its own checkpoints).
 set -euo pipefail
@@ -27,3 +29,13 @@ mpirun -np 2 --oversubscribe build/release/launch/amp_train \
   --log-every 250 --eval-every 500 --eval-batches 16 --sample-tokens 400 --prompt "And God said" \
   --checkpoint-dir "$out/checkpoints" --checkpoint-every 1000 --metrics "$out/metrics.jsonl" "$@"
 echo "metrics: $out/metrics.jsonl   checkpoints: $out/checkpoints"
+# Draw the run: 2 ranks x 16 sequences x 64 bytes a step (tokens/s). Not drawing is not a failure.
+# Debian's python3-matplotlib is for /usr/bin/python3, which may not be the python3 on the PATH.
+plot_python() { for py in python3 /usr/bin/python3; do
+  command -v "$py" >/dev/null && "$py" -c "import matplotlib" 2>/dev/null && { echo "$py"; return 0; }; done; return 1; }
+if py=$(plot_python) || { command -v apt-get >/dev/null && launch/setup.sh --plot && py=$(plot_python); }; then
+  "$py" launch/plot_metrics.py "$out/metrics.jsonl" --out "$out/metrics.png" --samples-per-step 32 \
+    --tokens-per-sample 64 || echo "run_example: could not draw $out/metrics.jsonl" >&2
+else
+  echo "run_example: not drawing the run: python3 with matplotlib is missing (Debian: python3-matplotlib)" >&2
+fi

@@ -12,7 +12,7 @@
 # the cuda preset: its objects are release's, so ccache makes it a relink) and its check
 # (tests/scripts/bundle_check.sh: every library it loads is in it, and it runs unpacked).
 # With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead (build/asan).
-# The emulated GPU has a sanitizer preset too (cuda-emu-asan; see README, "The emulated GPU").
+# The emulated GPU has a sanitizer preset too (cuda-emu-asan; see docs/GPU.md, "The emulated GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets=(release cuda-emu)

@@ -4,7 +4,8 @@
 # the distribution has is installed, the others are named at the end, with what they are for; the exit
 # status is 1 only when one of them is needed to build (the fuzz target, ccache and the corpus are not).
 # Everything the build, the tests and the main job read comes from this one list; check it with
-# ../shared/tools/fresh-machine-diff (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
+# the CI host's fresh-machine tools, outside this repository (docs/BUILD.md): ../shared/tools/fresh-machine-diff
+# (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
 #   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
 #                       calls find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
 #   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).
@@ -12,13 +13,24 @@
 #   ccache              optional: CMake uses it when present, and rebuilds get much faster.
 #   bible-kjv           the main job's corpus: the King James Bible (public domain), 4.4 MB of English
 #                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/run_example.sh).
+#   --plot              installs only python3-matplotlib, for launch/plot_metrics.py (launch/run_example.sh
+#                       draws its run with it): kept out of the list above, which the build, the tests and
+#                       CI install, so that nothing they check depends on it; optional (exit 0 without it).
 set -euo pipefail
+plot=false
+case ${1:-} in
+  --plot) plot=true ;;
+  "") ;;
+  *) echo "usage: launch/setup.sh [--plot]" >&2; exit 2 ;;
+esac
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
           clang libclang-rt-14-dev ccache bible-kjv)
 # What a package is for when it is not needed to build and test the project.
 declare -A optional=([clang]="the safetensors fuzz target" [libclang-rt-14-dev]="the safetensors fuzz target"
-                     [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/run_example.sh)")
+                     [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/run_example.sh)"
+                     [python3-matplotlib]="drawing a metrics file (launch/plot_metrics.py)")
+$plot && packages=(python3-matplotlib)
 # Other distributions' names for the same thing, tried when a name does not exist there.
 declare -A alternative=([libclang-rt-14-dev]="libclang-rt-dev libclang-common-14-dev")
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -1,4 +1,4 @@
-// Each op's autocast cast policy (DESIGN §5), as one table, and the seam through which amp/'s
+// Each op's autocast cast policy (docs/DESIGN.md §5), as one table, and the seam through which amp/'s
 // autocast casts an op's inputs. runtime/ only declares the policy; amp/autocast.cpp installs the hook.
 #pragma once
 #include <cstdint>
@@ -73,7 +73,7 @@ void set_autocast_hook(AutocastHook h);  // amp/autocast.cpp uses this
 // Applies the current thread's autocast to an op's inputs (no-op when autocast is off).
 void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs);
 
-// Backward runs with autocast off (DESIGN §5): the engine holds one of these.
+// Backward runs with autocast off (docs/DESIGN.md §5): the engine holds one of these.
 class AutocastSuspend {
  public:
   AutocastSuspend() : prev_(autocast_hook()) { set_autocast_hook(nullptr); }

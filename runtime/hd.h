@@ -1,4 +1,4 @@
-// AMP_HD marks per-element functions that the CPU loops and the CUDA kernels share (DESIGN §3).
+// AMP_HD marks per-element functions that the CPU loops and the CUDA kernels share (docs/DESIGN.md §3).
 #pragma once
 #if defined(__CUDACC__)
 #define AMP_HD __host__ __device__ __forceinline__

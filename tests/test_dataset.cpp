@@ -1,4 +1,5 @@
-// The text stream (--model gpt) follows the layout to the byte; and the synthetic data stream: a pool of samples that repeats, each sample a function of its index
+// The text stream (--model gpt) follows the layout that the README states ("A GPT on real text", Data)
+// to the byte; and the synthetic data stream: a pool of samples that repeats, each sample a function of its index
 // alone (never of the batch, the chunk it was generated in, or the device), as a file would be.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // TorchJD's aggregators against TorchJD's own results (tests/data/jd_aggregators.safetensors: 30
 // float64 Jacobians of 2-6 rows, generic and hard cases), and the special cases of
-// ../shared/JACOBIAN_DESCENT.md. float64 throughout, so the tolerances are tight: 1e-9 relative for
+// docs/JACOBIAN_DESCENT.md. float64 throughout, so the tolerances are tight: 1e-9 relative for
 // the closed-form and QP-based aggregators (what two exact float64 solvers can differ by on a
 // Gramian whose condition number reaches 1e4), looser where TorchJD iterates (MGDA's Frank-Wolfe) or
 // takes an eigendecomposition.

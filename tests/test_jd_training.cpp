@@ -1,4 +1,4 @@
-// Jacobian descent under AMP through the C++ API: TorchJD's AMP example line for line (the README
+// Jacobian descent under AMP through the C++ API: TorchJD's AMP example line for line (docs/API.md
 // shows the same loop), the control-versus-scaled pattern with an injected inf, and UPGrad's
 // invariance to the loss scale.
 #include <gtest/gtest.h>
@@ -70,7 +70,7 @@ TEST(JacobianDescent, ControlVersusScaledWithAnInjectedInf) {
   train_example(scaled, &scaler, 2, false);
   EXPECT_EQ(scaler.get_scale(), 128.0 * std::pow(2.0, 7) * 0.5) << "7 clean steps grew it, the poisoned one backed off";
   const auto pc = control.model->module().named_parameters(), ps = scaled.model->module().named_parameters();
-  // UPGrad is invariant to the power-of-two scale, bitwise (JACOBIAN_DESCENT.md): the two runs
+  // UPGrad is invariant to the power-of-two scale, bitwise (docs/JACOBIAN_DESCENT.md): the two runs
   // agree to rounding of the unscale, here exactly.
   for (size_t k = 0; k < pc.size(); ++k) EXPECT_TRUE(test::all_close(ps[k].second, pc[k].second, 1e-6, 1e-7)) << pc[k].first;
 }
@@ -112,7 +112,7 @@ TEST(JacobianDescent, Fp16JacobianLandsInFloat32UnderTorchsNames) {
                                              "task1.weight", "task1.bias", "task2.weight", "task2.bias"}));
 }
 
-// The README's example, as written there: TorchJD's AMP example line for line.
+// docs/API.md's example, as written there: TorchJD's AMP example line for line.
 TEST(JacobianDescent, ReadmeExample) {
   amp::Generator data_gen(9);
   std::vector<amp::Tensor> inputs, task1_targets, task2_targets;
@@ -121,7 +121,7 @@ TEST(JacobianDescent, ReadmeExample) {
     task1_targets.push_back(amp::randn({16, 1}, data_gen));
     task2_targets.push_back(amp::randn({16, 1}, data_gen));
   }
-  // --- the README's code
+  // --- docs/API.md's code
   amp::Generator gen(0);
   auto shared_module = std::make_shared<amp::nn::Sequential>();
   shared_module->push_back(std::make_shared<amp::nn::Linear>(10, 5, gen)).push_back(std::make_shared<amp::nn::ReLU>())
@@ -149,7 +149,7 @@ TEST(JacobianDescent, ReadmeExample) {
     scaler.update();
     optimizer.zero_grad();
   }
-  // --- end of the README's code
+  // --- end of docs/API.md's code
   EXPECT_LT(scaler.get_scale(), 65536.0) << "the fp16 overflow of the first steps was skipped";
   for (const amp::Tensor& p : params)
     for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v));

@@ -267,7 +267,7 @@ TEST(Optimizers, StateDictHasPyTorchsLayout) {
   EXPECT_THROW(other.load_state_dict(broken), std::invalid_argument);
 }
 
-// The README's API example, as written there (groups, warmup then cosine), runs and moves the lr.
+// docs/API.md's example, as written there (groups, warmup then cosine), runs and moves the lr.
 TEST(Optimizers, ReadmeExampleBuildsAndSteps) {
   Tensor w = from_vector({1.0, 2.0, 3.0, 4.0}, {2, 2}).set_requires_grad(true);
   Tensor b = from_vector({0.5, -0.5}, {2}).set_requires_grad(true);

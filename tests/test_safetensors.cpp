@@ -129,7 +129,7 @@ TEST(Safetensors, RejectsCorruptAndTruncatedFiles) {
                   "malformed shape");
 }
 
-// The format, enforced: each of these files was once read as data (issue #14, item 3).
+// The format, enforced: each of these files was once read as data instead of refused.
 TEST(Safetensors, EnforcesTheFormat) {
   TempDir dir;
   // A file from a header and a data section; pad: what follows the JSON in the header.

@@ -4,7 +4,7 @@
 # are an H100's) of two shapes from build/cuda-emu, and prints launch/cost_model.py's report of the
 # last of two steps (the first also allocates the optimizer state):
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
-#   the seeds' MLP: 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
+#   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
 # It builds nothing (run launch/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
 set -euo pipefail

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Draws an amp_train metrics file (--metrics FILE.jsonl) into a PNG.
+
+Four panels, sharing the step axis:
+  loss           the training loss per step (each task's too, for --model mtl), and the validation
+                 loss of the "eval" records (--model gpt --eval-every N);
+  loss scale     the scale each step's backward used (log axis), the skipped steps marked;
+  learning rate  the rate each step used;
+  throughput     tokens/s or samples/s from step_ms when --samples-per-step is given (with
+                 --tokens-per-sample for a language model), otherwise steps/s.
+The title says how the run ended: its "end" record (steps, skipped steps, interrupted), a "failed"
+record (its error), or neither (the run was still going, or died).
+
+    python3 launch/plot_metrics.py run.jsonl                      # writes run.png beside it
+    python3 launch/plot_metrics.py build/example/metrics.jsonl --samples-per-step 32 --tokens-per-sample 64
+
+Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def read_metrics(path):
+    """The step records, eval records and the last end/failed record of a metrics file."""
+    steps, evals, ending = [], [], None
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                # A run killed mid-write leaves no partial line, but a file may be read while written.
+                print(f"plot_metrics: {path}:{n}: skipped, not JSON ({e.msg})", file=sys.stderr)
+                continue
+            event = r.get("event")
+            if event is None and "step" in r:
+                steps.append(r)
+            elif event == "eval":
+                evals.append(r)
+            elif event in ("end", "failed"):
+                ending = r
+    # A resumed run appends to the file: a step seen twice keeps its last record.
+    by_step = {r["step"]: r for r in steps}
+    steps = [by_step[s] for s in sorted(by_step)]
+    by_step = {r["step"]: r for r in evals}
+    evals = [by_step[s] for s in sorted(by_step)]
+    return steps, evals, ending
+
+
+def value(r, key):
+    """A finite number, or None (JSON null stands for inf/NaN, and a key may be absent)."""
+    v = r.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def title_for(path, steps, ending):
+    name = os.path.basename(path)
+    if ending is None:
+        return f"{name}: {len(steps)} steps (no end record: still running, or the run died)"
+    if ending.get("event") == "failed":
+        return f"{name}: FAILED after {ending.get('steps')} steps: {ending.get('error', '')}"[:160]
+    t = f"{name}: {ending.get('steps')} steps, {ending.get('skipped_steps')} skipped"
+    if ending.get("interrupted_by"):
+        t += f", interrupted by {ending['interrupted_by']}"
+    if ending.get("replicas_consistent") is False:
+        t += ", REPLICAS DIFFER"
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Draw an amp_train metrics file (JSON lines) into a PNG.")
+    ap.add_argument("metrics", help="the metrics file (amp_train --metrics FILE.jsonl)")
+    ap.add_argument("--out", help="the PNG to write (default: the metrics file's name with .png, beside it)")
+    ap.add_argument("--samples-per-step", type=float, default=0,
+                    help="samples per optimizer step (batch-size x micro-batches x ranks): throughput in "
+                         "samples/s (or tokens/s with --tokens-per-sample) instead of steps/s")
+    ap.add_argument("--tokens-per-sample", type=float, default=0,
+                    help="tokens per sample (--block-size for --model gpt): throughput in tokens/s")
+    a = ap.parse_args()
+    if a.tokens_per_sample and not a.samples_per_step:
+        ap.error("--tokens-per-sample needs --samples-per-step")
+    if a.samples_per_step < 0 or a.tokens_per_sample < 0:
+        ap.error("--samples-per-step and --tokens-per-sample must be positive")
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot_metrics: matplotlib is missing: install Debian's python3-matplotlib "
+                 "(apt-get install python3-matplotlib, or launch/setup.sh --plot)")
+
+    try:
+        steps, evals, ending = read_metrics(a.metrics)
+    except OSError as e:
+        sys.exit(f"plot_metrics: {a.metrics}: {e.strerror}")
+    if not steps:
+        sys.exit(f"plot_metrics: {a.metrics}: no step records to draw")
+    out = a.out or os.path.splitext(a.metrics)[0] + ".png"
+
+    x = [r["step"] for r in steps]
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    fig.suptitle(title_for(a.metrics, steps, ending), fontsize=10)
+
+    # --- loss and validation loss
+    ax = axes[0]
+    loss = [value(r, "loss") for r in steps]
+    ax.plot(x, [v if v is not None else float("nan") for v in loss], lw=0.8, label="loss")
+    tasks = max((len(r.get("task_losses") or []) for r in steps), default=0)
+    for t in range(tasks if tasks > 1 else 0):
+        tl = [(r.get("task_losses") or [None] * tasks)[t] for r in steps]
+        ax.plot(x, [v if isinstance(v, (int, float)) else float("nan") for v in tl], lw=0.6, alpha=0.7,
+                label=f"task {t + 1}")
+    if evals:
+        ax.plot([r["step"] for r in evals], [value(r, "val_loss") or float("nan") for r in evals], "o-",
+                ms=3, lw=1.2, label="validation loss")
+    nonfinite = [s for s, v in zip(x, loss) if v is None]
+    if nonfinite:
+        ax.plot(nonfinite, [ax.get_ylim()[1]] * len(nonfinite), "rx", ms=4, label="loss not finite")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+    # --- loss scale and skipped steps
+    ax = axes[1]
+    scale = [value(r, "scale") for r in steps]
+    skipped = [r["step"] for r in steps if r.get("skipped")]
+    if all(v == 1.0 for v in scale):
+        ax.text(0.5, 0.5, "scale 1 throughout: no loss scaling", ha="center", va="center", transform=ax.transAxes)
+    elif any(v is not None and v > 0 for v in scale):
+        ax.plot(x, [v if v is not None and v > 0 else float("nan") for v in scale], lw=0.9, label="loss scale")
+        ax.set_yscale("log", base=2)
+        for s in skipped:
+            ax.axvline(s, color="red", lw=0.6, alpha=0.5)
+    else:
+        ax.text(0.5, 0.5, "no finite positive scale to draw (a dry run's scale is 0)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("loss scale")
+    ax.set_title(f"{len(skipped)} skipped steps" + (" (red lines)" if skipped else ""), fontsize=9)
+    ax.grid(alpha=0.3)
+
+    # --- learning rate
+    ax = axes[2]
+    ax.plot(x, [value(r, "lr") or float("nan") for r in steps], lw=0.9, color="tab:green")
+    ax.set_ylabel("learning rate")
+    ax.grid(alpha=0.3)
+
+    # --- throughput from step_ms
+    ax = axes[3]
+    per_step, unit = 1.0, "steps/s"
+    if a.samples_per_step:
+        per_step, unit = a.samples_per_step, "samples/s"
+        if a.tokens_per_sample:
+            per_step, unit = a.samples_per_step * a.tokens_per_sample, "tokens/s"
+    rate = [per_step * 1000.0 / r["step_ms"] if value(r, "step_ms") else float("nan") for r in steps]
+    ax.plot(x, rate, lw=0.5, alpha=0.5, color="tab:purple")
+    finite = sorted(v for v in rate if math.isfinite(v))
+    if finite:
+        median = finite[len(finite) // 2]
+        ax.axhline(median, color="black", lw=0.8, ls="--", label=f"median {median:,.0f} {unit}")
+        ax.legend(fontsize=8)
+        # The first steps (allocation, caches) are slow: keep the axis on the typical rate.
+        ax.set_ylim(0, max(finite[int(len(finite) * 0.99)] * 1.1, median * 1.5))
+    ax.set_ylabel(unit)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as e:
+        sys.exit(f"plot_metrics: {out}: {e.strerror}")
+    print(f"plot_metrics: {out}")
+
+
+if __name__ == "__main__":
+    main()
