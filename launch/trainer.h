@@ -1,4 +1,4 @@
-// The data-parallel training loop of DESIGN §7: micro-batches under autocast, a scaled backward,
+// The data-parallel training loop of docs/DESIGN.md §7: micro-batches under autocast, a scaled backward,
 // bucketed gradient averaging on the last micro-batch, unscale, a found_inf every rank agrees on,
 // optional clipping, then step-or-skip and a scale update that is identical on every rank.
 #pragma once

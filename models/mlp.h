@@ -1,4 +1,4 @@
-// The seeds' benchmark model: Linear -> ReLU -> ... -> Linear, as a torch.nn.Sequential, so its
+// The reference benchmark model (bench_mlp's workload): Linear -> ReLU -> ... -> Linear, as a torch.nn.Sequential, so its
 // parameters are named "0.weight", "0.bias", "2.weight", ... like PyTorch's.
 #pragma once
 #include <memory>

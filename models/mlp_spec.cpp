@@ -1,4 +1,4 @@
-// --model mlp: the seeds' benchmark model (models/mlp.h), MSE against a random teacher's targets or
+// --model mlp: the reference benchmark model (models/mlp.h), MSE against a random teacher's targets or
 // a file's.
 #include <stdexcept>
 
