@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -43,11 +45,8 @@ Run train(bool dry, const std::string& args) {
                           " timeout 300 " + AMP_TRAIN_BIN + " --device cuda --threads 1 --steps 3 --log-every 1 " +
                           args + (args.find("gpt") != std::string::npos ? " --data " + text : "") + " 2>&1";
   Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
+  int status = 0;
+  r.out = amp::cli::capture(cmd, &status);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   std::ifstream in(log);
   bool inside = false;

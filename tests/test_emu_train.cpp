@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
+
 #include "runtime/cuda_support.h"
 #include "runtime/safetensors.h"
 #include "test_util.h"
@@ -77,11 +79,8 @@ Run train(const std::string& device, const std::string& args) {
       amp_train_bin() + " --device " + device + " --threads 1 --log-every 0 --log-grad-norm --metrics " + metrics +
       " --save-weights " + weights + " " + args + " 2>&1";
   Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
+  int status = 0;
+  r.out = cli::capture(cmd, &status);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) {
