@@ -170,6 +170,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
     for (const std::string& t : launch::remove_stale_temporaries(cfg.save_weights))
       std::printf("notice: removed '%s', a temporary file left by a run that was killed while saving\n", t.c_str());
   });
+  // Every rank learns at once that rank 0's outputs were refused (a run holding them, say): the
+  // others must not go on into the device's collective while rank 0 waits in this one.
+  if (!agreed("checking the outputs")) return code;
   host_comm->set_context("the set-up (choosing the device)");
   attempt([&] {
     device = pick_device(cfg.device, *host_comm, rank0);

@@ -171,7 +171,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
     write_synced(tmp / kOptimizer, opt_bytes);
     write_synced(tmp / kMeta, meta.dump(2) + "\n");  // last: its presence means the others are there
     sync_directory(tmp);
-    if (fs::exists(final_path, ec)) fs::remove_all(final_path, ec);  // a rerun of the same step replaces it
+    if (fs::exists(final_path, ec)) {  // a rerun of the same step replaces it: out of the step-* names first
+      const fs::path old = fs::path(dir) / (kTrashPrefix + step_name(step).substr(5) + "." + std::to_string(::getpid()));
+      fs::rename(final_path, old, ec);
+      sync_directory(dir);
+      fs::remove_all(old, ec);
+    }
     fs::rename(tmp, final_path, ec);
     if (ec) throw std::runtime_error(final_path.string() + ": cannot rename the checkpoint into place: " + ec.message());
     sync_directory(dir);
@@ -229,10 +234,11 @@ Checkpoint load_checkpoint(const std::string& path) {
   c.meta.erase("checksum");
   c.step = c.meta["step"].get<int64_t>();
   if (c.step < 1) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " is not a step");
-  const int64_t named = step_of(dir.filename().string());
+  const fs::path dir_name = dir.has_filename() ? dir.filename() : dir.parent_path().filename();  // "step-N/" too
+  const int64_t named = step_of(dir_name.string());
   if (named >= 0 && named != c.step)
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " in a directory named " +
-                                dir.filename().string());
+                                dir_name.string());
   for (const char* name : {kModel, kOptimizer}) {
     const fs::path file = dir / name;
     const std::string bytes = read_file(file, "the checkpoint is partial");

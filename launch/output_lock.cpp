@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,13 @@ void OutputLocks::acquire(const char* flag, const std::string& path, bool direct
     if (fd < 0) fail("cannot create its lock file '" + lock.string() + "': " + std::strerror(errno));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
+      if (err == ENOSYS || err == EOPNOTSUPP || err == ENOLCK) {  // a filesystem without locks (Lustre without -o flock)
+        ::close(fd);
+        ::unlink(lock.c_str());
+        std::fprintf(stderr, "amp_train: warning: %s: '%s': this filesystem has no file locks (%s): another run writing "
+                     "it at the same time would not be refused\n", flag, path.c_str(), std::strerror(err));
+        return;
+      }
       const std::string who = err == EWOULDBLOCK ? holder_of(fd) : "";
       ::close(fd);
       if (err == EWOULDBLOCK)

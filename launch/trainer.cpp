@@ -316,7 +316,7 @@ void Trainer::resume() {
     }
     if (aggregator_) {
       const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
-      if (!calls.is_number_unsigned() && !calls.is_number_integer())
+      if (!calls.is_number_unsigned())
         throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
       aggregator_->set_calls(calls.get<uint64_t>());
     }
@@ -344,9 +344,10 @@ void Trainer::resume() {
 }
 
 void Trainer::require_finite_parameters(int64_t step) {
-  // Every rank holds the same parameters (the replica check ran before), so every rank finds the same.
+  // Collective: every rank's verdict is summed, so that all of them stop here, or none.
   Tensor found = zeros({1}, DType::f32, device_);
   backend_for(device_).check_finite(model().parameters(), Tensor(), found);
+  comm::all_reduce_scalars(comm_, {found}, comm::ReduceOp::sum);
   if (found.item() != 0.0) {
     std::string names;
     for (const auto& [name, p] : model().named_parameters()) {
@@ -823,7 +824,7 @@ TrainResult Trainer::run() {
       std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
     }
-  } catch (const JobError& e) {
+  } catch (const std::exception& e) {  // a JobError, or this rank's own failure (a timeout, the device)
     metrics.write(FailedRecord{result.steps_done, e.what()});
     throw;
   }

@@ -1,20 +1,21 @@
 #include "models/model_spec.h"
 
 #include <cmath>
+#include <deque>
 #include <sstream>
 #include <stdexcept>
 
 namespace amp::models {
 
 namespace {
-std::vector<ModelKind>& kinds() {
-  // The built-in kinds: one line each.
-  static std::vector<ModelKind> all = {mlp_kind(), mtl_kind(), gpt_kind()};
+std::deque<ModelKind>& kinds() {
+  // The built-in kinds: one line each. A deque: a registration keeps references to the others valid.
+  static std::deque<ModelKind> all = {mlp_kind(), mtl_kind(), gpt_kind()};
   return all;
 }
 }  // namespace
 
-const std::vector<ModelKind>& model_kinds() { return kinds(); }
+const std::deque<ModelKind>& model_kinds() { return kinds(); }
 
 void register_model(ModelKind kind) {
   for (const ModelKind& k : kinds())

@@ -5,6 +5,7 @@
 // a program that embeds the runtime).
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,7 +73,7 @@ struct ModelKind {
 };
 
 // Every kind, in registration order: the built-in ones, then those registered by register_model().
-const std::vector<ModelKind>& model_kinds();
+const std::deque<ModelKind>& model_kinds();
 // Adds a kind (a test's, an embedding program's); a name already taken is refused.
 void register_model(ModelKind kind);
 // The kind named `name`; throws std::invalid_argument naming --model and the kinds there are.

@@ -14,13 +14,14 @@ class MtlSpec final : public ModelSpec {
  public:
   MtlSpec(const MtlConfig& c, std::string aggregator) : c_(c), aggregator_(std::move(aggregator)) {}
   void check(const RunShape& run, long double ram) const override {
-    if (ram <= 0) return;
+    if (ram <= 0) return try_aggregator();
     // Weights, gradients, two optimizer slots and a spare copy in fp32; the trunk's Jacobian
     // [tasks, trunk] and its all-reduced copy; a micro-batch's activations.
     const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
     const long double f = static_cast<long double>(c_.features), tasks = static_cast<long double>(c_.tasks);
     const long double trunk = in * h + h + h * f + f;
-    const long double model = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2;
+    // ... and the aggregator's Gramian [tasks, tasks] in fp64 with its working copies.
+    const long double model = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2 + tasks * tasks * 8 * 4;
     const long double acts = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 4 * 4;
     if (model > ram)
       throw std::invalid_argument("--in-features " + std::to_string(c_.in_features) + ", --hidden " +
@@ -32,6 +33,18 @@ class MtlSpec final : public ModelSpec {
                                   std::to_string(c_.in_features) + " and --hidden " + std::to_string(c_.hidden) +
                                   ": a micro-batch's activations and the model need at least " +
                                   memory_needed(model + acts, ram) + "; use more --micro-batches of a smaller --batch-size");
+    try_aggregator();
+  }
+  // Built and tried on a [tasks, 3] Jacobian (after the memory check: its Gramian is tasks x tasks):
+  // an aggregator that refuses this many rows (Krum, TrimmedMean, a constant of another length) is a
+  // usage error now, not a failure at step 1.
+  void try_aggregator() const {
+    try {
+      auto agg = jd::make_aggregator(aggregator_);
+      (*agg)(ones({c_.tasks, 3}));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--aggregator: ") + e.what());
+    }
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
     return make_mtl_model(c_, gen, device);
@@ -78,10 +91,7 @@ ModelKind mtl_kind() {
     const MtlConfig c{r.integer("tasks", 1), r.integer("in-features", 1), r.integer("hidden", 1), r.integer("features", 1)};
     const std::string aggregator = r.text("aggregator");
     try {
-      // Built and tried on a [tasks, 3] Jacobian: an aggregator that refuses this many rows (Krum,
-      // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
-      auto agg = jd::make_aggregator(aggregator);
-      (*agg)(ones({c.tasks, 3}));
+      jd::make_aggregator(aggregator);  // the name and its parameters; tried on a Jacobian by check()
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("--aggregator: ") + e.what());
     }
