@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "runtime/autocast_policy.h"
-#include "runtime/ops.h"
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
 
 namespace amp {
 

@@ -1,4 +1,4 @@
-// autocast: a region in which ops cast their inputs per their policy (runtime/autocast_policy.h),
+// autocast: a region in which ops cast their inputs per their policy (runtime/ops/autocast_policy.h),
 // like torch.autocast(device_type, dtype, enabled, cache_enabled). A region applies to the ops whose
 // inputs live on its device type; each device type has its own state and default dtype (CUDA:
 // float16, CPU: bfloat16). Thread-local; regions nest and restore what they found; leaving the
@@ -7,9 +7,9 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/tensor.h"
+#include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/tensor.h"
 
 namespace amp {
 

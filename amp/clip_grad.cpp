@@ -3,9 +3,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "runtime/backend.h"
-#include "runtime/number_format.h"
-#include "runtime/ops.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/number_format.h"
+#include "runtime/ops/ops.h"
 
 namespace amp {
 

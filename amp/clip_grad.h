@@ -4,7 +4,7 @@
 #pragma once
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp {
 

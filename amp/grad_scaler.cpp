@@ -4,9 +4,9 @@
 #include <stdexcept>
 
 #include "comm/coalesced.h"
-#include "runtime/number_format.h"
-#include "runtime/backend.h"
-#include "runtime/ops.h"
+#include "runtime/core/number_format.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
 
 namespace amp {
 

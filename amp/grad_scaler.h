@@ -14,7 +14,7 @@
 
 #include "comm/communicator.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp {
 

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "runtime/backend.h"
-#include "runtime/ops.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
 
 namespace amp {
 

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "runtime/backend.h"
+#include "runtime/kernels/backend.h"
 
 namespace amp::comm {
 
@@ -15,7 +15,7 @@ void all_reduce_scalars(Communicator& c, const std::vector<Tensor>& scalars, Red
   if (c.size() <= 1) return;  // sum, avg and max of one value are that value
   // Packed by device copies: nothing here waits for the device.
   Tensor packed = empty({static_cast<int64_t>(scalars.size())}, DType::f32, device);
-  Backend& b = backend_for(device);
+  DeviceMemory& b = memory_for(device);
   float* slot = static_cast<float*>(packed.data_ptr());
   for (size_t i = 0; i < scalars.size(); ++i) b.copy(slot + i, scalars[i].data_ptr(), sizeof(float));
   c.all_reduce(packed, op);

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::comm {
 

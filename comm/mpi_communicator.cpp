@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::comm {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "runtime/cuda/cuda_check.h"
-#include "runtime/cuda/cuda_context.h"
-#include "runtime/cuda_support.h"
+#include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 
 namespace amp::comm {
 

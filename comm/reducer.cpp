@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
-#include "runtime/backend.h"
-#include "runtime/ops.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::comm {
 
@@ -52,7 +52,7 @@ struct GradientReducer::State {
     }
     const Tensor g = s.param.grad();
     float* dst = static_cast<float*>(b.buffer.data_ptr()) + s.offset;
-    if (g.data_ptr() != dst) backend_for(g.device()).copy(dst, g.data_ptr(), g.nbytes());  // else: already a view
+    if (g.data_ptr() != dst) memory_for(g.device()).copy(dst, g.data_ptr(), g.nbytes());  // else: already a view
     if (options.overlap) launch_ready();
   }
 };

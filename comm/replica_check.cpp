@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "runtime/fnv1a.h"
+#include "runtime/core/fnv1a.h"
 
 namespace amp::comm {
 

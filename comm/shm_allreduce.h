@@ -15,7 +15,7 @@
 #include <functional>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::comm {
 

@@ -16,10 +16,10 @@
 #include "comm/mpi_session.h"
 #include "comm/reducer.h"
 #include "runtime/nn/layers.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/lr_scheduler.h"
-#include "runtime/random.h"
+#include "runtime/ops/random.h"
 
 using namespace amp;
 

@@ -9,8 +9,8 @@
 #include "jd/gramian_math.h"
 #include "jd/linalg.h"
 #include "jd/quadprog.h"
-#include "runtime/random.h"
-#include "runtime/ops.h"
+#include "runtime/ops/random.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::jd {
 

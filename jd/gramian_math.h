@@ -3,7 +3,7 @@
 #pragma once
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace amp::jd {
 

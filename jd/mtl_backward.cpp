@@ -3,8 +3,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "runtime/autograd.h"
-#include "runtime/ops.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::jd {
 

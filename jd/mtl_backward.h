@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "jd/aggregator.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::jd {
 

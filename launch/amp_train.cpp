@@ -27,8 +27,8 @@
 #include "launch/output_path.h"
 #include "launch/device_comm.h"
 #include "launch/trainer.h"
-#include "runtime/cuda_support.h"
-#include "runtime/threads.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/kernels/cpu/threads.h"
 
 using namespace amp;
 

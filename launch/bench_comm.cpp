@@ -17,10 +17,10 @@
 #include "comm/mpi_session.h"
 #include "comm/reducer.h"
 #include "models/mlp.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/sgd.h"
-#include "runtime/random.h"
-#include "runtime/threads.h"
+#include "runtime/ops/random.h"
+#include "runtime/kernels/cpu/threads.h"
 
 using namespace amp;
 namespace po = boost::program_options;

@@ -14,12 +14,12 @@
 #include "launch/bench_timing.h"
 #include "amp/grad_scaler.h"
 #include "models/mlp.h"
-#include "runtime/backend.h"
-#include "runtime/cuda_support.h"
-#include "runtime/ops.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/sgd.h"
-#include "runtime/random.h"
-#include "runtime/threads.h"
+#include "runtime/ops/random.h"
+#include "runtime/kernels/cpu/threads.h"
 
 using namespace amp;
 namespace po = boost::program_options;
@@ -48,10 +48,11 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
   optim::SGD opt(model->parameters(), optim::SgdOptions{.lr = 1e-4, .momentum = momentum});
   GradScaler scaler(GradScalerOptions{.enabled = m.scaler});
   Backend& b = backend_for(dev);
+  DeviceMemory& mem = memory_for(dev);
   std::vector<double> step_ms, scaler_ms, peak;
   for (int s = 0; s < warmup + steps; ++s) {
-    b.synchronize();
-    b.reset_peak_bytes();
+    mem.synchronize();
+    mem.reset_peak_bytes();
     const auto t0 = Clock::now();
     opt.zero_grad();
     Tensor loss;
@@ -62,29 +63,29 @@ StepFigures time_steps(const Mode& m, int64_t width, int64_t layers, int64_t bat
     // The scaler's own work, timed with the device drained around each part: scale(), the
     // read-only inf/NaN check inside step() (timed alone, outside the step, on a copy of the same
     // pass), and update(). step() without unscale_ divides the scale out inside the fused optimizer.
-    b.synchronize();
+    mem.synchronize();
     auto ts = Clock::now();
     Tensor scaled = scaler.scale(loss);
-    b.synchronize();
+    mem.synchronize();
     double sc = ms_since(ts);
     scaled.backward();
     scaler.step(opt);
     ts = Clock::now();
     scaler.update();
-    b.synchronize();
+    mem.synchronize();
     sc += ms_since(ts);
     const double total = ms_since(t0);
     if (m.scaler) {
       Tensor flag = zeros({1}, DType::f32, dev);
       ts = Clock::now();
       b.check_finite(opt.grads(), Tensor(), flag);
-      b.synchronize();
+      mem.synchronize();
       sc += ms_since(ts);
     }
     if (s >= warmup) {
       step_ms.push_back(total);
       scaler_ms.push_back(sc);
-      peak.push_back(static_cast<double>(b.peak_bytes()) / (1 << 20));  // every live tensor, weights included
+      peak.push_back(static_cast<double>(mem.peak_bytes()) / (1 << 20));  // every live tensor, weights included
     }
   }
   return {median(step_ms), median(scaler_ms), median(peak)};
@@ -100,16 +101,17 @@ double time_gemms(const Mode& m, int64_t width, int64_t layers, int64_t batch, i
   const Tensor g = cast(randn({batch, width}, gen, DType::f32, dev), dt);
   Tensor out = empty({batch, width}, dt, dev), gw = empty({width, width}, dt, dev), gx = empty({batch, width}, dt, dev);
   Backend& b = backend_for(dev);
+  DeviceMemory& mem = memory_for(dev);
   std::vector<double> t;
   for (int s = 0; s < warmup + steps; ++s) {
-    b.synchronize();
+    mem.synchronize();
     const auto t0 = Clock::now();
     for (int64_t l = 0; l < layers; ++l) {
       b.gemm(false, true, 1.0f, x, w, 0.0f, out);
       b.gemm(true, false, 1.0f, g, x, 0.0f, gw);
       if (l > 0 || with_first_dx) b.gemm(false, false, 1.0f, g, w, 0.0f, gx);
     }
-    b.synchronize();
+    mem.synchronize();
     if (s >= warmup) t.push_back(ms_since(t0));
   }
   return median(t);

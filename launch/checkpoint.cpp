@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "launch/output_path.h"
-#include "runtime/fnv1a.h"
+#include "runtime/core/fnv1a.h"
 
 namespace amp::launch {
 

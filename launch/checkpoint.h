@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/optim/optimizer.h"
-#include "runtime/safetensors.h"
+#include "runtime/core/safetensors.h"
 
 namespace amp::launch {
 

@@ -2,8 +2,8 @@
 
 #include "launch/trainer.h"
 #include "models/model_spec.h"
-#include "runtime/ops.h"
-#include "runtime/number_format.h"
+#include "runtime/ops/ops.h"
+#include "runtime/core/number_format.h"
 
 #include <unistd.h>
 

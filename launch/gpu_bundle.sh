@@ -155,7 +155,7 @@ cuda_libs=$(for e in "$root"/libexec/*; do readelf -d "$e" | sed -n 's/.*Shared 
 nvcc_bin=$(grep '^CMAKE_CUDA_COMPILER:' $build/CMakeCache.txt | cut -d= -f2)
 cuda_version=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 # What nvcc generated: SASS (sm_XX) and PTX (compute_XX) per architecture, as the build's flags say.
-archs=$(grep -o 'arch=compute_[0-9]*,code=[^ ]*' $build/runtime/CMakeFiles/amp_runtime.dir/flags.make |
+archs=$(grep -o 'arch=compute_[0-9]*,code=[^ ]*' $build/runtime/kernels/cuda/CMakeFiles/amp_kernels_cuda.dir/flags.make |
         sed 's/.*code=//; s/[][]//g' | tr ',' '\n' | sort -u | paste -sd, || true)
 
 cat >"$root/env.sh" <<'EOF'

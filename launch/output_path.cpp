@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "runtime/safetensors.h"
+#include "runtime/core/safetensors.h"
 
 namespace amp::launch {
 

@@ -19,15 +19,15 @@
 #include "comm/replica_check.h"
 #include "launch/interrupt.h"
 #include "jd/mtl_backward.h"
-#include "runtime/autograd.h"
-#include "runtime/backend.h"
-#include "runtime/fnv1a.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/fnv1a.h"
 #include "runtime/nn/state_dict.h"
-#include "runtime/ops.h"
-#include "runtime/rng_math.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/rng_math.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
-#include "runtime/safetensors.h"
+#include "runtime/core/safetensors.h"
 
 namespace amp::launch {
 
@@ -497,7 +497,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const DType amp_dtype = cfg_.amp == AmpMode::bf16 ? DType::bf16 : DType::f16;
   const std::optional<DeviceCounters> counted_from = emulated_device_counters();
   if (counted_from && device_.is_cuda()) {
-    backend_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
+    memory_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
     log_emulated_step_begin(step);
   }
   const Tensor scale_used = scaler_->scale_snapshot(device_);
@@ -561,7 +561,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   for (const Injection& inj : cfg_.inject_nonfinite) {
     if (inj.step != step || inj.rank != comm_.rank()) continue;
     const float inf = std::numeric_limits<float>::infinity();
-    backend_for(device_).copy_from_host(params[0].grad().data_ptr(), &inf, sizeof inf);
+    memory_for(device_).copy_from_host(params[0].grad().data_ptr(), &inf, sizeof inf);
   }
 
   scaler_->unscale_(*opt_);
@@ -588,13 +588,13 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
   const StepFigures figures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
-  PendingStep p{step, t0, backend_for(device_).start_readback(figures.packed()), {}, opt_->lr(), weights,
+  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), weights,
                 grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
     counted_ += *p.counted;
-    log_emulated_step(step, backend_for(device_).peak_bytes());
+    log_emulated_step(step, memory_for(device_).peak_bytes());
   }
   return p;
 }

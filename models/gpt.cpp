@@ -6,8 +6,8 @@
 #include <string>
 
 #include "runtime/nn/layers.h"
-#include "runtime/ops.h"
-#include "runtime/rng_math.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/rng_math.h"
 
 namespace amp::models {
 

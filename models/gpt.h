@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "models/training_model.h"
-#include "runtime/random.h"
+#include "runtime/ops/random.h"
 
 namespace amp::models {
 

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/autograd.h"
-#include "runtime/rng_math.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/rng_math.h"
 
 namespace amp::models {
 

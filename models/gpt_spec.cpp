@@ -7,7 +7,7 @@
 #include "models/gpt.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
-#include "runtime/rng_math.h"
+#include "runtime/kernels/rng_math.h"
 
 namespace amp::models {
 

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::models {
 

@@ -17,7 +17,7 @@
 #include "jd/aggregator.h"
 #include "models/data/dataset.h"
 #include "models/training_model.h"
-#include "runtime/random.h"
+#include "runtime/ops/random.h"
 
 namespace amp::models {
 

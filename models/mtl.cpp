@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::models {
 

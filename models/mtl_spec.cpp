@@ -4,7 +4,7 @@
 
 #include "models/model_spec.h"
 #include "models/mtl.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::models {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "runtime/nn/module.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::models {
 

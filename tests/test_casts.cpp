@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/backend.h"
-#include "runtime/half.h"
-#include "runtime/ops.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/half.h"
+#include "runtime/ops/ops.h"
 #include "test_util.h"
 
 namespace amp {

@@ -12,10 +12,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "runtime/cuda_support.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
-#include "runtime/safetensors.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
+#include "runtime/core/safetensors.h"
 #include "cli_util.h"
 #include "test_util.h"
 

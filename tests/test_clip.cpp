@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "amp/clip_grad.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "test_util.h"
 
 namespace amp {

@@ -22,16 +22,16 @@
 #include <vector>
 
 #include "amp/autocast.h"
-#include "runtime/autograd.h"
-#include "runtime/backend.h"
-#include "runtime/ops.h"
-#include "runtime/cuda/broadcast_index.h"
-#include "runtime/cuda/cuda_context.h"
-#include "runtime/cuda/device_elem.cuh"
-#include "runtime/cuda/gemm_layout.h"
-#include "runtime/cuda/multi_tensor_plan.h"
-#include "runtime/cuda_support.h"
-#include "runtime/tensor.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/cuda/broadcast_index.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/gemm_layout.h"
+#include "runtime/kernels/cuda/multi_tensor_plan.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/core/tensor.h"
 #include "test_util.h"
 
 #if defined(AMP_CUDA_EMU)
@@ -172,6 +172,7 @@ class CudaVsCpu : public ::testing::Test {
   }
   Backend& cpu() { return backend_for(kCPU); }
   Backend& gpu() { return backend_for(kGPU); }
+  DeviceMemory& gpu_memory() { return memory_for(kGPU); }
 };
 
 // Uniform values in [lo, hi), generated on the CPU and rounded into dtype.
@@ -273,8 +274,8 @@ TEST_F(CudaVsCpu, Fill) {
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
     for (double v : {0.0, 1.5, -3.25, 1e10, 1.0 / 3.0}) {
       Tensor c = empty({1000}, dt), g = empty({1000}, dt, kGPU);
-      cpu().fill(c, v);
-      gpu().fill(g, v);
+      host_memory().fill(c, v);
+      gpu_memory().fill(g, v);
       EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " " << v;
     }
   }
@@ -758,7 +759,7 @@ TEST_F(CudaVsCpu, NormsClippingAndClamping) {
 }
 
 TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
-  Backend& b = gpu();
+  DeviceMemory& b = gpu_memory();
   b.synchronize();
   cuda::context().allocator().empty_cache();
   const size_t base = b.current_bytes();
@@ -816,7 +817,7 @@ TEST_F(CudaVsCpu, BiasGradientSumIsCoalescedOverColumns) {
 // Shapes that change from step to step: a large cached block serves smaller requests by splitting,
 // instead of a new cudaMalloc for every distinct size (which piled up 110 MiB here before).
 TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
-  Backend& b = gpu();
+  DeviceMemory& b = gpu_memory();
   b.synchronize();
   cuda::CachingAllocator& alloc = cuda::context().allocator();
   alloc.empty_cache();
@@ -841,7 +842,7 @@ TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
 // output cannot hide behind the values a previous tensor left there.
 TEST_F(CudaVsCpu, RecycledBlocksArePoisonedOnTheEmulatedGpu) {
   if (!emulated_device_counters()) GTEST_SKIP() << "poisoning is on for the emulated GPU (or AMP_CUDA_POISON_FREED=1)";
-  Backend& b = gpu();
+  DeviceMemory& b = gpu_memory();
   void* p = b.allocate(4096);
   ASSERT_EQ(cudaMemsetAsync(p, 0, 4096, cuda::context().stream()), cudaSuccess);
   b.deallocate(p, 4096);
@@ -891,11 +892,11 @@ TEST_F(CudaVsCpu, DeviceLoadsAndStoresMatchTheCpuConversionsBitForBit) {
 // launch check would report the NotReady as an error (every step of --device cuda died at step 2).
 TEST_F(CudaVsCpu, PollingAReadbackLeavesNoErrorForTheNextLaunch) {
   Tensor busy = empty({1 << 22}, DType::f32, kGPU);
-  gpu().fill(busy, 1.0);  // the read-back queues behind this
+  gpu_memory().fill(busy, 1.0);  // the read-back queues behind this
   Tensor x = full({1}, 3.0, DType::f32, kGPU), y = empty({8}, DType::f32, kGPU);
-  auto rb = gpu().start_readback({x});
+  auto rb = gpu_memory().start_readback({x});
   const bool was_ready = rb->ready();
-  EXPECT_NO_THROW(gpu().fill(y, 2.0));
+  EXPECT_NO_THROW(gpu_memory().fill(y, 2.0));
   EXPECT_EQ(rb->values(), std::vector<double>{3.0});
   if (emulated_device_counters()) {
     EXPECT_FALSE(was_ready) << "the emulated device ran the fill at once";
@@ -909,12 +910,12 @@ TEST_F(CudaVsCpu, ReadbacksNeitherAllocateNorSynchronise) {
   if (!before) GTEST_SKIP() << "host synchronisations are counted on the emulated GPU only";
   Tensor x = full({1}, 5.0, DType::f32, kGPU);
   for (int step = 0; step < 20; ++step) {
-    auto late = gpu().start_readback({x, x});
-    auto unread = gpu().start_readback({x});  // dropped without being read
+    auto late = gpu_memory().start_readback({x, x});
+    auto unread = gpu_memory().start_readback({x});  // dropped without being read
   }
   const auto after = emulated_device_counters();
   EXPECT_EQ(after->host_syncs - before->host_syncs, 0);
-  auto rb = gpu().start_readback({x});
+  auto rb = gpu_memory().start_readback({x});
   EXPECT_EQ(rb->values(), std::vector<double>{5.0});
 }
 
@@ -1025,7 +1026,7 @@ TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
   const Shape s = {2, 3, 4, 5};
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::i64}) {
     Tensor x = empty(s, dt);
-    backend_for(kCPU).fill(x, 0);
+    host_memory().fill(x, 0);
     if (dt == DType::i64)
       for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = i;
     else

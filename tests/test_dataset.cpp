@@ -7,7 +7,7 @@
 
 #include "models/data/dataset.h"
 #include "models/data/text_dataset.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "test_util.h"
 
 namespace amp {

@@ -10,8 +10,8 @@
 #include "comm/mpi_communicator.h"
 #include "comm/replica_check.h"
 #include "launch/trainer.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {

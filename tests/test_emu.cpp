@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "emu.h"
-#include "runtime/cuda/block_reduce.cuh"
-#include "runtime/cuda/device_elem.cuh"
-#include "runtime/cuda/launch.cuh"
+#include "runtime/kernels/cuda/block_reduce.cuh"
+#include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/launch.cuh"
 
 namespace amp {
 namespace {

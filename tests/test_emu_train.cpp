@@ -32,8 +32,8 @@
 
 #include "cli_util.h"
 
-#include "runtime/cuda_support.h"
-#include "runtime/safetensors.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/core/safetensors.h"
 #include "test_util.h"
 
 namespace amp {

@@ -14,8 +14,8 @@
 
 #include "cli_util.h"
 #include "launch/checkpoint.h"
-#include "runtime/ops.h"
-#include "runtime/safetensors.h"
+#include "runtime/ops/ops.h"
+#include "runtime/core/safetensors.h"
 #include "test_util.h"
 
 namespace amp {

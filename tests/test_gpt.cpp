@@ -12,10 +12,10 @@
 #include "amp/autocast.h"
 #include "models/gpt.h"
 #include "models/gpt_sample.h"
-#include "runtime/autograd.h"
-#include "runtime/cuda_support.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/nn/state_dict.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
 #include "test_util.h"
 

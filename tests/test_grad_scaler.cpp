@@ -7,9 +7,9 @@
 
 #include "amp/grad_scaler.h"
 #include "amp/overflow.h"
-#include "runtime/backend.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/nn/layers.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"

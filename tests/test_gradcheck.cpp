@@ -2,9 +2,9 @@
 // ops that support double backward.
 #include <gtest/gtest.h>
 
-#include "runtime/autograd.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {

@@ -11,7 +11,7 @@
 
 #include "jd/aggregator.h"
 #include "jd/quadprog.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "test_util.h"
 
 namespace amp {

@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "jd/mtl_backward.h"
-#include "runtime/autograd.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {

@@ -9,9 +9,9 @@
 #include "amp/grad_scaler.h"
 #include "jd/mtl_backward.h"
 #include "models/mtl.h"
-#include "runtime/autograd.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/nn/layers.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"
 

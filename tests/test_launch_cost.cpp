@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "emu.h"
-#include "runtime/backend.h"
-#include "runtime/optim_math.h"
-#include "runtime/cuda_support.h"
-#include "runtime/tensor.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/optim_math.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/core/tensor.h"
 
 namespace amp {
 namespace {
@@ -55,7 +55,7 @@ Bytes bytes_of(const Tensor& t) {
   return Bytes(p, p + h.nbytes());
 }
 
-void upload(Tensor& t, const Bytes& b) { backend_for(kGPU).copy_from_host(t.data_ptr(), b.data(), b.size()); }
+void upload(Tensor& t, const Bytes& b) { memory_for(kGPU).copy_from_host(t.data_ptr(), b.data(), b.size()); }
 
 // Bytes of the elements of `after` that differ from `before`, element by element.
 int64_t changed(const Bytes& before, const Bytes& after, size_t elem) {
@@ -235,7 +235,7 @@ TEST_F(LaunchCost, OptimizerSteps) {
   for (const bool scaled : {false, true}) {
     for (Tensor& c : copies) c = poisoned(c.shape(), DType::bf16);
     const auto step = [&] {
-      gpu().fill(step_count, 3.0);  // the same step every run
+      memory_for(kGPU).fill(step_count, 3.0);  // the same step every run
       gpu().adam_step(p, g, m, v, {}, step_count, adam, Tensor(), scaled ? scale : Tensor(), copies);
     };
     std::vector<Tensor> outputs = {p[0], p[1], m[0], m[1], v[0], v[1], copies[0], copies[1]};
@@ -248,7 +248,7 @@ TEST_F(LaunchCost, OptimizerSteps) {
   const SgdHyper sgd{0.1, 0.9, 0.0, 0.0, false, false};
   for (Tensor& c : copies) c = poisoned(c.shape(), DType::bf16);
   const auto step = [&] {
-    gpu().fill(step_count, 1.0);  // not the first step: the momentum buffer is read
+    memory_for(kGPU).fill(step_count, 1.0);  // not the first step: the momentum buffer is read
     gpu().sgd_step(p, g, m, step_count, sgd, Tensor(), Tensor(), copies);
   };
   const Touched t = touched(step, {p[0], p[1], g[0], g[1], m[0], m[1]}, {p[0], p[1], m[0], m[1], copies[0], copies[1]});

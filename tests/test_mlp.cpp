@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "models/mlp.h"
-#include "runtime/autograd.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/nn/state_dict.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/sgd.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 #include "launch/trainer.h"
 #include "models/model_spec.h"
 #include "runtime/nn/layers.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp {
 namespace {

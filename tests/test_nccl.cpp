@@ -16,8 +16,8 @@
 #include <nccl.h>
 
 #include "comm/nccl_communicator.h"
-#include "runtime/backend.h"
-#include "runtime/cuda_support.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 
 namespace amp {
 namespace {
@@ -95,7 +95,7 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
     std::vector<Tensor> grads = {full({1000}, scale * 0.5, DType::f32, kGPU), full({77}, scale, DType::f32, kGPU)};
     for (Tensor& g : grads) comm_->all_reduce_async(g, comm::ReduceOp::avg)->wait();
     // A local overflow on the last rank only: just that rank's found_inf is set before the MAX.
-    if (inject && rank == last) gpu.fill(grads[1], std::numeric_limits<double>::infinity());
+    if (inject && rank == last) memory_for(kGPU).fill(grads[1], std::numeric_limits<double>::infinity());
 
     Tensor found_inf = zeros({1}, DType::f32, kGPU);
     gpu.unscale_and_check(grads, scaler, found_inf);  // reads the scale on the device
@@ -127,7 +127,7 @@ TEST_F(NcclTest, AllReduceIsOrderedAgainstTheComputeStream) {
   // events in both directions these race with the collective.
   for (int round = 0; round < 5; ++round) {
     Tensor t = empty({8 << 20}, DType::f32, kGPU);
-    gpu.fill(t, comm_->rank() + 1 + round);
+    memory_for(kGPU).fill(t, comm_->rank() + 1 + round);
     auto work = comm_->all_reduce_async(t, comm::ReduceOp::avg);
     work->wait();
     gpu.unary(UnaryOp::mul_scalar, t, t, 2.0);

@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "models/mlp.h"
-#include "runtime/autograd.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/nn/state_dict.h"
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/lr_scheduler.h"
 #include "runtime/optim/sgd.h"

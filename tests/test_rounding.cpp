@@ -18,10 +18,10 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/backend.h"
-#include "runtime/cpu/exp_float.h"
-#include "runtime/optim_math.h"
-#include "runtime/tensor.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/cpu/exp_float.h"
+#include "runtime/kernels/optim_math.h"
+#include "runtime/core/tensor.h"
 
 namespace amp {
 namespace {

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/ops.h"
-#include "runtime/random.h"
-#include "runtime/safetensors.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
+#include "runtime/core/safetensors.h"
 #include "test_util.h"
 
 namespace amp {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/backend.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {
@@ -193,7 +193,7 @@ TEST(Gemm, EmptyInnerDimensionLeavesBetaTimesC) {
 }
 
 TEST(Backend, ReadbackCarriesScalarsAndRejectsTheRest) {
-  Backend& b = backend_for(kCPU);
+  DeviceMemory& b = host_memory();
   auto r = b.start_readback({full({1}, 2.5), scalar_tensor(-1.0)});
   EXPECT_TRUE(r->ready());
   EXPECT_EQ(r->values(), (std::vector<double>{2.5, -1.0}));

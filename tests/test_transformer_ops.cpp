@@ -8,10 +8,10 @@
 
 #include "amp/autocast.h"
 #include "models/gpt.h"
-#include "runtime/activation_math.h"
-#include "runtime/autograd.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/kernels/activation_math.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {

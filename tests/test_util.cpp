@@ -13,11 +13,11 @@
 #include <sstream>
 
 #include "models/mlp.h"
-#include "runtime/autograd.h"
-#include "runtime/backend.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/nn/state_dict.h"
-#include "runtime/ops.h"
-#include "runtime/random.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 
 namespace amp::test {
 

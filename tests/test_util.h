@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "runtime/nn/layers.h"
-#include "runtime/safetensors.h"
-#include "runtime/tensor.h"
+#include "runtime/core/safetensors.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::test {
 

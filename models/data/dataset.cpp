@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "models/mlp.h"
-#include "runtime/autograd.h"
-#include "runtime/backend.h"
-#include "runtime/ops.h"
-#include "runtime/safetensors.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+#include "runtime/core/safetensors.h"
 
 namespace amp::models {
 
@@ -25,7 +25,7 @@ std::vector<Tensor> copy_rows(const std::vector<Tensor>& sources, int64_t first,
   std::vector<Tensor> out;
   for (const Tensor& s : sources) out.push_back(empty({count, s.shape()[1]}, s.dtype(), s.device()));
   if (out.empty()) return out;
-  Backend& b = backend_for(out[0].device());
+  DeviceMemory& b = memory_for(out[0].device());
   for (int64_t done = 0; done < count;) {
     const int64_t j = (first + done) % period, c = j / rows_per_source_block, in = j % rows_per_source_block;
     const int64_t n = std::min(count - done, rows_per_source_block - in);

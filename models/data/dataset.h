@@ -9,7 +9,7 @@
 
 #include "models/training_model.h"
 #include "runtime/nn/layers.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::models {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::nn {
 

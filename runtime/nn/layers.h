@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "runtime/nn/module.h"
-#include "runtime/random.h"
+#include "runtime/ops/random.h"
 
 namespace amp::nn {
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::nn {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "runtime/nn/module.h"
-#include "runtime/safetensors.h"
+#include "runtime/core/safetensors.h"
 
 namespace amp::nn {
 

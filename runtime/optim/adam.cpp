@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "runtime/number_format.h"
+#include "runtime/core/number_format.h"
 
 namespace amp::optim {
 

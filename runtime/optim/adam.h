@@ -1,6 +1,6 @@
 // torch.optim.Adam and AdamW: betas, eps, weight_decay (L2 or decoupled), amsgrad, maximize.
 #pragma once
-#include "runtime/backend.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/optim/optimizer.h"
 
 namespace amp::optim {

@@ -3,7 +3,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace amp::optim {
 

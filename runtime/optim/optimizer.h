@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace amp::optim {
 

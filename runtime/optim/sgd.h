@@ -1,6 +1,6 @@
 // torch.optim.SGD: momentum, dampening, nesterov, weight_decay, maximize; PyTorch 2.x's defaults.
 #pragma once
-#include "runtime/backend.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/optim/optimizer.h"
 
 namespace amp::optim {

@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors reader (runtime/safetensors_format.cpp): any input either
+// libFuzzer target for the safetensors reader (runtime/core/safetensors_format.cpp): any input either
 // parses into a layout that tiles the data section exactly, or is an Error. Anything else (a crash,
 // another exception, a sanitizer report, a layout that breaks the invariants) is a finding.
 // Built and run by tests/scripts/fuzz_safetensors.sh; corpus/regressions keeps every input that
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "runtime/safetensors_format.h"
+#include "runtime/core/safetensors_format.h"
 
 namespace {
 void require(bool ok) {

@@ -12,7 +12,7 @@ declare -A threads=([sum_partials_kernel]=1024 [nll_loss_kernel]=1024 [norm_fini
                     [multi_tensor_kernel]=512 [sum_columns_kernel]=256)
 fail=0 checked=0
 for f in cuda_reduce.cu cuda_norm.cu cuda_fused.cu cuda_elementwise.cu cuda_random.cu; do
-  report=$("$nvcc" -std=c++20 --fmad=false --resource-usage -arch=sm_90 -I"$src" -c "$src/runtime/cuda/$f" -o /dev/null 2>&1) || {
+  report=$("$nvcc" -std=c++20 --fmad=false --resource-usage -arch=sm_90 -I"$src" -c "$src/runtime/kernels/cuda/$f" -o /dev/null 2>&1) || {
     echo "$f: nvcc failed:"; echo "$report"; exit 1; }
   kernel=""
   while IFS= read -r line; do

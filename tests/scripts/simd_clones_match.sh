@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU's hot loops are compiled for the x86-64 baseline, AVX2 and AVX-512, and the loader picks
-# one (runtime/cpu/dispatch.h); the claim is that all compute the same numbers. This checks it on
+# one (runtime/kernels/cpu/dispatch.h); the claim is that all compute the same numbers. This checks it on
 # the machine at hand: amp_train from build/release (the clone this CPU picks) against amp_train
 # built with -DAMP_SIMD_CLONES=OFF in build/noclones (the baseline only), trained the same way in
 # several configurations. The metrics (less step_ms) and the saved weights must be identical, byte

@@ -1,0 +1,127 @@
+#include "runtime/core/safetensors.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+namespace amp::safetensors {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
+
+std::vector<char> read_all(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    fail(path, std::filesystem::is_directory(st) ? "is a directory, not a safetensors file"
+                                                 : "is not a regular file (a device or FIFO?)");
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) fail(path, "cannot open file for reading");
+  const std::streamsize size = in.tellg();
+  if (size < 0) fail(path, "cannot tell the file's size");
+  std::vector<char> bytes(static_cast<size_t>(size));
+  in.seekg(0);
+  if (size > 0 && !in.read(bytes.data(), size)) fail(path, "cannot read file");
+  return bytes;
+}
+}  // namespace
+
+std::vector<RawEntry> load_raw(const std::string& path) {
+  const std::vector<char> bytes = read_all(path);
+  const Layout layout = parse_layout(bytes.data(), bytes.size(), path);
+  std::vector<RawEntry> out;
+  for (const EntryLayout& e : layout.entries) {
+    const char* src = bytes.data() + layout.data_start + e.begin;
+    out.push_back(RawEntry{e.name, e.dtype, e.shape, std::vector<char>(src, src + (e.end - e.begin))});
+  }
+  return out;
+}
+
+NamedTensors load(const std::string& path) {
+  NamedTensors out;
+  for (RawEntry& e : load_raw(path)) {
+    DType dtype;
+    if (!dtype_from_safetensors_name(e.dtype, &dtype))
+      fail(path, "tensor '" + e.name + "' has dtype " + e.dtype + ", which the runtime does not support");
+    Tensor t = empty(e.shape, dtype, kCPU);
+    if (!e.bytes.empty()) std::memcpy(t.data_ptr(), e.bytes.data(), e.bytes.size());
+    out.emplace_back(e.name, t);
+  }
+  return out;
+}
+
+namespace {
+// The file: the header's length (8 bytes, little-endian), the header, then every tensor's bytes.
+void write_to(std::ostream& out, const NamedTensors& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t n = t.nbytes();
+    header[name] = {{"dtype", dtype_safetensors_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // the data section starts 8-byte aligned
+  unsigned char len[8];
+  uint64_t v = text.size();
+  for (unsigned char& b : len) {
+    b = static_cast<unsigned char>(v & 0xff);
+    v >>= 8;
+  }
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.to(kCPU);
+    out.write(static_cast<const char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
+  }
+}
+}  // namespace
+
+std::string serialize(const NamedTensors& tensors) {
+  std::ostringstream out(std::ios::binary);
+  write_to(out, tensors);
+  return out.str();
+}
+
+void save(const std::string& path, const NamedTensors& tensors) {
+  // Through a symbolic link, the file it names is replaced and the link stays; a directory, device
+  // or FIFO is never replaced.
+  std::error_code ec;
+  std::string target = path;
+  if (std::filesystem::is_symlink(path, ec)) {  // (a path that does not exist yet is no link)
+    target = std::filesystem::weakly_canonical(path, ec).string();
+    if (ec) fail(path, "cannot resolve the symbolic link: " + ec.message());
+  }
+  const auto st = std::filesystem::status(target, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    fail(path, "exists and is not a regular file; refusing to replace it");
+  const std::string tmp = target + kTemporaryInfix + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(path, "cannot open '" + tmp + "' for writing");
+    write_to(out, tensors);
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      fail(path, "write failed (disk full?)");
+    }
+  }
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail(path, std::string("cannot rename temporary file: ") + std::strerror(errno));
+  }
+}
+
+const Tensor& find(const NamedTensors& tensors, const std::string& name, const std::string& path) {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  fail(path, "has no tensor named '" + name + "'");
+}
+
+}  // namespace amp::safetensors

@@ -1,0 +1,151 @@
+// The emulated GPU's kernels: CUDA's execution model for .cu files compiled as host C++.
+//
+// A launch runs every block of its real grid. The threads of a block are fibers (Boost.Context) run
+// by a cooperative scheduler, so __syncthreads is a real block barrier and a warp shuffle exchanges
+// values among the 32 lanes of a warp. The scheduler reports, as a device fault naming the kernel
+// and the block: a barrier that not every thread of the block reaches (or that threads reach at
+// different call sites), a shuffle whose mask names lanes that never arrive or do not exist, and a
+// kernel that throws. Static __shared__ memory is per block, poisoned with NaN bytes (0xff) at the
+// start of every block, so a read before any write shows up in the results.
+//
+// Included by cuda_runtime.h; a launch is written AMP_LAUNCH(grid, block, shmem, stream, kernel)(args)
+// (runtime/kernels/cuda/launch.cuh), which here calls launch() below.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <math.h>
+#include <source_location>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "cuda_types.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+namespace amp::emu {
+
+// The built-in variables of the thread running now.
+struct ThreadContext {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+  uint64_t block_serial;  // distinct for every block ever run: __shared__ poisoning
+};
+ThreadContext& current_thread();
+
+void syncthreads(std::source_location where);
+// The shuffles exchange 8-byte slots; narrower types travel in the low bytes.
+uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width, std::source_location where);
+uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where);
+
+// v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
+template <class T, class Exchange>
+T shuffle_value(T v, Exchange&& exchange) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "__shfl_*_sync: at most 8-byte values");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = exchange(bits);
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
+// Static shared memory: one instance per device thread (blocks run one at a time on it), refilled
+// with 0xff bytes the first time each new block touches it.
+template <class T>
+class SharedVar {
+ public:
+  T& get() {
+    const uint64_t serial = current_thread().block_serial;
+    if (serial != serial_) {
+      std::memset(static_cast<void*>(&value_), 0xff, sizeof(T));
+      serial_ = serial;
+    }
+    return value_;
+  }
+
+ private:
+  T value_;
+  uint64_t serial_ = 0;
+};
+
+// What the next launch of the calling thread reads and writes (bytes) and computes (FLOPs), as its
+// call site declares it from the tensors' sizes (amp::cuda::declare_launch_cost): the launch log
+// (AMP_EMU_LAUNCH_LOG, launch_log.h) records it with the launch, which takes it back to zero.
+void declare_cost(int64_t bytes_read, int64_t bytes_written, int64_t flops);
+
+// Type-erased launch: validates the configuration (errors go to the last-error slot, as a real
+// launch's do) and enqueues a kernel operation that runs body once per thread of the grid.
+// pointers: the pointer-typed arguments, checked against device and pinned memory when it runs.
+// signature: the kernel's type, whose parameter types tell a template's instances apart in the log.
+void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char* name,
+                   const std::type_info& signature, std::function<void()> body,
+                   std::vector<std::pair<int, const void*>> pointers);
+
+template <class... P>
+class Launcher {
+ public:
+  Launcher(dim3 g, dim3 b, size_t shmem, cudaStream_t s, const char* name, void (*k)(P...))
+      : g_(g), b_(b), shmem_(shmem), s_(s), name_(name), k_(k) {}
+  template <class... A>
+  void operator()(A&&... args) const {
+    static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+    static_assert((sizeof(std::decay_t<P>) + ... + 0) <= 4096, "kernel parameters exceed CUDA's 4 KB limit");
+    std::tuple<std::decay_t<P>...> params(static_cast<P>(std::forward<A>(args))...);
+    std::vector<std::pair<int, const void*>> pointers;
+    collect(params, pointers, std::index_sequence_for<P...>{});
+    auto k = k_;
+    launch_erased(g_, b_, shmem_, s_, name_, typeid(k), [k, params]() { std::apply(k, params); }, std::move(pointers));
+  }
+
+ private:
+  template <class Tuple, size_t... I>
+  static void collect(const Tuple& t, std::vector<std::pair<int, const void*>>& out, std::index_sequence<I...>) {
+    (add_pointer(static_cast<int>(I), std::get<I>(t), out), ...);
+  }
+  template <class V>
+  static void add_pointer(int index, const V& v, std::vector<std::pair<int, const void*>>& out) {
+    if constexpr (std::is_pointer_v<V>)
+      if (v != nullptr) out.emplace_back(index, static_cast<const void*>(v));
+  }
+  dim3 g_, b_;
+  size_t shmem_;
+  cudaStream_t s_;
+  const char* name_;
+  void (*k_)(P...);
+};
+
+template <class... P>
+Launcher<P...> launch(dim3 g, dim3 b, size_t shmem, cudaStream_t s, const char* name, void (*k)(P...)) {
+  return Launcher<P...>(g, b, shmem, s, name, k);
+}
+
+}  // namespace amp::emu
+
+#define threadIdx (::amp::emu::current_thread().thread_idx)
+#define blockIdx (::amp::emu::current_thread().block_idx)
+#define blockDim (::amp::emu::current_thread().block_dim)
+#define gridDim (::amp::emu::current_thread().grid_dim)
+#define warpSize 32
+
+inline void __syncthreads(std::source_location where = std::source_location::current()) {
+  ::amp::emu::syncthreads(where);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                   std::source_location where = std::source_location::current()) {
+  return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_down_bits(mask, b, delta, width, where); });
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
+                  std::source_location where = std::source_location::current()) {
+  return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_xor_bits(mask, b, lane_mask, width, where); });
+}

@@ -1,0 +1,55 @@
+#include "runtime/kernels/backend.h"
+
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/kernels/cpu/cpu_backend.h"
+
+namespace amp {
+
+namespace {
+std::array<Backend*, 2>& registry() {
+  static std::array<Backend*, 2> r{};
+  return r;
+}
+}  // namespace
+
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  broadcast_to(bias, y);
+  gemm(false, true, 1.0f, x, w, 1.0f, y);
+}
+
+void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }
+
+bool backend_available(DeviceType t) { return t == DeviceType::cpu || registry()[static_cast<size_t>(t)] != nullptr; }
+
+DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& copies) {
+  if (copies.empty()) return DType::f32;
+  if (copies.size() != params.size())
+    throw std::invalid_argument("optimizer step: " + std::to_string(copies.size()) + " low-precision copies for " +
+                                std::to_string(params.size()) + " parameters");
+  const DType dt = copies[0].dtype();
+  if (dt != DType::f16 && dt != DType::bf16)
+    throw std::invalid_argument(std::string("optimizer step: low-precision copies must be float16 or bfloat16, got ") +
+                                dtype_name(dt));
+  for (size_t t = 0; t < copies.size(); ++t)
+    if (copies[t].dtype() != dt || copies[t].numel() != params[t].numel() || copies[t].device() != params[t].device())
+      throw std::invalid_argument("optimizer step: low-precision copy " + std::to_string(t) + " (" +
+                                  dtype_name(copies[t].dtype()) + " " + shape_str(copies[t].shape()) + " on " +
+                                  copies[t].device().str() + ") does not match its parameter (" +
+                                  shape_str(params[t].shape()) + " on " + params[t].device().str() +
+                                  ") or the first copy's dtype " + dtype_name(dt));
+  return dt;
+}
+
+Backend& backend_for(Device d) {
+  if (d.is_cpu()) return cpu_backend();
+  Backend* b = registry()[static_cast<size_t>(d.type)];
+  if (b == nullptr)
+    throw std::runtime_error("no backend for device " + d.str() +
+                             (d.is_cuda() ? ": this build has no CUDA backend (configure with AMP_WITH_CUDA=ON)" : ""));
+  return *b;
+}
+
+}  // namespace amp

@@ -1,0 +1,128 @@
+// Backend: the kernels a device must provide (its memory, copies and read-backs are the other half:
+// runtime/core/device_memory.h). The CPU backend is runtime/kernels/cpu/, the CUDA one
+// runtime/kernels/cuda/. Ops and autograd call only these, so semantics are identical on both devices.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/kernels/optim_math.h"
+#include "runtime/core/device_memory.h"
+#include "runtime/core/tensor.h"
+
+namespace amp {
+
+// Element-wise unary functions y = f(x, alpha); alpha is unused by most.
+enum class UnaryOp : uint8_t { neg, exp, log, sqrt, relu, gelu, gelu_tanh, pow_scalar, mul_scalar, div_scalar, add_scalar, copy };
+// Element-wise binary functions with broadcasting. The *_backward ones take (grad, x).
+enum class BinaryOp : uint8_t { add, sub, mul, div, relu_backward, gelu_backward, gelu_tanh_backward };
+
+// The hyperparameters of the scale-update kernel (update_scale below): GradScaler's rule and the
+// peers' extensions, whose math is amp_math.h's. A plain struct the kernel takes by value; the
+// scaler itself (amp/grad_scaler.h) lives two layers up.
+struct ScaleUpdateHyper {
+  double growth_factor, backoff_factor;  // doubles, as PyTorch passes them: (float)((double)scale * factor)
+  int growth_interval, hysteresis;
+  float min_scale, max_scale;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // --- element-wise and reductions
+  virtual void cast(const Tensor& src, Tensor& dst) = 0;  // any float dtype to any float dtype
+  virtual void unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;  // broadcasts a, b to out
+  virtual void broadcast_to(const Tensor& x, Tensor& out) = 0;
+  // out's shape is x's with some dims of size 1 (after left-padding out's shape with ones).
+  virtual void sum_to(const Tensor& x, Tensor& out) = 0;
+  virtual void softmax_lastdim(const Tensor& x, Tensor& y, bool log) = 0;
+  // loss = -mean_i logp[i, target[i]]; grad_logp[i, t_i] = -grad / N, zero elsewhere.
+  virtual void nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) = 0;
+  virtual void nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) = 0;
+  // Fills with U[lo, hi) or N(mean, std) from a counter-based stream: element i uses counter offset + i.
+  virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
+  virtual void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
+
+  // --- transformer primitives (runtime/kernels/cpu/cpu_transformer.cpp, runtime/kernels/cuda/cuda_transformer.cu)
+  // out[n, :] = weight[idx[n], :]: weight [V, C], idx int64 [N], out [N, C]. An index outside
+  // [0, V) throws on the CPU; on CUDA (which cannot throw without a host sync) its row becomes NaN.
+  virtual void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) = 0;
+  // grad_weight[idx[n], :] += grad[n, :] for n in order (deterministic); out-of-range rows are skipped.
+  virtual void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) = 0;
+  // Over the last dim C of x [rows, C]: y = (x - mean) * rstd * w + b, with mean and rstd (f32
+  // [rows]) saved for the backward; statistics in double. w, b: [C], x's dtype.
+  virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                          Tensor& rstd) = 0;
+  // gx = d/dx, gw = sum over rows of g * xhat, gb = sum over rows of g (each row and column summed
+  // in double, in a fixed order).
+  virtual void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) = 0;
+  // out = x with its dims permuted: out.shape[d] = x.shape[perm[d]] (at most 8 dims).
+  virtual void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) = 0;
+  // Attention's softmax over [.., T, T] score rows: row r is query i = r mod T, and
+  // y[j] = exp(scale x[j] - m) / sum over k <= i of exp(scale x[k] - m) for j <= i, 0 for j > i.
+  virtual void causal_softmax(const Tensor& x, Tensor& y, double scale) = 0;
+  // The gradient of a softmax along the last dim from its output y: gx = scale y (g - sum(g y)); of
+  // a log-softmax (log): gx = g - exp(y) sum(g). Row sums in double.
+  virtual void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) = 0;
+  // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
+  virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
+
+  // --- GEMM: c = alpha * op(a) @ op(b) + beta * c, 2-D row-major. a and b share a dtype; products
+  // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.
+  virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+                    Tensor& c) = 0;
+  // The same for each i of a batch: c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i], 3-D [B, ., .]
+  // contiguous operands (one cuBLAS launch on CUDA; one oneDNN primitive on the CPU).
+  virtual void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+                            Tensor& c) = 0;
+  // Optional (has a default): a linear layer's forward, y = x @ w^T + bias (bias [n] added to every
+  // row, before y's one rounding). The default broadcasts the bias into y and accumulates the product
+  // onto it (beta = 1); a backend with a GEMM epilogue overrides it.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
+
+  // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
+  // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any unscaled grad is inf or NaN (never
+  // reset here; amp_math.h unscaled_is_nonfinite).
+  virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
+  // scale: float32 (0-dim or 1 element); tracker: int64 [growth_tracker, hysteresis_left], both on
+  // the device; see amp_math.h update_scale.
+  virtual void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
+  // found_inf = 1 if any element of xs, times (float)(1.0 / (double)scale), is inf or NaN (never
+  // reset here): what unscale_and_check would find. Read-only. An undefined scale means 1.
+  virtual void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) = 0;
+  // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
+  // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
+  // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by
+  // inverse_scale(grad_scale) and written back unscaled in the same pass (PyTorch's fused path).
+  // copies: empty, or one per parameter, all float16 or all bfloat16, each as many elements as its
+  // parameter: each is written with its parameter's new value, rounded as cast() rounds, in the same
+  // pass (Optimizer::keep_low_precision_copies); a skipped step writes none.
+  virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
+                        const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
+  virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                         const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                         const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                         const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
+  // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
+  // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
+  virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
+  // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
+  virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
+  virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;
+};
+
+// The backend that owns a device. Throws a clear error for a device that is not built or not present.
+// The dtype of an optimizer step's low-precision copies (sgd_step, adam_step), DType::f32 when there
+// are none; throws std::invalid_argument unless they are one per parameter, of one dtype, each with
+// its parameter's element count and device.
+DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& copies);
+Backend& backend_for(Device d);
+void register_backend(DeviceType t, Backend* b);  // called by a backend's static registrar
+bool backend_available(DeviceType t);
+
+}  // namespace amp

@@ -1,0 +1,283 @@
+// CPU backend: fused multi-tensor kernels of AMP and the optimizers. Each loops over all tensors of
+// one call and applies the shared per-element math (amp_math.h, optim_math.h).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/kernels/amp_math.h"
+#include "runtime/kernels/cpu/cpu_backend.h"
+#include "runtime/kernels/cpu/dispatch.h"
+#include "runtime/kernels/cpu/stream_casts.h"
+#include "runtime/core/dtype_dispatch.h"
+#include "runtime/kernels/optim_math.h"
+
+namespace amp {
+
+namespace {
+bool skip_requested(const Tensor& found_inf) { return found_inf.defined() && found_inf.data<float>()[0] != 0.0f; }
+
+void require_f32(const Tensor& t, const char* what) {
+  if (t.dtype() != DType::f32)
+    throw std::invalid_argument(std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
+}
+
+// The serial kernels below run on one thread's range (cpu::parallel_chunks); see dispatch.h.
+
+// Unscales d[0, n) in place; returns 1 when any original value was inf or NaN.
+template <class T>
+AMP_SIMD_CLONES int unscale_range(T* d, long n, float inv) {
+  using C = typename Elem<T>::Compute;
+  int bad = 0;
+  for (long i = 0; i < n; ++i) {
+    const C u = math::unscale_element(Elem<T>::load(d[i]), inv);
+    bad |= math::is_nonfinite(u) ? 1 : 0;
+    d[i] = Elem<T>::store(u);
+  }
+  return bad;
+}
+
+template <class T>
+AMP_SIMD_CLONES int nonfinite_range(const T* d, long n, float inv) {
+  int bad = 0;
+  for (long i = 0; i < n; ++i) bad |= math::unscaled_is_nonfinite(Elem<T>::load(d[i]), inv) ? 1 : 0;
+  return bad;
+}
+
+// Parameters, gradients, optimizer state and the parameters' low-precision copies are distinct
+// tensors: the pointers never alias. The flags that decide which arrays are written are template
+// arguments, so that the loop body has no conditional store and vectorises; the rest of the math's
+// branches become selects. The copies (element type L; NoCopy: none) are written block by block,
+// right after the block's update, while it is in the L1 cache: a loop of their own, because the
+// rounding's NaN branch keeps the update's loop from vectorising when the two are one loop.
+constexpr long kCopyBlock = 1024;
+
+template <class L>
+inline void store_copies(const float* __restrict p, L* __restrict lp, long n) {
+  if constexpr (!std::is_same_v<L, NoCopy>) {
+    // Not read again before the next forward, by which time they would have left the cache.
+    if constexpr (std::is_same_v<L, BFloat16>)
+      if (cpu::stream_to_bf16(p, lp, n)) return;
+    for (long i = 0; i < n; ++i) lp[i] = Elem<L>::store(p[i]);  // cast()'s rounding (nearest even)
+  }
+}
+
+// Plain: the common case, without nesterov or maximize, with a momentum buffer that exists (not the
+// first step); Decay: a weight decay. Fixing those makes the update's remaining branches few enough
+// for GCC to unswitch them all and vectorise (with all five left to the run time it stops
+// unswitching and the loop stays scalar).
+template <bool Momentum, bool Store, bool Plain, bool Decay, class L>
+AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, L* __restrict lp, long n,
+                               float inv, bool first, math::SgdCoef c) {
+  if constexpr (!Momentum) c.momentum = 0.0f;  // as it is whenever there is no buffer
+  if constexpr (!Decay) c.weight_decay = 0.0f;
+  if constexpr (Plain) c.nesterov = c.maximize = first = false;
+  for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
+    const long e = std::min(n, b0 + kCopyBlock);
+    for (long i = b0; i < e; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if constexpr (Store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
+      math::sgd_update(&p[i], gi, Momentum ? &b[i] : nullptr, first, c);
+    }
+    if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
+  }
+  if constexpr (!std::is_same_v<L, NoCopy>) cpu::stream_fence();
+}
+
+template <bool Amsgrad, bool Store, class L>
+AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
+                                float* __restrict vmax, L* __restrict lp, long n, float inv, math::AdamCoef c) {
+  c.amsgrad = Amsgrad;
+  for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
+    const long e = std::min(n, b0 + kCopyBlock);
+    for (long i = b0; i < e; ++i) {
+      const float gi = math::unscale_element(g[i], inv);
+      if constexpr (Store) g[i] = gi;
+      math::adam_update(&p[i], gi, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
+    }
+    if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
+  }
+  if constexpr (!std::is_same_v<L, NoCopy>) cpu::stream_fence();
+}
+
+// The loop both optimizer steps share: for each parameter t (fp32, as its gradient), each thread's
+// range [i, i + n) of it, with `lp` the range's low-precision copies (null when there are none):
+// range(t, i, n, lp), L the copies' element type (NoCopy: none).
+template <class Range>
+void for_each_parameter_range(const char* param_name, const char* grad_name, const std::vector<Tensor>& params,
+                              const std::vector<Tensor>& grads, const std::vector<Tensor>& copies, Range&& range) {
+  dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
+    for (size_t t = 0; t < params.size(); ++t) {
+      require_f32(params[t], param_name);
+      require_f32(grads[t], grad_name);
+      L* lp = nullptr;
+      if constexpr (!std::is_same_v<L, NoCopy>) lp = copies[t].data<L>();
+      cpu::parallel_chunks(static_cast<long>(params[t].numel()),
+                           [&](long i, long e) { range(t, i, e - i, lp ? lp + i : lp); });
+    }
+  });
+}
+
+// Sum of norm_term(|x|, p) over x[0, n) (cpu::lane_sum: the same from every clone).
+template <class T>
+AMP_SIMD_CLONES double norm_range(const T* x, long n, double p) {
+  auto at = [x](long i) { return static_cast<double>(Elem<T>::load(x[i])); };
+  if (p == 2.0) return cpu::lane_sum(n, [&](long i) { return at(i) * at(i); });  // without norm_term's dispatch on p
+  return cpu::lane_sum(n, [&](long i) { return math::norm_term(std::fabs(at(i)), p); });
+}
+}  // namespace
+
+void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+  if (grads.empty()) return;
+  const DType dt = grads[0].dtype();
+  for (const Tensor& g : grads)
+    if (g.dtype() != dt)
+      throw std::invalid_argument(std::string("unscale_and_check: all gradients of one call must share a dtype, got ") +
+                                  dtype_name(dt) + " and " + dtype_name(g.dtype()));
+  const float inv = math::inverse_scale(scale.data<float>()[0]);
+  bool any = false;
+  cpu::dispatch_float(dt, [&](auto T_tag) {
+    using T = decltype(T_tag);
+    for (const Tensor& g : grads) {
+      T* d = g.data<T>();
+      int bad = 0;
+      cpu::parallel_chunks(static_cast<long>(g.numel()), [&](long b, long e) {
+        const int found = unscale_range(d + b, e - b, inv);
+#pragma omp atomic
+        bad |= found;
+      });
+      any = any || bad != 0;
+    }
+  });
+  if (any) found_inf.data<float>()[0] = 1.0f;
+}
+
+void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
+  const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
+  int bad = 0;
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) {
+      using T = decltype(T_tag);
+      const T* d = x.data<T>();
+      cpu::parallel_chunks(static_cast<long>(x.numel()), [&](long b, long e) {
+        const int found = nonfinite_range(d + b, e - b, inv);
+#pragma omp atomic
+        bad |= found;
+      });
+    });
+  }
+  if (bad) found_inf.data<float>()[0] = 1.0f;
+}
+
+void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {
+  require_f32(scale, "scale");
+  if (tracker.dtype() != DType::i64 || tracker.numel() != 2)
+    throw std::invalid_argument("scaler tracker must be int64 [growth_tracker, hysteresis_left]");
+  math::update_scale(scale.data<float>(), tracker.data<int64_t>(), found_inf.data<float>()[0], h.growth_factor,
+                     h.backoff_factor, h.growth_interval, h.hysteresis, h.min_scale, h.max_scale);
+}
+
+void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
+                          const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+  if (skip_requested(found_inf)) return;
+  const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
+  const bool first = step_count.data<float>()[0] == 0.0f;
+  const math::SgdCoef c = math::sgd_coef(h);
+  const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
+  const bool decay = h.weight_decay != 0.0;
+  const bool store = grad_scale.defined();
+  auto range = [&](size_t t, long i, long n, auto* lp) {
+    float* b = h.momentum != 0.0 ? bufs[t].data<float>() + i : nullptr;
+    cpu::with_flags(
+        [&](auto momentum, auto store_grad, auto plain_case, auto decay_case) {
+          sgd_range<momentum.value, store_grad.value, plain_case.value, decay_case.value>(
+              params[t].data<float>() + i, grads[t].data<float>() + i, b, lp, n, inv, first, c);
+        },
+        b != nullptr, store, plain, decay);
+  };
+  for_each_parameter_range("SGD parameter", "SGD gradient", params, grads, copies, range);
+  step_count.data<float>()[0] += 1.0f;
+}
+
+void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                           const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                           const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
+                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+  if (skip_requested(found_inf)) return;
+  const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
+  const float step = step_count.data<float>()[0] + 1.0f;
+  const math::AdamCoef c = math::adam_coef(h, step);
+  const bool store = grad_scale.defined();
+  auto range = [&](size_t t, long i, long n, auto* lp) {
+    float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() + i : nullptr;
+    cpu::with_flags(
+        [&](auto amsgrad, auto store_grad) {
+          adam_range<amsgrad.value, store_grad.value>(params[t].data<float>() + i, grads[t].data<float>() + i,
+                                                      exp_avgs[t].data<float>() + i, exp_avg_sqs[t].data<float>() + i,
+                                                      vmax, lp, n, inv, c);
+        },
+        vmax != nullptr, store);
+  };
+  for_each_parameter_range("Adam parameter", "Adam gradient", params, grads, copies, range);
+  step_count.data<float>()[0] = step;
+}
+
+void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  const bool extremum = std::isinf(p);
+  const bool lowest = extremum && p < 0.0;  // p = -inf: the smallest |x|
+  double acc = extremum ? static_cast<double>(out.data<float>()[0]) : 0.0;
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+      const T* d = x.data<T>();
+      const long n = static_cast<long>(x.numel());
+      if (extremum) {
+        // NaN is tracked apart: OpenMP's max and min reductions would drop it when combining threads.
+        double mx = 0.0, mn = INFINITY;
+        bool nan = false;
+#pragma omp parallel for schedule(static) reduction(max : mx) reduction(min : mn) reduction(|| : nan) if (n > cpu::kParallelGrain)
+        for (long i = 0; i < n; ++i) {
+          const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
+          nan = nan || std::isnan(a);
+          mx = a > mx ? a : mx;
+          mn = a < mn ? a : mn;
+        }
+        acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
+      } else {
+        // One partial sum per thread's range, added in thread order: deterministic for a thread count.
+        std::vector<double> part(static_cast<size_t>(omp_get_max_threads()) + 1, 0.0);
+        cpu::parallel_chunks(n, [&](long b, long e) {
+          part[static_cast<size_t>(omp_in_parallel() ? omp_get_thread_num() : 0)] = norm_range(d + b, e - b, p);
+        });
+        for (double s : part) acc += s;
+      }
+    });
+  }
+  if (extremum) out.data<float>()[0] = static_cast<float>(acc);
+  else out.data<float>()[0] += static_cast<float>(acc);
+}
+
+void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
+  const float coef = math::clip_coefficient(total_norm.data<float>()[0], static_cast<float>(max_norm));
+  for (const Tensor& x : xs) {
+    Tensor t = x;
+    unary(UnaryOp::mul_scalar, t, t, coef);
+  }
+}
+
+void CpuBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
+  for (const Tensor& x : xs) {
+    cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+      using C = typename Elem<T>::Compute;
+      T* d = x.data<T>();
+      const long n = static_cast<long>(x.numel());
+      const C l = static_cast<C>(lo), hh = static_cast<C>(hi);
+#pragma omp parallel for schedule(static) if (n > cpu::kParallelGrain)
+      for (long i = 0; i < n; ++i) d[i] = Elem<T>::store(std::min(std::max(static_cast<C>(Elem<T>::load(d[i])), l), hh));
+    });
+  }
+}
+
+}  // namespace amp

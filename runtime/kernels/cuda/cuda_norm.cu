@@ -1,0 +1,198 @@
+// CUDA backend: multi-tensor norms, clipping by norm and clamping, for gradient clipping. The norm
+// never leaves the device: clip_by_norm reads it there.
+#include <array>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/kernels/amp_math.h"
+#include "runtime/kernels/cuda/block_reduce.cuh"
+#include "runtime/kernels/cuda/cuda_backend.h"
+#include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/multi_tensor_apply.cuh"
+
+namespace amp::cuda {
+
+namespace {
+
+// The CPU's max for the inf-norm (min for -inf): a NaN anywhere wins, so a NaN gradient gives a NaN norm.
+struct NanMaxOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return (b > a || isnan(b)) ? b : a; }
+};
+struct NanMinOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return (b < a || isnan(b)) ? b : a; }
+};
+
+enum class NormKind { sum, max, min };
+
+// --- ops and kernels
+
+__device__ __forceinline__ double norm_fold(NormKind k, double acc, double v) {
+  return k == NormKind::max ? NanMaxOp{}(acc, v) : k == NormKind::min ? NanMinOp{}(acc, v) : acc + v;
+}
+__device__ __forceinline__ double norm_block_reduce(NormKind k, double v) {
+  return k == NormKind::max ? block_reduce(v, NanMaxOp{}) : k == NormKind::min ? block_reduce(v, NanMinOp{})
+                                                                                : block_reduce(v, SumOp{});
+}
+__device__ __forceinline__ double norm_identity(NormKind k) {
+  return k == NormKind::max ? -INFINITY : k == NormKind::min ? INFINITY : 0.0;
+}
+
+template <class T>
+struct NormOp {
+  double p;
+  NormKind kind;
+  double* partial;  // one slot per block of this dtype group
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t block) const {
+    const T* x = static_cast<const T*>(ptrs[0]);
+    double acc = norm_identity(kind);
+    AMP_MT_LOOP(i, begin, end) {
+      const double a = fabs(static_cast<double>(DevElem<T>::load(x[i])));
+      acc = norm_fold(kind, acc, kind == NormKind::sum ? math::norm_term(a, p) : a);
+    }
+    acc = norm_block_reduce(kind, acc);
+    if (threadIdx.x == 0) partial[block] = acc;
+  }
+};
+
+// Folds the partials in a fixed order into out, as the CPU does: out = max(out, norm) for the
+// inf-norm (min for -inf), out += sum otherwise.
+__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, int64_t count, NormKind kind, float* out) {
+  // out enters the fold once, through thread 0.
+  double acc = kind != NormKind::sum && threadIdx.x == 0 ? static_cast<double>(out[0]) : norm_identity(kind);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = norm_fold(kind, acc, partial[i]);
+  acc = norm_block_reduce(kind, acc);
+  if (threadIdx.x == 0) {
+    if (kind != NormKind::sum) out[0] = static_cast<float>(acc);
+    else out[0] += static_cast<float>(acc);
+  }
+}
+
+template <class T>
+struct ClipOp {
+  const float* total_norm;
+  float max_norm;
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t) const {
+    using C = typename DevElem<T>::Compute;
+    // torch.nn.utils.clip_grads_with_norm_'s factor, applied always.
+    const C a = static_cast<C>(static_cast<double>(math::clip_coefficient(*total_norm, max_norm)));
+    T* x = static_cast<T*>(ptrs[0]);
+    AMP_MT_LOOP(i, begin, end) x[i] = DevElem<T>::store(static_cast<C>(DevElem<T>::load(x[i])) * a);
+  }
+};
+
+template <class T>
+struct ClampOp {
+  double lo, hi;
+  __device__ void operator()(void* const* ptrs, int64_t begin, int64_t end, int64_t) const {
+    using C = typename DevElem<T>::Compute;
+    const C l = static_cast<C>(lo), h = static_cast<C>(hi);
+    T* x = static_cast<T*>(ptrs[0]);
+    AMP_MT_LOOP(i, begin, end) {
+      const C v = DevElem<T>::load(x[i]);
+      const C t = v < l ? l : v;  // std::max(v, l)
+      x[i] = DevElem<T>::store(h < t ? h : t);  // std::min(t, h)
+    }
+  }
+};
+
+template <class T>
+struct CheckFiniteOp {
+  float* found_inf;
+  const float* scale;  // null: 1
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+    const T* x = static_cast<const T*>(p[0]);
+    const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
+    bool bad = false;
+    AMP_MT_LOOP(i, begin, end) { bad = bad || math::unscaled_is_nonfinite(DevElem<T>::load(x[i]), inv); }
+    if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+  }
+};
+
+// --- launchers
+
+// Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order. A tensor of a
+// non-floating dtype is refused (with the CPU backend's message) before anything is launched: it
+// would get no block, and a norm's partial slots for its chunks would stay unwritten.
+template <class F>
+void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
+  for (const Tensor& x : xs) {
+    require_cuda(x, "tensor of a multi-tensor op");
+    if (!is_floating(x.dtype()))
+      throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
+  }
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    std::vector<std::array<void*, 1>> ptrs;
+    std::vector<int64_t> numels;
+    for (const Tensor& x : xs) {
+      require_cuda(x, "tensor of a multi-tensor op");
+      if (x.dtype() != dt) continue;
+      ptrs.push_back({x.data_ptr()});
+      numels.push_back(x.numel());
+    }
+    if (ptrs.empty()) continue;
+    dispatch_float(dt, [&](auto T_tag) { f(T_tag, ptrs, numels); });
+  }
+}
+
+}  // namespace
+
+void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  require_cuda(out, "norm output");
+  if (out.dtype() != DType::f32) throw std::invalid_argument("norm output must be float32");
+  for (const Tensor& x : xs) {
+    require_cuda(x, "tensor of a norm");
+    if (!is_floating(x.dtype()))
+      throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
+  }
+  const NormKind kind = !std::isinf(p) ? NormKind::sum : p > 0 ? NormKind::max : NormKind::min;
+  std::vector<int64_t> all;
+  for (const Tensor& x : xs) all.push_back(x.numel());
+  const int64_t blocks = multi_tensor_block_count(all, kChunkSize);
+  Scratch partial(sizeof(double) * static_cast<size_t>(blocks > 0 ? blocks : 1));
+  int64_t offset = 0;
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial.as<double>() + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
+    offset += multi_tensor_block_count(numels, kChunkSize);
+  });
+  declare_launch_cost(8 * blocks, 4, blocks);
+  AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, kind, out.data<float>());
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
+  require_cuda(total_norm, "total norm");
+  if (total_norm.dtype() != DType::f32) throw std::invalid_argument("total norm must be float32");
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, ClipOp<T>{total_norm.data<float>(), static_cast<float>(max_norm)},
+                          MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 1});
+  });
+}
+
+void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, ClampOp<T>{lo, hi}, MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 2});
+  });
+}
+
+void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
+  if (xs.empty()) return;
+  require_cuda(found_inf, "found_inf");
+  if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
+  if (scale.defined()) {
+    require_cuda(scale, "scale");
+    if (scale.dtype() != DType::f32 || scale.numel() != 1) throw std::invalid_argument("scale must be a 1-element float32 tensor");
+  }
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr},
+                          MtCost{static_cast<int64_t>(sizeof(T)), 0, 2});
+  });
+}
+
+}  // namespace amp::cuda

@@ -1,0 +1,55 @@
+// CUDA backend: counter-based random fills. Element i uses counter offset + i (rng_math.h), so a
+// tensor filled on the GPU holds the same values as one filled on the CPU with the same seed.
+#include "runtime/kernels/cuda/cuda_backend.h"
+#include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/rng_math.h"
+
+namespace amp::cuda {
+
+namespace {
+
+template <class T>
+__global__ void uniform_kernel(T* d, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) {
+  AMP_GRID_STRIDE(i, n) {
+    const double u = math::uniform01(seed, offset + static_cast<uint64_t>(i));
+    d[i] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(lo + (hi - lo) * u));
+  }
+}
+
+template <class T>
+__global__ void normal_kernel(T* d, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) {
+  AMP_GRID_STRIDE(i, n) {
+    const double z = math::standard_normal(seed, offset + static_cast<uint64_t>(i));
+    d[i] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(mean + std * z));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) {
+  require_cuda(t, "fill_uniform: tensor");
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  Context& ctx = context();
+  dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 10 * n);
+    AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), uniform_kernel<T>)(t.data<T>(), n, seed, offset, lo, hi);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) {
+  require_cuda(t, "fill_normal: tensor");
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  Context& ctx = context();
+  dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 20 * n);
+    AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), normal_kernel<T>)(t.data<T>(), n, seed, offset, mean, std);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace amp::cuda

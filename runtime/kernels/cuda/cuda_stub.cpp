@@ -1,0 +1,24 @@
+// CUDA seam for builds without the CUDA backend (AMP_WITH_CUDA=OFF).
+#include <stdexcept>
+
+#include "runtime/kernels/cuda/cuda_support.h"
+
+namespace amp {
+
+bool cuda_built() { return false; }
+
+bool cuda_usable(std::string* reason) {
+  if (reason) *reason = "this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)";
+  return false;
+}
+
+std::optional<DeviceCounters> emulated_device_counters() { return std::nullopt; }
+bool emulated_dry_run() { return false; }
+void log_emulated_step_begin(int64_t) {}
+void log_emulated_step(int64_t, size_t) {}
+
+void cuda_init(int) {
+  throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
+}
+
+}  // namespace amp

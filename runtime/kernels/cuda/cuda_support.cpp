@@ -1,0 +1,86 @@
+// The CUDA seam (runtime/kernels/cuda/cuda_support.h) for builds with the CUDA backend: device discovery with a
+// clear reason when there is none, device selection by local rank, and backend registration.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/cuda/cuda_backend.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/cuda_support.h"
+
+#if defined(AMP_CUDA_EMU)
+#include "emu.h"  // runtime/gpu_emulator: the emulated GPU's counters
+#endif
+
+namespace amp {
+
+namespace {
+
+// The number of devices, or 0 with *reason filled. Clears the error that a failed query leaves in
+// the runtime's last-error slot, so later calls do not report it again.
+int device_count(std::string* reason) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::string why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    if (err == cudaErrorInsufficientDriver)
+      why += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime: install a newer driver)";
+    else if (err == cudaErrorNoDevice)
+      why += " (no GPU is visible: check the hardware and CUDA_VISIBLE_DEVICES)";
+    if (reason) *reason = why;
+    return 0;
+  }
+  if (count == 0 && reason) *reason = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+  return count;
+}
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+std::optional<DeviceCounters> emulated_device_counters() {
+#if defined(AMP_CUDA_EMU)
+  const emu::Counters c = emu::counters();
+  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies};
+#else
+  return std::nullopt;
+#endif
+}
+
+bool emulated_dry_run() {
+#if defined(AMP_CUDA_EMU)
+  return emu::dry_run();
+#else
+  return false;
+#endif
+}
+
+void log_emulated_step_begin([[maybe_unused]] int64_t step) {
+#if defined(AMP_CUDA_EMU)
+  emu::log_step_begin(step);
+#endif
+}
+
+void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t peak_bytes) {
+#if defined(AMP_CUDA_EMU)
+  emu::log_step(step, peak_bytes);
+#endif
+}
+
+bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
+
+void cuda_init(int local_rank) {
+  if (local_rank < 0) throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " < 0");
+  std::string reason;
+  const int count = device_count(&reason);
+  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
+  // More ranks than GPUs on a node share devices round-robin (NCCL itself then refuses a shared GPU).
+  cuda::init_context(local_rank % count);
+  register_backend(DeviceType::cuda, &cuda::cuda_backend());
+  register_memory(DeviceType::cuda, &cuda::cuda_backend());
+}
+
+}  // namespace amp

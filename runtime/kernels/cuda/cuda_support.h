@@ -1,0 +1,41 @@
+// The seam between device-independent code and the CUDA backend. runtime/kernels/cuda/cuda_support.cpp
+// implements it when the backend is built; runtime/kernels/cuda/cuda_stub.cpp otherwise. CMake picks the file.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace amp {
+
+bool cuda_built();
+// Whether a usable device exists. If not, *reason says why (no device, driver too old, not built).
+bool cuda_usable(std::string* reason);
+// Selects device local_rank % device_count and registers the CUDA backend. Throws std::runtime_error
+// with a clear message when CUDA is not usable.
+void cuda_init(int local_rank);
+
+// What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
+// (a GEMM and a collective count one each), host synchronisations (calls that made the host wait
+// for device work) and device-to-host copies. nullopt on a real GPU and in builds without CUDA.
+struct DeviceCounters {
+  int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
+  DeviceCounters operator-(const DeviceCounters& o) const {
+    return {launches - o.launches, host_syncs - o.host_syncs, d2h_copies - o.d2h_copies};
+  }
+  DeviceCounters& operator+=(const DeviceCounters& o) {
+    launches += o.launches, host_syncs += o.host_syncs, d2h_copies += o.d2h_copies;
+    return *this;
+  }
+};
+std::optional<DeviceCounters> emulated_device_counters();
+
+// Whether this is the emulated GPU's dry run (AMP_EMU_DRY_RUN=1, runtime/gpu_emulator/emu.h): nothing runs
+// on the device and every read-back is zeros. False on a real GPU and in builds without CUDA.
+bool emulated_dry_run();
+// Mark the start and the end of training step `step` in the emulated GPU's launch log
+// (AMP_EMU_LAUNCH_LOG), the end with the device allocator's peak bytes during the step. Nothing on
+// a real GPU or without CUDA.
+void log_emulated_step_begin(int64_t step);
+void log_emulated_step(int64_t step, size_t peak_bytes);
+
+}  // namespace amp

@@ -1,0 +1,40 @@
+#include "runtime/kernels/cuda/multi_tensor_plan.h"
+
+#include <stdexcept>
+
+namespace amp::cuda {
+
+std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& numels, int64_t chunk_size,
+                                                 int max_tensors, int max_blocks) {
+  if (chunk_size <= 0 || max_tensors <= 0 || max_blocks <= 0)
+    throw std::invalid_argument("plan_multi_tensor: chunk size and limits must be positive");
+  std::vector<MultiTensorLaunch> plan;
+  MultiTensorLaunch cur;
+  auto flush = [&] {
+    if (!cur.block_slot.empty()) plan.push_back(std::move(cur));
+    cur = MultiTensorLaunch{};
+  };
+  for (size_t t = 0; t < numels.size(); ++t) {
+    const int64_t chunks = (numels[t] + chunk_size - 1) / chunk_size;
+    if (chunks > INT32_MAX) throw std::invalid_argument("plan_multi_tensor: tensor too large for 32-bit chunk indices");
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (static_cast<int>(cur.block_slot.size()) == max_blocks) flush();
+      if (cur.tensors.empty() || cur.tensors.back() != static_cast<int>(t)) {
+        if (static_cast<int>(cur.tensors.size()) == max_tensors) flush();
+        cur.tensors.push_back(static_cast<int>(t));
+      }
+      cur.block_slot.push_back(static_cast<int>(cur.tensors.size()) - 1);
+      cur.block_chunk.push_back(static_cast<int32_t>(c));
+    }
+  }
+  flush();
+  return plan;
+}
+
+int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int64_t chunk_size) {
+  int64_t blocks = 0;
+  for (int64_t n : numels) blocks += (n + chunk_size - 1) / chunk_size;
+  return blocks;
+}
+
+}  // namespace amp::cuda

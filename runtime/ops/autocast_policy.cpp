@@ -1,0 +1,31 @@
+#include "runtime/ops/autocast_policy.h"
+
+#include <vector>
+
+namespace amp {
+
+namespace {
+thread_local AutocastHook t_hook = nullptr;
+}
+
+AutocastHook autocast_hook() { return t_hook; }
+void set_autocast_hook(AutocastHook h) { t_hook = h; }
+
+const char* op_name(OpKind op) {
+  switch (op) {
+#define AMP_OP_NAME(op, cuda_policy, cpu_policy) \
+  case OpKind::op:              \
+    return #op;
+    AMP_FOR_EACH_OP_POLICY(AMP_OP_NAME)
+#undef AMP_OP_NAME
+  }
+  return "unknown";
+}
+
+void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs) {
+  if (t_hook == nullptr) return;
+  std::vector<Tensor*> v(inputs);
+  t_hook(op, v.data(), v.size());
+}
+
+}  // namespace amp

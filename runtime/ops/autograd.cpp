@@ -1,0 +1,254 @@
+#include "runtime/ops/autograd.h"
+
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
+
+namespace amp {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local bool t_grad_enabled = true;
+thread_local bool t_accumulating = false;
+std::atomic<uint64_t> g_backward_count{0};
+thread_local uint64_t t_backward_id = 0;  // this thread's current backward(), 0 outside
+
+// Restores the previous value on every exit, exceptions included.
+class ScopedFlag {
+ public:
+  ScopedFlag(bool* flag, bool value) : flag_(flag), prev_(*flag) { *flag = value; }
+  ~ScopedFlag() { *flag_ = prev_; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  bool* flag_;
+  bool prev_;
+};
+}  // namespace
+
+bool accumulating_backward() { return t_accumulating; }
+
+Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
+  if (!t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf() || leaf.grad().defined())
+    return Tensor();
+  TensorImpl* impl = leaf.impl();
+  const Tensor dst = leaf.grad_destination();
+  if (!dst.defined() || dst.dtype() != dtype || impl->grad_destination_taken_by == t_backward_id) return Tensor();
+  impl->grad_destination_taken_by = t_backward_id;
+  return dst;
+}
+
+std::vector<Tensor> CastNode::apply(const Tensor& grad_output) { return {cast(grad_output, from_)}; }
+
+const CastNode* cast_node_of(const Tensor& t) {
+  return t.defined() ? dynamic_cast<const CastNode*>(t.grad_fn().get()) : nullptr;
+}
+
+Tensor leaf_of(const std::shared_ptr<Node>& node) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(node.get());
+  return acc != nullptr ? acc->leaf() : Tensor();
+}
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool e) { t_grad_enabled = e; }
+
+std::vector<Tensor> FunctionNode::apply(const Tensor& grad_output) {
+  if (!fn_)
+    throw std::runtime_error("Trying to backward through the graph a second time (or directly access saved tensors "
+                             "after they have already been freed) in " + name_ +
+                             ". Specify retain_graph=true on the first backward.");
+  return fn_(grad_output);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& g) {
+  Tensor leaf(leaf_);
+  Tensor existing = leaf.grad();
+  if (!existing.defined()) {
+    // Steal the incoming buffer when nothing else can see it; otherwise copy so later += is private.
+    // Computed in place into the leaf's destination: that view is the gradient, no copy.
+    const bool in_destination = leaf_->grad_destination && g.data_ptr() == Tensor(leaf_->grad_destination).data_ptr();
+    const bool private_buffer =
+        in_destination || (g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1);
+    Tensor stored = GradMode::enabled() ? g : (private_buffer ? g.detach() : g.detach().clone());
+    if (stored.dtype() != leaf.dtype()) {
+      stored = cast(stored, leaf.dtype());
+    }
+    leaf.set_grad(stored);
+  } else if (GradMode::enabled()) {
+    leaf.set_grad(add(existing, g));  // create_graph: keep the history of the sum
+  } else {
+    add_(existing, g);  // fp32 .grad += g, across micro-batches and losses
+  }
+  for (const GradHook& hook : leaf_->post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  TensorImpl* impl = t.impl();
+  std::shared_ptr<Node> acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+namespace {
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::enabled()) return false;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  return any;
+}
+}  // namespace
+
+Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (!any_requires_grad(inputs)) return out;
+  return record_node(std::make_shared<FunctionNode>(name, std::move(fn)), std::move(out), inputs);
+}
+
+Tensor record_node(std::shared_ptr<Node> node, Tensor out, const std::vector<Tensor>& inputs) {
+  if (!any_requires_grad(inputs)) return out;
+  node->next.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next.push_back(gradient_edge(t));
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+namespace {
+
+struct Engine {
+  // Inputs of grad(): gradients arriving at these nodes are captured, not accumulated.
+  std::unordered_map<Node*, size_t> capture_index;
+  std::vector<Tensor> captured;
+  bool accumulate = true;
+
+  void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph) {
+    std::vector<std::shared_ptr<Node>> root_nodes;
+    std::unordered_map<Node*, Tensor> buffers;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      const Tensor& r = roots[i];
+      if (!r.requires_grad())
+        throw std::runtime_error("element " + std::to_string(i) +
+                                 " of tensors does not require grad and does not have a grad_fn");
+      Tensor seed;
+      if (i < seeds.size() && seeds[i].defined()) {
+        seed = seeds[i];
+        if (seed.shape() != r.shape())
+          throw std::invalid_argument("backward: gradient shape " + shape_str(seed.shape()) +
+                                      " does not match output shape " + shape_str(r.shape()));
+      } else {
+        if (r.numel() != 1) throw std::runtime_error("grad can be implicitly created only for scalar outputs");
+        seed = ones(r.shape(), r.dtype(), r.device());
+      }
+      std::shared_ptr<Node> n = gradient_edge(r);
+      Tensor& buf = buffers[n.get()];
+      buf = buf.defined() ? add(buf, seed) : seed;
+      root_nodes.push_back(n);
+    }
+
+    // Count, for each reachable node, how many edges feed its gradient.
+    std::unordered_map<Node*, int> dependencies;
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (auto& n : root_nodes)
+      if (seen.insert(n.get()).second) stack.push_back(n.get());
+    std::vector<Node*> visited;
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      visited.push_back(n);
+      for (auto& next : n->next) {
+        if (!next) continue;
+        dependencies[next.get()] += 1;
+        if (seen.insert(next.get()).second) stack.push_back(next.get());
+      }
+    }
+
+    auto later_first = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+    std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+    std::unordered_set<Node*> queued;
+    for (auto& n : root_nodes)
+      if (dependencies[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n.get());
+
+    while (!ready.empty()) {
+      Node* n = ready.top();
+      ready.pop();
+      Tensor g = std::move(buffers[n]);
+      buffers.erase(n);
+      auto cap = capture_index.find(n);
+      if (cap != capture_index.end()) captured[cap->second] = g;
+      std::vector<Tensor> grads;
+      if (dynamic_cast<AccumulateGrad*>(n) != nullptr) {
+        if (accumulate && g.defined()) n->apply(g);
+      } else if (g.defined()) {
+        grads = n->apply(g);
+      }
+      for (size_t i = 0; i < n->next.size(); ++i) {
+        Node* next = n->next[i].get();
+        if (!next) continue;
+        if (i < grads.size() && grads[i].defined()) {
+          Tensor& buf = buffers[next];
+          buf = buf.defined() ? add(buf, grads[i]) : grads[i];
+        }
+        if (--dependencies[next] == 0) ready.push(next);
+      }
+    }
+    if (!retain_graph)
+      for (Node* n : visited) n->release();
+  }
+};
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph,
+              bool create_graph) {
+  AutocastSuspend no_autocast;
+  ScopedFlag grad_mode(&t_grad_enabled, create_graph);
+  ScopedFlag accumulating(&t_accumulating, true);
+  const uint64_t outer_id = t_backward_id;  // a hook may run a backward of its own
+  t_backward_id = g_backward_count.fetch_add(1) + 1;
+  struct Restore {
+    uint64_t id;
+    ~Restore() { t_backward_id = id; }
+  } restore{outer_id};
+  Engine e;
+  e.run(roots, seeds, retain_graph || create_graph);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& seeds, bool retain_graph, bool create_graph, bool allow_unused) {
+  AutocastSuspend no_autocast;
+  Engine e;
+  e.accumulate = false;
+  e.captured.resize(inputs.size());
+  std::vector<std::shared_ptr<Node>> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad())
+      throw std::runtime_error("grad: input " + std::to_string(i) + " does not require grad");
+    keep.push_back(gradient_edge(inputs[i]));
+    e.capture_index[keep.back().get()] = i;
+  }
+  {
+    ScopedFlag grad_mode(&t_grad_enabled, create_graph);
+    ScopedFlag accumulating(&t_accumulating, false);
+    e.run(outputs, seeds, retain_graph || create_graph);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!e.captured[i].defined() && !allow_unused)
+      throw std::runtime_error("grad: input " + std::to_string(i) +
+                               " is not used in the graph (pass allow_unused=true to get an undefined gradient)");
+  return e.captured;
+}
+
+}  // namespace amp

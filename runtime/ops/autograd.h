@@ -1,0 +1,119 @@
+// Autograd: a dynamic tape of Nodes, and the engine that walks it backwards.
+//
+// Every op that sees an input requiring grad (while grad mode is on) records one Node whose apply()
+// maps the gradient of its single output to gradients of its inputs. Backward formulas are written
+// with the same differentiable ops, so with create_graph=true the gradients are themselves
+// differentiable (double backward).
+#pragma once
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace amp {
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Gradients of the inputs (one per entry of next; undefined where an input needs none).
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  virtual std::string name() const = 0;
+  // Frees saved tensors after a backward without retain_graph.
+  virtual void release() {}
+
+  std::vector<std::shared_ptr<Node>> next;  // producer of each input (null: no grad needed)
+  const uint64_t sequence_nr;               // creation order; the engine runs later nodes first
+};
+
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+// A node whose backward is a closure over the tensors it saved.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override;
+  std::string name() const override { return name_; }
+  void release() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+};
+
+// The sink for a leaf: accumulates into .grad and runs the leaf's post-accumulate hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  Tensor leaf() const { return Tensor(leaf_); }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// Grad mode: thread-local switch for recording.
+struct GradMode {
+  static bool enabled();
+  static void set_enabled(bool e);
+};
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True inside backward() (gradients go to .grad), false inside grad() and outside autograd.
+bool accumulating_backward();
+// The memory an op may compute `leaf`'s gradient into: its grad_destination, inside backward() (never
+// grad()), without a graph of the gradient, for a leaf without a gradient yet, of `dtype`, and only
+// for the first gradient of this backward to ask (a leaf used twice gets its second one elsewhere:
+// the first is still on its way to the accumulator). Undefined when none may be used.
+Tensor take_grad_destination(const Tensor& leaf, DType dtype);
+
+// A cast's backward: the gradient cast back to the source's dtype. Its own class so that the op
+// making that gradient can see the source's dtype and make it there directly (passed on unchanged).
+class CastNode final : public Node {
+ public:
+  explicit CastNode(DType from) : from_(from) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override;
+  std::string name() const override { return "CastBackward"; }
+  DType from() const { return from_; }
+
+ private:
+  DType from_;
+};
+// t's CastNode when t is a cast's output with history, else null.
+const CastNode* cast_node_of(const Tensor& t);
+// The leaf whose accumulator `node` is, or an undefined tensor.
+Tensor leaf_of(const std::shared_ptr<Node>& node);
+
+// Records `fn` as the backward of `out` if grad mode is on and any input requires grad.
+Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn);
+// The same with a node of its own class (apply() maps to one gradient per input).
+Tensor record_node(std::shared_ptr<Node> node, Tensor out, const std::vector<Tensor>& inputs);
+// The node a gradient for `t` flows into (its grad_fn, or its leaf accumulator), or null.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+
+// Accumulates d(sum of roots·seeds)/d(leaf) into every reachable leaf's .grad.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds = {}, bool retain_graph = false,
+              bool create_graph = false);
+// Returns d(sum of outputs·seeds)/d(inputs) without touching .grad. With create_graph the results
+// carry history. allow_unused: an input the outputs do not depend on gets an undefined tensor.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& seeds = {}, bool retain_graph = false, bool create_graph = false,
+                         bool allow_unused = false);
+
+}  // namespace amp

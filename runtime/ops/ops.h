@@ -1,0 +1,110 @@
+// Differentiable tensor ops. Each records its backward (autograd.h) and declares its autocast
+// policy (autocast_policy.h). Binary ops broadcast as NumPy does.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace amp {
+
+// --- element-wise
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+// Autograd-aware dtype conversion (round to nearest even); the gradient is cast back.
+Tensor cast(const Tensor& x, DType dtype);
+// cast(x, values.dtype()) whose result is already in `values` (the same numbers, computed elsewhere:
+// an optimizer's low-precision copy of its parameters). Shares values' storage; the backward is cast's.
+Tensor cast_precomputed(const Tensor& x, const Tensor& values);
+
+// Gradient helpers, differentiable in grad: relu's and gelu's backward.
+Tensor relu_backward(const Tensor& grad, const Tensor& x);
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool tanh_approximation);
+
+// --- shapes and reductions
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast (materialised)
+Tensor sum_to(const Tensor& x, const Shape& shape);  // reverse of expand
+Tensor sum(const Tensor& x);                          // all elements, 0-d result
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// --- linear algebra (2-D)
+Tensor matmul(const Tensor& a, const Tensor& b);
+// op(a) @ op(b) with transposes applied inside the GEMM.
+Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+// x @ w^T + b, w is [out, in] as in PyTorch. b may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+// Whether linear's backward makes the gradient of a bf16 weight cast from fp32 (autocast's copy of a
+// parameter) in fp32, from the GEMM's accumulator, rather than as PyTorch does (rounded to bf16, then
+// cast to fp32): one pass over the gradient less, and a more exact one. Process-wide; on by default.
+void set_fp32_weight_grads(bool enabled);
+bool fp32_weight_grads();
+// The inner product of two 1-D tensors of one length (a 0-d result). On CUDA's autocast promote list.
+Tensor dot(const Tensor& a, const Tensor& b);
+
+// --- softmax and losses (along the last dimension; dim must be -1 or dim()-1)
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+// Attention's masked softmax of scores x [..., T, T] (query i attends to keys 0..i):
+// softmax(scale x + causal mask) in one pass; autocast as softmax. First-order backward only.
+Tensor causal_softmax(const Tensor& x, double scale = 1.0);
+Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
+Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+// --- transformer ops (ops_transformer.cpp)
+// Rows of weight [V, C] picked by int64 indices of any shape: [*indices.shape, C]. The backward
+// scatter-adds into a [V, C] gradient.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// LayerNorm over the last dim, weight and bias [C] (autocast: fp32 on CUDA's list).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// A copy with dims permuted: out.shape[i] = x.shape[dims[i]].
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+// x[index] along dim 0 (a view of x's storage).
+Tensor select(const Tensor& x, int64_t index);
+// Batched op(a) @ op(b): [B, m, k] @ [B, k, n] -> [B, m, n] (autocast: lower precision).
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// GPT's causal self-attention of qkv [B, T, 3C] (q, k and v side by side, as c_attn makes them)
+// with n_head heads, fused: the heads of causal_softmax(q k^T, 1/sqrt(C/n_head)), dropped out as
+// dropout(., p, seed, offset) would, times v, merged back to [B, T, C]. The same primitives, dtypes
+// (autocast: the products in lower precision, the softmax in float32) and numbers as composing those
+// ops, but the backward writes d(qkv) in one pass. First-order backward only.
+Tensor causal_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0, uint64_t seed = 0,
+                        uint64_t offset = 0);
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
+// counter offset + i of seed's stream, so the same offset drops the same elements anywhere.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return sub(a, s); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+
+// --- in-place, no autograd (optimizers, gradient accumulation)
+void add_(Tensor& dst, const Tensor& src);  // dst += src (same shape)
+void copy_(Tensor& dst, const Tensor& src); // same shape; casts between dtypes
+void fill_(Tensor& t, double value);
+void mul_(Tensor& t, double s);
+
+}  // namespace amp

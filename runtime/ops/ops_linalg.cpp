@@ -1,0 +1,132 @@
+// Matrix products: mm with transposes folded into the GEMM, matmul and linear.
+#include <atomic>
+#include <stdexcept>
+
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+
+namespace amp {
+
+namespace {
+bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
+
+std::atomic<bool> g_fp32_weight_grads{true};
+
+// linear's weight gradient g^T x. A bf16 weight that is a cast of an fp32 tensor (autocast's copy of
+// a parameter) gets it in fp32 straight from the GEMM's fp32 accumulator: the cast's backward passes
+// it on unchanged, so neither a bf16 gradient nor its cast to fp32 is written (Megatron-LM's gradient
+// accumulation fusion; PyTorch rounds the GEMM's output to bf16 and casts it back, within one bf16
+// rounding of this). fp16 keeps PyTorch's way: its range is the loss scaler's overflow check.
+Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
+  DType dtype = g.dtype();
+  Tensor owner = w;  // the leaf whose destination the gradient may be computed into
+  const CastNode* cast_of = cast_node_of(w);
+  if (g.dtype() == DType::bf16 && cast_of != nullptr && cast_of->from() == DType::f32 && accumulating_backward() &&
+      !GradMode::enabled() && g_fp32_weight_grads.load(std::memory_order_relaxed)) {
+    dtype = DType::f32;
+    owner = leaf_of(cast_of->next[0]);
+  }
+  Tensor dst = take_grad_destination(owner, dtype);
+  if (!dst.defined()) {
+    if (dtype == g.dtype()) return mm(g, x2, true, false);  // differentiable under create_graph
+    dst = empty(w.shape(), dtype, g.device());
+  }
+  backend_for(g.device()).gemm(true, false, 1.0f, g, x2, 0.0f, dst);
+  return dst;
+}
+
+void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype())
+    throw std::invalid_argument(std::string(op) + ": expected both operands to have the same dtype, but got " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()));
+  if (a.device() != b.device())
+    throw std::invalid_argument(std::string(op) + ": operands are on " + a.device().str() + " and " + b.device().str());
+}
+}  // namespace
+
+Tensor mm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::mm, {&a, &b});
+  check_gemm_operands("mm", a, b);
+  if (a.dim() != 2 || b.dim() != 2)
+    throw std::invalid_argument("mm: expected 2-D operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
+  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
+  Tensor c = empty({m, n}, a.dtype(), a.device());
+  backend_for(a.device()).gemm(ta, tb, 1.0f, a, b, 0.0f, c);
+  // With A = op(a), B = op(b): dA = g B^T and dB = A^T g, transposed back where a or b was.
+  return record("MmBackward", c, {a, b}, [a, b, ta, tb](const Tensor& g) {
+    Tensor ga, gb;
+    if (needs(a)) ga = ta ? mm(b, g, tb, true) : mm(g, b, false, !tb);
+    if (needs(b)) gb = tb ? mm(g, a, true, ta) : mm(a, g, !ta, false);
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::matmul, {&a, &b});
+  if (a.dim() != 2 || b.dim() != 2) throw std::invalid_argument("matmul: only 2-D operands are supported");
+  if (a.shape()[1] != b.shape()[0])
+    throw std::invalid_argument("matmul: mat1 and mat2 shapes cannot be multiplied (" + shape_str(a.shape()) + " and " +
+                                shape_str(b.shape()) + ")");
+  return mm(a, b, false, false);
+}
+
+Tensor dot(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::dot, {&a, &b});
+  if (a.dim() != 1 || b.dim() != 1 || a.shape()[0] != b.shape()[0])
+    throw std::invalid_argument("dot: expected 1-D tensors of the same length, got " + shape_str(a.shape()) + " and " +
+                                shape_str(b.shape()));
+  AutocastSuspend one_op;  // autocast acted on dot's inputs; its parts must not cast again
+  return sum(mul(a, b));    // differentiable through mul and sum
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  Tensor x = x_in, w = w_in, b = b_in;
+  autocast_inputs(OpKind::linear, {&x, &w, &b});
+  check_gemm_operands("linear", x, w);
+  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.shape()[1])
+    throw std::invalid_argument("linear: input " + shape_str(x.shape()) + " does not match weight " +
+                                shape_str(w.shape()) + " ([out_features, in_features])");
+  if (b.defined() && (b.dim() != 1 || b.shape()[0] != w.shape()[0] || b.dtype() != w.dtype()))
+    throw std::invalid_argument("linear: bias " + shape_str(b.shape()) + " (" + dtype_name(b.dtype()) +
+                                ") does not match weight " + shape_str(w.shape()) + " (" + dtype_name(w.dtype()) + ")");
+  // Leading dimensions are flattened into rows.
+  const Shape in_shape = x.shape();
+  Tensor x2 = x.dim() == 2 ? x : x.reshape({x.numel() / w.shape()[1], w.shape()[1]});
+  Tensor y = empty({x2.shape()[0], w.shape()[0]}, x.dtype(), x.device());
+  Backend& be = backend_for(x.device());
+  if (b.defined()) {
+    be.linear_forward(x2, w, b, y);
+  } else {
+    be.gemm(false, true, 1.0f, x2, w, 0.0f, y);
+  }
+  y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
+    Tensor gw, gb;
+    // A leaf's first gradient goes straight into its destination (its gradient bucket).
+    if (needs(w)) gw = weight_grad(g, x2, w);
+    if (needs(b)) {
+      Tensor dst = take_grad_destination(b, g.dtype());
+      if (dst.defined()) {
+        backend_for(g.device()).sum_to(g, dst);
+        gb = dst;
+      } else {
+        gb = sum_to(g, b.shape());
+      }
+    }
+    return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(), gw, gb};
+  });
+  if (in_shape.size() == 2) return y;
+  Shape out_shape = in_shape;
+  out_shape.back() = w.shape()[0];
+  return y.reshape(out_shape);
+}
+
+void set_fp32_weight_grads(bool enabled) { g_fp32_weight_grads.store(enabled); }
+bool fp32_weight_grads() { return g_fp32_weight_grads.load(); }
+
+}  // namespace amp

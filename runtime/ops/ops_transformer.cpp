@@ -1,0 +1,210 @@
+// The ops a transformer needs beyond the MLP's: embedding, layer norm, batched matmul, permute,
+// transpose and select (the views of attention's heads), GPT's fused causal attention, and dropout.
+// embedding's, layer_norm's and the attention's backward call the backend directly (they are not
+// differentiable twice); the others are built from differentiable ops.
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+
+namespace amp {
+
+namespace {
+bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (weight.dim() != 2) throw std::invalid_argument("embedding: weight must be [num_embeddings, dim], got " + shape_str(weight.shape()));
+  if (indices.dtype() != DType::i64) throw std::invalid_argument("embedding: indices must be int64, got " + std::string(dtype_name(indices.dtype())));
+  if (indices.device() != weight.device())
+    throw std::invalid_argument("embedding: indices on " + indices.device().str() + ", weight on " + weight.device().str());
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.shape()[1]);
+  Tensor out = empty(out_shape, weight.dtype(), weight.device());
+  backend_for(weight.device()).embedding(weight, indices, out);
+  const Shape wshape = weight.shape();
+  return record("EmbeddingBackward", out, {weight}, [indices, wshape](const Tensor& g) {
+    Tensor gw = zeros(wshape, g.dtype(), g.device());
+    backend_for(g.device()).embedding_backward(g, indices, gw);
+    return std::vector<Tensor>{gw};
+  });
+}
+
+Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
+  Tensor x = x_in, w = w_in, b = b_in;
+  autocast_inputs(OpKind::layer_norm, {&x, &w, &b});
+  if (x.dim() < 1 || w.dim() != 1 || b.dim() != 1 || w.shape()[0] != x.size(-1) || b.shape()[0] != x.size(-1))
+    throw std::invalid_argument("layer_norm: input " + shape_str(x.shape()) + " does not match weight " +
+                                shape_str(w.shape()) + " and bias " + shape_str(b.shape()) +
+                                " (normalized over the last dim)");
+  // Outside an fp32 region the affine parameters take the input's dtype (PyTorch keeps them wider).
+  if (w.dtype() != x.dtype()) w = w.to(x.dtype());
+  if (b.dtype() != x.dtype()) b = b.to(x.dtype());
+  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
+  Tensor y = empty_like(x);
+  Tensor mean = empty({rows}, stat_dtype(x.dtype()), x.device());
+  Tensor rstd = empty({rows}, stat_dtype(x.dtype()), x.device());
+  backend_for(x.device()).layer_norm(x, w, b, eps, y, mean, rstd);
+  return record("LayerNormBackward", y, {x, w, b}, [x, w, mean, rstd](const Tensor& g) {
+    Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(w);
+    backend_for(g.device()).layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb);
+    return std::vector<Tensor>{gx, gw, gb};
+  });
+}
+
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  const int64_t n = x.dim();
+  std::vector<int64_t> perm(dims.size());
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  bool ok = static_cast<int64_t>(dims.size()) == n;
+  for (size_t i = 0; ok && i < dims.size(); ++i) {
+    perm[i] = dims[i] < 0 ? dims[i] + n : dims[i];
+    ok = perm[i] >= 0 && perm[i] < n && !seen[static_cast<size_t>(perm[i])];
+    if (ok) seen[static_cast<size_t>(perm[i])] = true;
+  }
+  if (!ok) throw std::invalid_argument("permute: dims are not a permutation of the " + std::to_string(n) + " dims of " + shape_str(x.shape()));
+  Shape out_shape(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) out_shape[i] = x.shape()[static_cast<size_t>(perm[i])];
+  Tensor out = empty(out_shape, x.dtype(), x.device());
+  backend_for(x.device()).permute(x, perm, out);
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  return record("PermuteBackward", out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{permute(g, inverse)}; });
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  std::vector<int64_t> dims(static_cast<size_t>(x.dim()));
+  std::iota(dims.begin(), dims.end(), 0);
+  if (d0 < 0) d0 += x.dim();
+  if (d1 < 0) d1 += x.dim();
+  if (d0 < 0 || d1 < 0 || d0 >= x.dim() || d1 >= x.dim())
+    throw std::invalid_argument("transpose: dims out of range for " + shape_str(x.shape()));
+  std::swap(dims[static_cast<size_t>(d0)], dims[static_cast<size_t>(d1)]);
+  return permute(x, dims);
+}
+
+Tensor select(const Tensor& x, int64_t index) {
+  if (x.dim() < 1 || index < 0 || index >= x.shape()[0])
+    throw std::invalid_argument("select: index " + std::to_string(index) + " is out of range for " + shape_str(x.shape()));
+  const Shape inner(x.shape().begin() + 1, x.shape().end());
+  const int64_t n = shape_numel(inner);
+  Tensor out = x.view(index * n, inner);
+  const Shape full_shape = x.shape();
+  return record("SelectBackward", out, {x}, [full_shape, index, n, inner](const Tensor& g) {
+    Tensor gx = zeros(full_shape, g.dtype(), g.device());
+    Tensor slot = gx.view(index * n, inner);
+    copy_(slot, g);
+    return std::vector<Tensor>{gx};
+  });
+}
+
+Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+  Tensor a = a_in, b = b_in;
+  autocast_inputs(OpKind::bmm, {&a, &b});
+  if (a.dim() != 3 || b.dim() != 3 || a.shape()[0] != b.shape()[0])
+    throw std::invalid_argument("bmm: expected [B, m, k] and [B, k, n], got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  if (a.dtype() != b.dtype())
+    throw std::invalid_argument(std::string("bmm: expected both operands to have the same dtype, but got ") +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()));
+  const int64_t B = a.shape()[0];
+  const int64_t m = ta ? a.shape()[2] : a.shape()[1], k = ta ? a.shape()[1] : a.shape()[2];
+  const int64_t kb = tb ? b.shape()[2] : b.shape()[1], n = tb ? b.shape()[1] : b.shape()[2];
+  if (k != kb)
+    throw std::invalid_argument("bmm: shapes cannot be multiplied (" + shape_str(a.shape()) + " and " + shape_str(b.shape()) + ")");
+  Tensor c = empty({B, m, n}, a.dtype(), a.device());
+  backend_for(a.device()).gemm_batched(ta, tb, 1.0f, a, b, 0.0f, c);
+  // As mm's: dA = g B^T and dB = A^T g, transposed back where a or b was.
+  return record("BmmBackward", c, {a, b}, [a, b, ta, tb](const Tensor& g) {
+    Tensor ga, gb;
+    if (needs(a)) ga = ta ? bmm(b, g, tb, true) : bmm(g, b, false, !tb);
+    if (needs(b)) gb = tb ? bmm(g, a, true, ta) : bmm(a, g, !ta, false);
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset) {
+  Tensor qkv = qkv_in;
+  autocast_inputs(OpKind::bmm, {&qkv});  // the products' dtype, as the first bmm would cast
+  if (qkv.dim() != 3 || n_head < 1 || qkv.size(2) % (3 * n_head) != 0)
+    throw std::invalid_argument("causal_attention: expected qkv [B, T, 3C] with C a multiple of " +
+                                std::to_string(n_head) + " heads, got " + shape_str(qkv.shape()));
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw std::invalid_argument("causal_attention: dropout must be in [0, 1), got " + std::to_string(dropout_p));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Backend& be = backend_for(qkv.device());
+  // The same primitives, dtypes and order as the composite (permute, select, bmm, causal_softmax,
+  // dropout, bmm, permute), without its autograd graph: the backward below writes d(qkv) in one
+  // buffer instead of three zero-padded ones that autograd then adds.
+  Tensor heads, att, kept, mask, y;
+  {
+    NoGradGuard no_graph;
+    heads = empty({3, B, H, T, D}, qkv.dtype(), qkv.device());  // q, k, v: BH runs of [T, D] each
+    be.permute(qkv.reshape({B, T, 3, H, D}), {2, 0, 3, 1, 4}, heads);
+    const Tensor q = heads.view(0, {BH, T, D}), k = heads.view(BH * T * D, {BH, T, D});
+    Tensor v = heads.view(2 * BH * T * D, {BH, T, D});
+    Tensor scores = empty({BH, T, T}, qkv.dtype(), qkv.device());
+    be.gemm_batched(false, true, 1.0f, q, k, 0.0f, scores);
+    autocast_inputs(OpKind::softmax, {&scores});
+    att = empty_like(scores);
+    be.causal_softmax(scores, att, scale);
+    kept = att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
+    if (dropout_p > 0.0) {
+      mask = empty_like(att);
+      be.dropout_mask(mask, seed, offset, dropout_p);
+      kept = empty_like(att);
+      be.binary(BinaryOp::mul, att, mask, kept);
+    }
+    autocast_inputs(OpKind::bmm, {&kept, &v});
+    Tensor yh = empty({BH, T, D}, v.dtype(), v.device());
+    be.gemm_batched(false, false, 1.0f, kept, v, 0.0f, yh);
+    y = empty({B, T, H, D}, yh.dtype(), yh.device());
+    be.permute(yh.reshape({B, H, T, D}), {0, 2, 1, 3}, y);
+  }
+  y = y.reshape({B, T, C});
+  return record("CausalAttentionBackward", y, {qkv}, [heads, att, kept, mask, scale, B, T, C, H, D, BH](const Tensor& g) {
+    if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
+    Backend& gb = backend_for(g.device());
+    const Tensor q = heads.view(0, {BH, T, D}), k = heads.view(BH * T * D, {BH, T, D});
+    const Tensor v = heads.view(2 * BH * T * D, {BH, T, D});
+    Tensor gy = empty({B, H, T, D}, g.dtype(), g.device());
+    gb.permute(g.reshape({B, T, H, D}), {0, 2, 1, 3}, gy);
+    gy = gy.reshape({BH, T, D});
+    Tensor grads = empty({3, BH, T, D}, heads.dtype(), heads.device());  // dq, dk, dv
+    Tensor dv = grads.view(2 * BH * T * D, {BH, T, D});
+    gb.gemm_batched(true, false, 1.0f, kept, gy, 0.0f, dv);  // kept^T gy (kept in the bmm's dtype)
+    Tensor d_kept = empty({BH, T, T}, gy.dtype(), gy.device());
+    gb.gemm_batched(false, true, 1.0f, gy, v, 0.0f, d_kept);  // gy v^T
+    Tensor d_att = d_kept.dtype() == att.dtype() ? d_kept : d_kept.to(att.dtype());
+    if (mask.defined()) {
+      Tensor masked = empty_like(d_att);
+      gb.binary(BinaryOp::mul, d_att, mask, masked);
+      d_att = masked;
+    }
+    Tensor d_scores = empty_like(att);
+    gb.softmax_backward(att, d_att, d_scores, false, scale);
+    if (d_scores.dtype() != heads.dtype()) d_scores = d_scores.to(heads.dtype());
+    Tensor dq = grads.view(0, {BH, T, D}), dk = grads.view(BH * T * D, {BH, T, D});
+    gb.gemm_batched(false, false, 1.0f, d_scores, k, 0.0f, dq);  // d_scores k
+    gb.gemm_batched(true, false, 1.0f, d_scores, q, 0.0f, dk);   // d_scores^T q
+    Tensor dqkv = empty({B, T, 3, H, D}, grads.dtype(), grads.device());
+    gb.permute(grads.reshape({3, B, H, T, D}), {1, 3, 0, 2, 4}, dqkv);
+    return std::vector<Tensor>{dqkv.reshape({B, T, 3 * C})};
+  });
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
+  if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout: probability must be in [0, 1), got " + std::to_string(p));
+  if (p == 0.0) return x;
+  Tensor mask = empty(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).dropout_mask(mask, seed, offset, p);
+  return mul(x, mask);  // the backward is g * mask
+}
+
+}  // namespace amp
