@@ -1,3 +1,4 @@
+#include "jd/jac.h"
 #include "jd/mtl_backward.h"
 
 #include <set>
@@ -72,13 +73,13 @@ void mtl_backward(const std::vector<Tensor>& losses, const Tensor& features, con
   for (const Tensor& p : shared) {
     Shape shape = {static_cast<int64_t>(m)};
     for (int64_t d : p.shape()) shape.push_back(d);
-    if (p.jac().defined()) {
-      if (p.jac().shape() != shape)
-        throw std::invalid_argument("mtl_backward: an existing .jac has shape " + shape_str(p.jac().shape()) + ", expected " +
+    if (jd::jac(p).defined()) {
+      if (jd::jac(p).shape() != shape)
+        throw std::invalid_argument("mtl_backward: an existing .jac has shape " + shape_str(jd::jac(p).shape()) + ", expected " +
                                     shape_str(shape));
     } else {
       Tensor leaf = p;
-      leaf.set_jac(zeros(shape, p.dtype(), p.device()));
+      jd::set_jac(leaf, zeros(shape, p.dtype(), p.device()));
     }
   }
   // One backward through the trunk per loss, seeded with that loss's gradient at the features; row k
@@ -89,7 +90,7 @@ void mtl_backward(const std::vector<Tensor>& losses, const Tensor& features, con
     for (size_t j = 0; j < shared.size(); ++j) {
       if (!rows[j].defined()) continue;
       const Tensor& p = shared[j];
-      Tensor row = p.jac().view(static_cast<int64_t>(k) * p.numel(), {p.numel()});
+      Tensor row = jd::jac(p).view(static_cast<int64_t>(k) * p.numel(), {p.numel()});
       add_(row, rows[j].to(p.dtype()).reshape({p.numel()}));
     }
     if (o.on_jacobian_row_ready) o.on_jacobian_row_ready(static_cast<int64_t>(k));
@@ -100,20 +101,20 @@ Tensor concatenated_jacobian(const std::vector<Tensor>& params) {
   if (params.empty()) throw std::invalid_argument("jac_to_grad: no tensors given");
   int64_t m = -1, n = 0;
   for (const Tensor& p : params) {
-    const Tensor j = p.jac();
+    const Tensor j = jd::jac(p);
     if (!j.defined()) throw std::invalid_argument("jac_to_grad: a tensor has no .jac (call mtl_backward first)");
     if (m < 0) m = j.shape()[0];
     if (j.shape()[0] != m) throw std::invalid_argument("jac_to_grad: all .jac must have the same number of rows");
-    if (j.dtype() != params[0].jac().dtype() || j.device() != params[0].jac().device())
+    if (j.dtype() != jd::jac(params[0]).dtype() || j.device() != jd::jac(params[0]).device())
       throw std::invalid_argument("jac_to_grad: all .jac must share a dtype and a device");
     n += p.numel();
   }
-  Tensor J = empty({m, n}, params[0].jac().dtype(), params[0].jac().device());
+  Tensor J = empty({m, n}, jd::jac(params[0]).dtype(), jd::jac(params[0]).device());
   for (int64_t k = 0; k < m; ++k) {
     int64_t off = 0;
     for (const Tensor& p : params) {
       Tensor dst = J.view(k * n + off, {p.numel()});
-      copy_(dst, p.jac().view(k * p.numel(), {p.numel()}));
+      copy_(dst, jd::jac(p).view(k * p.numel(), {p.numel()}));
       off += p.numel();
     }
   }
@@ -133,7 +134,7 @@ Tensor aggregate_into_grads(const std::vector<Tensor>& params, const Tensor& J, 
 std::vector<double> jac_to_grad(const std::vector<Tensor>& params, Aggregator& aggregator, bool retain_jac) {
   const Tensor J = concatenated_jacobian(params);
   if (!retain_jac)
-    for (Tensor p : params) p.set_jac(Tensor());
+    for (Tensor p : params) jd::set_jac(p, Tensor());
   aggregate_into_grads(params, J, aggregator);
   return aggregator.last_weights();
 }

@@ -20,13 +20,14 @@
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
-#include "launch/checkpoint.h"
+#include "launch/training/checkpoint.h"
 #include "launch/cli.h"
-#include "launch/interrupt.h"
-#include "launch/output_lock.h"
-#include "launch/output_path.h"
-#include "launch/device_comm.h"
-#include "launch/trainer.h"
+#include "launch/progress.h"
+#include "launch/training/interrupt.h"
+#include "launch/training/output_lock.h"
+#include "launch/training/output_path.h"
+#include "launch/training/device_comm.h"
+#include "launch/training/trainer.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/cpu/threads.h"
 
@@ -201,7 +202,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   }
   std::fflush(stdout);
 
-  // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/interrupt.h).
+  // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/training/interrupt.h).
+  trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
+                                                 trainer->samples_per_step()));
   if (stall.rank >= 0 && stall.step > 0) trainer->set_before_step([stall, &mpi](int64_t step) { stall.at(mpi.rank(), step); });
   launch::install_interrupt_handlers();
   const launch::TrainResult result = trainer->run();

@@ -1,6 +1,6 @@
 #include "launch/cli.h"
 
-#include "launch/trainer.h"
+#include "launch/training/train_config.h"
 #include "models/model_spec.h"
 #include "runtime/ops/ops.h"
 #include "runtime/core/number_format.h"

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "launch/train_config.h"
+#include "launch/training/train_config.h"
 
 namespace amp::launch {
 

@@ -17,7 +17,7 @@
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
 #              and NCCL (found on the node: the loader's cache, CUDA_HOME, /usr/local/cuda, PyTorch's
 #              nvidia-* wheels)
-#   launch/gpu_check.sh, launch/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
+#   launch/gpu_check.sh, launch/bench/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
 # and checks the size (at most AMP_BUNDLE_MAX_MIB, default 48). tests/scripts/bundle_check.sh checks
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
 # machine without any of this project's packages. Use on the node: see README, "On a GPU node".
@@ -129,7 +129,9 @@ if [[ -n $pmix_share ]]; then
   cp -r "$pmix_share"/pmix/. "$root/share/pmix/" 2>/dev/null || true
   cp "$pmix_share"/pmix-mca-params.conf "$root/etc/" 2>/dev/null || true
 fi
-cp launch/gpu_check.sh launch/gpu_bundle.sh launch/bench_vs_pytorch.py "$root/launch/"
+mkdir -p "$root/launch/bench"
+cp launch/gpu_check.sh launch/gpu_bundle.sh "$root/launch/"
+cp launch/bench/bench_vs_pytorch.py "$root/launch/bench/"
 cp -r tests/data "$root/tests/"   # the test binaries' fixtures (AMP_TEST_DATA_DIR)
 
 # A wrapper per program, so that `env -i PATH=...` (as the CLI tests run amp_train) still works.

@@ -20,7 +20,7 @@
 #   sanitize_{memcheck,racecheck,synccheck,initcheck}   compute-sanitizer over test_cuda, where it exists
 #   emu_train   test_emu_train's comparisons of --device cuda with the CPU backend, on this GPU
 #   train       50 data-parallel fp16 steps, one rank per visible GPU
-#   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench_vs_pytorch.py --device cuda: against
+#   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench/bench_vs_pytorch.py --device cuda: against
 #               PyTorch on this GPU (skipped where Python has no PyTorch)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
 # fact and figure goes to DIR/gpu_check.json.
@@ -168,7 +168,7 @@ if [[ -n $bundle ]]; then
   for k in commit built cuda_version cuda_architectures glibc_needed open_mpi; do fact "bundle_$k" "$(manifest "$k")"; done
   fact cuda_libs_found "${AMP_BUNDLE_CUDA_LIBS# }"
   build_cuda=$(manifest cuda_version)
-  bin=$root/bin real=$root/libexec test_bin=$root/bin bench_py=$root/launch/bench_vs_pytorch.py mpirun=$root/bin/mpirun
+  bin=$root/bin real=$root/libexec test_bin=$root/bin bench_py=$root/launch/bench/bench_vs_pytorch.py mpirun=$root/bin/mpirun
   export root bin real
   echo "== bundle $root: commit $(manifest commit), CUDA $build_cuda, sm $(manifest cuda_architectures)"
   echo "   CUDA libraries from this node: ${AMP_BUNDLE_CUDA_LIBS# }"
@@ -196,7 +196,7 @@ if [[ -n $bundle ]]; then
 else
   root=$src
   build=$root/build/cuda
-  bin=$build/launch real=$build/tests test_bin=$build/tests bench_py=$root/launch/bench_vs_pytorch.py mpirun=mpirun
+  bin=$build/launch real=$build/tests test_bin=$build/tests bench_py=$root/launch/bench/bench_vs_pytorch.py mpirun=mpirun
   [[ -d /usr/local/cuda/bin ]] && export PATH=$PATH:/usr/local/cuda/bin
 fi
 

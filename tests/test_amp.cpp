@@ -13,6 +13,7 @@
 #include "runtime/ops/autograd.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/state_dict.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"

@@ -9,7 +9,7 @@
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/replica_check.h"
-#include "launch/trainer.h"
+#include "launch/training/trainer.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
 #include "test_util.h"

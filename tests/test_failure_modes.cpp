@@ -13,7 +13,7 @@
 #include <string>
 
 #include "cli_util.h"
-#include "launch/checkpoint.h"
+#include "launch/training/checkpoint.h"
 #include "runtime/ops/ops.h"
 #include "runtime/core/safetensors.h"
 #include "test_util.h"

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "jd/jac.h"
 #include "jd/mtl_backward.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
@@ -57,10 +58,10 @@ TEST(MtlBackward, JacobianAndHeadGradientsMatchFiniteDifferences) {
   jd::mtl_backward(net.losses(f), f);
   for (size_t j = 0; j < net.shared.size(); ++j) {
     const Tensor& p = net.shared[j];
-    ASSERT_TRUE(p.jac().defined()) << "shared " << j;
-    ASSERT_EQ(p.jac().shape()[0], 2);
+    ASSERT_TRUE(jd::jac(p).defined()) << "shared " << j;
+    ASSERT_EQ(jd::jac(p).shape()[0], 2);
     EXPECT_FALSE(p.grad().defined()) << "mtl_backward leaves the shared .grad alone";
-    const std::vector<double> jac = p.jac().to_vector();
+    const std::vector<double> jac = jd::jac(p).to_vector();
     for (int k = 0; k < 2; ++k)
       for (int64_t e = 0; e < p.numel(); ++e)
         EXPECT_NEAR(jac[static_cast<size_t>(k * p.numel() + e)], finite_difference(net, p, e, k), 1e-7)
@@ -70,7 +71,7 @@ TEST(MtlBackward, JacobianAndHeadGradientsMatchFiniteDifferences) {
     const auto& head = k == 0 ? net.head1 : net.head2;
     for (const Tensor& p : head) {
       ASSERT_TRUE(p.grad().defined());
-      EXPECT_FALSE(p.jac().defined());
+      EXPECT_FALSE(jd::jac(p).defined());
       const std::vector<double> g = p.grad().to_vector();
       for (int64_t e = 0; e < p.numel(); ++e) EXPECT_NEAR(g[static_cast<size_t>(e)], finite_difference(net, p, e, k), 1e-7);
     }
@@ -106,7 +107,7 @@ TEST(JacToGrad, MeanIsTheGradientOfTheMeanLoss) {
   const std::vector<double> w = jd::jac_to_grad(a.shared, mean);
   EXPECT_EQ(w, (std::vector<double>{0.5, 0.5}));
   for (size_t j = 0; j < a.shared.size(); ++j) {
-    EXPECT_FALSE(a.shared[j].jac().defined()) << ".jac is cleared";
+    EXPECT_FALSE(jd::jac(a.shared[j]).defined()) << ".jac is cleared";
     EXPECT_TRUE(test::all_close(a.shared[j].grad(), b.shared[j].grad(), 1e-12, 1e-14)) << "shared " << j;
   }
   // Heads: undivided gradients of their own loss, summed over the two micro-batches.
@@ -129,7 +130,7 @@ TEST(MtlBackward, RowsAreAnnouncedAsSoonAsTheyAreFinal) {
   };
   o.on_jacobian_row_ready = [&](int64_t k) {
     EXPECT_EQ(k, static_cast<int64_t>(rows_at_hook.size()));
-    const std::vector<double> j = net.shared[0].jac().to_vector();
+    const std::vector<double> j = jd::jac(net.shared[0]).to_vector();
     const int64_t n = net.shared[0].numel();
     rows_at_hook.emplace_back(j.begin() + k * n, j.begin() + (k + 1) * n);
     if (k == 0) {  // row 1 is not computed yet
@@ -139,7 +140,7 @@ TEST(MtlBackward, RowsAreAnnouncedAsSoonAsTheyAreFinal) {
   jd::mtl_backward(net.losses(f), f, o);
   EXPECT_EQ(heads_ready, 1);
   ASSERT_EQ(rows_at_hook.size(), 2u);
-  const std::vector<double> final_jac = net.shared[0].jac().to_vector();
+  const std::vector<double> final_jac = jd::jac(net.shared[0]).to_vector();
   const size_t n = static_cast<size_t>(net.shared[0].numel());
   for (size_t k = 0; k < 2; ++k)
     EXPECT_EQ(rows_at_hook[k], std::vector<double>(final_jac.begin() + static_cast<long>(k * n), final_jac.begin() + static_cast<long>((k + 1) * n)));
@@ -152,7 +153,7 @@ TEST(JacToGrad, ConcatenatesEveryParameterIntoOneMatrix) {
   const Tensor J = jd::concatenated_jacobian(net.shared);
   EXPECT_EQ(J.shape(), (Shape{2, 5 * 10 + 5 + 3 * 5 + 3}));
   // Row 1, the first element of the last parameter: 2.bias[0]'s derivative of loss 2.
-  EXPECT_EQ(J.to_vector()[static_cast<size_t>(73 + 70)], net.shared[3].jac().to_vector()[3]);
+  EXPECT_EQ(J.to_vector()[static_cast<size_t>(73 + 70)], jd::jac(net.shared[3]).to_vector()[3]);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The costs that launch sites declare for the emulated GPU's launch log (declare_launch_cost, read
-// by launch/cost_model.py), checked on small odd shapes against what each kernel touches:
+// by launch/bench/cost_model.py), checked on small odd shapes against what each kernel touches:
 // - bytes written: the outputs are filled with 0xff bytes first (in-place ops: compared with their
 //   inputs), and every element the kernel changed counts;
 // - bytes read: every input element is set, one at a time, to NaN (an index to -1) and the kernel

@@ -10,7 +10,7 @@
 
 #include "comm/local_communicator.h"
 #include "launch/cli.h"
-#include "launch/trainer.h"
+#include "launch/training/trainer.h"
 #include "models/model_spec.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"

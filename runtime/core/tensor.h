@@ -47,12 +47,14 @@ struct TensorImpl {
   DType dtype = DType::f32;
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;     // .grad of a leaf
-  std::shared_ptr<TensorImpl> jac;      // .jac of a leaf: [m, *shape], one row per loss (jd/)
   std::shared_ptr<Node> grad_fn;        // the op that produced this tensor (null for leaves)
   std::weak_ptr<Node> grad_accumulator; // shared by every use of this leaf in a graph
   std::vector<GradHook> post_accumulate_hooks;
   // Where a leaf's first gradient of a backward may be computed in place (a slice of a gradient
   // bucket), so that it need not be copied there afterwards. Only used when .grad is undefined.
+  // Autograd's state like grad and grad_fn above (the engine reads it; the reducer in comm/ sets it
+  // through set_grad_destination), so it stays beside them rather than in a side table: the engine
+  // consults it for every leaf of every backward, as PyTorch keeps its AutogradMeta on the tensor.
   std::shared_ptr<TensorImpl> grad_destination;
   uint64_t grad_destination_taken_by = 0;  // the backward() that took it (autograd.cpp)
 };
@@ -82,9 +84,6 @@ class Tensor {
   const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
   Tensor grad() const { return Tensor(impl_->grad); }
   void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
-  // TorchJD's .jac: the Jacobian of m losses with respect to this leaf, [m, *shape].
-  Tensor jac() const { return Tensor(impl_->jac); }
-  void set_jac(const Tensor& j) { impl_->jac = j.impl_; }
   // Runs when this leaf's gradient is final for the current backward (after accumulation).
   void register_post_accumulate_grad_hook(GradHook hook) { impl_->post_accumulate_hooks.push_back(std::move(hook)); }
   // Same shape and dtype as this leaf; ops that can write its gradient straight there do.

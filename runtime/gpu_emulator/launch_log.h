@@ -1,6 +1,6 @@
 // The emulated GPU's launch log: with AMP_EMU_LAUNCH_LOG=path, one JSON object per line for every
 // device operation, in the order the host issues them (what a profiler's timeline would list,
-// without the times), for launch/cost_model.py:
+// without the times), for launch/bench/cost_model.py:
 //   {"op":"kernel","name":..,"params":"(float const*, float*, long)","grid":[x,y,z],"block":[x,y,z],"shmem":B,"stream":S,
 //    "read":B,"written":B,"flops":F,"declared":true}   bytes and FLOPs from the call site
 //   {"op":"gemm","name":..,"m":..,"n":..,"k":..,"batch":..,"a":"bf16","b":"bf16","c":"f32",

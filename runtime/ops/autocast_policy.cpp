@@ -1,5 +1,6 @@
 #include "runtime/ops/autocast_policy.h"
 
+#include <atomic>
 #include <vector>
 
 namespace amp {
@@ -27,5 +28,12 @@ void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs) {
   std::vector<Tensor*> v(inputs);
   t_hook(op, v.data(), v.size());
 }
+
+namespace {
+std::atomic<bool> g_fp32_weight_grads{true};
+}  // namespace
+
+void set_fp32_weight_grads(bool enabled) { g_fp32_weight_grads.store(enabled); }
+bool fp32_weight_grads() { return g_fp32_weight_grads.load(std::memory_order_relaxed); }
 
 }  // namespace amp

@@ -85,4 +85,12 @@ class AutocastSuspend {
   AutocastHook prev_;
 };
 
+// Autocast's numbers where this runtime departs from PyTorch's: whether linear's backward makes the
+// gradient of a bf16 weight cast from fp32 (autocast's copy of a parameter) in fp32, from the GEMM's
+// accumulator, rather than as PyTorch does (rounded to bf16, then cast to fp32): one pass over the
+// gradient less, and a more exact one. Process-wide, as PyTorch's numerics switches are
+// (torch.backends.*.allow_tf32); on by default.
+void set_fp32_weight_grads(bool enabled);
+bool fp32_weight_grads();
+
 }  // namespace amp

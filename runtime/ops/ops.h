@@ -48,11 +48,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 // x @ w^T + b, w is [out, in] as in PyTorch. b may be undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
-// Whether linear's backward makes the gradient of a bf16 weight cast from fp32 (autocast's copy of a
-// parameter) in fp32, from the GEMM's accumulator, rather than as PyTorch does (rounded to bf16, then
-// cast to fp32): one pass over the gradient less, and a more exact one. Process-wide; on by default.
-void set_fp32_weight_grads(bool enabled);
-bool fp32_weight_grads();
+// (Its bf16 weight gradients under autocast: set_fp32_weight_grads, runtime/ops/autocast_policy.h.)
 // The inner product of two 1-D tensors of one length (a 0-d result). On CUDA's autocast promote list.
 Tensor dot(const Tensor& a, const Tensor& b);
 

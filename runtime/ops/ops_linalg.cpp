@@ -12,7 +12,6 @@ namespace amp {
 namespace {
 bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
-std::atomic<bool> g_fp32_weight_grads{true};
 
 // linear's weight gradient g^T x. A bf16 weight that is a cast of an fp32 tensor (autocast's copy of
 // a parameter) gets it in fp32 straight from the GEMM's fp32 accumulator: the cast's backward passes
@@ -24,7 +23,7 @@ Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
   Tensor owner = w;  // the leaf whose destination the gradient may be computed into
   const CastNode* cast_of = cast_node_of(w);
   if (g.dtype() == DType::bf16 && cast_of != nullptr && cast_of->from() == DType::f32 && accumulating_backward() &&
-      !GradMode::enabled() && g_fp32_weight_grads.load(std::memory_order_relaxed)) {
+      !GradMode::enabled() && fp32_weight_grads()) {
     dtype = DType::f32;
     owner = leaf_of(cast_of->next[0]);
   }
@@ -126,7 +125,5 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   return y.reshape(out_shape);
 }
 
-void set_fp32_weight_grads(bool enabled) { g_fp32_weight_grads.store(enabled); }
-bool fp32_weight_grads() { return g_fp32_weight_grads.load(); }
 
 }  // namespace amp

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU step's modeled speed on an H100, without a GPU: runs the emulated GPU's dry run
 # (AMP_EMU_DRY_RUN=1: nothing executes, every launch is logged with what it moves; 132 SMs, so grids
-# are an H100's) of two shapes from build/cuda-emu, and prints launch/cost_model.py's report of the
+# are an H100's) of two shapes from build/cuda-emu, and prints launch/bench/cost_model.py's report of the
 # last of two steps (the first also allocates the optimizer state):
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
@@ -29,7 +29,7 @@ run() {  # name, cost-model shape flags, amp_train flags
     exit 1
   }
   echo "== $name (dry run: $((SECONDS - t0)) s on this machine; modeled H100 SXM below)"
-  python3 launch/cost_model.py "$work/$name.jsonl" --last $shape
+  python3 launch/bench/cost_model.py "$work/$name.jsonl" --last $shape
 }
 
 run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \

@@ -6,7 +6,7 @@
 //
 // Before a launch, its call site declares what the kernel moves and computes, from the tensors'
 // sizes: declare_launch_cost(bytes_read, bytes_written, flops). The emulated GPU writes it to its
-// launch log (AMP_EMU_LAUNCH_LOG) for the cost model (launch/cost_model.py); on a GPU it is nothing.
+// launch log (AMP_EMU_LAUNCH_LOG) for the cost model (launch/bench/cost_model.py); on a GPU it is nothing.
 #pragma once
 #include <cuda_runtime.h>
 

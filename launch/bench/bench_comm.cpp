@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "launch/bench_timing.h"
+#include "launch/bench/bench_timing.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
 #include "comm/reducer.h"

@@ -9,14 +9,15 @@
 #include <stdexcept>
 #include <vector>
 
+#include "amp/autocast.h"
 #include "amp/grad_scaler.h"
 #include "comm/communicator.h"
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
 #include "jd/aggregator.h"
-#include "launch/checkpoint.h"
-#include "launch/metrics.h"
-#include "launch/train_config.h"
+#include "launch/training/checkpoint.h"
+#include "launch/training/metrics.h"
+#include "launch/training/train_config.h"
 #include "models/data/dataset.h"
 #include "models/model_spec.h"
 #include "models/training_model.h"
@@ -50,6 +51,16 @@ struct TrainResult {
   std::vector<std::string> errors;
 };
 
+// What a training run reports while it runs (rank 0 only).
+class ProgressSink {
+ public:
+  virtual ~ProgressSink() = default;
+  // Step r's figures; skipped: the steps skipped so far (from step 1); elapsed: seconds since this
+  // run's first step started; stopping: the run stops after this step (interrupted).
+  virtual void step(const StepRecord& r, int64_t skipped, double elapsed, bool stopping) = 0;
+  virtual void validation(int64_t step, double loss) = 0;
+};
+
 class Trainer {
  public:
   // Builds the model (seeded, or from --init-weights), the data, the optimizer and the scaler.
@@ -63,9 +74,16 @@ class Trainer {
   const models::ModelSpec& spec() const { return *spec_; }
   const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
+  int64_t start_step() const { return start_step_; }
+  // Samples per step over every rank: --batch-size x --micro-batches x ranks.
+  int64_t samples_per_step() const { return cfg_.batch_size * cfg_.micro_batches * comm_.size(); }  // the step a resumed run continues from (0: fresh)
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
   // A hook called at the start of every step, before any work (fault tests make a rank stall there).
   void set_before_step(std::function<void(int64_t step)> hook) { before_step_ = std::move(hook); }
+  // Where rank 0 reports each step's figures and each validation loss as they reach the host (the
+  // amp_train program prints a progress line: launch/progress.h). None: the run reports nothing but
+  // its metrics, messages and result.
+  void set_progress(std::shared_ptr<ProgressSink> sink) { progress_ = std::move(sink); }
 
  private:
   void connect();  // the collective part of the setup, once
@@ -92,13 +110,18 @@ class Trainer {
   std::shared_ptr<const models::ModelSpec> spec_;  // the configured kind of model (registry)
   std::unique_ptr<models::TrainingModel> model_;
   std::unique_ptr<models::Dataset> data_;
-  // Inside an autocast region: the optimizer's low-precision copies, when kept, as the casts of the parameters.
+  // The run's autocast region (disabled with --amp off), for the forward, evaluation and sampling;
+  // inside it, provide_casts() gives the optimizer's low-precision copies, when kept, as the casts of
+  // the parameters.
+  autocast autocast_region() const {
+    return autocast(device_.type, amp_dtype(cfg_.amp), cfg_.amp != AmpMode::off, true, CastLists::cuda);
+  }
   void provide_casts() const;
   // The validation loss over cfg_.eval_batches batches (collective: every rank, same step).
   double evaluate();
   // What the model prints after training, under the run's autocast (this rank alone; no collective).
   std::string after_training();
-  // Checkpoints (launch/checkpoint.h): the configuration a resume must match, restoring one (in the
+  // Checkpoints (launch/training/checkpoint.h): the configuration a resume must match, restoring one (in the
   // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
   nlohmann::json checkpoint_meta(int64_t step) const;
   void resume();
@@ -122,11 +145,8 @@ class Trainer {
   DeviceCounters counted_;  // the emulated GPU's counts over every train_step, this rank
   std::unique_ptr<comm::GradientReducer> reducer_;
   std::function<void(int64_t)> before_step_;
+  std::shared_ptr<ProgressSink> progress_;
 };
 
-// The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
-GradScalerOptions scaler_options(const TrainConfig& c);
-// The --lr-schedule as PyTorch schedulers on opt (null for a constant lr).
-std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt);
 
 }  // namespace amp::launch

@@ -1,4 +1,4 @@
-#include "launch/output_lock.h"
+#include "launch/training/output_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -23,12 +23,12 @@ batch 16, bf16); --gpt2-small: 12 layers, 12 heads, 768 wide, block 1024, batch 
 --data the GPT trains on generated text (the timing does not depend on it). Stops (exit 2) when
 PyTorch has no usable CUDA. --json FILE: every figure, for launch/gpu_check.sh.
 
-  launch/bench_vs_pytorch.py                          # Debian's PyTorch
-  launch/bench_vs_pytorch.py --make-venv --venv .venv-torch
-  launch/bench_vs_pytorch.py --sizes 2048x256 --modes fp32 --steps 30
-  launch/bench_vs_pytorch.py --model gpt --data build/example/kjv.txt
-  launch/bench_vs_pytorch.py --device cuda --amp-train build/cuda/launch/amp_train --bench-mlp build/cuda/launch/bench_mlp
-  launch/bench_vs_pytorch.py --device cuda --model gpt --gpt2-small --amp-train build/cuda/launch/amp_train
+  launch/bench/bench_vs_pytorch.py                          # Debian's PyTorch
+  launch/bench/bench_vs_pytorch.py --make-venv --venv .venv-torch
+  launch/bench/bench_vs_pytorch.py --sizes 2048x256 --modes fp32 --steps 30
+  launch/bench/bench_vs_pytorch.py --model gpt --data build/example/kjv.txt
+  launch/bench/bench_vs_pytorch.py --device cuda --amp-train build/cuda/launch/amp_train --bench-mlp build/cuda/launch/bench_mlp
+  launch/bench/bench_vs_pytorch.py --device cuda --model gpt --gpt2-small --amp-train build/cuda/launch/amp_train
 """
 import argparse
 import json
@@ -260,7 +260,7 @@ def require_torch_cuda(python):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--amp-train", help="default: build/release/launch/amp_train (cpu), build/cuda/launch/amp_train (cuda)")
     ap.add_argument("--amp-train-flags", default="",

@@ -1,6 +1,6 @@
 #include <stdexcept>
 
-#include "launch/device_comm.h"
+#include "launch/training/device_comm.h"
 
 namespace amp::launch {
 

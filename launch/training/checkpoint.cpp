@@ -1,4 +1,4 @@
-#include "launch/checkpoint.h"
+#include "launch/training/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "launch/output_path.h"
+#include "launch/training/output_path.h"
 #include "runtime/core/fnv1a.h"
 
 namespace amp::launch {

@@ -1,4 +1,4 @@
-#include "launch/metrics.h"
+#include "launch/training/metrics.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // The device communicator of CUDA builds: NCCL.
 #include "comm/nccl_communicator.h"
-#include "launch/device_comm.h"
+#include "launch/training/device_comm.h"
 
 namespace amp::launch {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "amp/autocast.h"
-#include "launch/bench_timing.h"
+#include "launch/bench/bench_timing.h"
 #include "amp/grad_scaler.h"
 #include "models/mlp.h"
 #include "runtime/kernels/backend.h"

@@ -1,4 +1,4 @@
-#include "launch/output_path.h"
+#include "launch/training/output_path.h"
 
 #include <signal.h>
 #include <unistd.h>

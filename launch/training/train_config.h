@@ -2,15 +2,21 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "models/model_spec.h"
+#include "runtime/core/dtype.h"
+#include "runtime/optim/lr_scheduler.h"
 
 namespace amp::launch {
 
 enum class AmpMode { off, fp16, bf16 };
+// The dtype of an --amp mode's autocast region (fp16 for off, whose region is disabled).
+inline DType amp_dtype(AmpMode m) { return m == AmpMode::bf16 ? DType::bf16 : DType::f16; }
 enum class OptimizerKind { sgd, adamw };
 enum class LrSchedule { constant, cosine };
 enum class DeviceKind { auto_, cpu, cuda };
@@ -92,5 +98,10 @@ struct TrainConfig {
   std::string metrics;
   int64_t log_every = 10;  // 0: no progress lines
 };
+
+// The scaler options that the CLI flags select (disabled for --loss-scale off, or auto without fp16).
+GradScalerOptions scaler_options(const TrainConfig& c);
+// The --lr-schedule as PyTorch schedulers on opt (null for a constant lr).
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt);
 
 }  // namespace amp::launch

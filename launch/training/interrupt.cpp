@@ -1,4 +1,4 @@
-#include "launch/interrupt.h"
+#include "launch/training/interrupt.h"
 
 #include <csignal>
 #include <cstdio>

@@ -1,0 +1,50 @@
+#include "launch/progress.h"
+
+#include <cstdio>
+
+#include "launch/training/figures.h"
+
+namespace amp::launch {
+
+namespace {
+class ProgressPrinter final : public ProgressSink {
+ public:
+  ProgressPrinter(const TrainConfig& cfg, const models::ModelSpec& spec, int64_t start_step, int64_t samples_per_step)
+      : steps_(cfg.steps), log_every_(cfg.log_every), start_step_(start_step), samples_per_step_(samples_per_step),
+        // Samples per second, or tokens per second for a language model (block_size tokens a sample).
+        tokens_per_sample_(spec.tokens_per_sample()), unit_(spec.unit()) {}
+
+  void step(const StepRecord& r, int64_t skipped, double elapsed, bool stopping) override {
+    if (log_every_ <= 0 || !(r.step % log_every_ == 0 || r.step == steps_ || stopping)) return;
+    const int64_t done = r.step - start_step_;
+    const double rate = static_cast<double>(done * samples_per_step_) * tokens_per_sample_ / elapsed;
+    const double eta = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - r.step);
+    std::printf("step %lld/%lld  loss %s  lr %.4g  scale %g  skipped %lld  %.0f %s/s  ETA %.0fs",
+                static_cast<long long>(r.step), static_cast<long long>(steps_), number_str(r.loss).c_str(), r.lr,
+                r.scale, static_cast<long long>(skipped), rate, unit_, eta);
+    if (r.device_launches >= 0)
+      std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
+                  static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),
+                  static_cast<long long>(r.device_d2h_copies));
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  void validation(int64_t step, double loss) override {
+    std::printf("step %lld: validation loss %s\n", static_cast<long long>(step), number_str(loss).c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  int64_t steps_, log_every_, start_step_, samples_per_step_;
+  double tokens_per_sample_;
+  const char* unit_;
+};
+}  // namespace
+
+std::shared_ptr<ProgressSink> progress_printer(const TrainConfig& cfg, const models::ModelSpec& spec,
+                                               int64_t start_step, int64_t samples_per_step) {
+  return std::make_shared<ProgressPrinter>(cfg, spec, start_step, samples_per_step);
+}
+
+}  // namespace amp::launch

@@ -1,0 +1,247 @@
+// Checkpoints of a run: what a resume must match, restoring one, writing one (collective), and the
+// check that nothing non-finite is ever saved.
+#include "launch/training/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+#include <limits>
+#include <stdexcept>
+
+#include "amp/autocast.h"
+#include "amp/clip_grad.h"
+#include "amp/overflow.h"
+#include "comm/coalesced.h"
+#include "comm/replica_check.h"
+#include "launch/training/interrupt.h"
+#include "jd/mtl_backward.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/fnv1a.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/rng_math.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/core/safetensors.h"
+#include "launch/training/figures.h"
+
+namespace amp::launch {
+
+namespace fs = std::filesystem;
+
+nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
+  // The model's identity ({"model": {...}, "dropout": ...}), then what every run must match.
+  nlohmann::json must_match = spec_->checkpoint_identity();
+  const int64_t E = samples_per_step();
+  must_match.update({{"effective_batch", E},
+                     {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
+                     {"amp", cfg_.amp == AmpMode::off ? "off" : cfg_.amp == AmpMode::fp16 ? "fp16" : "bf16"},
+                     {"loss_scaling", scaler_->is_enabled()},
+                     {"seed", cfg_.seed},
+                     // The data's size, not its path: a moved file resumes.
+                     {"data_samples", data_->resume_size()}});
+  return {{"format", 2},
+          {"must_match", must_match},
+          {"data", cfg_.data},
+          {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
+          // Samples of the stream consumed: step i uses [(i - 1) E, i E).
+          {"data_position", {{"next_sample", step * E}}},
+          // Dropout draws counters of the data stream's sample index from the seed's stream, and
+          // sampling has its own stream: the seed and the step are the whole RNG state.
+          {"rng", {{"seed", cfg_.seed}, {"kind", "counter-based (splitmix64), indexed by sample"}}},
+          {"scaler", scaler_->state_dict()},
+          // Skipped since step 1, so that a resumed run's count (and its all-skipped rule) is the
+          // uninterrupted run's.
+          {"skipped_steps", skipped_steps_},
+          // Seeded aggregators draw by call count (multi-task models).
+          {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
+          // Not required to match: a resumed run may train longer, or on another schedule (and says so).
+          {"schedule", {{"lr_schedule", cfg_.lr_schedule == LrSchedule::cosine ? "cosine" : "constant"},
+                        {"lr", cfg_.lr},
+                        {"warmup_steps", cfg_.warmup_steps},
+                        {"min_lr", cfg_.min_lr},
+                        {"decay_steps", cfg_.decay_steps > 0 ? cfg_.decay_steps : cfg_.steps}}}};
+}
+
+void Trainer::resume() {
+  std::optional<Checkpoint> ck =
+      cfg_.resume_from.empty() ? load_latest_checkpoint(cfg_.checkpoint_dir) : load_checkpoint(cfg_.resume_from);
+  if (!ck) {
+    if (comm_.rank() == 0)
+      std::printf("amp_train: --resume: no checkpoint in %s yet; starting from step 1\n", cfg_.checkpoint_dir.c_str());
+    return;
+  }
+  const std::string meta_file = ck->path + "/trainer.json";
+  // Every read below names the file; the JSON library's own errors (a value of another type) too.
+  try {
+    const nlohmann::json now = checkpoint_meta(ck->step);
+    const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
+    if (!then.is_object()) throw std::invalid_argument(meta_file + ": corrupt: must_match is not an object");
+    for (const auto& [key, value] : now["must_match"].items()) {
+      if (then.contains(key) && then[key] == value) continue;
+      const std::string was = then.contains(key) ? then[key].dump() : "nothing";
+      std::string hint;
+      if (key == "effective_batch")
+        hint = " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout was " +
+               ck->meta.value("batch_layout", nlohmann::json()).dump() + ")";
+      throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
+                                  was + hint);
+    }
+    if (ck->step >= cfg_.steps)
+      throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
+                                  ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
+    // A run that resumes into a directory holding checkpoints newer than the one it resumes from
+    // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
+    // K would delete its own: refused, naming them.
+    if (!cfg_.checkpoint_dir.empty()) {
+      const std::string mine = fs::path(ck->path).filename().string();
+      for (const std::string& other : list_checkpoints(cfg_.checkpoint_dir))
+        if (fs::path(other).filename().string() > mine)  // step-NNNNNNNN: the names sort as the steps
+          throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " holds " + other +
+                                      ", newer than the checkpoint this run resumes from (" + ck->path +
+                                      "): move it away, or write this run's checkpoints to another --checkpoint-dir");
+    }
+    nn::load_state_dict(model(), ck->model, ck->path + "/model.safetensors");
+    // The schedule is a function of the step: replaying it gives the lrs of the uninterrupted run, bit
+    // for bit. The optimizer's state (moments, step counts) comes from the checkpoint, its
+    // hyperparameters from this run's flags and schedule (as the note below says), not the checkpoint's.
+    if (scheduler_)
+      for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
+    optim::OptimizerStateDict state = ck->optimizer;
+    state.param_groups = opt_->state_dict().param_groups;
+    opt_->load_state_dict(state);
+    std::map<std::string, double> scaler_state;
+    const nlohmann::json saved_scaler = ck->meta.value("scaler", nlohmann::json::object());
+    if (!saved_scaler.is_object()) throw std::invalid_argument(meta_file + ": corrupt: scaler is not an object");
+    for (const auto& [k, v] : saved_scaler.items()) {
+      if (!v.is_number()) throw std::invalid_argument(meta_file + ": corrupt: scaler." + k + " is not a number");
+      scaler_state[k] = v.get<double>();
+    }
+    if (scaler_->is_enabled()) {
+      // The scale, the growth tracker and the hysteresis count are the run's state: from the checkpoint.
+      // The factors and the interval are hyperparameters: from this run's flags, as the optimizer's are.
+      const GradScalerOptions mine = scaler_->options();  // this run's flags (the load below replaces them)
+      try {
+        scaler_->load_state_dict(scaler_state);  // checks the checkpoint's own state first
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
+      }
+      std::string changed;
+      auto take_flag = [&](const char* key, const char* flag, double value) {
+        const auto it = scaler_state.find(key);
+        if (it != scaler_state.end() && it->second != value)
+          changed += std::string(changed.empty() ? "" : ", ") + flag + " " + number_str(value) + " (the checkpoint's run had " +
+                     number_str(it->second) + ")";
+        scaler_state[key] = value;
+      };
+      take_flag("growth_factor", "--growth-factor", mine.growth_factor);
+      take_flag("backoff_factor", "--backoff-factor", mine.backoff_factor);
+      take_flag("growth_interval", "--growth-interval", mine.growth_interval);
+      // A shorter interval than the checkpoint's: the successful steps counted so far, at most all but one.
+      scaler_state["_growth_tracker"] = std::min(scaler_state["_growth_tracker"], mine.growth_interval - 1.0);
+      if (scaler_state.count("_hysteresis_left"))
+        scaler_state["_hysteresis_left"] = std::min(scaler_state["_hysteresis_left"], static_cast<double>(mine.hysteresis));
+      const auto scale = scaler_state.find("scale");
+      if (scale != scaler_state.end() && (!(scale->second > 0.0) || scale_collapsed(scale->second)))
+        throw std::invalid_argument(meta_file + ": corrupt: scaler.scale " + number_str(scale->second) +
+                                    " is not a usable loss scale (positive, with an inverse finite in float32)");
+      try {
+        scaler_->load_state_dict(scaler_state);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
+      }
+      if (!changed.empty() && comm_.rank() == 0)
+        std::printf("amp_train: note: the loss scaler's %s: the steps from here use this run's flags\n", changed.c_str());
+    }
+    // Written by this version (format 2): the data position and the skipped steps, checked.
+    if (ck->meta.value("format", 0) >= 2) {
+      const int64_t E = now["must_match"]["effective_batch"].get<int64_t>();
+      const nlohmann::json pos = ck->meta.at("data_position").at("next_sample");
+      if (!pos.is_number_integer() || pos.get<int64_t>() != ck->step * E)
+        throw std::invalid_argument(meta_file + ": corrupt: data_position.next_sample " + pos.dump() + " is not step " +
+                                    std::to_string(ck->step) + " x " + std::to_string(E) + " samples");
+      const nlohmann::json skipped = ck->meta.at("skipped_steps");
+      if (!skipped.is_number_integer() || skipped.get<int64_t>() < 0 || skipped.get<int64_t>() > ck->step)
+        throw std::invalid_argument(meta_file + ": corrupt: skipped_steps " + skipped.dump() + " is not a count in [0, " +
+                                    std::to_string(ck->step) + "]");
+      skipped_steps_ = skipped.get<int64_t>();
+    }
+    if (aggregator_) {
+      const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
+      if (!calls.is_number_unsigned())
+        throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
+      aggregator_->set_calls(calls.get<uint64_t>());
+    }
+    start_step_ = ck->step;
+    if (comm_.rank() == 0) {
+      const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
+      const nlohmann::json mine = now["batch_layout"];
+      std::printf("amp_train: resuming from %s (step %lld)", ck->path.c_str(), static_cast<long long>(ck->step));
+      if (layout != mine)
+        std::printf(" on another layout: %lld ranks x batch %lld x %lld micro-batches, where the checkpoint had %lld x %lld x "
+                    "%lld; the same %lld samples per step",
+                    static_cast<long long>(comm_.size()), static_cast<long long>(cfg_.batch_size),
+                    static_cast<long long>(cfg_.micro_batches), layout.value("ranks", 0LL), layout.value("batch_size", 0LL),
+                    layout.value("micro_batches", 0LL), static_cast<long long>(now["must_match"]["effective_batch"].get<int64_t>()));
+      std::printf("\n");
+      if (ck->meta.value("schedule", nlohmann::json()) != now["schedule"])
+        std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
+                    "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "
+                    "give it to keep the schedule of a run that trains longer)\n",
+                    ck->meta.value("schedule", nlohmann::json()).dump().c_str(), now["schedule"].dump().c_str());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(meta_file + ": corrupt: " + e.what());
+  }
+}
+
+void Trainer::require_finite_parameters(int64_t step) {
+  // Collective: every rank's verdict is summed, so that all of them stop here, or none.
+  Tensor found = zeros({1}, DType::f32, device_);
+  backend_for(device_).check_finite(model().parameters(), Tensor(), found);
+  comm::all_reduce_scalars(comm_, {found}, comm::ReduceOp::sum);
+  if (found.item() != 0.0) {
+    std::string names;
+    for (const auto& [name, p] : model().named_parameters()) {
+      Tensor one = zeros({1}, DType::f32, device_);
+      backend_for(device_).check_finite({p}, Tensor(), one);
+      if (one.item() != 0.0) names += (names.empty() ? "" : ", ") + name;
+    }
+    throw JobError("after step " + std::to_string(step) + ": the parameters hold inf or NaN (" + names +
+                   "): nothing is saved from this state (the checkpoints written before are intact). A step that no "
+                   "scaler skipped diverged: lower --lr, or clip with --clip-grad-norm");
+  }
+}
+
+void Trainer::save_checkpoint_at(int64_t step) {
+  require_finite_parameters(step);
+  comm_.set_context("writing the checkpoint of step " + std::to_string(step));
+  std::string error, path;
+  if (comm_.rank() == 0) {
+    try {
+      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), opt_->state_dict(),
+                             checkpoint_meta(step), cfg_.keep_checkpoints);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Every rank learns the outcome from rank 0: a failed write stops the job everywhere, with the
+  // previous checkpoints intact.
+  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, DType::f32, device_);
+  comm::all_reduce_scalars(comm_, {failed}, comm::ReduceOp::sum);
+  if (failed.item() != 0.0)
+    throw JobError("checkpoint of step " + std::to_string(step) + " failed" + (error.empty() ? " on rank 0" : ": " + error));
+  if (comm_.rank() == 0) {
+    std::printf("amp_train: checkpoint of step %lld written to %s\n", static_cast<long long>(step), path.c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace amp::launch

@@ -1,0 +1,255 @@
+// One training step: autocast forward, scaled backward over micro-batches (or the multi-task
+// backward), the reduction, unscale, clipping, the optimizer's step and the scale update, and its
+// figures on their way to the host.
+#include "jd/jac.h"
+#include "launch/training/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+#include <limits>
+#include <stdexcept>
+
+#include "amp/autocast.h"
+#include "amp/clip_grad.h"
+#include "amp/overflow.h"
+#include "comm/coalesced.h"
+#include "comm/replica_check.h"
+#include "launch/training/interrupt.h"
+#include "jd/mtl_backward.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/fnv1a.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/rng_math.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/core/safetensors.h"
+
+namespace amp::launch {
+
+namespace {
+// The figures a step reads back to the host, packed into one read-back and unpacked by name: their
+// order lives here only.
+struct StepFigures {
+  Tensor loss, scale, found_inf, stop;
+  Tensor grad_norm;  // undefined: not computed this step (no placeholder travels)
+  std::vector<Tensor> task_losses;
+
+  std::vector<Tensor> packed() const {
+    std::vector<Tensor> v = {loss, scale, found_inf, stop};
+    if (grad_norm.defined()) v.push_back(grad_norm);
+    v.insert(v.end(), task_losses.begin(), task_losses.end());
+    return v;
+  }
+  static void unpack(const std::vector<double>& v, bool has_grad_norm, StepRecord* r) {
+    size_t i = 0;
+    r->loss = v.at(i++);
+    r->scale = v.at(i++);
+    r->skipped = v.at(i++) != 0.0;
+    r->stop_requested = v.at(i++) != 0.0;
+    r->grad_norm = has_grad_norm ? v.at(i++) : std::numeric_limits<double>::quiet_NaN();
+    r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
+  }
+};
+}  // namespace
+
+void Trainer::multi_task_backward(const models::Losses& L, bool last) {
+  jd::MtlBackwardOptions o;
+  o.shared_params = model_->shared_parameters();
+  o.tasks_params = model_->task_parameters();
+  if (last && comm_.size() > 1) {
+    // The heads' gradients and each row of the trunk's Jacobian are final once their pass is done:
+    // average them over the ranks in the background while the next rows' passes run.
+    int64_t n = 0;
+    for (const Tensor& p : o.shared_params) n += p.numel();
+    reduced_jacobian_ = empty({static_cast<int64_t>(L.per_task.size()), n}, o.shared_params[0].dtype(), device_);
+    o.on_task_grads_ready = [this, &o] {
+      for (const auto& task : o.tasks_params)
+        for (const Tensor& p : task)
+          if (p.grad().defined()) {
+            Tensor g = p.grad();
+            in_flight_.push_back(comm_.all_reduce_async(g, comm::ReduceOp::avg));
+          }
+    };
+    o.on_jacobian_row_ready = [this, &o, n](int64_t k) {
+      Tensor row = reduced_jacobian_.view(k * n, {n});
+      int64_t off = 0;
+      for (const Tensor& p : o.shared_params) {
+        Tensor dst = row.view(off, {p.numel()});
+        copy_(dst, jd::jac(p).view(k * p.numel(), {p.numel()}));
+        off += p.numel();
+      }
+      in_flight_.push_back(comm_.all_reduce_async(row, comm::ReduceOp::avg));
+    };
+  }
+  jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
+}
+
+std::vector<double> Trainer::aggregate_jacobians() {
+  const std::vector<Tensor> shared = model_->shared_parameters();
+  Tensor J;
+  if (reduced_jacobian_.defined()) {
+    for (auto& w : in_flight_) w->wait();
+    in_flight_.clear();
+    J = reduced_jacobian_;
+    reduced_jacobian_ = Tensor();
+  } else {
+    J = jd::concatenated_jacobian(shared);  // one rank: nothing to average
+  }
+  for (Tensor p : shared) jd::set_jac(p, Tensor());
+  jd::aggregate_into_grads(shared, J, *aggregator_);
+  return aggregator_->last_weights();
+}
+
+void Trainer::provide_casts() const {
+  if (!opt_->low_precision_copies().empty()) autocast_provide_casts(opt_->params(), opt_->low_precision_copies());
+}
+
+int64_t Trainer::first_sample(int64_t step) const {
+  return (step - 1) * samples_per_step() + comm_.rank() * cfg_.micro_batches * cfg_.batch_size;
+}
+
+Trainer::PendingStep Trainer::train_step(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (before_step_) before_step_(step);
+  const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
+  const int64_t first = first_sample(step);
+  const std::vector<Tensor> params = model().parameters();
+  const std::optional<DeviceCounters> counted_from = emulated_device_counters();
+  if (counted_from && device_.is_cuda()) {
+    memory_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
+    log_emulated_step_begin(step);
+  }
+  const Tensor scale_used = scaler_->scale_snapshot(device_);
+
+  opt_->zero_grad();
+  Tensor loss_sum = zeros({1}, DType::f32, device_);
+  std::vector<Tensor> task_sums;  // multi-task: each task's loss, summed over the micro-batches
+  for (int64_t m = 0; m < K; ++m) {
+    if (!multi_task()) reducer_->prepare_for_backward(/*sync=*/m == K - 1);
+    const models::Batch batch = data_->rows(first + m * B, B);
+    models::Losses L;
+    {
+      autocast ac = autocast_region();
+      provide_casts();
+      L = model_->losses(batch);
+      if (K > 1)
+        for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
+    }
+    {
+      NoGradGuard ng;
+      task_sums.resize(L.per_task.size());
+      for (size_t t = 0; t < L.per_task.size(); ++t) {
+        const Tensor v = L.per_task[t].detach().reshape({1}).to(DType::f32);
+        add_(loss_sum, v);
+        if (!task_sums[t].defined()) task_sums[t] = zeros({1}, DType::f32, device_);
+        add_(task_sums[t], v);
+      }
+    }
+    if (multi_task()) {
+      // Every head gets its own loss's gradient; the trunk a Jacobian, aggregated after the last one.
+      multi_task_backward(L, m == K - 1);
+      continue;
+    }
+    Tensor loss = L.per_task.at(0);
+    if (cfg_.grad_penalty > 0.0) {
+      // loss + lambda * ||grad loss||_2, the gradient taken through the scaled loss (PyTorch's recipe).
+      std::vector<Tensor> g = grad({scaler_->scale(loss)}, params, {}, true, true);
+      const Tensor scale = scaler_->scale_snapshot(device_);  // divided on the device: no host read
+      Tensor sq = zeros({}, DType::f32, device_);
+      for (const Tensor& t : g) sq = add(sq, sum(pow(div(t, scale), 2.0)));
+      autocast ac = autocast_region();
+      loss = add(loss, mul(sqrt(sq), cfg_.grad_penalty));
+    }
+    scaler_->scale(loss).backward();
+  }
+  std::vector<double> weights;
+  if (multi_task()) {
+    weights = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
+  } else {
+    reducer_->finish();  // gradients are now averaged over ranks (still scaled)
+  }
+  if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
+
+  // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
+  // collective when there is one: every rank learns it from the same reduced figures, so every rank
+  // stops after the same step.
+  Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
+  bool figures_ride = scaler_->sum_with_found_inf(loss_sum) && scaler_->sum_with_found_inf(stop);
+  for (Tensor& t : task_sums) figures_ride = figures_ride && scaler_->sum_with_found_inf(t);
+
+  for (const Injection& inj : cfg_.inject_nonfinite) {
+    if (inj.step != step || inj.rank != comm_.rank()) continue;
+    const float inf = std::numeric_limits<float>::infinity();
+    memory_for(device_).copy_from_host(params[0].grad().data_ptr(), &inf, sizeof inf);
+  }
+
+  scaler_->unscale_(*opt_);
+  Tensor grad_norm;
+  if (cfg_.clip_grad_norm > 0.0) {
+    grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);
+  } else if (cfg_.log_grad_norm) {  // a read of every gradient that PyTorch's loop does not pay for: asked only
+    Tensor acc = zeros({1}, DType::f32, device_);
+    backend_for(device_).norm_accumulate(opt_->grads(), 2.0, acc);
+    grad_norm = sqrt(acc);
+  }  // else: not computed, null in the metrics
+  if (cfg_.clip_grad_value > 0.0) clip_grad_value_(params, cfg_.clip_grad_value);
+  scaler_->step(*opt_);
+  scaler_->update();
+
+  if (figures_ride) {
+    mul_(loss_sum, 1.0 / static_cast<double>(comm_.size()));  // the sum over ranks -> the mean, as avg does
+    for (Tensor& t : task_sums) mul_(t, 1.0 / static_cast<double>(comm_.size()));
+  } else {
+    std::vector<Tensor> figures = {loss_sum, stop};
+    figures.insert(figures.end(), task_sums.begin(), task_sums.end());
+    comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::avg);
+  }
+  // The figures travel to the host in the background: nothing here waits for the device.
+  const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
+  const StepFigures figures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
+  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), weights,
+                grad_norm.defined()};
+  if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
+  if (counted_from && device_.is_cuda()) {
+    p.counted = *emulated_device_counters() - *counted_from;
+    counted_ += *p.counted;
+    log_emulated_step(step, memory_for(device_).peak_bytes());
+  }
+  return p;
+}
+
+StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point next_start) {
+  StepRecord r;
+  r.step = p.step;
+  StepFigures::unpack(p.figures->values(), p.grad_norm, &r);
+  r.weights = p.weights;
+  r.lr = p.lr;
+  // From this step's start to the next one's: the step's share of the wall time, whether or not
+  // the device ran ahead of the host.
+  r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();
+  if (p.counted) {
+    r.device_launches = p.counted->launches;
+    r.device_host_syncs = p.counted->host_syncs;
+    r.device_d2h_copies = p.counted->d2h_copies;
+  }
+  if (r.skipped && device_.is_cpu()) {
+    // On the CPU a step's figures are final at once, so its gradients are still there to inspect.
+    std::string names;
+    for (const std::string& n : nonfinite_gradients(model().named_parameters())) names += (names.empty() ? "" : ", ") + n;
+    if (!names.empty())
+      std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
+                   static_cast<long long>(r.step), names.c_str());
+  }
+  return r;
+}
+
+}  // namespace amp::launch

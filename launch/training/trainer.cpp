@@ -1,0 +1,333 @@
+// The trainer: its set-up (model, data, optimizer groups, scaler, resume) and the loop's cadence
+// (steps, evaluation, replica checks, checkpoints, progress, outputs). The step is step.cpp.
+#include "launch/training/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+#include <limits>
+#include <stdexcept>
+
+#include "amp/autocast.h"
+#include "amp/clip_grad.h"
+#include "amp/overflow.h"
+#include "comm/coalesced.h"
+#include "comm/replica_check.h"
+#include "launch/training/interrupt.h"
+#include "jd/mtl_backward.h"
+#include "runtime/ops/autograd.h"
+#include "runtime/kernels/backend.h"
+#include "runtime/core/fnv1a.h"
+#include "runtime/nn/state_dict.h"
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
+#include "runtime/kernels/rng_math.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/core/safetensors.h"
+#include "launch/training/figures.h"
+
+namespace amp::launch {
+
+namespace fs = std::filesystem;
+
+Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device device)
+    : cfg_(config), comm_(comm), device_(device) {
+  Generator gen(cfg_.seed);
+  spec_ = models::configure_model(cfg_.model, cfg_.model_flags);
+  spec_->check({cfg_.data, cfg_.batch_size}, 0.0L);
+  model_ = spec_->build(gen, device_);
+  data_ = spec_->data(cfg_.data, cfg_.seed, device_);
+  aggregator_ = spec_->aggregator(cfg_.seed);
+  if (cfg_.eval_every > 0 && !data_->has_validation())
+    throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
+                                ") has no validation split");
+  if (!cfg_.init_weights.empty()) {
+    nn::load_state_dict(model_->module(), safetensors::load(cfg_.init_weights), cfg_.init_weights);
+  }
+  // Parameter groups: a model that names its decayed parameters (the GPT: tensors of 2+ dims, as
+  // nanoGPT) gets weight decay on those only; otherwise every parameter decays.
+  const std::vector<Tensor> decayed = model_->decayed_parameters();
+  std::vector<Tensor> not_decayed;
+  for (const Tensor& p : model().parameters())
+    if (std::none_of(decayed.begin(), decayed.end(), [&](const Tensor& d) { return d.same(p); })) not_decayed.push_back(p);
+  auto groups = [&](auto options) {
+    using O = decltype(options);
+    if (decayed.empty()) return optim::one_group(model().parameters(), options);
+    O off = options;
+    off.weight_decay = 0.0;
+    std::vector<optim::ParamGroup<O>> g{{decayed, options}};
+    if (!not_decayed.empty()) g.push_back({not_decayed, off});
+    return g;
+  };
+  if (cfg_.optimizer == OptimizerKind::sgd) {
+    optim::SgdOptions o;
+    o.lr = cfg_.lr;
+    o.momentum = cfg_.momentum;
+    o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
+    opt_ = std::make_unique<optim::SGD>(groups(o));
+  } else {
+    optim::AdamOptions o = optim::AdamWOptions();
+    o.lr = cfg_.lr;
+    o.beta1 = cfg_.beta1;
+    o.beta2 = cfg_.beta2;
+    o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
+    opt_ = std::make_unique<optim::AdamW>(groups(o));
+  }
+  scheduler_ = make_scheduler(cfg_, *opt_);
+  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
+  // The scaler's state is created by its first scale(), on that output's device: do it here, so that
+  // the first counted step launches what every other step does.
+  scaler_->scale(zeros({}, DType::f32, device_));
+  if (cfg_.resume || !cfg_.resume_from.empty()) {
+    resume();
+  } else if (!cfg_.checkpoint_dir.empty()) {
+    // A fresh run would interleave its checkpoints with another run's, and keeping the last K
+    // could delete its own: refuse, and say what to do.
+    const std::vector<std::string> existing = list_checkpoints(cfg_.checkpoint_dir);
+    if (!existing.empty())
+      throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " already holds checkpoints (" +
+                                  existing.back() + "): add --resume to continue that run, or choose another directory");
+  }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::connect() {
+  if (reducer_) return;
+  // Every replica starts from rank 0's weights, whatever happened before.
+  for (Tensor p : model().parameters()) {
+    Tensor d = p.detach();
+    comm_.broadcast(d, 0);
+  }
+  if (multi_task()) return;  // Jacobians and head gradients are averaged in aggregate_jacobians()
+  comm::ReducerOptions ro;
+  ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
+  ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
+  ro.overlap = cfg_.overlap;
+  reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
+}
+
+double Trainer::evaluate() {
+  model_->train(false);
+  Tensor total = zeros({1}, DType::f32, device_);
+  {
+    NoGradGuard no_grad;
+    autocast ac = autocast_region();
+    provide_casts();
+    // Batch k is sequences [k R B, (k + 1) R B) of the validation stream; rank r takes its B.
+    const int64_t B = cfg_.batch_size, R = comm_.size();
+    for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
+      const models::Batch b = data_->validation_rows((k * R + comm_.rank()) * B, B);
+      add_(total, model_->losses(b).per_task.at(0).detach().reshape({1}).to(DType::f32));
+    }
+  }
+  mul_(total, 1.0 / static_cast<double>(cfg_.eval_batches));
+  comm::all_reduce_scalars(comm_, {total}, comm::ReduceOp::avg);
+  model_->train(true);
+  return total.item();
+}
+
+std::string Trainer::after_training() {
+  autocast ac = autocast_region();
+  provide_casts();
+  return spec_->after_training(*model_, cfg_.seed);
+}
+
+comm::ReplicaReport Trainer::check_replicas(TrainResult* result) {
+  const comm::ReplicaReport rep = comm::check_replicas(comm_, model().parameters());
+  result->param_checksum = hex64(rep.hash);
+  result->replicas_consistent = rep.consistent;
+  return rep;
+}
+
+void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
+  if (!rep.consistent) {
+    std::string ranks;
+    for (int r : rep.differing_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw JobError("replica check failed after step " + std::to_string(step) + ": the parameters of rank(s) " +
+                             ranks + " differ from rank 0's");
+  }
+}
+
+TrainResult Trainer::run() {
+  connect();
+  // Under autocast the forward's casts of the parameters are the optimizer's low-precision copies,
+  // which each step rewrites as it updates the parameters (Optimizer::keep_low_precision_copies):
+  // made once, here, after the weights were loaded and broadcast, and outside any step's figures.
+  if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies)
+    opt_->keep_low_precision_copies(amp_dtype(cfg_.amp));
+  set_fp32_weight_grads(!cfg_.bf16_rounded_weight_grads);
+  // Synthetic samples are made before the first step, as a file is read before it, so that no step
+  // pays for data (nor counts it on the emulated GPU). This rank's rows repeat once the steps have
+  // gone around the pool P: after P / gcd(E, P) steps, E the samples of a step.
+  if (const int64_t pool = data_->period(); pool > 0) {
+    const int64_t per_step = samples_per_step();
+    const int64_t cycle = pool / std::gcd(per_step, pool);
+    for (int64_t step = start_step_ + 1; step <= std::min(cfg_.steps, start_step_ + cycle); ++step)
+      data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
+  }
+  TrainResult result;
+  result.skipped_steps = skipped_steps_;
+  const bool rank0 = comm_.rank() == 0;
+  // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
+  // appear again, from the resumed run).
+  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, start_step_ > 0) : MetricsWriter();
+  // A metrics file that cannot be written is said at once and at the end (exit 1), and costs
+  // nothing else: training goes on, and the weights and checkpoints are saved.
+  bool warned = false;
+  auto warn_once_about = [&](const MetricsWriter& m) {
+    if (m.error().empty() || warned) return;
+    warned = true;
+    std::fprintf(stderr, "amp_train: warning: %s; no more metrics are written (the file ends with its last whole line), "
+                 "training goes on and the run will exit 1\n", m.error().c_str());
+    std::fflush(stderr);
+  };
+  if (cfg_.checkpoint_dir.size() && rank0)
+    for (const std::string& t : remove_stale_checkpoint_temporaries(cfg_.checkpoint_dir))
+      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while %s it\n", t.c_str(),
+                  fs::path(t).filename().string().rfind(".old-", 0) == 0 ? "deleting (an older one it no longer kept)"
+                                                                           : "writing");
+  const auto start = std::chrono::steady_clock::now();
+  bool stopping = false;  // every rank sets it at the same step (the flag is in the reduced figures)
+  auto emit = [&](const StepRecord& r) {
+    // A non-finite loss that no scaler skipped would be trained on, and the weights go NaN
+    // quietly: stop, naming the step (the same on every rank: the loss is averaged over ranks).
+    if (!std::isfinite(r.loss) && !r.skipped)
+      throw JobError("step " + std::to_string(r.step) + ": the loss is " +
+                               (std::isnan(r.loss) ? "NaN" : "infinite") +
+                               " and no loss scaler skipped the step (non-finite data or weights, or a learning "
+                               "rate that diverges); stopping before the weights are corrupted");
+    // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN: every step
+    // from here would be skipped. The same figure on every rank, so every rank stops here.
+    // (The emulated GPU's dry run reads back a scale of 0: it runs nothing, so nothing collapsed.)
+    if (scaler_->is_enabled() && scale_collapsed(r.scale) && !emulated_dry_run())
+      throw JobError("step " + std::to_string(r.step) + ": the loss scale has collapsed to " + number_str(r.scale) +
+                     ", whose inverse is not finite in float32: every step from here would be skipped. The "
+                     "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
+                     "rate that diverges (--min-scale sets a floor for the scale)");
+    result.records.push_back(r);
+    skipped_steps_ += r.skipped;
+    result.skipped_steps = skipped_steps_;
+    metrics.write(r);
+    warn_once_about(metrics);
+    if (r.stop_requested && !stopping) {
+      stopping = true;
+      if (rank0)
+        std::printf("amp_train: interrupted (SIGINT or SIGTERM): finishing the step in flight%s; a second signal "
+                    "stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights");
+    }
+    if (rank0 && progress_) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      progress_->step(r, result.skipped_steps, elapsed, stopping);
+    }
+  };
+  // A step's figures are read once the next step's work is issued (one step late), unless they
+  // are already on the host (always, on the CPU).
+  std::unique_ptr<PendingStep> late;
+  result.steps_done = start_step_;
+  // The validation loss after `step` (collective), on the progress line and in the metrics.
+  auto report_evaluation = [&](int64_t step) {
+    const double val = evaluate();
+    metrics.write(EvalRecord{step, val});
+    warn_once_about(metrics);
+    if (rank0 && progress_) progress_->validation(step, val);
+  };
+  // A step's figures still in flight, emitted now: before an evaluation's or checkpoint's lines.
+  auto flush_late = [&] {
+    if (late) emit(finish(*late, std::chrono::steady_clock::now()));
+    late.reset();
+  };
+  // A failure that ends the run is the metrics' last record (when they can still be written).
+  try {
+    if (cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // the untrained model's (about ln 256, for bytes)
+    for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
+      result.steps_done = step;
+      comm_.set_context("step " + std::to_string(step));
+      PendingStep cur = train_step(step);
+      const auto now = std::chrono::steady_clock::now();
+      if (late) {
+        emit(finish(*late, cur.start));
+        late.reset();
+      }
+      if (cur.figures->ready()) emit(finish(cur, now));
+      else late = std::make_unique<PendingStep>(std::move(cur));
+      if (cfg_.check_every > 0 && step % cfg_.check_every == 0 && step != cfg_.steps && !stopping)
+        require_consistent(check_replicas(&result), step);
+      if (cfg_.eval_every > 0 && (step % cfg_.eval_every == 0 || step == cfg_.steps) && !stopping) {
+        flush_late();
+        report_evaluation(step);
+      }
+      if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
+          step != cfg_.steps && !stopping) {
+        flush_late();
+        if (!stopping) save_checkpoint_at(step);  // the flushed figures may ask to stop: that saves after the loop
+      }
+    }
+    flush_late();
+    if (emulated_device_counters() && device_.is_cuda()) {
+      // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
+      std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
+                  "training steps\n",
+                  comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
+                  static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
+      std::fflush(stdout);
+    }
+    // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
+    // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
+    if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > start_step_)
+      throw JobError("every one of the " + std::to_string(result.steps_done) +
+                     " steps was skipped for non-finite gradients: nothing was trained (final scale " +
+                     number_str(scaler_->get_scale()) + ")");
+    comm_.set_context("the end-of-run replica check");
+    result.final_scale = scaler_->get_scale();
+    if (scaler_->is_enabled() && scale_collapsed(result.final_scale) && !emulated_dry_run())
+      throw JobError("after step " + std::to_string(result.steps_done) + ": the loss scale has collapsed to " +
+                     number_str(result.final_scale) + ", whose inverse is not finite in float32: nothing more can be "
+                     "trained from this state, and it is not saved");
+    const comm::ReplicaReport rep = check_replicas(&result);
+    if (stopping) result.interrupted_by = interrupt_signal() != 0 ? interrupt_signal() : SIGTERM;
+    require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
+    require_finite_parameters(result.steps_done);  // likewise: a NaN model is never saved, nor exits 0
+    // The outputs, then the record that says the run finished: one output's failure costs no other.
+    if (rank0 && !cfg_.save_weights.empty()) {
+      try {
+        safetensors::save(cfg_.save_weights, nn::state_dict(model()));
+      } catch (const std::exception& e) {
+        result.errors.push_back(std::string("--save-weights: ") + e.what());
+      }
+    }
+    // The last step's checkpoint: at the end, or where an interruption stopped the run.
+    if (!cfg_.checkpoint_dir.empty() && result.steps_done > start_step_) {
+      try {
+        save_checkpoint_at(result.steps_done);
+      } catch (const JobError& e) {  // every rank: the weights above are kept, and the job exits 1
+        result.errors.push_back(e.what());
+      }
+    }
+    if (result.errors.empty())
+      metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
+                              result.replicas_consistent, stopping ? signal_label(result.interrupted_by) : ""});
+    else
+      metrics.write(FailedRecord{result.steps_done, result.errors.front()});
+    metrics.close();
+    if (!metrics.error().empty()) result.errors.push_back(metrics.error());
+    if (rank0 && !stopping) {
+      const std::string text = after_training();  // a language model's sample, say
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {  // a JobError, or this rank's own failure (a timeout, the device)
+    metrics.write(FailedRecord{result.steps_done, e.what()});
+    throw;
+  }
+  return result;
+}
+
+}  // namespace amp::launch
