@@ -19,7 +19,7 @@ class GptSpec final : public ModelSpec {
       : c_(c), sample_(sample), prompt_(std::move(prompt)) {}
   void check(const RunShape& run, long double ram) const override {
     if (run.data == "synthetic")
-      throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes); launch/run_example.sh makes one "
+      throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes); launch/scripts/run_example.sh makes one "
                                   "from the King James Bible (Debian's bible-kjv)");
     if (ram <= 0) return;
     // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the

@@ -1,6 +1,6 @@
 // amp_train --device cuda on the emulated GPU under mpirun -np 2, against the same run on the CPU
 // backend (preset cuda-emu). An nvcc build runs the same comparisons on the real GPU (the GPU
-// bundle's stage 4, launch/gpu_check.sh --bundle), and skips them where no GPU is usable; the
+// bundle's stage 4, launch/scripts/gpu_check.sh --bundle), and skips them where no GPU is usable; the
 // emulator's counters (launches, host syncs) exist on the emulated GPU only, so they are checked there.
 // AMP_TRAIN_BIN (environment) overrides the amp_train to run; AMP_TEST_RANKS=1 runs one rank (a node
 // with one GPU: NCCL refuses two ranks on one device).

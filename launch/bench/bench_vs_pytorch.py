@@ -21,7 +21,7 @@ step ends with torch.cuda.synchronize(), so that its time is the step's. Default
 at 4096 x 512 in fp32, bf16 and fp16 (with the scaler); the GPT at the main job's shape (128 wide,
 batch 16, bf16); --gpt2-small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16. Without
 --data the GPT trains on generated text (the timing does not depend on it). Stops (exit 2) when
-PyTorch has no usable CUDA. --json FILE: every figure, for launch/gpu_check.sh.
+PyTorch has no usable CUDA. --json FILE: every figure, for launch/scripts/gpu_check.sh.
 
   launch/bench/bench_vs_pytorch.py                          # Debian's PyTorch
   launch/bench/bench_vs_pytorch.py --make-venv --venv .venv-torch
@@ -176,7 +176,7 @@ print(json.dumps({"times": times, "version": torch.__version__, "loss": loss_val
                   "gpu": torch.cuda.get_device_name() if cuda else ""}))
 '''
 
-GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64          # the main job's GPT (launch/run_example.sh)
+GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64          # the main job's GPT (launch/scripts/run_example.sh)
 GPT2_SMALL = {"layers": 12, "heads": 12, "block": 1024, "sizes": "768x8", "modes": "bf16"}
 AMP_FLAG = {"fp32": "off", "bf16": "bf16", "fp16": "fp16"}
 
@@ -268,7 +268,7 @@ def main():
     ap.add_argument("--bench-mlp", help="mlp: the model's step alone, for the same configuration (default: beside "
                                         "--amp-train's default)")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
-    ap.add_argument("--data", help="gpt: the text file to train on (launch/run_example.sh makes build/example/kjv.txt; "
+    ap.add_argument("--data", help="gpt: the text file to train on (launch/scripts/run_example.sh makes build/example/kjv.txt; "
                                    "--device cuda: generated text when left out)")
     ap.add_argument("--sizes", help="WIDTHxBATCH,... (mlp: 2048x256,4096x512, cuda 4096x512; gpt: 128x32,256x32, "
                                     "cuda 128x16)")
@@ -306,7 +306,7 @@ def main():
         a.data = os.path.join(tmp.name, "text.txt")
         generated_text(a.data, 4 << 20)
     if a.model == "gpt" and not (a.data and os.path.isfile(a.data)):
-        ap.error("--model gpt needs --data FILE, a text file (launch/run_example.sh makes build/example/kjv.txt)")
+        ap.error("--model gpt needs --data FILE, a text file (launch/scripts/run_example.sh makes build/example/kjv.txt)")
     data = a.data if a.model == "gpt" else None
     if a.gpt2_small:
         a.sizes, a.modes = a.sizes or gpt["sizes"], a.modes or gpt["modes"]
@@ -318,10 +318,10 @@ def main():
     if bad:
         ap.error(f"--modes {','.join(bad)}: fp32 and bf16, and fp16 (with the scaler) on --device cuda")
     if not os.access(a.amp_train, os.X_OK):
-        ap.error(f"--amp-train: {a.amp_train} is not an executable (build it: launch/build.sh "
+        ap.error(f"--amp-train: {a.amp_train} is not an executable (build it: launch/scripts/build.sh "
                  f"{'cuda' if cuda else 'release'})")
     if not data and not os.access(a.bench_mlp, os.X_OK):
-        ap.error(f"--bench-mlp: {a.bench_mlp} is not an executable (build it: launch/build.sh "
+        ap.error(f"--bench-mlp: {a.bench_mlp} is not an executable (build it: launch/scripts/build.sh "
                  f"{'cuda' if cuda else 'release'})")
     peers = []
     versions = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks launch/gpu_bundle.sh's archive: that it carries every library its programs load, except glibc,
+# Checks launch/scripts/gpu_bundle.sh's archive: that it carries every library its programs load, except glibc,
 # the driver and the CUDA toolkit's (which the GPU node has), and that it runs from where it unpacks.
 #
 #   tests/scripts/bundle_check.sh [ARCHIVE]        (default: build/amp_gpu_bundle.tar.xz)
@@ -22,7 +22,7 @@ top=$PWD
 inside=0
 [[ ${1:-} == --inside ]] && { inside=1; shift; }
 archive=$(realpath -m "${1:-build/amp_gpu_bundle.tar.xz}")
-[[ -f $archive ]] || { echo "bundle_check: no $archive (make it: launch/gpu_bundle.sh)" >&2; exit 2; }
+[[ -f $archive ]] || { echo "bundle_check: no $archive (make it: launch/scripts/gpu_bundle.sh)" >&2; exit 2; }
 say() { echo "bundle_check: $*"; }
 fail() { echo "bundle_check: FAIL: $*" >&2; exit 1; }
 work=$(mktemp -d /tmp/bundle_check.XXXXXX)
@@ -31,9 +31,9 @@ tar -xf "$archive" -C "$work"
 root=$work/amp_gpu_bundle
 [[ -f $root/MANIFEST ]] || fail "$archive holds no amp_gpu_bundle/MANIFEST"
 # The libraries a GPU node has: glibc, the driver's, the CUDA toolkit's (the archive's own definition).
-node_libs_re=$(sed -n "s/^node_libs_re='\(.*\)'$/\1/p" "$root/launch/gpu_bundle.sh" 2>/dev/null || true)
-[[ -n $node_libs_re ]] || node_libs_re=$(sed -n "s/^node_libs_re='\(.*\)'$/\1/p" "$top/launch/gpu_bundle.sh")
-[[ -n $node_libs_re ]] || fail "cannot read node_libs_re from launch/gpu_bundle.sh"
+node_libs_re=$(sed -n "s/^node_libs_re='\(.*\)'$/\1/p" "$root/launch/scripts/gpu_bundle.sh" 2>/dev/null || true)
+[[ -n $node_libs_re ]] || node_libs_re=$(sed -n "s/^node_libs_re='\(.*\)'$/\1/p" "$top/launch/scripts/gpu_bundle.sh")
+[[ -n $node_libs_re ]] || fail "cannot read node_libs_re from launch/scripts/gpu_bundle.sh"
 
 # --- 1. every NEEDED of every ELF is in the archive or the node's
 elfs() { find "$1" -type f \( -path '*/libexec/*' -o -name '*.so*' \) | while read -r f; do
@@ -114,7 +114,7 @@ for t in "${cpu_tests[@]}"; do
 done
 run "$root/bin/test_cuda"; grep -m2 -E '^\[  (PASSED|SKIPPED) ' "$work/out.txt"
 set +e
-"$root/launch/gpu_check.sh" --bundle "$archive" --out "$work/gpu_check" >"$work/gc.txt" 2>&1
+"$root/launch/scripts/gpu_check.sh" --bundle "$archive" --out "$work/gpu_check" >"$work/gc.txt" 2>&1
 rc=$?
 set -e
 sed 's/^/  | /' "$work/gc.txt" | tail -n 8

@@ -5,13 +5,13 @@
 # last of two steps (the first also allocates the optimizer state):
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
-# It builds nothing (run launch/build.sh cuda-emu first) and asserts no time: it prints figures.
+# It builds nothing (run launch/scripts/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/cuda-emu}
 bin=$build/launch/amp_train
-[[ -x $bin ]] || { echo "gpu_cost_report: $bin not built (launch/build.sh cuda-emu)" >&2; exit 2; }
+[[ -x $bin ]] || { echo "gpu_cost_report: $bin not built (launch/scripts/build.sh cuda-emu)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "gpu_cost_report: python3 not found: no report" >&2; exit 0; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ $# -eq 0 ]] || { echo "usage: $0" >&2; exit 2; }
 ours=build/release/launch/amp_train
-[[ -x $ours ]] || { echo "simd_clones_match: build $ours first (launch/build.sh release)" >&2; exit 2; }
+[[ -x $ours ]] || { echo "simd_clones_match: build $ours first (launch/scripts/build.sh release)" >&2; exit 2; }
 cmake -S . -B build/noclones -DCMAKE_BUILD_TYPE=Release -DAMP_WITH_CUDA=OFF -DAMP_SIMD_CLONES=OFF >/dev/null
 cmake --build build/noclones --target amp_train -j "${AMP_BUILD_JOBS:-2}" >/dev/null
 base=build/noclones/launch/amp_train

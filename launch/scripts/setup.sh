@@ -12,8 +12,8 @@
 #   clang libclang-rt-14-dev  the safetensors fuzz target (libFuzzer; tests/scripts/fuzz_safetensors.sh).
 #   ccache              optional: CMake uses it when present, and rebuilds get much faster.
 #   bible-kjv           the main job's corpus: the King James Bible (public domain), 4.4 MB of English
-#                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/run_example.sh).
-#   --plot              installs only python3-matplotlib, for launch/plot_metrics.py (launch/run_example.sh
+#                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/scripts/run_example.sh).
+#   --plot              installs only python3-matplotlib, for launch/scripts/plot_metrics.py (launch/scripts/run_example.sh
 #                       draws its run with it): kept out of the list above, which the build, the tests and
 #                       CI install, so that nothing they check depends on it; optional (exit 0 without it).
 set -euo pipefail
@@ -21,15 +21,15 @@ plot=false
 case ${1:-} in
   --plot) plot=true ;;
   "") ;;
-  *) echo "usage: launch/setup.sh [--plot]" >&2; exit 2 ;;
+  *) echo "usage: launch/scripts/setup.sh [--plot]" >&2; exit 2 ;;
 esac
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
           clang libclang-rt-14-dev ccache bible-kjv)
 # What a package is for when it is not needed to build and test the project.
 declare -A optional=([clang]="the safetensors fuzz target" [libclang-rt-14-dev]="the safetensors fuzz target"
-                     [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/run_example.sh)"
-                     [python3-matplotlib]="drawing a metrics file (launch/plot_metrics.py)")
+                     [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/scripts/run_example.sh)"
+                     [python3-matplotlib]="drawing a metrics file (launch/scripts/plot_metrics.py)")
 $plot && packages=(python3-matplotlib)
 # Other distributions' names for the same thing, tried when a name does not exist there.
 declare -A alternative=([libclang-rt-14-dev]="libclang-rt-dev libclang-common-14-dev")

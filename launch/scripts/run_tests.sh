@@ -8,19 +8,19 @@
 # against `cmake --install` alone). Then the CPU's hot-loop clones against a baseline-only build (tests/scripts/simd_clones_match.sh:
 # training identical byte for byte), and the safetensors reader's fuzz target: its regression
 # corpus, and AMP_FUZZ_SECONDS (default 60) of fuzzing (tests/scripts/fuzz_safetensors.sh).
-# Where nvcc is installed, last: the GPU bundle for a node without our packages (launch/gpu_bundle.sh,
+# Where nvcc is installed, last: the GPU bundle for a node without our packages (launch/scripts/gpu_bundle.sh,
 # the cuda preset: its objects are release's, so ccache makes it a relink) and its check
 # (tests/scripts/bundle_check.sh: every library it loads is in it, and it runs unpacked).
 # With --asan: the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead (build/asan).
 # The emulated GPU has a sanitizer preset too (cuda-emu-asan; see docs/GPU.md, "The emulated GPU").
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 presets=(release cuda-emu)
 [[ ${1:-} == --asan ]] && presets=(asan)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for preset in "${presets[@]}"; do
   echo "== run_tests: preset $preset"
-  launch/build.sh "$preset"
+  launch/scripts/build.sh "$preset"
   ctest --preset "$preset" -j "${AMP_TEST_JOBS:-2}"
   # The GPU step's modeled H100 time from the emulated GPU's dry run: printed, never asserted.
   if [[ $preset == cuda-emu ]]; then tests/scripts/gpu_cost_report.sh build/cuda-emu; fi
@@ -32,7 +32,7 @@ if [[ ${1:-} != --asan ]]; then
   tests/scripts/fuzz_safetensors.sh "${AMP_FUZZ_SECONDS:-60}"
   if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
     echo "== run_tests: the GPU bundle"
-    launch/gpu_bundle.sh
+    launch/scripts/gpu_bundle.sh
     tests/scripts/bundle_check.sh
   fi
 fi

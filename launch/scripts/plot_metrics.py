@@ -11,8 +11,8 @@ Four panels, sharing the step axis:
 The title says how the run ended: its "end" record (steps, skipped steps, interrupted), a "failed"
 record (its error), or neither (the run was still going, or died).
 
-    python3 launch/plot_metrics.py run.jsonl                      # writes run.png beside it
-    python3 launch/plot_metrics.py build/example/metrics.jsonl --samples-per-step 32 --tokens-per-sample 64
+    python3 launch/scripts/plot_metrics.py run.jsonl                      # writes run.png beside it
+    python3 launch/scripts/plot_metrics.py build/example/metrics.jsonl --samples-per-step 32 --tokens-per-sample 64
 
 Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
 """
@@ -93,7 +93,7 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot_metrics: matplotlib is missing: install Debian's python3-matplotlib "
-                 "(apt-get install python3-matplotlib, or launch/setup.sh --plot)")
+                 "(apt-get install python3-matplotlib, or launch/scripts/setup.sh --plot)")
 
     try:
         steps, evals, ending = read_metrics(a.metrics)

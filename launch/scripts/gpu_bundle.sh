@@ -3,7 +3,7 @@
 # container): it needs there only an NVIDIA driver, the CUDA toolkit's libraries (cuBLAS; NCCL from the
 # toolkit or from PyTorch's nvidia-nccl package) and, for the PyTorch comparison, Python with PyTorch.
 #
-#   launch/gpu_bundle.sh [--no-build] [--out FILE]      (default FILE: build/amp_gpu_bundle.tar.xz)
+#   launch/scripts/gpu_bundle.sh [--no-build] [--out FILE]      (default FILE: build/amp_gpu_bundle.tar.xz)
 #
 # Builds the `cuda` preset (nvcc; sm_80 and sm_90, warnings are errors), then packs
 #   bin/       one wrapper per program: it sources env.sh, then runs the real one from libexec/
@@ -17,12 +17,12 @@
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
 #              and NCCL (found on the node: the loader's cache, CUDA_HOME, /usr/local/cuda, PyTorch's
 #              nvidia-* wheels)
-#   launch/gpu_check.sh, launch/bench/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
+#   launch/scripts/gpu_check.sh, launch/bench/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
 # and checks the size (at most AMP_BUNDLE_MAX_MIB, default 48). tests/scripts/bundle_check.sh checks
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
 # machine without any of this project's packages. Use on the node: see README, "On a GPU node".
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 top=$PWD
 build=build/cuda
 out=$top/build/amp_gpu_bundle.tar.xz
@@ -49,7 +49,7 @@ if ((do_build)); then
   command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
     { echo "gpu_bundle: nvcc not found: the archive is built where the CUDA toolkit is installed" >&2; exit 2; }
   [[ -d /usr/local/cuda/bin ]] && export PATH=$PATH:/usr/local/cuda/bin
-  launch/setup.sh
+  launch/scripts/setup.sh
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "${AMP_BUILD_JOBS:-2}" --target "${programs[@]}" "${gpu_tests[@]}" "${cpu_tests[@]}"
 fi
@@ -129,8 +129,8 @@ if [[ -n $pmix_share ]]; then
   cp -r "$pmix_share"/pmix/. "$root/share/pmix/" 2>/dev/null || true
   cp "$pmix_share"/pmix-mca-params.conf "$root/etc/" 2>/dev/null || true
 fi
-mkdir -p "$root/launch/bench"
-cp launch/gpu_check.sh launch/gpu_bundle.sh "$root/launch/"
+mkdir -p "$root/launch/bench" "$root/launch/scripts"
+cp launch/scripts/gpu_check.sh launch/scripts/gpu_bundle.sh "$root/launch/scripts/"
 cp launch/bench/bench_vs_pytorch.py "$root/launch/bench/"
 cp -r tests/data "$root/tests/"   # the test binaries' fixtures (AMP_TEST_DATA_DIR)
 

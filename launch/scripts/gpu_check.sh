@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The first thing to run on a machine with one or more GPUs. Two ways:
 #
-#   launch/gpu_check.sh --bundle ARCHIVE [--out DIR] [--ranks N]
-#       On a node where nothing can be installed or built: ARCHIVE is launch/gpu_bundle.sh's
+#   launch/scripts/gpu_check.sh --bundle ARCHIVE [--out DIR] [--ranks N]
+#       On a node where nothing can be installed or built: ARCHIVE is launch/scripts/gpu_bundle.sh's
 #       amp_gpu_bundle.tar.xz (or the directory it unpacks to). Needs there an NVIDIA driver, the CUDA
 #       toolkit's libraries (cuBLAS; NCCL from the toolkit or PyTorch's nvidia-nccl wheel) and, for
 #       the last stage, Python with PyTorch. The script is in the archive too:
-#       tar -xJf amp_gpu_bundle.tar.xz && amp_gpu_bundle/launch/gpu_check.sh --bundle amp_gpu_bundle
-#   launch/gpu_check.sh [--out DIR] [--ranks N]
-#       From source on a machine with apt: launch/setup.sh, then the `cuda` preset (warnings are
+#       tar -xJf amp_gpu_bundle.tar.xz && amp_gpu_bundle/launch/scripts/gpu_check.sh --bundle amp_gpu_bundle
+#   launch/scripts/gpu_check.sh [--out DIR] [--ranks N]
+#       From source on a machine with apt: launch/scripts/setup.sh, then the `cuda` preset (warnings are
 #       errors). Needs the driver, the CUDA toolkit 12 or newer (nvcc, cuBLAS) and NCCL.
 #
 # Stages, each under its own time limit (timeout), each logged to DIR/logs/STAGE.log; a failed stage
@@ -27,7 +27,7 @@
 # Exit: 0 all passed; 1 a stage failed; 2 a prerequisite is missing (no NVIDIA driver, no visible GPU,
 # nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
 bundle="" out="" ranks=""
 while (($#)); do
@@ -239,7 +239,7 @@ if [[ -n $driver_cuda && -n $build_cuda ]] && ((${driver_cuda%%.*} < ${build_cud
 fi
 
 if [[ -z $bundle ]]; then
-  stage setup 900 "$root/launch/setup.sh"
+  stage setup 900 "$root/launch/scripts/setup.sh"
   stage build 3600 bash -c "cd '$root' && cmake --preset cuda >/dev/null && cmake --build --preset cuda -j ${AMP_BUILD_JOBS:-$(nproc)}"
   if ! last_passed; then
     for s in env test_cuda test_nccl sanitize emu_train train bench; do skip "$s" "the build failed"; done
