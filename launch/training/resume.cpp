@@ -1,36 +1,17 @@
 // Checkpoints of a run: what a resume must match, restoring one, writing one (collective), and the
 // check that nothing non-finite is ever saved.
-#include "launch/training/trainer.h"
-
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <numeric>
-#include <thread>
-#include <limits>
-#include <stdexcept>
+#include <map>
+#include <string>
 
-#include "amp/autocast.h"
-#include "amp/clip_grad.h"
-#include "amp/overflow.h"
 #include "comm/coalesced.h"
-#include "comm/replica_check.h"
-#include "launch/training/interrupt.h"
-#include "jd/mtl_backward.h"
-#include "runtime/ops/autograd.h"
+#include "launch/training/figures.h"
+#include "launch/training/trainer.h"
 #include "runtime/kernels/backend.h"
-#include "runtime/core/fnv1a.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops/ops.h"
-#include "runtime/kernels/rng_math.h"
-#include "runtime/optim/adam.h"
-#include "runtime/optim/sgd.h"
-#include "runtime/core/safetensors.h"
-#include "launch/training/figures.h"
 
 namespace amp::launch {
 

@@ -1,37 +1,23 @@
 // One training step: autocast forward, scaled backward over micro-batches (or the multi-task
 // backward), the reduction, unscale, clipping, the optimizer's step and the scale update, and its
 // figures on their way to the host.
-#include "jd/jac.h"
-#include "launch/training/trainer.h"
-
-#include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <numeric>
-#include <thread>
 #include <limits>
-#include <stdexcept>
+#include <optional>
+#include <string>
+#include <vector>
 
-#include "amp/autocast.h"
 #include "amp/clip_grad.h"
 #include "amp/overflow.h"
 #include "comm/coalesced.h"
-#include "comm/replica_check.h"
-#include "launch/training/interrupt.h"
+#include "jd/jac.h"
 #include "jd/mtl_backward.h"
-#include "runtime/ops/autograd.h"
+#include "launch/training/interrupt.h"
+#include "launch/training/trainer.h"
 #include "runtime/kernels/backend.h"
-#include "runtime/core/fnv1a.h"
-#include "runtime/nn/state_dict.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
-#include "runtime/kernels/rng_math.h"
-#include "runtime/optim/adam.h"
-#include "runtime/optim/sgd.h"
-#include "runtime/core/safetensors.h"
 
 namespace amp::launch {
 

@@ -1,37 +1,27 @@
 // The trainer: its set-up (model, data, optimizer groups, scaler, resume) and the loop's cadence
 // (steps, evaluation, replica checks, checkpoints, progress, outputs). The step is step.cpp.
-#include "launch/training/trainer.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <numeric>
-#include <thread>
-#include <limits>
 #include <stdexcept>
 
-#include "amp/autocast.h"
-#include "amp/clip_grad.h"
-#include "amp/overflow.h"
 #include "comm/coalesced.h"
 #include "comm/replica_check.h"
+#include "launch/training/figures.h"
 #include "launch/training/interrupt.h"
-#include "jd/mtl_backward.h"
-#include "runtime/ops/autograd.h"
-#include "runtime/kernels/backend.h"
+#include "launch/training/trainer.h"
 #include "runtime/core/fnv1a.h"
+#include "runtime/core/safetensors.h"
 #include "runtime/nn/state_dict.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
-#include "runtime/kernels/rng_math.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
-#include "runtime/core/safetensors.h"
-#include "launch/training/figures.h"
 
 namespace amp::launch {
 
