@@ -30,7 +30,6 @@ struct HostReadback final : Readback {
 
 class HostMemory final : public DeviceMemory {
  public:
-  ~HostMemory() override { empty_cache(); }
 
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -130,8 +129,10 @@ std::array<DeviceMemory*, 2>& registry() {
 }  // namespace
 
 DeviceMemory& host_memory() {
-  static HostMemory m;
-  return m;
+  // Never destroyed: a tensor held by a static (a test's fixture cache, a user's global) is freed
+  // during exit, possibly after every function-local static of this library is gone.
+  static HostMemory* const m = new HostMemory;
+  return *m;
 }
 
 void register_memory(DeviceType t, DeviceMemory* m) { registry()[static_cast<size_t>(t)] = m; }

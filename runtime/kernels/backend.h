@@ -46,7 +46,7 @@ class Backend {
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
 
-  // --- transformer primitives (runtime/kernels/cpu/cpu_transformer.cpp, runtime/kernels/cuda/cuda_transformer.cu)
+  // --- transformer primitives (one file per family in runtime/kernels/cpu/ and runtime/kernels/cuda/)
   // out[n, :] = weight[idx[n], :]: weight [V, C], idx int64 [N], out [N, C]. An index outside
   // [0, V) throws on the CPU; on CUDA (which cannot throw without a host sync) its row becomes NaN.
   virtual void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) = 0;
