@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 preset=${1:-release}
-launch/scripts/setup.sh
+launch/setup.sh
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "${AMP_BUILD_JOBS:-2}"

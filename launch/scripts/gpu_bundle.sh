@@ -49,7 +49,7 @@ if ((do_build)); then
   command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
     { echo "gpu_bundle: nvcc not found: the archive is built where the CUDA toolkit is installed" >&2; exit 2; }
   [[ -d /usr/local/cuda/bin ]] && export PATH=$PATH:/usr/local/cuda/bin
-  launch/scripts/setup.sh
+  launch/setup.sh
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "${AMP_BUILD_JOBS:-2}" --target "${programs[@]}" "${gpu_tests[@]}" "${cpu_tests[@]}"
 fi

@@ -8,7 +8,7 @@
 #       the last stage, Python with PyTorch. The script is in the archive too:
 #       tar -xJf amp_gpu_bundle.tar.xz && amp_gpu_bundle/launch/scripts/gpu_check.sh --bundle amp_gpu_bundle
 #   launch/scripts/gpu_check.sh [--out DIR] [--ranks N]
-#       From source on a machine with apt: launch/scripts/setup.sh, then the `cuda` preset (warnings are
+#       From source on a machine with apt: launch/setup.sh, then the `cuda` preset (warnings are
 #       errors). Needs the driver, the CUDA toolkit 12 or newer (nvcc, cuBLAS) and NCCL.
 #
 # Stages, each under its own time limit (timeout), each logged to DIR/logs/STAGE.log; a failed stage
@@ -239,7 +239,7 @@ if [[ -n $driver_cuda && -n $build_cuda ]] && ((${driver_cuda%%.*} < ${build_cud
 fi
 
 if [[ -z $bundle ]]; then
-  stage setup 900 "$root/launch/scripts/setup.sh"
+  stage setup 900 "$root/launch/setup.sh"
   stage build 3600 bash -c "cd '$root' && cmake --preset cuda >/dev/null && cmake --build --preset cuda -j ${AMP_BUILD_JOBS:-$(nproc)}"
   if ! last_passed; then
     for s in env test_cuda test_nccl sanitize emu_train train bench; do skip "$s" "the build failed"; done

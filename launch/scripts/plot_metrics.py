@@ -93,7 +93,7 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot_metrics: matplotlib is missing: install Debian's python3-matplotlib "
-                 "(apt-get install python3-matplotlib, or launch/scripts/setup.sh --plot)")
+                 "(apt-get install python3-matplotlib, or launch/setup.sh --plot)")
 
     try:
         steps, evals, ending = read_metrics(a.metrics)

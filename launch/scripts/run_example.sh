@@ -6,7 +6,7 @@
 #   build/example/metrics.jsonl    per-step metrics and the validation losses
 #   build/example/checkpoints/     a checkpoint every 1000 steps and at the end
 #   build/example/metrics.png      the run drawn by launch/scripts/plot_metrics.py, where python3 has matplotlib
-#                                  (installed by `launch/scripts/setup.sh --plot`, which the tests never need)
+#                                  (installed by `launch/setup.sh --plot`, which the tests never need)
 # Extra arguments go to amp_train: `launch/scripts/run_example.sh --resume` continues a run that was stopped
 # (without it, the example starts afresh and replaces its own checkpoints).
 set -euo pipefail
@@ -33,7 +33,7 @@ echo "metrics: $out/metrics.jsonl   checkpoints: $out/checkpoints"
 # Debian's python3-matplotlib is for /usr/bin/python3, which may not be the python3 on the PATH.
 plot_python() { for py in python3 /usr/bin/python3; do
   command -v "$py" >/dev/null && "$py" -c "import matplotlib" 2>/dev/null && { echo "$py"; return 0; }; done; return 1; }
-if py=$(plot_python) || { command -v apt-get >/dev/null && launch/scripts/setup.sh --plot && py=$(plot_python); }; then
+if py=$(plot_python) || { command -v apt-get >/dev/null && launch/setup.sh --plot && py=$(plot_python); }; then
   "$py" launch/scripts/plot_metrics.py "$out/metrics.jsonl" --out "$out/metrics.png" --samples-per-step 32 \
     --tokens-per-sample 64 || echo "run_example: could not draw $out/metrics.jsonl" >&2
 else

@@ -5,7 +5,8 @@
 # status is 1 only when one of them is needed to build (the fuzz target, ccache and the corpus are not).
 # Everything the build, the tests and the main job read comes from this one list; check it with
 # the CI host's fresh-machine tools, outside this repository (docs/BUILD.md): ../shared/tools/fresh-machine-diff
-# (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root).
+# (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root). Those tools read this file's packages=(...)
+# list at this path, so it stays in launch/ rather than launch/scripts/ with the other scripts.
 #   ocl-icd-opencl-dev  Debian's oneDNN is built with its OpenCL GPU runtime, so dnnl-config.cmake
 #                       calls find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
 #   libboost-context-dev libboost-fiber-dev  the emulated GPU's block threads (preset cuda-emu).
@@ -21,7 +22,7 @@ plot=false
 case ${1:-} in
   --plot) plot=true ;;
   "") ;;
-  *) echo "usage: launch/scripts/setup.sh [--plot]" >&2; exit 2 ;;
+  *) echo "usage: launch/setup.sh [--plot]" >&2; exit 2 ;;
 esac
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
