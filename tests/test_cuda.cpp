@@ -837,6 +837,57 @@ TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
   b.deallocate(whole, size_t{20} << 20);
 }
 
+// A graph-private pool: what a capture allocates comes from the blocks eager steps left in the cache
+// (no cudaMalloc), returns to the pool when freed, and is not handed to eager work while the graph
+// lives, since every replay writes it again; once the graph is gone the blocks serve eager work.
+TEST_F(CudaVsCpu, AllocationsDuringACaptureStayInTheGraphsPrivatePool) {
+  Backend& b = gpu();
+  b.synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  const size_t small = 4096, large = size_t{6} << 20;
+  // Warm-up: an eager step's blocks go back to the global cache.
+  b.deallocate(b.allocate(small), small);
+  b.deallocate(b.allocate(large), large);
+  const size_t reserved = alloc.reserved_bytes();
+  const cudaStream_t stream = cuda::context().stream();
+  const int pool = alloc.create_pool();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  alloc.use_pool(pool);
+  void* s1 = b.allocate(small);
+  void* l1 = b.allocate(large);
+  b.deallocate(s1, small);  // freed during the capture: back to the pool
+  b.deallocate(l1, large);
+  void* s2 = b.allocate(small);  // the pool serves the capture again
+  EXPECT_EQ(s2, s1);
+  b.deallocate(s2, small);
+  alloc.use_pool(0);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the capture was invalidated";
+  EXPECT_EQ(alloc.reserved_bytes(), reserved) << "the capture called cudaMalloc instead of taking warm blocks";
+  EXPECT_EQ(alloc.pool_bytes(pool), small + large);
+  // Eager work gets other memory while the graph lives.
+  void* e1 = b.allocate(small);
+  void* e2 = b.allocate(large);
+  EXPECT_NE(e1, s1);
+  EXPECT_NE(e2, l1);
+  b.deallocate(e1, small);
+  b.deallocate(e2, large);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  alloc.release_pool(pool);
+  EXPECT_EQ(alloc.pool_bytes(pool), 0u);
+  // A miss during a capture (nothing cached of that size) allocates without invalidating it.
+  const int pool2 = alloc.create_pool();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  alloc.use_pool(pool2);
+  void* fresh = b.allocate(size_t{40} << 20);
+  alloc.use_pool(0);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "cudaMalloc invalidated the capture";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  b.deallocate(fresh, size_t{40} << 20);
+  alloc.release_pool(pool2);
+  alloc.empty_cache();  // the next tests start from an empty cache, as they would alone
+}
+
 // On the emulated GPU a recycled block comes back as NaN bytes, so a kernel that skips part of its
 // output cannot hide behind the values a previous tensor left there.
 TEST_F(CudaVsCpu, RecycledBlocksArePoisonedOnTheEmulatedGpu) {
