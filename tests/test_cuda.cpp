@@ -27,6 +27,7 @@
 #include "runtime/ops.h"
 #include "runtime/cuda/broadcast_index.h"
 #include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/cuda_graph.h"
 #include "runtime/cuda/device_elem.cuh"
 #include "runtime/cuda/gemm_layout.h"
 #include "runtime/cuda/multi_tensor_plan.h"
@@ -886,6 +887,41 @@ TEST_F(CudaVsCpu, AllocationsDuringACaptureStayInTheGraphsPrivatePool) {
   b.deallocate(fresh, size_t{40} << 20);
   alloc.release_pool(pool2);
   alloc.empty_cache();  // the next tests start from an empty cache, as they would alone
+}
+
+// A sequence of ops captured once (after an eager warm-up) replays as its eager runs do, bit for bit;
+// a replay is one graph launch with no kernel launched on its own, no host synchronisation and no
+// allocation. A read-back inside the work is refused, and the stream works afterwards.
+TEST_F(CudaVsCpu, ACapturedSequenceOfOpsReplaysAsItsEagerRuns) {
+  const Tensor x = random_cpu({33, 17}, DType::f32, 3).to(kGPU), w0 = random_cpu({17, 9}, DType::f32, 4);
+  const auto step = [&x](Tensor& w) {
+    const Tensor y = relu(matmul(x, w));
+    add_(w, mul(mm(x, y, true, false), -1e-3));
+  };
+  const int replays = 5;
+  Tensor eager = w0.to(kGPU).clone(), graphed = w0.to(kGPU).clone();
+  for (int i = 0; i < 1 + replays; ++i) step(eager);
+  step(graphed);  // the warm-up
+  cuda::CudaGraph graph([&] { step(graphed); });
+  gpu().synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  const size_t reserved = alloc.reserved_bytes(), current = alloc.current_bytes();
+  const std::optional<DeviceCounters> before = emulated_device_counters();
+  for (int i = 0; i < replays; ++i) graph.replay();
+  const std::optional<DeviceCounters> after = emulated_device_counters();
+  EXPECT_EQ(alloc.reserved_bytes(), reserved);
+  EXPECT_EQ(alloc.current_bytes(), current);
+  if (before) {
+    const DeviceCounters d = *after - *before;
+    EXPECT_EQ(d.graph_launches, replays);
+    EXPECT_GT(d.graph_ops, 0);
+    EXPECT_EQ(d.launches, 0);
+    EXPECT_EQ(d.host_syncs, 0);
+  }
+  EXPECT_TRUE(matches(graphed, eager.to(kCPU), 0));
+  EXPECT_THROW(cuda::CudaGraph([&] { (void)sum(graphed).item(); }), std::runtime_error);
+  step(eager);
+  EXPECT_TRUE(std::isfinite(sum(eager).item()));
 }
 
 // On the emulated GPU a recycled block comes back as NaN bytes, so a kernel that skips part of its
