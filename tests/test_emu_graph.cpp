@@ -158,6 +158,28 @@ TEST_F(EmuGraph, AMissingEventInsideAGraphChangesTheResult) {
   }
 }
 
+// A graph keeps the addresses it was captured with: memory freed after the capture and replayed into
+// is a device fault naming the kernel (what the caching allocator's private pools prevent).
+TEST_F(EmuGraph, AReplayIntoFreedMemoryIsAFault) {
+  device(1, 0.0f);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 4 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(a_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  AMP_LAUNCH(1, 4, 0, a_, affine)(static_cast<float*>(p), 4, 2.0f, 1.0f);
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(a_, &g), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, a_), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(a_), cudaErrorIllegalAddress);
+  EXPECT_NE(emu::last_fault().find("kernel affine"), std::string::npos) << emu::last_fault();
+  emu::clear_fault_for_testing();
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
 // Without the join, b's work is left outside the origin stream: the capture cannot end.
 TEST_F(EmuGraph, ForkedWorkThatIsNotJoinedBackIsAnError) {
   float* x = device(4, 1.0f);
