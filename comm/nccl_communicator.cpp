@@ -333,7 +333,11 @@ std::shared_ptr<cuda::Event> enqueue(NcclCommunicator::State& s, const std::stri
   launch(comm);
   auto done = std::make_shared<cuda::Event>();
   done->record(comm);
-  s.in_flight.push_back(InFlight{done, Clock::now(), timeout_s, op, context});
+  // Captured into a graph, the event is a node that cannot be queried: the graph's launches are
+  // watched instead (watch_graph_launch).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  AMP_CUDA_CHECK(cudaStreamIsCapturing(compute, &capture));
+  if (capture == cudaStreamCaptureStatusNone) s.in_flight.push_back(InFlight{done, Clock::now(), timeout_s, op, context});
   return done;
 }
 
@@ -425,6 +429,15 @@ void NcclCommunicator::barrier() {
 }
 
 #undef AMP_NCCL_CALL
+
+void NcclCommunicator::watch_graph_launch(const std::string& what) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.throw_if_failed_locked();
+  auto done = std::make_shared<cuda::Event>();
+  done->record(cuda::context().stream());
+  s.in_flight.push_back(InFlight{done, Clock::now(), timeout(), what, context()});
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int local_rank) {
   return std::make_unique<NcclCommunicator>(comm, local_rank);

@@ -11,6 +11,10 @@
 //   the context ("step 12"), and the next call into this communicator (or into its Work) throws
 //   CommError with that message. If the program never calls in again, the watchdog ends the process
 //   with a non-zero status after a grace period, so that mpirun tears the job down: no rank hangs.
+// - Inside a CUDA graph capture of the compute stream, the collectives are recorded into the graph
+//   (the communication stream joins the capture through the events); their events stand for graph
+//   nodes, which no one may query, so the watchdog does not watch them: watch_graph_launch() hands it
+//   each launch of the graph instead.
 #pragma once
 #include <mpi.h>
 
@@ -43,6 +47,9 @@ class NcclCommunicator final : public Communicator {
   Tensor all_gather(const Tensor& t) override;
   // Waits on the host (at most timeout()) until every rank has arrived.
   void barrier() override;
+  // A launch of a CUDA graph that holds collectives of this communicator, just issued on the compute
+  // stream: the watchdog bounds it by timeout() as it does a collective, and names it `what`.
+  void watch_graph_launch(const std::string& what);
 
   struct State;  // NCCL handles, streams and the watchdog; shared with the Work objects
 

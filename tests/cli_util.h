@@ -33,8 +33,13 @@ struct RunResult {
 
 // Runs amp_train in a clean environment, so that nothing of the caller's (mpirun's variables when
 // CTest runs under a launcher, OpenMP settings) changes what the child does.
+// Under mpirun a rank left waiting (a missing event wait, a peer that failed) fails in seconds: the
+// communication timeout is 20 s unless args set one.
 inline RunResult run(const std::string& args, const std::string& prefix = "") {
-  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args + " 2>&1";
+  const bool short_timeout =
+      prefix.find("mpirun") != std::string::npos && args.find("--comm-timeout") == std::string::npos;
+  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args +
+                          (short_timeout ? " --comm-timeout 20" : "") + " 2>&1";
   int status = 0;
   std::string out = capture(cmd, &status);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};

@@ -27,6 +27,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/kernels/cuda/broadcast_index.h"
 #include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/gemm_layout.h"
 #include "runtime/kernels/cuda/multi_tensor_plan.h"
@@ -836,6 +837,92 @@ TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
   void* whole = b.allocate(size_t{20} << 20);
   EXPECT_LE(alloc.reserved_bytes() - base, size_t{20} << 20) << "the pieces did not merge back";
   b.deallocate(whole, size_t{20} << 20);
+}
+
+// A graph-private pool: what a capture allocates comes from the blocks eager steps left in the cache
+// (no cudaMalloc), returns to the pool when freed, and is not handed to eager work while the graph
+// lives, since every replay writes it again; once the graph is gone the blocks serve eager work.
+TEST_F(CudaVsCpu, AllocationsDuringACaptureStayInTheGraphsPrivatePool) {
+  DeviceMemory& b = gpu_memory();
+  b.synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  const size_t small = 4096, large = size_t{6} << 20;
+  // Warm-up: an eager step's blocks go back to the global cache.
+  b.deallocate(b.allocate(small), small);
+  b.deallocate(b.allocate(large), large);
+  const size_t reserved = alloc.reserved_bytes();
+  const cudaStream_t stream = cuda::context().stream();
+  const int pool = alloc.create_pool();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  alloc.use_pool(pool);
+  void* s1 = b.allocate(small);
+  void* l1 = b.allocate(large);
+  b.deallocate(s1, small);  // freed during the capture: back to the pool
+  b.deallocate(l1, large);
+  void* s2 = b.allocate(small);  // the pool serves the capture again
+  EXPECT_EQ(s2, s1);
+  b.deallocate(s2, small);
+  alloc.use_pool(0);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the capture was invalidated";
+  EXPECT_EQ(alloc.reserved_bytes(), reserved) << "the capture called cudaMalloc instead of taking warm blocks";
+  EXPECT_EQ(alloc.pool_bytes(pool), small + large);
+  // Eager work gets other memory while the graph lives.
+  void* e1 = b.allocate(small);
+  void* e2 = b.allocate(large);
+  EXPECT_NE(e1, s1);
+  EXPECT_NE(e2, l1);
+  b.deallocate(e1, small);
+  b.deallocate(e2, large);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  alloc.release_pool(pool);
+  EXPECT_EQ(alloc.pool_bytes(pool), 0u);
+  // A miss during a capture (nothing cached of that size) allocates without invalidating it.
+  const int pool2 = alloc.create_pool();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  alloc.use_pool(pool2);
+  void* fresh = b.allocate(size_t{40} << 20);
+  alloc.use_pool(0);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "cudaMalloc invalidated the capture";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  b.deallocate(fresh, size_t{40} << 20);
+  alloc.release_pool(pool2);
+  alloc.empty_cache();  // the next tests start from an empty cache, as they would alone
+}
+
+// A sequence of ops captured once (after an eager warm-up) replays as its eager runs do, bit for bit;
+// a replay is one graph launch with no kernel launched on its own, no host synchronisation and no
+// allocation. A read-back inside the work is refused, and the stream works afterwards.
+TEST_F(CudaVsCpu, ACapturedSequenceOfOpsReplaysAsItsEagerRuns) {
+  const Tensor x = random_cpu({33, 17}, DType::f32, 3).to(kGPU), w0 = random_cpu({17, 9}, DType::f32, 4);
+  const auto step = [&x](Tensor& w) {
+    const Tensor y = relu(matmul(x, w));
+    add_(w, mul(mm(x, y, true, false), -1e-3));
+  };
+  const int replays = 5;
+  Tensor eager = w0.to(kGPU).clone(), graphed = w0.to(kGPU).clone();
+  for (int i = 0; i < 1 + replays; ++i) step(eager);
+  step(graphed);  // the warm-up
+  cuda::CudaGraph graph([&] { step(graphed); });
+  gpu_memory().synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  const size_t reserved = alloc.reserved_bytes(), current = alloc.current_bytes();
+  const std::optional<DeviceCounters> before = emulated_device_counters();
+  for (int i = 0; i < replays; ++i) graph.replay();
+  const std::optional<DeviceCounters> after = emulated_device_counters();
+  EXPECT_EQ(alloc.reserved_bytes(), reserved);
+  EXPECT_EQ(alloc.current_bytes(), current);
+  if (before) {
+    const DeviceCounters d = *after - *before;
+    EXPECT_EQ(d.graph_launches, replays);
+    EXPECT_GT(d.graph_ops, 0);
+    EXPECT_EQ(d.launches, 0);
+    EXPECT_EQ(d.host_syncs, 0);
+  }
+  EXPECT_TRUE(matches(graphed, eager.to(kCPU), 0));
+  EXPECT_THROW(cuda::CudaGraph([&] { (void)sum(graphed).item(); }), std::runtime_error);
+  step(eager);
+  EXPECT_TRUE(std::isfinite(sum(eager).item()));
 }
 
 // On the emulated GPU a recycled block comes back as NaN bytes, so a kernel that skips part of its

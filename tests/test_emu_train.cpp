@@ -67,16 +67,22 @@ struct Run {
   std::map<std::string, Tensor> weights;
 };
 
+// A rank left waiting (a missing event wait, a peer that failed) fails the test in seconds instead of
+// waiting out the default 300 s for each of the suite's runs.
+const char* const kCommTimeout = "20";
+
 Run train(const std::string& device, const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("amp_emu_train_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string metrics = (dir / (device + ".jsonl")).string();
   const std::string weights = (dir / (device + ".safetensors")).string();
   const std::string cmd =
-      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "${CUDA_VISIBLE_DEVICES+CUDA_VISIBLE_DEVICES=\"$CUDA_VISIBLE_DEVICES\"} "
-      "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np " + std::to_string(ranks()) + " --oversubscribe " +
-      amp_train_bin() + " --device " + device + " --threads 1 --log-every 0 --log-grad-norm --metrics " + metrics +
+      "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np " +
+      std::to_string(ranks()) + " --oversubscribe " + amp_train_bin() + " --device " + device +
+      " --threads 1 --log-every 0 --log-grad-norm --comm-timeout " + kCommTimeout + " --metrics " + metrics +
       " --save-weights " + weights + " " + args + " 2>&1";
   Run r;
   int status = 0;

@@ -18,6 +18,7 @@
 #include "comm/nccl_communicator.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/kernels/cuda/cuda_graph.h"
 
 namespace amp {
 namespace {
@@ -118,6 +119,36 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
     expect_same_on_every_rank(*comm_, params[1], "parameters");
     expect_same_on_every_rank(*comm_, scaler, "scaler state");
   }
+}
+
+// A captured data-parallel step (a kernel, an all-reduce through the communicator, a kernel) replays
+// on every rank as its eager runs do. The captured collective's event is a graph node that cannot be
+// queried: the watchdog must not take it for a fault, and the communicator works on afterwards.
+TEST_F(NcclTest, ACapturedAllReduceReplaysAsItsEagerRuns) {
+  Backend& gpu = backend_for(kGPU);
+  const auto step = [&](Tensor& t) {
+    gpu.unary(UnaryOp::mul_scalar, t, t, 0.75);
+    comm_->all_reduce_async(t, comm::ReduceOp::sum)->wait();
+    gpu.unary(UnaryOp::mul_scalar, t, t, 0.5);
+  };
+  const double first = comm_->rank() + 1;
+  Tensor eager = full({1000}, first, DType::f32, kGPU), graphed = full({1000}, first, DType::f32, kGPU);
+  const int replays = 4;
+  for (int i = 0; i < 1 + replays; ++i) step(eager);
+  step(graphed);  // the warm-up (NCCL connects on its first collective)
+  {
+    cuda::CudaGraph graph([&] { step(graphed); });
+    for (int i = 0; i < replays; ++i) {
+      graph.replay();
+      comm_->watch_graph_launch("replay " + std::to_string(i));
+    }
+    memory_for(kGPU).synchronize();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a few of the watchdog's polls
+  EXPECT_EQ(graphed.to_vector(), eager.to_vector());
+  Tensor after = full({4}, 1.0, DType::f32, kGPU);
+  EXPECT_NO_THROW(comm_->all_reduce(after, comm::ReduceOp::sum));
+  EXPECT_EQ(after.to_vector()[0], comm_->size());
 }
 
 TEST_F(NcclTest, AllReduceIsOrderedAgainstTheComputeStream) {

@@ -291,7 +291,7 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
   }
   if (dry_run()) {  // recorded, not run (emu.h)
     if (enqueue(handle->stream, Op{name, [] { return true; }}) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-    count_launch();
+    count_launch(handle->stream);
     return CUBLAS_STATUS_SUCCESS;
   }
   std::vector<Gemm> gemms;
@@ -307,7 +307,7 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
                 return true;
               }}) != cudaSuccess)
     return CUBLAS_STATUS_EXECUTION_FAILED;
-  count_launch();
+  count_launch(handle->stream);
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -1,8 +1,9 @@
 // The emulated GPU's CUDA runtime API: the subset the project calls, with the real semantics that
 // matter to it (asynchronous streams and events, per-thread last-error slots that failing calls
 // and a NotReady query set, sticky device faults, pageable device-to-host copies that make the host
-// wait). Device memory comes from the host heap, so AddressSanitizer sees overruns; new and freed
-// device memory is filled with 0xff bytes (NaN in every float type).
+// wait; stream capture into graphs and their replay, graph.cpp). Device memory comes from the host
+// heap, so AddressSanitizer sees overruns; new and freed device memory is filled with 0xff bytes (NaN
+// in every float type).
 #pragma once
 #include <cstddef>
 
@@ -53,3 +54,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+
+// Stream capture and graphs (graph.cpp), as CUDA 12/13 define them.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);

@@ -48,8 +48,9 @@ bool is_pinned_range(const void* p, size_t bytes);
 void* reserve_device_memory(size_t bytes);
 void release_device_memory(void* p, size_t bytes);
 
-// Counters (see emu.h): launched kernels, host synchronisations, device-to-host copies.
-void count_launch();
+// Counters (see emu.h): launched kernels (not those captured on s), host synchronisations,
+// device-to-host copies.
+void count_launch(cudaStream_t s);
 void count_d2h();
 
 // The seeded generator of the emulator (AMP_EMU_SEED, default 1), for anything that must vary.

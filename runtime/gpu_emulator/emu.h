@@ -28,6 +28,8 @@ struct Counters {
   int64_t launches = 0;    // kernels launched (cuBLAS GEMMs and NCCL collectives count one each)
   int64_t host_syncs = 0;  // calls that made a host thread wait for device work
   int64_t d2h_copies = 0;  // device-to-host copies
+  int64_t graph_launches = 0;  // cudaGraphLaunch calls (the kernels they run are not in `launches`)
+  int64_t graph_ops = 0;       // the operations those graphs ran: kernels, GEMMs, copies, collectives
 };
 Counters counters();
 

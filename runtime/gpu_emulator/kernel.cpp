@@ -318,7 +318,7 @@ void launch_erased(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, con
     set_last_error(s);
     return;
   }
-  count_launch();
+  count_launch(stream);
   std::string kernel = name;
   const DeclaredCost cost = take_declared_cost();
   if (launch_log_on()) {

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "capture.h"
 #include "device.h"
 #include "emu.h"
 #include "launch_log.h"
@@ -339,6 +340,25 @@ thread_local std::vector<Pending> t_grouped;
 // Enqueues one collective on its stream; its index fixes its place in the communicator's order.
 ncclResult_t launch(Pending p) {
   ncclComm& c = *p.coll.comm;
+  if (capturing(p.stream)) {
+    // Recorded into the graph, as NCCL records its kernels: each replay numbers a fresh copy of the
+    // collective in the communicator's order when the graph is launched.
+    const Coll proto = p.coll;
+    const char* name = p.name;
+    const auto make = [proto, name] {
+      auto state = std::make_shared<Coll>(proto);
+      ncclComm& comm = *state->comm;
+      std::lock_guard<std::mutex> lock(comm.mutex);
+      state->index = comm.issued++;
+      comm.unfinished.fetch_add(1);
+      state->launched = true;
+      return Op{name, [state] { return state->step(); }};
+    };
+    const auto r = capture_enqueue(p.stream, p.name, make);
+    if (r && *r != cudaSuccess)
+      return fail(ncclUnhandledCudaError, std::string(p.name) + ": capture failed: " + cudaGetErrorString(*r));
+    return ncclSuccess;
+  }
   std::lock_guard<std::mutex> lock(c.mutex);
   p.coll.index = c.issued;
   auto state = std::make_shared<Coll>(std::move(p.coll));
@@ -350,7 +370,7 @@ ncclResult_t launch(Pending p) {
   }
   state->launched = true;  // before `state` is released below: the last owner's ~Coll sees it
   ++c.issued;
-  count_launch();
+  count_launch(p.stream);
   if (launch_log_on()) {
     const Desc& d = state->desc;
     static const char* const ops[] = {"sum", "prod", "max", "min", "avg"};

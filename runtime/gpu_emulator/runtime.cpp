@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "capture.h"
 #include "device.h"
 #include "emu.h"
 #include "launch_log.h"
@@ -219,7 +220,7 @@ bool in_map(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes)
   return a >= it->first && a + bytes <= it->first + it->second && a + bytes >= a;
 }
 
-std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0};
+std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0}, g_graph_launches{0}, g_graph_ops{0};
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
 
@@ -236,7 +237,19 @@ cudaError_t result(cudaError_t err) {
 
 }  // namespace
 
-cudaError_t enqueue(cudaStream_t s, Op op) { return engine().enqueue(s, std::move(op)); }
+cudaError_t enqueue(cudaStream_t s, Op op) {
+  if (capture_on())  // a capture records the work (graph.cpp)
+    if (const auto captured = capture_enqueue(s, op.name, [op] { return op; })) return *captured;
+  return engine().enqueue(s, std::move(op));
+}
+
+std::optional<bool> stream_is_blocking(cudaStream_t s) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  const Stream* st = e.find(s);
+  if (st == nullptr) return std::nullopt;
+  return st->blocking;
+}
 
 cudaError_t host_wait(const char*, const std::function<bool()>& pred) {
   Engine& e = engine();
@@ -275,7 +288,13 @@ bool is_pinned_range(const void* p, size_t bytes) {
   return in_map(mem.pinned, p, bytes);
 }
 
-void count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+void count_launch(cudaStream_t s) {
+  if (!capturing(s)) g_launches.fetch_add(1, std::memory_order_relaxed);  // captured: launched with its graph
+}
+void count_graph_launch(int64_t ops) {
+  g_graph_launches.fetch_add(1, std::memory_order_relaxed);
+  g_graph_ops.fetch_add(ops, std::memory_order_relaxed);
+}
 void count_d2h() { g_d2h.fetch_add(1, std::memory_order_relaxed); }
 
 uint64_t random_u64() {
@@ -290,7 +309,7 @@ cudaError_t set_last_error(cudaError_t err) {
 }
 
 Counters counters() {
-  return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load()};
+  return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load(), g_graph_launches.load(), g_graph_ops.load()};
 }
 
 std::string last_fault() {
@@ -368,6 +387,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t err = capture_check_device_sync(); err != cudaSuccess) return result(err);
   Engine& e = engine();
   return result(host_wait("cudaDeviceSynchronize", [&] { return e.all_idle(); }));
 }
@@ -397,10 +417,20 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorUnknown: return "cudaErrorUnknown";
   }
   return "cudaErrorUnknown";
@@ -419,10 +449,22 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorUnknown: return "unknown error";
   }
   return "unknown error";
@@ -433,6 +475,7 @@ const char* cudaGetErrorString(cudaError_t err) {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   *p = nullptr;
+  if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return result(err);
   if (bytes == 0) return result(cudaSuccess);
   Memory& mem = memory();
   const size_t rounded = (bytes + 255) / 256 * 256;
@@ -456,6 +499,7 @@ namespace {
 // calls synchronise the device, as the real ones do), poisoned first, then given back to the heap.
 cudaError_t free_after_device(std::map<uintptr_t, size_t> Memory::*map, void* p, const char* what, bool device) {
   if (p == nullptr) return result(cudaSuccess);
+  if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return result(err);
   Memory& mem = memory();
   {
     std::lock_guard<std::mutex> lock(mem.m);
@@ -484,6 +528,7 @@ cudaError_t cudaFree(void* p) { return free_after_device(&Memory::device, p, "cu
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
+  if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return result(err);
   void* q = std::malloc(bytes > 0 ? bytes : 1);
   if (q == nullptr) return result(cudaErrorMemoryAllocation);
   Memory& mem = memory();
@@ -536,8 +581,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     // Nothing moves; what the host reads back is zeros (emu.h), there from the call on.
     if (kind == cudaMemcpyDeviceToHost) std::memset(dst, 0, bytes);
     op.step = [] { return true; };
-  } else if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes)) {
-    // From pageable memory the source is staged before the call returns.
+  } else if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes) && !capturing(stream)) {
+    // From pageable memory the source is staged before the call returns (a captured copy reads the
+    // host memory when the graph runs, as a graph's copy node does).
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                 static_cast<const unsigned char*>(src) + bytes);
     op.step = [dst, staged] {
@@ -552,7 +598,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   // Into pinned memory, the old contents are gone at once: a host read before the copy's event
   // sees NaN bytes, not a plausible stale value.
-  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes) && !dry_run()) std::memset(dst, 0xff, bytes);
+  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes) && !dry_run() && !capturing(stream))
+    std::memset(dst, 0xff, bytes);
   if (kind == cudaMemcpyDeviceToHost) count_d2h();
   if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) return result(err);
   if (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes))
@@ -561,6 +608,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (const cudaError_t unsafe = capture_check_unsafe(); unsafe != cudaSuccess) return result(unsafe);
   const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   if (err != cudaSuccess) return err;
   return cudaStreamSynchronize(nullptr);
@@ -578,6 +626,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (const cudaError_t unsafe = capture_check_unsafe(); unsafe != cudaSuccess) return result(unsafe);
   const cudaError_t err = cudaMemsetAsync(p, value, bytes, nullptr);
   if (err != cudaSuccess) return err;
   return cudaStreamSynchronize(nullptr);
@@ -614,6 +663,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (const cudaError_t err = capture_check_stream_sync(s); err != cudaSuccess) return result(err);
   Engine& e = engine();
   Stream* st;
   {
@@ -625,6 +675,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (const cudaError_t err = capture_check_stream_sync(s); err != cudaSuccess) return set_last_error(err);
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.m);
   Stream* st = e.find(s);
@@ -677,6 +728,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   Engine& e = engine();
   const auto latest = latest_record(ev);
   if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (const auto captured = capture_event_record(ev, s)) return result(*captured);  // a capture's join point
   Event* event = latest->event;
   const uint64_t target = latest->record + 1;
   const cudaError_t err = enqueue(s, Op{"cudaEventRecord", [&e, event, target] {
@@ -691,6 +743,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  if (const cudaError_t err = capture_check_event_use(ev); err != cudaSuccess) return set_last_error(err);
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.m);
   Event* event = live_event(ev);
@@ -703,6 +756,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   const auto latest = latest_record(ev);
   if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t err = capture_check_event_use(ev); err != cudaSuccess) return set_last_error(err);
   Event* event = latest->event;
   const uint64_t target = latest->record;
   // Counted even when the event is already complete: on a real device the call is a sync point.
@@ -713,6 +767,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
   Engine& e = engine();
   const auto latest = latest_record(ev);  // the most recent record at the call; 0: nothing to wait for
   if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (const auto captured = capture_stream_wait(s, ev, latest->record > 0)) return result(*captured);
   Event* event = latest->event;
   const uint64_t target = latest->record;
   return result(enqueue(s, Op{"cudaStreamWaitEvent", [&e, event, target] {

@@ -16,14 +16,25 @@ size_t CachingAllocator::round_size(size_t bytes) {
 CachingAllocator::~CachingAllocator() {
   // The memory itself is the driver's to reclaim at exit (the context is never destroyed); only the
   // bookkeeping goes.
-  for (Block* b : large_free_) delete b;
+  for (auto& [id, pool] : pools_)
+    for (Block* b : pool.large_free) delete b;
   for (auto& [p, b] : large_live_) delete b;
 }
 
 void* CachingAllocator::malloc_locked(size_t rounded) {
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, rounded);
-  if (err == cudaErrorMemoryAllocation) {
+  cudaError_t err;
+  if (active_pool_ != 0) {
+    // A private pool is in use during a capture: the relaxed mode allows cudaMalloc there, and
+    // nothing is released to retry (cudaFree synchronises, which a capture forbids).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    AMP_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    err = cudaMalloc(&p, rounded);
+    AMP_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  } else {
+    err = cudaMalloc(&p, rounded);
+  }
+  if (err == cudaErrorMemoryAllocation && active_pool_ == 0) {
     (void)cudaGetLastError();  // out of memory is not sticky, but clear it before retrying
     release_free_segments_locked();
     err = cudaMalloc(&p, rounded);
@@ -41,21 +52,25 @@ void* CachingAllocator::malloc_locked(size_t rounded) {
 
 void* CachingAllocator::allocate_large_locked(size_t rounded) {
   Block key{nullptr, rounded, true, nullptr, nullptr};
-  auto it = large_free_.lower_bound(&key);  // best fit: the smallest block that is large enough
-  Block* b;
-  if (it != large_free_.end()) {
+  Block* b = nullptr;
+  // Best fit, from the pool in use, then (warm-up) from the global cache.
+  for (const int from : {active_pool_, 0}) {
+    std::set<Block*, BySize>& free = pools_[from].large_free;
+    auto it = free.lower_bound(&key);  // best fit: the smallest block that is large enough
+    if (it == free.end()) continue;
     b = *it;
-    large_free_.erase(it);
-    if (b->size - rounded >= kLargeUnit) {  // split: the rest stays cached
-      Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next};
+    free.erase(it);
+    if (b->size - rounded >= kLargeUnit) {  // split: the rest stays cached where it was
+      Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next, from};
       if (b->next) b->next->prev = rest;
       b->next = rest;
       b->size = rounded;
-      large_free_.insert(rest);
+      free.insert(rest);
     }
-  } else {
-    b = new Block{static_cast<char*>(malloc_locked(rounded)), rounded, true, nullptr, nullptr};
+    break;
   }
+  if (b == nullptr) b = new Block{static_cast<char*>(malloc_locked(rounded)), rounded, true, nullptr, nullptr};
+  b->pool = active_pool_;
   b->free = false;
   large_live_.emplace(b->ptr, b);
   return b->ptr;
@@ -67,13 +82,8 @@ void* CachingAllocator::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   void* p;
   if (rounded < kSmallLimit) {
-    auto it = small_free_.find(rounded);
-    if (it != small_free_.end()) {
-      p = it->second;
-      small_free_.erase(it);
-    } else {
-      p = malloc_locked(rounded);
-    }
+    if (!take_small_locked(active_pool_, rounded, &p) && !take_small_locked(0, rounded, &p)) p = malloc_locked(rounded);
+    if (active_pool_ != 0) small_pool_[p] = active_pool_;
     small_live_.emplace(p, rounded);
   } else {
     p = allocate_large_locked(rounded);
@@ -81,6 +91,83 @@ void* CachingAllocator::allocate(size_t bytes) {
   current_ += bytes;
   if (current_ > peak_) peak_ = current_;
   return p;
+}
+
+bool CachingAllocator::take_small_locked(int pool, size_t rounded, void** p) {
+  auto& free = pools_[pool].small_free;
+  auto it = free.find(rounded);
+  if (it == free.end()) return false;
+  *p = it->second;
+  free.erase(it);
+  if (pool == 0) small_pool_.erase(*p);
+  return true;
+}
+
+void CachingAllocator::free_large_locked(Block* b) {
+  b->free = true;
+  std::set<Block*, BySize>& free = pools_[b->pool].large_free;
+  // Merge with free neighbours of the same segment and pool.
+  if (b->next && b->next->free && b->next->pool == b->pool) {
+    free.erase(b->next);
+    absorb_next(b);
+  }
+  if (b->prev && b->prev->free && b->prev->pool == b->pool) {
+    b = b->prev;
+    free.erase(b);
+    absorb_next(b);
+  }
+  free.insert(b);
+}
+
+int CachingAllocator::create_pool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int id = next_pool_++;
+  pools_[id];
+  return id;
+}
+
+void CachingAllocator::use_pool(int pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pool != 0 && pools_.count(pool) == 0) throw std::invalid_argument("CachingAllocator::use_pool: no such pool");
+  active_pool_ = pool;
+}
+
+void CachingAllocator::release_pool(int pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pools_.find(pool);
+  if (pool == 0 || it == pools_.end()) return;
+  if (active_pool_ == pool) active_pool_ = 0;
+  Pool freed = std::move(it->second);
+  pools_.erase(it);
+  for (auto& [size, p] : freed.small_free) {
+    small_pool_.erase(p);
+    pools_[0].small_free.emplace(size, p);
+  }
+  for (Block* b : freed.large_free) b->pool = -1;  // not yet in any free set: merged below
+  for (Block* b : freed.large_free) {
+    if (b->pool != -1) continue;  // absorbed by a neighbour already moved
+    b->pool = 0;
+    free_large_locked(b);
+  }
+  // Live blocks go to the global cache when they are freed.
+  for (auto& [p, id] : small_pool_)
+    if (id == pool) id = 0;
+  for (auto& [p, b] : large_live_)
+    if (b->pool == pool) b->pool = 0;
+}
+
+size_t CachingAllocator::pool_bytes(int pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pools_.find(pool);
+  if (pool == 0 || it == pools_.end()) return 0;
+  size_t bytes = 0;
+  for (const auto& [size, p] : it->second.small_free) bytes += size;
+  for (const Block* b : it->second.large_free) bytes += b->size;
+  for (const auto& [p, id] : small_pool_)
+    if (id == pool && small_live_.count(p) > 0) bytes += small_live_.at(p);
+  for (const auto& [p, b] : large_live_)
+    if (b->pool == pool) bytes += b->size;
+  return bytes;
 }
 
 // b takes over the block after it, which goes.
@@ -98,24 +185,16 @@ void CachingAllocator::deallocate(void* p, size_t bytes) {
   size_t size;
   if (auto it = small_live_.find(p); it != small_live_.end()) {
     size = it->second;
-    small_free_.emplace(size, p);
+    const auto owner = small_pool_.find(p);
+    const int pool = owner == small_pool_.end() ? 0 : owner->second;
+    if (pool == 0 && owner != small_pool_.end()) small_pool_.erase(owner);
+    pools_[pool].small_free.emplace(size, p);
     small_live_.erase(it);
   } else if (auto jt = large_live_.find(p); jt != large_live_.end()) {
     Block* b = jt->second;
     large_live_.erase(jt);
     size = b->size;
-    b->free = true;
-    // Merge with free neighbours of the same segment.
-    if (b->next && b->next->free) {
-      large_free_.erase(b->next);
-      absorb_next(b);
-    }
-    if (b->prev && b->prev->free) {
-      b = b->prev;
-      large_free_.erase(b);
-      absorb_next(b);
-    }
-    large_free_.insert(b);
+    free_large_locked(b);
   } else {
     std::fprintf(stderr, "CachingAllocator: freeing unknown pointer %p (ignored)\n", p);
     return;
@@ -127,18 +206,19 @@ void CachingAllocator::deallocate(void* p, size_t bytes) {
 }
 
 void CachingAllocator::release_free_segments_locked() {
-  for (auto& [size, p] : small_free_) {
+  Pool& global = pools_[0];  // a private pool's blocks stay while its graph lives
+  for (auto& [size, p] : global.small_free) {
     AMP_CUDA_CHECK_NOTHROW(cudaFree(p));
     reserved_ -= size;
   }
-  small_free_.clear();
-  for (auto it = large_free_.begin(); it != large_free_.end();) {
+  global.small_free.clear();
+  for (auto it = global.large_free.begin(); it != global.large_free.end();) {
     Block* b = *it;
     if (b->prev == nullptr && b->next == nullptr) {  // a whole segment
       AMP_CUDA_CHECK_NOTHROW(cudaFree(b->ptr));
       reserved_ -= b->size;
       delete b;
-      it = large_free_.erase(it);
+      it = global.large_free.erase(it);
     } else {
       ++it;
     }

@@ -12,6 +12,14 @@
 // Blocks are reused in the order of the compute stream: a freed block may be handed to a kernel that
 // is queued after the last kernel that used it. Work on other streams (NCCL) must be joined to the
 // compute stream before its tensors are released; comm/nccl_communicator does so with events.
+// Graph-private pools: while a pool is in use (use_pool, around a stream capture), allocations come
+// from it and blocks freed return to it, so memory a captured graph uses is never handed to eager
+// work while the graph lives (its replays write it again). A pool starts from the blocks that eager
+// steps left in the global cache (warm-up), so a capture needs no cudaMalloc; a miss calls cudaMalloc
+// in the relaxed capture mode (allowed during a capture: the allocation itself is not captured).
+// release_pool (the graph is destroyed) gives its free blocks back to the global cache, and its live
+// ones when they are freed. Pieces of different pools never merge.
+//
 // With poisoning on (the emulated GPU turns it on), a freed block is filled with 0xff bytes, NaN in
 // every float type, in stream order: a kernel that reads memory it never wrote shows it.
 #pragma once
@@ -34,8 +42,17 @@ class CachingAllocator {
 
   void* allocate(size_t bytes);
   void deallocate(void* p, size_t bytes);
-  // Returns every entirely free segment to the driver.
+  // Returns every entirely free segment of the global cache to the driver.
   void empty_cache();
+
+  // A new graph-private pool's id (never 0, the global cache's).
+  int create_pool();
+  // Where allocations go from now on: a private pool, or 0 for the global cache.
+  void use_pool(int pool);
+  // The graph of `pool` is gone: its blocks return to the global cache (live ones once freed).
+  void release_pool(int pool);
+  // Bytes of the pool's blocks, live and free (0 once released).
+  size_t pool_bytes(int pool) const;
   void set_poison_freed(bool on, cudaStream_t stream) {
     poison_ = on;
     poison_stream_ = stream;
@@ -56,6 +73,7 @@ class CachingAllocator {
     size_t size;
     bool free;
     Block *prev, *next;
+    int pool = 0;
   };
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {
@@ -63,16 +81,23 @@ class CachingAllocator {
     }
   };
 
+  struct Pool {
+    std::multimap<size_t, void*> small_free;  // rounded size -> free small block
+    std::set<Block*, BySize> large_free;
+  };
   void* allocate_large_locked(size_t rounded);
+  bool take_small_locked(int pool, size_t rounded, void** p);
+  void free_large_locked(Block* b);     // into its pool's free set, merged with free neighbours of that pool
   void* malloc_locked(size_t rounded);  // cudaMalloc, retried once after releasing free segments
   void release_free_segments_locked();
   static void absorb_next(Block* b);
 
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> small_free_;       // rounded size -> free small block
+  std::map<int, Pool> pools_;                     // 0: the global cache; then the live private pools
   std::unordered_map<void*, size_t> small_live_;  // live small block -> rounded size
-  std::set<Block*, BySize> large_free_;
+  std::unordered_map<void*, int> small_pool_;     // small block (live or free) of a private pool -> its pool
   std::unordered_map<void*, Block*> large_live_;
+  int active_pool_ = 0, next_pool_ = 1;
   size_t current_ = 0, peak_ = 0, reserved_ = 0;
   bool poison_ = false;
   cudaStream_t poison_stream_ = nullptr;

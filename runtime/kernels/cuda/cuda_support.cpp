@@ -44,7 +44,7 @@ bool cuda_built() { return true; }
 std::optional<DeviceCounters> emulated_device_counters() {
 #if defined(AMP_CUDA_EMU)
   const emu::Counters c = emu::counters();
-  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies};
+  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies, c.graph_launches, c.graph_ops};
 #else
   return std::nullopt;
 #endif

@@ -19,11 +19,14 @@ void cuda_init(int local_rank);
 // for device work) and device-to-host copies. nullopt on a real GPU and in builds without CUDA.
 struct DeviceCounters {
   int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
+  int64_t graph_launches = 0, graph_ops = 0;  // CUDA graphs replayed, and the operations they ran
   DeviceCounters operator-(const DeviceCounters& o) const {
-    return {launches - o.launches, host_syncs - o.host_syncs, d2h_copies - o.d2h_copies};
+    return {launches - o.launches, host_syncs - o.host_syncs, d2h_copies - o.d2h_copies,
+            graph_launches - o.graph_launches, graph_ops - o.graph_ops};
   }
   DeviceCounters& operator+=(const DeviceCounters& o) {
     launches += o.launches, host_syncs += o.host_syncs, d2h_copies += o.d2h_copies;
+    graph_launches += o.graph_launches, graph_ops += o.graph_ops;
     return *this;
   }
 };
