@@ -96,6 +96,16 @@ TEST(CudaHost, MultiTensorPlanCoversEveryChunkOnceWithinLimits) {
       for (const auto& [t, c] : seen) EXPECT_LT(int64_t{c} * 65536, numels[static_cast<size_t>(t)]);
     }
   }
+  // Chunks that need several launches are shared out evenly: for 1311 chunks, 5 launches of at
+  // most 263 (the last 259), not 4 of 320 and one of 31, which would leave most SMs idle.
+  {
+    const auto plan = cuda::plan_multi_tensor({1311 * 65536}, 65536, 110, 320);
+    ASSERT_EQ(plan.size(), 5u);
+    for (const auto& launch : plan) {
+      EXPECT_GE(launch.block_slot.size(), 259u);
+      EXPECT_LE(launch.block_slot.size(), 263u);
+    }
+  }
   // A model's worth of gradients (100 tensors, 10 M elements) takes a handful of launches.
   std::vector<int64_t> model(100, 100000);
   EXPECT_LE(cuda::plan_multi_tensor(model, 65536, 110, 320).size(), 1u);
@@ -317,6 +327,52 @@ TEST_F(CudaVsCpu, UnaryOps) {
       gpu().unary(k.op, x.to(kGPU), g, k.alpha);
       EXPECT_TRUE(matches(g, c, k.exact ? 0 : transcendental_tol(dt)))
           << dtype_name(dt) << " op " << static_cast<int>(k.op) << " alpha " << k.alpha;
+    }
+  }
+}
+
+// The packed (128-bit) paths of cast, unary and binary against the CPU: a size larger than the
+// grid (the emulated GPU's 16 blocks of 256 threads, 4 to 8 elements each) with a tail that is not
+// a whole pack, and views one element in (not aligned to a pack: the element-wise kernels) of the
+// same data. Each launch is checked to be the one meant.
+TEST_F(CudaVsCpu, PackedElementWisePathsAndTheirFallbacks) {
+  const int64_t n = 50001;
+  for (DType dt : kFloatTypes) {
+    const Tensor x = random_cpu({n + 1}, dt, 31, -2, 2), y = random_cpu({n + 1}, dt, 32, 0.5, 2);
+    const Tensor gx = x.to(kGPU), gy = y.to(kGPU);
+    for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+      const Tensor cxv = x.view(offset, {n}), cyv = y.view(offset, {n});
+      const Tensor gxv = gx.view(offset, {n}), gyv = gy.view(offset, {n});
+      const std::string packed = offset == 0 ? "_packed_kernel" : "";
+      for (DType to : kFloatTypes) {
+        Tensor c = empty({n}, to), g = empty({n}, to, kGPU);
+        cpu().cast(cxv, c);
+        gpu().cast(gxv, g);
+        EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " -> " << dtype_name(to) << " offset " << offset;
+#if defined(AMP_CUDA_EMU)
+        EXPECT_NE(emu::recent_launches().back().kernel.find("cast" + (packed.empty() ? "_kernel" : packed)), std::string::npos);
+#endif
+      }
+      Tensor c = empty({n}, dt), g = empty({n}, dt, kGPU);
+      cpu().unary(UnaryOp::gelu, cxv, c, 0);
+      gpu().unary(UnaryOp::gelu, gxv, g, 0);
+      EXPECT_TRUE(matches(g, c, transcendental_tol(dt))) << dtype_name(dt) << " offset " << offset;
+#if defined(AMP_CUDA_EMU)
+      EXPECT_NE(emu::recent_launches().back().kernel.find("unary" + (packed.empty() ? "_kernel" : packed)), std::string::npos);
+#endif
+      cpu().binary(BinaryOp::div, cxv, cyv, c);
+      gpu().binary(BinaryOp::div, gxv, gyv, g);
+      EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " offset " << offset;
+#if defined(AMP_CUDA_EMU)
+      EXPECT_NE(emu::recent_launches().back().kernel.find("binary" + (packed.empty() ? "_kernel" : packed)), std::string::npos);
+#endif
+      // In place: the output is the first operand.
+      Tensor cin = empty({n}, dt), gin = empty({n}, dt, kGPU);
+      cpu().cast(cxv, cin);
+      gpu().cast(gxv, gin);
+      cpu().binary(BinaryOp::mul, cin, cyv, cin);
+      gpu().binary(BinaryOp::mul, gin, gyv, gin);
+      EXPECT_TRUE(matches(gin, cin, 0)) << dtype_name(dt) << " in place, offset " << offset;
     }
   }
 }
@@ -1048,22 +1104,64 @@ TEST_F(CudaVsCpu, MultiTensorOpsRefuseNonFloatingTensors) {
 // --- the transformer primitives
 
 TEST_F(CudaVsCpu, EmbeddingAndItsScatterAddBackward) {
-  for (DType dt : kFloatTypes) {
-    const int64_t V = 37, C = 19, N = 300;
-    const Tensor w = random_cpu({V, C}, dt, 61);
-    std::vector<int64_t> ix(static_cast<size_t>(N));
-    for (size_t i = 0; i < ix.size(); ++i) ix[i] = static_cast<int64_t>((i * i * 7 + 3) % V);  // repeats
-    const Tensor idx = from_int64(ix, {N});
-    Tensor c = empty({N, C}, dt), g = empty({N, C}, dt, kGPU);
-    cpu().embedding(w, idx, c);
-    gpu().embedding(w.to(kGPU), idx.to(kGPU), g);
-    EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
-    // Rows add up in the order of n on both devices: bit-identical.
-    const Tensor grad = random_cpu({N, C}, dt, 62);
-    Tensor cw = zeros({V, C}, dt), gw = zeros({V, C}, dt, kGPU);
-    cpu().embedding_backward(grad, idx, cw);
-    gpu().embedding_backward(grad.to(kGPU), idx.to(kGPU), gw);
-    EXPECT_TRUE(matches(gw, cw, 0)) << dtype_name(dt);
+  // {vocab, columns, indices, index pattern}: repeats spread over the sorted positions; few rows in
+  // long runs that cross many of the backward's chunks of sorted positions (the emulated GPU's 2
+  // SMs: chunks of about n / 32) and more columns than a tile; an index out of range (skipped);
+  // distinct rows.
+  struct Case { int64_t V, C, N; int pattern; };
+  for (const Case k : {Case{37, 19, 300, 0}, Case{5, 70, 1001, 1}, Case{1000, 33, 45, 2}}) {
+    for (DType dt : kFloatTypes) {
+      const int64_t V = k.V, C = k.C, N = k.N;
+      const Tensor w = random_cpu({V, C}, dt, 61);
+      std::vector<int64_t> ix(static_cast<size_t>(N));
+      for (size_t i = 0; i < ix.size(); ++i)
+        ix[i] = k.pattern == 0 ? static_cast<int64_t>((i * i * 7 + 3) % static_cast<size_t>(V))
+                : k.pattern == 1 ? (i % 97 == 13 ? -1 : static_cast<int64_t>((i * 3) % static_cast<size_t>(V)))
+                                 : static_cast<int64_t>((i * 17) % static_cast<size_t>(V));
+      const Tensor idx = from_int64(ix, {N});
+      if (k.pattern != 1) {  // the forward of an index out of range differs (NaN; the CPU throws)
+        Tensor c = empty({N, C}, dt), g = empty({N, C}, dt, kGPU);
+        cpu().embedding(w, idx, c);
+        gpu().embedding(w.to(kGPU), idx.to(kGPU), g);
+        EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
+      }
+      // Added into a gradient that is not zero. The CPU adds the rows in the order of n, rounding
+      // into dtype at each addition; the GPU sums each row's run in the compute type (fp32; fp64
+      // for f64) in the order of n and adds it once: not bit-identical. Per element, with m the
+      // rows added to it and S = |w0| + sum|g|, each side is within m (u + u_c) S of the exact sum
+      // (u the dtype's unit roundoff, u_c the compute type's), plus one ulp of the final rounding.
+      const Tensor grad = random_cpu({N, C}, dt, 62), w0 = random_cpu({V, C}, dt, 63);
+      Tensor cw = random_cpu({V, C}, dt, 63), gw = w0.to(kGPU);  // w0's values; to(kCPU) would share its storage
+      cpu().embedding_backward(grad, idx, cw);
+      gpu().embedding_backward(grad.to(kGPU), idx.to(kGPU), gw);
+      const std::vector<double> gv = grad.to_vector(), w0v = w0.to_vector(), cv = cw.to_vector();
+      const std::vector<double> gpv = gw.to(kCPU).to_vector();
+      std::vector<double> mass(w0v.size()), count(w0v.size(), 0);
+      for (size_t i = 0; i < w0v.size(); ++i) mass[i] = std::fabs(w0v[i]);
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t v = ix[static_cast<size_t>(n)];
+        if (v < 0 || v >= V) continue;
+        for (int64_t c = 0; c < C; ++c) {
+          mass[static_cast<size_t>(v * C + c)] += std::fabs(gv[static_cast<size_t>(n * C + c)]);
+          count[static_cast<size_t>(v * C + c)] += 1;
+        }
+      }
+      const double u = dt == DType::f64 ? 0x1p-53 : dt == DType::f32 ? 0x1p-24 : dt == DType::f16 ? 0x1p-11 : 0x1p-8;
+      const double uc = dt == DType::f64 ? 0x1p-53 : 0x1p-24;
+      int bad = 0;
+      for (size_t i = 0; i < cv.size() && bad < 5; ++i) {
+        const double bound = 2 * (count[i] + 1) * (u + uc) * mass[i] + ulp_of(cv[i], dt);
+        if (!(std::fabs(gpv[i] - cv[i]) <= bound)) {
+          ++bad;
+          ADD_FAILURE() << "embedding_backward " << dtype_name(dt) << " V=" << V << " C=" << C << " N=" << N
+                        << ": element " << i << ": cuda " << gpv[i] << " vs cpu " << cv[i] << " > " << bound;
+        }
+      }
+      // Deterministic: the same bits a second time.
+      Tensor again = w0.to(kGPU);
+      gpu().embedding_backward(grad.to(kGPU), idx.to(kGPU), again);
+      EXPECT_TRUE(matches(again, gw, 0)) << dtype_name(dt);
+    }
   }
   // An index out of range cannot throw from the device: its row is NaN (the CPU throws).
   Tensor g = empty({2, 3}, DType::f32, kGPU);
@@ -1077,7 +1175,9 @@ TEST_F(CudaVsCpu, EmbeddingAndItsScatterAddBackward) {
 
 TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
   for (DType dt : kFloatTypes) {
-    for (const Shape& s : {Shape{7, 1}, Shape{33, 48}, Shape{3, 5, 300}}) {
+    // Odd shapes, and ones of more rows than a block's split (the emulated GPU's 2 SMs: 4 splits of
+    // the rows, partial sums added in a second pass) and more columns than a tile.
+    for (const Shape& s : {Shape{7, 1}, Shape{33, 48}, Shape{3, 5, 300}, Shape{1001, 45}, Shape{3, 233, 37}}) {
       const int64_t C = s.back(), rows = shape_numel(s) / C;
       const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
       const Tensor x = random_cpu(s, dt, 71, -3, 5), w = random_cpu({C}, dt, 72), b = random_cpu({C}, dt, 73);
@@ -1101,9 +1201,30 @@ TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
       Tensor ggx = empty(s, dt, kGPU), ggw = empty({C}, dt, kGPU), ggb = empty({C}, dt, kGPU);
       cpu().layer_norm_backward(grad, x, w, cm, cr, cgx, cgw, cgb);
       gpu().layer_norm_backward(grad.to(kGPU), x.to(kGPU), w.to(kGPU), cm.to(kGPU), cr.to(kGPU), ggx, ggw, ggb);
-      // Given the same statistics, the parameters' column sums run in row order on both: bit-identical.
-      EXPECT_TRUE(matches(ggw, cgw, 0)) << dtype_name(dt) << shape_str(s);
-      EXPECT_TRUE(matches(ggb, cgb, 0)) << dtype_name(dt) << shape_str(s);
+      // The parameters' gradients are column sums over the rows: the CPU's in fp64 in row order, the
+      // GPU's in tiles, accumulating in the compute type (fp32; fp64 for f64) in a fixed order of
+      // splits (not bit-identical: a per-element bound). Any order of summation of `rows` terms t
+      // in unit roundoff u is within rows u sum|t| of the exact sum (2 u more for the product and the
+      // fp32 rounding), then both round into dtype: one ulp of it.
+      {
+        const std::vector<double> gv = grad.to_vector(), xv = x.to_vector(), mv = cm.to_vector(), rv = cr.to_vector();
+        const std::vector<double> cw = cgw.to_vector(), cb = cgb.to_vector();
+        const std::vector<double> gpw = ggw.to(kCPU).to_vector(), gpb = ggb.to(kCPU).to_vector();
+        const double uc = dt == DType::f64 ? 0x1p-53 : 0x1p-24;
+        for (int64_t c = 0; c < C; ++c) {
+          double aw = 0, ab = 0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const size_t i = static_cast<size_t>(r * C + c);
+            aw += std::fabs(gv[i] * (xv[i] - mv[static_cast<size_t>(r)]) * rv[static_cast<size_t>(r)]);
+            ab += std::fabs(gv[i]);
+          }
+          const size_t k = static_cast<size_t>(c);
+          const double bw = (static_cast<double>(rows) + 2) * uc * aw + uc * std::fabs(cw[k]) + ulp_of(cw[k], dt);
+          const double bb = (static_cast<double>(rows) + 2) * uc * ab + uc * std::fabs(cb[k]) + ulp_of(cb[k], dt);
+          EXPECT_LE(std::fabs(gpw[k] - cw[k]), bw) << "gw[" << c << "] " << dtype_name(dt) << shape_str(s);
+          EXPECT_LE(std::fabs(gpb[k] - cb[k]), bb) << "gb[" << c << "] " << dtype_name(dt) << shape_str(s);
+        }
+      }
       EXPECT_TRUE(matches(ggx, cgx, (4.0 * static_cast<double>(C) + 16.0) * u + storage)) << dtype_name(dt) << shape_str(s);
     }
   }
@@ -1159,6 +1280,48 @@ TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {
         gpu().softmax_backward(c.to(kGPU), grad.to(kGPU), gb, log, log ? 1.0 : 0.37);
         EXPECT_TRUE(matches(gb, cb, tol + 8 * u)) << dtype_name(dt) << shape_str(s) << " log " << log;
       }
+    }
+  }
+}
+
+// Autocast's casts folded into attention's softmax and its backward (16-bit scores, an fp32 softmax,
+// its 16-bit copy; 16-bit gradients in and out): on the GPU one pass each, whose numbers must be
+// those of cast, kernel, cast (the Backend default, run on the GPU: bit-identical), and within the
+// softmax's bounds of the CPU (which runs the default). Odd sizes, and rows longer than a block.
+TEST_F(CudaVsCpu, SoftmaxWithAutocastsCastsInItsPass) {
+  for (DType lowdt : {DType::bf16, DType::f16}) {
+    for (const Shape& s : {Shape{3, 7, 7}, Shape{2, 37, 37}, Shape{1, 300, 300}}) {
+      const int64_t T = s.back();
+      const double u = 0x1p-24, storage = lowdt == DType::f16 ? 0x1p-10 : 0x1p-7;
+      const double tol = (2.0 * static_cast<double>(T) + 8.0) * u + storage;
+      const Tensor x = random_cpu(s, lowdt, 93, -6, 6);
+      for (bool with_low : {false, true}) {
+        Tensor cy = empty(s, DType::f32), gy = empty(s, DType::f32, kGPU), ry = empty(s, DType::f32, kGPU);
+        Tensor cl = with_low ? empty(s, lowdt) : Tensor(), gl = with_low ? empty(s, lowdt, kGPU) : Tensor();
+        Tensor rl = with_low ? empty(s, lowdt, kGPU) : Tensor();
+        cpu().causal_softmax_cast(x, cy, cl, 0.37);
+        const std::optional<DeviceCounters> before = emulated_device_counters();
+        gpu().causal_softmax_cast(x.to(kGPU), gy, gl, 0.37);
+        if (before) {
+          EXPECT_EQ((*emulated_device_counters() - *before).launches, 1);
+        }
+        gpu().Backend::causal_softmax_cast(x.to(kGPU), ry, rl, 0.37);
+        EXPECT_TRUE(matches(gy, ry, 0)) << dtype_name(lowdt) << shape_str(s);
+        EXPECT_TRUE(matches(gy, cy, tol)) << dtype_name(lowdt) << shape_str(s);
+        if (with_low) {
+          EXPECT_TRUE(matches(gl, rl, 0)) << dtype_name(lowdt) << shape_str(s);
+          EXPECT_TRUE(matches(gl, cl, tol)) << dtype_name(lowdt) << shape_str(s);
+        }
+      }
+      Tensor y = empty(s, DType::f32);
+      cpu().causal_softmax(x.to(DType::f32), y, 0.37);
+      const Tensor grad = random_cpu(s, lowdt, 94);
+      Tensor cg = empty(s, lowdt), gg = empty(s, lowdt, kGPU), rg = empty(s, lowdt, kGPU);
+      cpu().softmax_backward_cast(y, grad, cg, 0.37);
+      gpu().softmax_backward_cast(y.to(kGPU), grad.to(kGPU), gg, 0.37);
+      gpu().Backend::softmax_backward_cast(y.to(kGPU), grad.to(kGPU), rg, 0.37);
+      EXPECT_TRUE(matches(gg, rg, 0)) << dtype_name(lowdt) << shape_str(s);
+      EXPECT_TRUE(matches(gg, cg, tol + 8 * u)) << dtype_name(lowdt) << shape_str(s);
     }
   }
 }

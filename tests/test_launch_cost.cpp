@@ -141,7 +141,11 @@ TEST_F(LaunchCost, ElementWiseCastAndPermute) {
   const int64_t n = 7 * 13;
   const Tensor x = random_gpu({7, 13}, DType::f32, 1);
   Tensor y = poisoned({7, 13}, DType::f32);
-  expect_declared("unary_kernel", touched([&] { gpu().unary(UnaryOp::exp, x, y, 1.0); }, {x}, {y}));
+  expect_declared("unary_packed_kernel", touched([&] { gpu().unary(UnaryOp::exp, x, y, 1.0); }, {x}, {y}));
+  // A view one element in is not aligned to a pack: the element-by-element kernel.
+  const Tensor x1 = random_gpu({n + 1}, DType::f32, 21);
+  Tensor y1 = poisoned({n}, DType::f32);
+  expect_declared("unary_kernel", touched([&] { gpu().unary(UnaryOp::exp, x1.view(1, {n}), y1, 1.0); }, {x1}, {y1}));
 
   const Tensor a = random_gpu({7, 13}, DType::bf16, 2), b = random_gpu({13}, DType::bf16, 3);
   Tensor s = poisoned({7, 13}, DType::bf16);
@@ -150,7 +154,10 @@ TEST_F(LaunchCost, ElementWiseCastAndPermute) {
   expect_declared("binary_kernel", add);
 
   Tensor c = poisoned({7, 13}, DType::bf16);
-  expect_declared("cast_kernel", touched([&] { gpu().cast(x, c); }, {x}, {c}));
+  expect_declared("cast_packed_kernel", touched([&] { gpu().cast(x, c); }, {x}, {c}));
+  const Tensor a2 = random_gpu({7, 13}, DType::bf16, 22);
+  Tensor s2 = poisoned({7, 13}, DType::bf16);
+  expect_declared("binary_packed_kernel", touched([&] { gpu().binary(BinaryOp::mul, a, a2, s2); }, {a, a2}, {s2}));
 
   Tensor p = poisoned({13, 7}, DType::f32);
   expect_declared("permute_kernel", touched([&] { gpu().permute(x, {1, 0}, p); }, {x}, {p}));
@@ -184,13 +191,46 @@ TEST_F(LaunchCost, RowKernels) {
   const auto backward = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb); };
   expect_declared("layer_norm_backward_input_kernel", touched(backward, {g, x, w, mean, rstd}, {gx}));
   for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);  // written by the runs above
-  expect_declared("layer_norm_backward_params_kernel", touched(backward, {g, x, w, mean, rstd}, {gw, gb}));
+  expect_declared("layer_norm_param_partials_kernel", touched(backward, {g, x, w, mean, rstd}, {gw, gb}));
+  // More rows (2 splits on the emulated GPU's 2 SMs): the partial sums go through a workspace that
+  // the second pass reads; the first pass reads what the two read, the second writes what they write.
+  {
+    const int64_t tall_rows = 70;
+    const Tensor tx = random_gpu({tall_rows, cols}, DType::f32, 15), tg = random_gpu({tall_rows, cols}, DType::f32, 16);
+    Tensor ty = poisoned({tall_rows, cols}, DType::f32), tm = poisoned({tall_rows}, DType::f32);
+    Tensor tr = poisoned({tall_rows}, DType::f32), tgx = poisoned({tall_rows, cols}, DType::f32);
+    gpu().layer_norm(tx, w, b, 1e-5, ty, tm, tr);
+    for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);
+    const Touched t = touched([&] { gpu().layer_norm_backward(tg, tx, w, tm, tr, tgx, gw, gb); }, {tg, tx, tm, tr},
+                              {gw, gb});
+    const emu::LaunchRecord first = last("layer_norm_param_partials_kernel"), second = last("layer_norm_param_sums_kernel");
+    EXPECT_GT(first.grid_y, 1u) << "one split: the second pass was not exercised";
+    EXPECT_EQ(first.bytes_read, t.read);
+    EXPECT_EQ(first.bytes_written, second.bytes_read);
+    EXPECT_EQ(second.bytes_written, t.written);
+  }
 
   gpu().softmax_lastdim(x, sm, false);  // touched() left the last poisoned run's row of NaN
   const Tensor gy = random_gpu({rows, cols}, DType::f32, 14);
   Tensor gs = poisoned({rows, cols}, DType::f32);
   expect_declared("softmax_backward_kernel",
                   touched([&] { gpu().softmax_backward(sm, gy, gs, false, 1.0); }, {sm, gy}, {gs}));
+
+  // Attention's softmax with autocast's casts in its pass: 16-bit scores up to each query read,
+  // fp32 and 16-bit rows written; its backward reads the fp32 output and the 16-bit gradient.
+  {
+    const int64_t t = 13;
+    const Tensor scores = random_gpu({2, t, t}, DType::bf16, 19);
+    Tensor att = poisoned({2, t, t}, DType::f32), low = poisoned({2, t, t}, DType::bf16);
+    const Touched f = touched([&] { gpu().causal_softmax_cast(scores, att, low, 0.5); }, {scores}, {att, low});
+    EXPECT_EQ(f.read, 2 * (t * (t + 1) / 2) * 2);  // the lower triangles
+    expect_declared("softmax_kernel", f);
+    gpu().causal_softmax_cast(scores, att, low, 0.5);
+    const Tensor dlow = random_gpu({2, t, t}, DType::bf16, 20);
+    Tensor dscores = poisoned({2, t, t}, DType::bf16);
+    expect_declared("softmax_backward_kernel",
+                    touched([&] { gpu().softmax_backward_cast(att, dlow, dscores, 0.5); }, {att, dlow}, {dscores}));
+  }
 
   const Tensor tall = random_gpu({9, 40}, DType::f32, 8);  // few rows: one pass, no partial sums
   Tensor col = poisoned({40}, DType::f32);
@@ -204,6 +244,20 @@ TEST_F(LaunchCost, EmbeddingAndMultiTensor) {
   const Tensor idx = from_vector(ix, {7}, DType::i64).to(kGPU);
   Tensor out = poisoned({7, 6}, DType::f32);
   expect_declared("embedding_kernel", touched([&] { gpu().embedding(weight, idx, out); }, {weight, idx}, {out}));
+
+  // Its backward over the same distinct rows: the positions sorted by index (the order, n int32s, a
+  // workspace), then each run of one index added to its row (read and written: in place, so
+  // touched() sees the rows written, and the reads of the other inputs); nothing crosses a chunk
+  // here, so the join reads only its workspace.
+  const Tensor gout = random_gpu({7, 6}, DType::f32, 17);
+  Tensor gweight = random_gpu({20, 6}, DType::f32, 18);
+  const Touched bt = touched([&] { gpu().embedding_backward(gout, idx, gweight); }, {gout, idx}, {gweight});
+  const emu::LaunchRecord order = last("embedding_order_kernel"), runs = last("embedding_runs_kernel");
+  EXPECT_EQ(order.bytes_read, 7 * 8);
+  EXPECT_EQ(order.bytes_written, 7 * 4);
+  EXPECT_EQ(bt.written, 7 * 6 * 4);
+  EXPECT_EQ(runs.bytes_read, bt.read + order.bytes_written + bt.written);
+  EXPECT_EQ(runs.bytes_written, bt.written);
 
   // In place over two tensors: each element is read and written.
   std::vector<Tensor> grads = {random_gpu({300}, DType::f32, 10), random_gpu({123}, DType::f32, 11)};

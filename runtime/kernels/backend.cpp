@@ -20,6 +20,34 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   gemm(false, true, 1.0f, x, w, 1.0f, y);
 }
 
+void Backend::causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) {
+  Tensor xs = x;
+  if (x.dtype() != y.dtype()) {
+    xs = empty(x.shape(), y.dtype(), x.device());
+    cast(x, xs);
+  }
+  causal_softmax(xs, y, scale);
+  if (low.defined()) {
+    Tensor out = low;
+    cast(y, out);
+  }
+}
+
+void Backend::softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale) {
+  Tensor gs = g;
+  if (g.dtype() != y.dtype()) {
+    gs = empty(g.shape(), y.dtype(), g.device());
+    cast(g, gs);
+  }
+  if (gx.dtype() == y.dtype()) {
+    softmax_backward(y, gs, gx, false, scale);
+    return;
+  }
+  Tensor wide = empty(gx.shape(), y.dtype(), gx.device());
+  softmax_backward(y, gs, wide, false, scale);
+  cast(wide, gx);
+}
+
 void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }
 
 bool backend_available(DeviceType t) { return t == DeviceType::cpu || registry()[static_cast<size_t>(t)] != nullptr; }

@@ -68,6 +68,14 @@ class Backend {
   // The gradient of a softmax along the last dim from its output y: gx = scale y (g - sum(g y)); of
   // a log-softmax (log): gx = g - exp(y) sum(g). Row sums in double.
   virtual void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) = 0;
+  // Attention's softmax with autocast's casts folded in: y = causal_softmax(x cast to y's dtype,
+  // scale) and, where `low` is defined, low = y cast to low's dtype (the next bmm's input). The
+  // numbers are those of cast, causal_softmax, cast; this default makes those passes, a backend may
+  // make one.
+  virtual void causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale);
+  // softmax_backward (not log) with g cast to y's dtype first and gx the result cast to gx's dtype:
+  // the numbers of cast, softmax_backward, cast; the same default.
+  virtual void softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale);
   // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 

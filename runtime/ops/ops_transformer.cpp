@@ -151,17 +151,27 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
     Tensor v = heads.view(2 * BH * T * D, {BH, T, D});
     Tensor scores = empty({BH, T, T}, qkv.dtype(), qkv.device());
     be.gemm_batched(false, true, 1.0f, q, k, 0.0f, scores);
-    autocast_inputs(OpKind::softmax, {&scores});
-    att = empty_like(scores);
-    be.causal_softmax(scores, att, scale);
-    kept = att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
+    // Autocast's casts of the scores (to the softmax's dtype) and, without dropout, of its output
+    // (to the bmm's) happen inside the softmax's pass: the dtypes autocast gives are found on empty
+    // tensors of the same dtypes and device (no pass over the [BH, T, T] scores).
+    Tensor soft_in = empty({0}, scores.dtype(), scores.device());
+    autocast_inputs(OpKind::softmax, {&soft_in});
+    att = empty(scores.shape(), soft_in.dtype(), scores.device());
+    Tensor low;  // att in the bmm's dtype, when that differs and nothing comes between
+    if (dropout_p == 0.0) {
+      Tensor bmm_in = empty({0}, att.dtype(), att.device());
+      autocast_inputs(OpKind::bmm, {&bmm_in, &v});
+      if (bmm_in.dtype() != att.dtype()) low = empty(att.shape(), bmm_in.dtype(), att.device());
+    }
+    be.causal_softmax_cast(scores, att, low, scale);
+    kept = low.defined() ? low : att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
     if (dropout_p > 0.0) {
       mask = empty_like(att);
       be.dropout_mask(mask, seed, offset, dropout_p);
       kept = empty_like(att);
       be.binary(BinaryOp::mul, att, mask, kept);
+      autocast_inputs(OpKind::bmm, {&kept, &v});
     }
-    autocast_inputs(OpKind::bmm, {&kept, &v});
     Tensor yh = empty({BH, T, D}, v.dtype(), v.device());
     be.gemm_batched(false, false, 1.0f, kept, v, 0.0f, yh);
     y = empty({B, T, H, D}, yh.dtype(), yh.device());
@@ -181,15 +191,16 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
     gb.gemm_batched(true, false, 1.0f, kept, gy, 0.0f, dv);  // kept^T gy (kept in the bmm's dtype)
     Tensor d_kept = empty({BH, T, T}, gy.dtype(), gy.device());
     gb.gemm_batched(false, true, 1.0f, gy, v, 0.0f, d_kept);  // gy v^T
-    Tensor d_att = d_kept.dtype() == att.dtype() ? d_kept : d_kept.to(att.dtype());
+    Tensor d_att = d_kept;
     if (mask.defined()) {
+      if (d_att.dtype() != att.dtype()) d_att = d_att.to(att.dtype());
       Tensor masked = empty_like(d_att);
       gb.binary(BinaryOp::mul, d_att, mask, masked);
       d_att = masked;
     }
-    Tensor d_scores = empty_like(att);
-    gb.softmax_backward(att, d_att, d_scores, false, scale);
-    if (d_scores.dtype() != heads.dtype()) d_scores = d_scores.to(heads.dtype());
+    // The casts to att's dtype and back to the heads' happen inside the softmax's backward pass.
+    Tensor d_scores = empty(att.shape(), heads.dtype(), heads.device());
+    gb.softmax_backward_cast(att, d_att, d_scores, scale);
     Tensor dq = grads.view(0, {BH, T, D}), dk = grads.view(BH * T * D, {BH, T, D});
     gb.gemm_batched(false, false, 1.0f, d_scores, k, 0.0f, dq);  // d_scores k
     gb.gemm_batched(true, false, 1.0f, d_scores, q, 0.0f, dk);   // d_scores^T q

@@ -48,7 +48,7 @@ void CpuBackend::embedding_backward(const Tensor& grad, const Tensor& idx, Tenso
     const T* g = grad.data<T>();
     T* gw = grad_weight.data<T>();
     // Columns in parallel, rows in order: each element sums its contributions in the order of n,
-    // as the CUDA kernel does (one thread per column).
+    // rounding into T at each addition (the CUDA backend sums each row's run in the compute type).
 #pragma omp parallel for schedule(static) if (N * C > cpu::kParallelGrain)
     for (long c = 0; c < static_cast<long>(C); ++c)
       for (int64_t n = 0; n < N; ++n) {

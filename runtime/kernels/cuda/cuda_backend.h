@@ -45,7 +45,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
                            Tensor& gx, Tensor& gw, Tensor& gb) override;
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
   void causal_softmax(const Tensor& x, Tensor& y, double scale) override;
+  void causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) override;
   void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;
+  void softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

@@ -10,6 +10,7 @@
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/vec_pack.cuh"
 
 namespace amp::cuda {
 
@@ -43,6 +44,34 @@ __global__ void cast_kernel(const S* s, D* d, int64_t n) {
   }
 }
 
+// cast_kernel's conversion of one element, and the same over packs (contiguous, aligned operands).
+template <class S, class D>
+__device__ __forceinline__ D cast_element(S v) {
+  if constexpr (std::is_same_v<S, double>) {
+    if constexpr (std::is_same_v<D, double>) return v;
+    else if constexpr (std::is_same_v<D, float>) return static_cast<float>(v);
+    else return DevElem<D>::store(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, double>) {
+    return static_cast<double>(DevElem<S>::load(v));
+  } else {
+    return DevElem<D>::store(static_cast<typename DevElem<D>::Compute>(DevElem<S>::load(v)));
+  }
+}
+
+template <class S, class D>
+__global__ void cast_packed_kernel(const S* __restrict__ s, D* __restrict__ d, int64_t n) {
+  constexpr int N = kPackOf<S, D>;
+  const int64_t packs = n / N;
+  AMP_GRID_STRIDE(p, packs) {
+    const Pack<S, N> in = reinterpret_cast<const Pack<S, N>*>(s)[p];
+    Pack<D, N> out;
+    for (int k = 0; k < N; ++k) out.v[k] = cast_element<S, D>(in.v[k]);
+    reinterpret_cast<Pack<D, N>*>(d)[p] = out;
+  }
+  const int64_t tail = packs * N + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) d[tail] = cast_element<S, D>(s[tail]);
+}
+
 // pow with exponent 2 is a separate op so that it is v * v exactly, as on the CPU.
 enum class UnaryKind { neg, exp, log, sqrt, relu, gelu, gelu_tanh, square, pow, mul, div, add, copy };
 
@@ -69,6 +98,23 @@ __global__ void unary_kernel(const T* x, T* y, int64_t n, typename DevElem<T>::C
   AMP_GRID_STRIDE(i, n) y[i] = DevElem<T>::store(unary_fn<K, C>(static_cast<C>(DevElem<T>::load(x[i])), a));
 }
 
+// unary_kernel over packs: contiguous, aligned operands (y may be x: each thread reads its pack
+// before it writes it).
+template <UnaryKind K, class T>
+__global__ void unary_packed_kernel(const T* x, T* y, int64_t n, typename DevElem<T>::Compute a) {
+  using C = typename DevElem<T>::Compute;
+  constexpr int N = kPackOf<T>;
+  const int64_t packs = n / N;
+  AMP_GRID_STRIDE(p, packs) {
+    const Pack<T, N> in = reinterpret_cast<const Pack<T, N>*>(x)[p];
+    Pack<T, N> out;
+    for (int k = 0; k < N; ++k) out.v[k] = DevElem<T>::store(unary_fn<K, C>(static_cast<C>(DevElem<T>::load(in.v[k])), a));
+    reinterpret_cast<Pack<T, N>*>(y)[p] = out;
+  }
+  const int64_t tail = packs * N + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) y[tail] = DevElem<T>::store(unary_fn<K, C>(static_cast<C>(DevElem<T>::load(x[tail])), a));
+}
+
 template <BinaryOp K, class C>
 __device__ __forceinline__ C binary_fn(C x, C y) {
   if constexpr (K == BinaryOp::add) return x + y;
@@ -88,6 +134,22 @@ __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, Broadca
     const C y = DevElem<T>::load(b[ib.offset(i)]);
     out[i] = DevElem<T>::store(binary_fn<K, C>(x, y));
   }
+}
+
+// binary_kernel for operands of the output's shape over packs: contiguous, aligned (out may be a or b).
+template <BinaryOp K, class T>
+__global__ void binary_packed_kernel(const T* a, const T* b, T* out, int64_t n) {
+  using C = typename DevElem<T>::Compute;
+  constexpr int N = kPackOf<T>;
+  const int64_t packs = n / N;
+  AMP_GRID_STRIDE(p, packs) {
+    const Pack<T, N> x = reinterpret_cast<const Pack<T, N>*>(a)[p], y = reinterpret_cast<const Pack<T, N>*>(b)[p];
+    Pack<T, N> r;
+    for (int k = 0; k < N; ++k) r.v[k] = DevElem<T>::store(binary_fn<K, C>(DevElem<T>::load(x.v[k]), DevElem<T>::load(y.v[k])));
+    reinterpret_cast<Pack<T, N>*>(out)[p] = r;
+  }
+  const int64_t tail = packs * N + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) out[tail] = DevElem<T>::store(binary_fn<K, C>(DevElem<T>::load(a[tail]), DevElem<T>::load(b[tail])));
 }
 
 template <class U>
@@ -126,8 +188,13 @@ void launch_unary(const Tensor& x, Tensor& y, double alpha) {
   Context& ctx = context();
   const int64_t n = x.numel();
   declare_launch_cost(n * static_cast<int64_t>(sizeof(T)), n * static_cast<int64_t>(sizeof(T)), n);
-  AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), unary_kernel<K, T>)(x.data<T>(), y.data<T>(), n,
-                                                                                 static_cast<C>(alpha));
+  constexpr int pack_bytes = kPackOf<T> * static_cast<int>(sizeof(T));
+  if (pack_aligned(x.data_ptr(), pack_bytes) && pack_aligned(y.data_ptr(), pack_bytes))
+    AMP_LAUNCH(packed_grid(n, kPackOf<T>, ctx.sm_count()), kBlock, 0, ctx.stream(), unary_packed_kernel<K, T>)(
+        x.data<T>(), y.data<T>(), n, static_cast<C>(alpha));
+  else
+    AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), unary_kernel<K, T>)(x.data<T>(), y.data<T>(), n,
+                                                                                   static_cast<C>(alpha));
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -139,8 +206,14 @@ void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
   const BroadcastIndex ib = make_broadcast_index(b.shape(), out.shape());
   // A broadcast operand is read once: its own size, not the output's (what a cache makes of it).
   declare_launch_cost((a.numel() + b.numel()) * static_cast<int64_t>(sizeof(T)), n * static_cast<int64_t>(sizeof(T)), n);
-  AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), binary_kernel<K, T>)(a.data<T>(), b.data<T>(),
-                                                                                  out.data<T>(), n, ia, ib);
+  constexpr int pack_bytes = kPackOf<T> * static_cast<int>(sizeof(T));
+  if (ia.identity && ib.identity && pack_aligned(a.data_ptr(), pack_bytes) && pack_aligned(b.data_ptr(), pack_bytes) &&
+      pack_aligned(out.data_ptr(), pack_bytes))
+    AMP_LAUNCH(packed_grid(n, kPackOf<T>, ctx.sm_count()), kBlock, 0, ctx.stream(), binary_packed_kernel<K, T>)(
+        a.data<T>(), b.data<T>(), out.data<T>(), n);
+  else
+    AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), binary_kernel<K, T>)(a.data<T>(), b.data<T>(),
+                                                                                    out.data<T>(), n, ia, ib);
   AMP_CUDA_CHECK_LAUNCH();
 }
 
@@ -175,7 +248,11 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
   dispatch_float(src.dtype(), [&](auto S_tag) { using S = decltype(S_tag);
     dispatch_float(dst.dtype(), [&](auto D_tag) { using D = decltype(D_tag);
       declare_launch_cost(n * static_cast<int64_t>(sizeof(S)), n * static_cast<int64_t>(sizeof(D)));
-      AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), cast_kernel<S, D>)(src.data<S>(), dst.data<D>(), n);
+      constexpr int N = kPackOf<S, D>;
+      if (pack_aligned(src.data_ptr(), N * static_cast<int>(sizeof(S))) && pack_aligned(dst.data_ptr(), N * static_cast<int>(sizeof(D))))
+        AMP_LAUNCH(packed_grid(n, N, ctx.sm_count()), kBlock, 0, ctx.stream(), cast_packed_kernel<S, D>)(src.data<S>(), dst.data<D>(), n);
+      else
+        AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), cast_kernel<S, D>)(src.data<S>(), dst.data<D>(), n);
       AMP_CUDA_CHECK_LAUNCH();
     });
   });

@@ -2,6 +2,8 @@
 // fp64 as on the CPU; every reduction combines in a fixed order, so results are deterministic.
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "runtime/kernels/cuda/block_reduce.cuh"
 #include "runtime/kernels/cuda/broadcast_index.h"
@@ -98,25 +100,34 @@ __global__ void sum_column_partials_kernel(const double* split_partials, int64_t
 }
 
 // One block per row. causal: row r is query r mod cols, whose keys past it get 0 (attention's
-// mask); scale multiplies x first (1 for a plain softmax: 1 x is x exactly).
-template <class T>
-__global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log, double scale, bool causal) {
+// mask); scale multiplies x first (1 for a plain softmax: 1 x is x exactly). x may be stored in a
+// narrower dtype X than y (read as its cast to T: exact from f16/bf16 to f32), and where low is not
+// null the row is also written cast to L (autocast's casts in the same pass, the same numbers).
+template <class X, class T, class L>
+__global__ void softmax_kernel(const X* __restrict__ x, T* __restrict__ y, L* __restrict__ low, int64_t cols, bool log,
+                               double scale, bool causal) {
   using C = typename DevElem<T>::Compute;
   const int64_t r = blockIdx.x;
-  const T* xr = x + r * cols;
+  const X* xr = x + r * cols;
   T* yr = y + r * cols;
   const int64_t valid = causal ? r % cols + 1 : cols;
   const C sc = static_cast<C>(scale);
   C mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<T>::load(xr[c])));
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<X>::load(xr[c])));
   mx = block_reduce(mx, MaxOp{});
   C total = 0;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx);
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<X>::load(xr[c])) - mx);
   total = block_reduce(total, SumOp{});
   const C log_total = std::log(total);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const C shifted = sc * static_cast<C>(DevElem<T>::load(xr[c])) - mx;
-    yr[c] = DevElem<T>::store(c >= valid ? C(0) : log ? shifted - log_total : std::exp(shifted) / total);
+    C v = 0;  // past the query: not read
+    if (c < valid) {
+      const C shifted = sc * static_cast<C>(DevElem<X>::load(xr[c])) - mx;
+      v = log ? shifted - log_total : std::exp(shifted) / total;
+    }
+    const T out = DevElem<T>::store(v);
+    yr[c] = out;
+    if (low != nullptr) low[r * cols + c] = DevElem<L>::store(static_cast<typename DevElem<L>::Compute>(DevElem<T>::load(out)));
   }
 }
 
@@ -239,6 +250,13 @@ void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
 }
 
 namespace {
+// The elements a softmax reads: all, or (causal) row r's first r mod cols + 1.
+int64_t read_elements(int64_t rows, int64_t cols, bool causal) {
+  if (!causal) return rows * cols;
+  const int64_t full = rows / cols, rem = rows % cols;
+  return full * (cols * (cols + 1) / 2) + rem * (rem + 1) / 2;
+}
+
 void launch_softmax(const Tensor& x, Tensor& y, bool log, double scale, bool causal, const char* op) {
   require_cuda(x, op);
   require_cuda(y, op);
@@ -250,11 +268,12 @@ void launch_softmax(const Tensor& x, Tensor& y, bool log, double scale, bool cau
   const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    // Every element read (a masked one too, by the last pass) and written; the passes over a row
+    // Every element read (causal: those up to the query), every one written; the passes over a row
     // after the first hit the cache. About 5 operations an element.
-    declare_launch_cost(x.numel() * static_cast<int64_t>(sizeof(T)), x.numel() * static_cast<int64_t>(sizeof(T)), 5 * x.numel());
-    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T>)(x.data<T>(), y.data<T>(), cols, log,
-                                                                                       scale, causal);
+    declare_launch_cost(read_elements(rows, cols, causal) * static_cast<int64_t>(sizeof(T)),
+                        x.numel() * static_cast<int64_t>(sizeof(T)), 5 * x.numel());
+    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T, T, T>)(
+        x.data<T>(), y.data<T>(), nullptr, cols, log, scale, causal);
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
@@ -264,6 +283,36 @@ void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) { launch
 
 void CudaBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
   launch_softmax(x, y, false, scale, true, "causal_softmax");
+}
+
+void CudaBackend::causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) {
+  // One pass for autocast's case: 16-bit scores, an fp32 softmax, its 16-bit copy in the same dtype.
+  const bool narrow = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  if (!narrow || y.dtype() != DType::f32 || (low.defined() && low.dtype() != x.dtype())) {
+    Backend::causal_softmax_cast(x, y, low, scale);
+    return;
+  }
+  require_cuda(x, "causal_softmax: input");
+  require_cuda(y, "causal_softmax: output");
+  if (low.defined()) require_cuda(low, "causal_softmax: low-precision output");
+  if (x.numel() != y.numel() || (low.defined() && low.numel() != y.numel()))
+    throw std::invalid_argument("causal_softmax: input and outputs differ in size");
+  const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  if (rows > 0x7fffffff) throw std::invalid_argument("causal_softmax: more than 2^31-1 rows");
+  const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);  // launch_softmax's: the same sums
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto X_tag) { using X = decltype(X_tag);
+    if constexpr (std::is_same_v<X, Half> || std::is_same_v<X, BFloat16>) {
+      const int64_t n = x.numel(), xb = static_cast<int64_t>(sizeof(X));
+      declare_launch_cost(read_elements(rows, cols, true) * xb, n * 4 + (low.defined() ? n * xb : 0), 5 * n);
+      AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<X, float, X>)(
+          x.data<X>(), y.data<float>(), low.defined() ? static_cast<X*>(low.data_ptr()) : nullptr, cols, false, scale,
+          true);
+      AMP_CUDA_CHECK_LAUNCH();
+    }
+  });
 }
 
 void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {

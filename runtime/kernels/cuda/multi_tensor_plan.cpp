@@ -8,6 +8,14 @@ std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& num
                                                  int max_tensors, int max_blocks) {
   if (chunk_size <= 0 || max_tensors <= 0 || max_blocks <= 0)
     throw std::invalid_argument("plan_multi_tensor: chunk size and limits must be positive");
+  // The launches that max_blocks needs, each given an equal share of the chunks (a last launch of a
+  // few blocks would leave most SMs idle while it streams its chunks).
+  int64_t total = 0;
+  for (int64_t n : numels) total += (n + chunk_size - 1) / chunk_size;
+  if (total > max_blocks) {
+    const int64_t launches = (total + max_blocks - 1) / max_blocks;
+    max_blocks = static_cast<int>((total + launches - 1) / launches);
+  }
   std::vector<MultiTensorLaunch> plan;
   MultiTensorLaunch cur;
   auto flush = [&] {

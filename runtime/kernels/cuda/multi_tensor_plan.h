@@ -17,7 +17,9 @@ struct MultiTensorLaunch {
 };
 
 // Every element of every tensor is covered by exactly one block. A tensor whose chunks do not fit
-// in one launch continues in the next one. Empty tensors get no block.
+// in one launch continues in the next one. Empty tensors get no block. When the chunks need several
+// launches, they are shared out evenly (as few launches as max_blocks allows, of equal size where
+// max_tensors does not cut one short).
 std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& numels, int64_t chunk_size,
                                                  int max_tensors, int max_blocks);
 
