@@ -51,7 +51,8 @@ struct GradientReducer::State {
         b.tree.fold();  // into b.buffer, the leaf pushed last
         reuse(b);
       }
-      b.work = comm->ordered_sum_async(b.buffer);
+      b.work =
+          options.ordered_sum ? comm->ordered_sum_async(b.buffer) : comm->all_reduce_async(b.buffer, ReduceOp::avg);
       if (in_backward) ++launched_in_backward;
     }
     for (size_t i = 0; i < next_launch; ++i) buckets[i].work->test();  // lets MPI progress
@@ -88,7 +89,7 @@ struct GradientReducer::State {
         b.leaf = b.spares.back();
         b.spares.pop_back();
       } else {
-        b.leaf = zeros({b.buffer.numel()}, DType::f32, b.buffer.device());
+        b.leaf = empty({b.buffer.numel()}, DType::f32, b.buffer.device());  // every slice is written
       }
     }
     for (Slot& s : slots) {

@@ -431,6 +431,7 @@ void Trainer::connect() {
   ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
   ro.overlap = cfg_.overlap;
   ro.micro_batches = cfg_.micro_batches;
+  ro.ordered_sum = true;  // the losses carry B / E: summed in one order, the step is rank-invariant
   reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
 }
 

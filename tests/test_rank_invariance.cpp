@@ -4,9 +4,10 @@
 // param_checksum and the same saved weights for R = 1, 2, 4 (8 for one case). Each run is the
 // control of the others: nothing here is compared with a tolerance. The models: the MLP in fp32,
 // bf16, and fp16 with dynamic scaling and an injected overflow; the multi-task model with UPGrad; the
-// GPT with dropout, AdamW, clipping and the validation loss; over MPI's shared memory and over its TCP
-// transport. A checkpoint written on 2 ranks resumes on 1 and on 4 as the uninterrupted run goes on;
-// another micro-batch size, or a number of ranks that cannot split the step, is refused.
+// GPT with dropout, AdamW, clipping and the validation loss; over MPI's shared memory, over its TCP
+// transport, and on the emulated GPU over NCCL. A checkpoint written on 2 ranks resumes on 1 and on 4
+// as the uninterrupted run goes on; another micro-batch size, or a number of ranks that cannot split
+// the step, is refused.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -90,6 +91,9 @@ Outcome expect_invariant(const std::string& args, int64_t M, const std::vector<i
 
 const std::string kMlp = "--width 32 --layers 3 --batch-size 4 --steps 6";
 const std::string kMlpShort = "--width 32 --layers 3 --batch-size 4";
+// Growth every 2 steps from 2^10, and an inf in step 3's gradients: the scale rises, the step is
+// skipped and the scale backs off.
+const std::string kMlpFp16Overflow = kMlp + " --amp fp16 --init-scale 1024 --growth-interval 2 --inject-nonfinite 3";
 
 int count(const std::vector<std::string>& records, const std::string& what) {
   int n = 0;
@@ -104,10 +108,7 @@ TEST(RankInvariance, MlpFp32OnOneTwoFourAndEightRanks) {
 TEST(RankInvariance, MlpBf16) { expect_invariant(kMlp + " --amp bf16 --clip-grad-norm 0.5", 4, {1, 2, 4}); }
 
 TEST(RankInvariance, MlpFp16WithDynamicScalingAndAnInjectedOverflow) {
-  // Growth every 2 steps from 2^10, and an inf in step 3's gradients: the scale rises, the step is
-  // skipped and the scale backs off, identically on every split.
-  const Outcome o = expect_invariant(
-      kMlp + " --amp fp16 --init-scale 1024 --growth-interval 2 --inject-nonfinite 3 --log-grad-norm", 4, {1, 2, 4});
+  const Outcome o = expect_invariant(kMlpFp16Overflow + " --log-grad-norm", 4, {1, 2, 4});
   EXPECT_EQ(count(o.records, "\"skipped\":true"), 1);
   std::set<std::string> scales;
   for (const std::string& r : o.records)
@@ -136,8 +137,7 @@ TEST(RankInvariance, GptWithDropoutAdamwClippingAndTheValidationLoss) {
 
 TEST(RankInvariance, OverTcp) {
   // MPI's TCP transport, not the shared-memory sum: each case against the shared-memory run too.
-  for (const std::string& args :
-       {kMlp + " --amp fp16 --init-scale 1024 --growth-interval 2 --inject-nonfinite 3", gpt_args() + " --steps 2"}) {
+  for (const std::string& args : {kMlpFp16Overflow, gpt_args() + " --steps 2"}) {
     SCOPED_TRACE(args);
     TempDir d;
     const Outcome shm = train(d, args, 2, 4);
@@ -147,6 +147,18 @@ TEST(RankInvariance, OverTcp) {
       EXPECT_EQ(shm.records, tcp.records);
       EXPECT_TRUE(shm.weights == tcp.weights) << "the saved weights differ";
     }
+  }
+}
+
+// The CUDA backend over NCCL, on the emulated GPU (preset cuda-emu): the same contract for the
+// device's kernels and NCCL's transport.
+TEST(RankInvariance, EmulatedGpuOverNccl) {
+#ifndef AMP_TEST_EMULATED_GPU
+  GTEST_SKIP() << "the emulated GPU is built by the cuda-emu preset";
+#endif
+  for (const std::string& args : {kMlpFp16Overflow, gpt_args() + " --steps 2"}) {
+    SCOPED_TRACE(args);
+    expect_invariant(args + " --device cuda", 4, {1, 2, 4});
   }
 }
 
