@@ -191,7 +191,8 @@ TEST(RankInvariance, CheckpointOfTwoRanksResumesOnOneAndFourBitwise) {
   }
 }
 
-// What a resume cannot keep bitwise is refused before anything runs, naming the flags and values.
+// What a resume cannot keep bitwise is refused before anything runs, naming the flags and values;
+// what a fresh run cannot keep is said at start.
 TEST(RankInvariance, ResumeWithAnotherMicroBatchSizeOrASplitThatCannotBeIsRefused) {
   const std::string args = kMlpShort + " --log-every 0 --threads 1";
   TempDir d;
@@ -209,6 +210,10 @@ TEST(RankInvariance, ResumeWithAnotherMicroBatchSizeOrASplitThatCannotBeIsRefuse
   r = run(args + " --steps 4 --micro-batches 2 --resume --checkpoint-dir " + d.file("ck"), launcher(4));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("on 4 ranks, --micro-batches 1"), std::string::npos) << r.out;
+  // A split whose micro-batches are no whole subtree of the step's tree trains, and says it is its own.
+  r = run(args + " --steps 1 --micro-batches 3", launcher(2));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--micro-batches 3 is not a power of two"), std::string::npos) << r.out;
 }
 
 }  // namespace
