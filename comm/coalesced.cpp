@@ -18,7 +18,9 @@ void all_reduce_scalars(Communicator& c, const std::vector<Tensor>& scalars, Red
   DeviceMemory& b = memory_for(device);
   float* slot = static_cast<float*>(packed.data_ptr());
   for (size_t i = 0; i < scalars.size(); ++i) b.copy(slot + i, scalars[i].data_ptr(), sizeof(float));
-  c.all_reduce(packed, op);
+  // A sum adds in the tree's order (ordered_sum.h): the figures riding it are rank-invariant.
+  if (op == ReduceOp::sum) c.ordered_sum(packed);
+  else c.all_reduce(packed, op);
   for (size_t i = 0; i < scalars.size(); ++i) b.copy(scalars[i].data_ptr(), slot + i, sizeof(float));
 }
 

@@ -58,6 +58,14 @@ class Communicator {
   // In-place all-reduce of a contiguous tensor (avg divides by size() in the tensor's dtype).
   virtual std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) = 0;
   void all_reduce(Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
+  // In-place sum in which every element adds the ranks' values in the fixed order of
+  // comm/sum_tree.h's tree over ranks, whatever the transport or the buffer's size; nothing is
+  // divided. The default gathers and sums on every rank (comm/ordered_sum.cpp).
+  virtual std::unique_ptr<Work> ordered_sum_async(Tensor& t);
+  void ordered_sum(Tensor& t) { ordered_sum_async(t)->wait(); }
+  // Throws the failure a collective met in the background (a timeout, a dead peer), if any: values
+  // read back after it are not the peers' and must not be acted on as if every rank saw them.
+  virtual void raise_if_failed() {}
   virtual void broadcast(Tensor& t, int root) = 0;
   // Returns [size(), ...t.shape()]: every rank's tensor, in rank order.
   virtual Tensor all_gather(const Tensor& t) = 0;

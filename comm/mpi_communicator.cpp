@@ -4,9 +4,11 @@
 #include <chrono>
 #include <limits>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
+#include "comm/ordered_sum.h"
 #include "runtime/ops/ops.h"
 
 namespace amp::comm {
@@ -42,8 +44,10 @@ void mpi_check(int rc, const char* what) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator* c, Tensor t, ReduceOp op, std::string what)
-      : comm_(c), tensor_(std::move(t)), op_(op), what_(std::move(what)) {}
+  // then: what completes the operation once MPI's part has arrived (an average's division, an
+  // ordered sum's additions).
+  MpiWork(MpiCommunicator* c, Tensor t, std::function<void()> then, std::string what)
+      : comm_(c), tensor_(std::move(t)), then_(std::move(then)), what_(std::move(what)) {}
   MPI_Request* request() { return &req_; }
   bool test() override {
     if (done_) return true;
@@ -61,11 +65,11 @@ class MpiWork final : public Work {
  private:
   void finish() {
     done_ = true;
-    if (op_ == ReduceOp::avg) mul_(tensor_, 1.0 / comm_->size());
+    if (then_) then_();
   }
   MpiCommunicator* comm_;
   Tensor tensor_;  // keeps the buffer alive while MPI owns it
-  ReduceOp op_;
+  std::function<void()> then_;
   std::string what_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   bool done_ = false;
@@ -133,9 +137,33 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
   }
   if (t.numel() > std::numeric_limits<int>::max())
     throw std::invalid_argument(what + ": more elements than one MPI call can carry; use smaller buckets");
-  auto work = std::make_unique<MpiWork>(this, t, op, what);
+  std::function<void()> then;
+  if (op == ReduceOp::avg) then = [t, n = size_]() mutable { mul_(t, 1.0 / n); };
+  auto work = std::make_unique<MpiWork>(this, t, std::move(then), what);
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
                            op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, work->request()),
+            what.c_str());
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::ordered_sum_async(Tensor& t) {
+  check_cpu(t, "ordered_sum");
+  if (size_ == 1) return std::make_unique<CompletedWork>();
+  // On one node the shared-memory sum adds in the tree's order already.
+  if (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) return all_reduce_async(t, ReduceOp::sum);
+  // Elsewhere MPI's all-reduce may add in any order (it differs with the algorithm, the message size
+  // and the number of ranks): gather every rank's buffer without blocking, and add the rows in the
+  // tree's order once they have arrived.
+  const std::string what = "ordered_sum(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
+  if (t.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw std::invalid_argument(what + ": more bytes than one MPI call can carry; use smaller buckets");
+  Shape s = t.shape();
+  s.insert(s.begin(), size_);
+  Tensor rows = empty(s, t.dtype(), kCPU);
+  auto work = std::make_unique<MpiWork>(
+      this, rows, [rows, t]() mutable { sum_rows_in_tree_order(rows, t); }, what);
+  mpi_check(MPI_Iallgather(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, rows.data_ptr(),
+                           static_cast<int>(t.nbytes()), MPI_BYTE, comm_, work->request()),
             what.c_str());
   return work;
 }

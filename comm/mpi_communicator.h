@@ -25,6 +25,7 @@ class MpiCommunicator final : public Communicator {
   int local_size() const override { return local_size_; }
   std::string name() const override { return "mpi"; }
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override;
+  std::unique_ptr<Work> ordered_sum_async(Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
   Tensor all_gather(const Tensor& t) override;
   void barrier() override;

@@ -1,6 +1,8 @@
 // NcclCommunicator: see nccl_communicator.h for the ordering and fault model.
 #include "comm/nccl_communicator.h"
 
+#include "comm/ordered_sum.h"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -410,6 +412,23 @@ Tensor NcclCommunicator::all_gather(const Tensor& t) {
   });
   done->block(cuda::context().stream());
   return out;
+}
+
+// The base's gather and tree-order sum (comm/ordered_sum.cpp), as a Work whose wait() raises what
+// the watchdog found, as every other collective's does.
+std::unique_ptr<Work> NcclCommunicator::ordered_sum_async(Tensor& t) {
+  require_cuda_tensor(t, "ordered_sum");
+  if (size() == 1) return Communicator::ordered_sum_async(t);
+  const Tensor rows = all_gather(t);
+  sum_rows_in_tree_order(rows, t);
+  auto done = std::make_shared<cuda::Event>();
+  done->record(cuda::context().stream());
+  return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t, rows});
+}
+
+void NcclCommunicator::raise_if_failed() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->throw_if_failed_locked();
 }
 
 void NcclCommunicator::barrier() {

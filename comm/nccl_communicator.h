@@ -45,6 +45,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce_coalesced_async(std::vector<Tensor>& ts, ReduceOp op);
   void broadcast(Tensor& t, int root) override;
   Tensor all_gather(const Tensor& t) override;
+  std::unique_ptr<Work> ordered_sum_async(Tensor& t) override;
+  void raise_if_failed() override;
   // Waits on the host (at most timeout()) until every rank has arrived.
   void barrier() override;
   // A launch of a CUDA graph that holds collectives of this communicator, just issued on the compute

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "comm/sum_tree.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/ops/ops.h"
 
@@ -14,11 +15,20 @@ struct Slot {
   bool ready = false;
 };
 
+using AddInPlace = void (*)(Tensor&, const Tensor&);
+void add_in_place(Tensor& into, const Tensor& other) { add_(into, other); }
+
 struct Bucket {
-  Tensor buffer;  // flat f32
+  Tensor buffer;  // flat f32: the last micro-batch's gradients land here, then the step's sum
   size_t pending = 0;
   size_t members = 0;
   std::unique_ptr<Work> work;
+  // Several micro-batches: their gradients summed in the tree's order (sum_tree.h). Each
+  // micro-batch but the last writes into a spare buffer (`leaf`), which joins the tree after its
+  // backward; the last writes into `buffer`, which the fold leaves holding the total.
+  SumTree<Tensor, AddInPlace> tree{add_in_place};
+  std::vector<Tensor> spares;
+  Tensor leaf;
 };
 
 struct GradientReducer::State {
@@ -30,12 +40,19 @@ struct GradientReducer::State {
   bool sync = false;
   bool in_backward = false;
   size_t launched_in_backward = 0;
-  bool passthrough = false;  // one rank: nothing to average, so no copies at all
+  bool passthrough = false;  // one rank, one micro-batch: nothing to sum, so no copies at all
+  int64_t micro_batch = 0;   // of this step, counting the one in backward
 
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch++];
-      b.work = comm->all_reduce_async(b.buffer, ReduceOp::avg);
+      if (!b.tree.empty()) {
+        b.tree.push(b.buffer);
+        b.tree.fold();  // into b.buffer, the leaf pushed last
+        reuse(b);
+      }
+      b.work =
+          options.ordered_sum ? comm->ordered_sum_async(b.buffer) : comm->all_reduce_async(b.buffer, ReduceOp::avg);
       if (in_backward) ++launched_in_backward;
     }
     for (size_t i = 0; i < next_launch; ++i) buckets[i].work->test();  // lets MPI progress
@@ -55,6 +72,48 @@ struct GradientReducer::State {
     if (g.data_ptr() != dst) memory_for(g.device()).copy(dst, g.data_ptr(), g.nbytes());  // else: already a view
     if (options.overlap) launch_ready();
   }
+
+  void reuse(Bucket& b) {
+    for (Tensor& t : b.tree.take_released())
+      if (t.data_ptr() != b.buffer.data_ptr()) b.spares.push_back(t);
+  }
+
+  // Where the next micro-batch's gradients go: the last one's into the bucket, the others' into a
+  // spare. Every .grad starts undefined, so that backward writes into its slice (or the hooks and
+  // end_micro_batch copy there).
+  void direct_gradients(bool last) {
+    for (Bucket& b : buckets) {
+      if (last) {
+        b.leaf = b.buffer;
+      } else if (!b.spares.empty()) {
+        b.leaf = b.spares.back();
+        b.spares.pop_back();
+      } else {
+        b.leaf = empty({b.buffer.numel()}, DType::f32, b.buffer.device());  // every slice is written
+      }
+    }
+    for (Slot& s : slots) {
+      s.param.set_grad(Tensor());
+      s.param.set_grad_destination(buckets[s.bucket].leaf.view(static_cast<int64_t>(s.offset), s.param.shape()));
+    }
+  }
+
+  // After the backward of a micro-batch that is not the step's last: its gradients (zero where a
+  // parameter got none) join each bucket's tree.
+  void end_micro_batch() {
+    for (Slot& s : slots) {
+      Bucket& b = buckets[s.bucket];
+      Tensor dst = b.leaf.view(static_cast<int64_t>(s.offset), s.param.shape());
+      const Tensor g = s.param.grad();
+      if (!g.defined()) fill_(dst, 0.0);
+      else if (g.data_ptr() != dst.data_ptr()) copy_(dst, g);
+    }
+    for (Bucket& b : buckets) {
+      b.tree.push(b.leaf);
+      reuse(b);
+      b.leaf = Tensor();
+    }
+  }
 };
 
 GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm, ReducerOptions options)
@@ -62,7 +121,7 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
   State& st = *state_;
   st.comm = &comm;
   st.options = options;
-  st.passthrough = comm.size() == 1;
+  st.passthrough = comm.size() == 1 && options.micro_batches == 1;
   // Reverse parameter order: the last layer's gradients are ready first.
   size_t cap = options.first_bucket_bytes;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
@@ -99,6 +158,11 @@ GradientReducer::~GradientReducer() {
 
 void GradientReducer::prepare_for_backward(bool sync) {
   State& st = *state_;
+  if (!st.passthrough) {
+    if (st.micro_batch > 0) st.end_micro_batch();  // the previous one (not synced) is done
+    st.direct_gradients(sync);
+    ++st.micro_batch;
+  }
   st.sync = sync;
   st.in_backward = true;
   if (!sync) return;
@@ -134,6 +198,7 @@ void GradientReducer::finish() {
   for (Slot& s : st.slots)
     s.param.set_grad(st.buckets[s.bucket].buffer.view(static_cast<int64_t>(s.offset), s.param.shape()));
   st.sync = false;
+  st.micro_batch = 0;
 }
 
 size_t GradientReducer::num_buckets() const { return state_->buckets.size(); }

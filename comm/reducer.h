@@ -3,11 +3,13 @@
 // Parameters are packed into buckets in reverse order (the order backward produces gradients):
 // the first bucket holds about first_bucket_bytes, the rest about bucket_bytes each. A leaf's
 // post-accumulate hook copies its final gradient into its bucket; a full bucket is all-reduced at
-// once with a non-blocking collective while backward goes on. Every rank launches buckets in the
-// same fixed order. Micro-batches other than the last run with sync off (no communication).
-// After finish() each .grad is a view of its slice of a bucket, so the averaged gradients are not
+// once with a non-blocking collective (an average, or with ReducerOptions::ordered_sum a sum in the
+// fixed order of comm/sum_tree.h) while backward goes on. Every rank launches buckets in
+// the same fixed order. Micro-batches other than the last run with sync off (no communication);
+// their gradients join the tree of comm/sum_tree.h, and the last one's complete it before launch.
+// After finish() each .grad is a view of its slice of a bucket, so the reduced gradients are not
 // copied back; buckets come from Communicator::make_buffer (shared memory on one node). With a
-// single rank the reducer does nothing at all (no copies).
+// single rank and one micro-batch the reducer does nothing at all (no copies).
 #pragma once
 #include <memory>
 #include <vector>
@@ -20,6 +22,14 @@ struct ReducerOptions {
   size_t bucket_bytes = 25u << 20;
   size_t first_bucket_bytes = 1u << 20;
   bool overlap = true;  // false: launch every bucket only in finish(), after backward
+  // The micro-batches of a step: with several, each one's gradients are kept apart and summed in
+  // the tree's order (comm/sum_tree.h), one rank included, so that the sum is the same whatever the
+  // split of the step into ranks x micro-batches.
+  int64_t micro_batches = 1;
+  // false: the gradients are averaged over ranks (DDP's semantics). true: summed over ranks in the
+  // tree's order (Communicator::ordered_sum_async) with nothing divided, for losses that carry
+  // 1/(ranks x micro-batches) themselves: amp_train's rank-invariant step.
+  bool ordered_sum = false;
 };
 
 class GradientReducer {
@@ -32,7 +42,7 @@ class GradientReducer {
   // Call before a backward. sync=false (no_sync): gradients only accumulate locally.
   void prepare_for_backward(bool sync);
   // After the synced backward: launches what is left, waits for every bucket, and writes the
-  // averaged gradients back into .grad.
+  // reduced gradients back into .grad.
   void finish();
 
   size_t num_buckets() const;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/sum_tree.h"
 
 namespace amp::comm {
 
@@ -57,10 +58,16 @@ void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count,
     }
     return;
   }
+  // A sum adds in the order of the tree over ranks (sum_tree.h), which for two or three ranks is
+  // rank order: the bits are those of every other transport's ordered sum (ordered_sum.h).
+  const int64_t R = static_cast<int64_t>(src.size());
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
   for (long i = 0; i < n; ++i) {
     T acc = src[0][i];
-    for (size_t r = 1; r < src.size(); ++r) acc = take_max ? std::max(acc, src[r][i]) : acc + src[r][i];
+    if (take_max)
+      for (size_t r = 1; r < src.size(); ++r) acc = std::max(acc, src[r][i]);
+    else
+      acc = tree_sum<T>(R, [&](int64_t r) { return src[static_cast<size_t>(r)][i]; });
     if (scale != 1.0) acc = acc * k;
     for (size_t r = 0; r < src.size(); ++r) src[r][i] = acc;
   }

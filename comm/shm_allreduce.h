@@ -3,8 +3,9 @@
 //
 // Each rank owns one slot of the window. A reduction: after a barrier, rank r sums segment r over
 // all slots in rank order and writes the result into segment r of every slot; after a second
-// barrier every slot holds the result. Each element is summed in rank order whatever the buffer's
-// size, so results are bitwise independent of bucket sizes and equal on every rank.
+// barrier every slot holds the result. Each element is summed in the order of the tree over ranks
+// (comm/sum_tree.h) whatever the buffer's size, so results are bitwise independent of bucket sizes,
+// equal on every rank, and those of the other transports' ordered sums.
 //
 // Two ways in: run() copies any tensor through the slot in chunks; buffer() hands out the slot
 // itself as a tensor, which reduce_in_place() then reduces with no copy at all (the gradient

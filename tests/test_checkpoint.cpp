@@ -1,7 +1,7 @@
 // Checkpoints and --resume, as users run amp_train --model gpt: a run of 2S steps and a run of S
 // steps resumed for S more end with bitwise identical weights and metrics (1 and 2 ranks; fp32, and
 // fp16 whose dynamic scale changes along the way, with dropout and a cosine schedule); another rank
-// count with the same effective batch resumes and says so; partial, corrupt and mismatched
+// count with the same micro-batch size and effective batch resumes and says so; partial, corrupt and mismatched
 // checkpoints are refused naming the file; an older one is used only when asked; an interrupted
 // run checkpoints the step it stopped after; the last K are kept.
 #include <gtest/gtest.h>
@@ -96,18 +96,22 @@ TEST(Checkpoint, AnotherRankCountWithTheSameEffectiveBatchResumesAndSaysSo) {
   TempDir d;
   const std::string args = gpt_args("off");
   ASSERT_EQ(run(args + " --steps 4 --checkpoint-dir " + d.file("ck"), kMpirun).code, 0);
-  // 2 ranks x batch 2 -> 1 rank x batch 4.
-  std::string one = args;
-  one.replace(one.find("--batch-size 2"), 14, "--batch-size 4");
-  const RunResult ok = run(one + " --steps 8 --resume --checkpoint-dir " + d.file("ck"));
+  // 2 ranks x batch 2 -> 1 rank x batch 2 x 2 micro-batches (bitwise the same training:
+  // test_rank_invariance).
+  const RunResult ok = run(args + " --micro-batches 2 --steps 8 --resume --checkpoint-dir " + d.file("ck"));
   ASSERT_EQ(ok.code, 0) << ok.out;
-  EXPECT_NE(ok.out.find("on another layout: 1 ranks x batch 4"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("on another layout: 1 ranks x batch 2 x 2 micro-batches"), std::string::npos) << ok.out;
   // A different effective batch would read other samples: refused, naming the checkpoint's file.
-  one.replace(one.find("--batch-size 4"), 14, "--batch-size 3");
-  const RunResult bad = run(one + " --steps 12 --resume --checkpoint-dir " + d.file("ck"));
+  const RunResult bad = run(args + " --micro-batches 3 --steps 12 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("effective_batch"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("trainer.json"), std::string::npos) << bad.out;
+  // So would another micro-batch size with the same samples per step: refused, naming both.
+  std::string four = args;
+  four.replace(four.find("--batch-size 2"), 14, "--batch-size 4");
+  const RunResult b4 = run(four + " --steps 12 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(b4.code, 2) << b4.out;
+  EXPECT_NE(b4.out.find("--batch-size 4 does not match the checkpoint's 2"), std::string::npos) << b4.out;
 }
 
 TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {

@@ -305,6 +305,10 @@ class CountingCommunicator final : public comm::Communicator {
     ++all_reduces;
     return inner_.all_reduce_async(t, op);
   }
+  std::unique_ptr<comm::Work> ordered_sum_async(Tensor& t) override {  // the gradients' and figures' sums
+    ++all_reduces;
+    return inner_.ordered_sum_async(t);
+  }
   void broadcast(Tensor& t, int root) override { inner_.broadcast(t, root); }
   Tensor all_gather(const Tensor& t) override { return inner_.all_gather(t); }
   void barrier() override { inner_.barrier(); }

@@ -41,6 +41,7 @@ double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int 
   if (comm) {
     comm::ReducerOptions ro;
     ro.overlap = overlap;
+    ro.ordered_sum = true;  // as amp_train reduces
     ro.bucket_bytes = static_cast<size_t>(bucket_mb * (1 << 20));
     reducer = std::make_unique<comm::GradientReducer>(model->parameters(), *comm, ro);
   }

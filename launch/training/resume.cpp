@@ -65,13 +65,35 @@ void Trainer::resume() {
     const nlohmann::json now = checkpoint_meta(ck->step);
     const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
     if (!then.is_object()) throw std::invalid_argument(meta_file + ": corrupt: must_match is not an object");
+    // The micro-batch size B and the samples per step E are what make a resumed run the same
+    // training, bit for bit, on any number of ranks R (README, "The same training on any number of
+    // ranks"): another B sums other numbers. What may change is R and K = E / (B R).
+    const nlohmann::json layout_then = ck->meta.value("batch_layout", nlohmann::json());
+    const int64_t R = comm_.size();
+    if (layout_then.is_object() && layout_then.contains("batch_size") && layout_then["batch_size"] != cfg_.batch_size)
+      throw std::invalid_argument(meta_file + ": this run's --batch-size " + std::to_string(cfg_.batch_size) +
+                                  " does not match the checkpoint's " + layout_then["batch_size"].dump() +
+                                  ": a resumed run keeps the micro-batch size and the samples per step; the ranks and "
+                                  "--micro-batches may change");
     for (const auto& [key, value] : now["must_match"].items()) {
       if (then.contains(key) && then[key] == value) continue;
       const std::string was = then.contains(key) ? then[key].dump() : "nothing";
       std::string hint;
-      if (key == "effective_batch")
-        hint = " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout was " +
-               ck->meta.value("batch_layout", nlohmann::json()).dump() + ")";
+      if (key == "effective_batch") {
+        hint =
+            " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout "
+            "was " +
+            layout_then.dump();
+        if (then[key].is_number_integer() && then[key].get<int64_t>() % cfg_.batch_size == 0) {
+          const int64_t M = then[key].get<int64_t>() / cfg_.batch_size;  // micro-batches of a step, over all ranks
+          hint += M % R == 0
+                      ? ": on " + std::to_string(R) + " ranks, --micro-batches " + std::to_string(M / R)
+                      : ": its " + std::to_string(M) + " micro-batches of " + std::to_string(cfg_.batch_size) +
+                            " a step cannot be split over " + std::to_string(R) + " ranks (--micro-batches " +
+                            "must be a whole number): run on a number of ranks that divides " + std::to_string(M);
+        }
+        hint += ")";
+      }
       throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
                                   was + hint);
     }

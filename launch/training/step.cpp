@@ -11,6 +11,7 @@
 #include "amp/clip_grad.h"
 #include "amp/overflow.h"
 #include "comm/coalesced.h"
+#include "comm/sum_tree.h"
 #include "jd/jac.h"
 #include "jd/mtl_backward.h"
 #include "launch/training/interrupt.h"
@@ -47,49 +48,50 @@ struct StepFigures {
 };
 }  // namespace
 
-void Trainer::multi_task_backward(const models::Losses& L, bool last) {
+void Trainer::multi_task_backward(const models::Losses& L, bool /*last*/) {
   jd::MtlBackwardOptions o;
   o.shared_params = model_->shared_parameters();
   o.tasks_params = model_->task_parameters();
-  if (last && comm_.size() > 1) {
-    // The heads' gradients and each row of the trunk's Jacobian are final once their pass is done:
-    // average them over the ranks in the background while the next rows' passes run.
-    int64_t n = 0;
-    for (const Tensor& p : o.shared_params) n += p.numel();
-    reduced_jacobian_ = empty({static_cast<int64_t>(L.per_task.size()), n}, o.shared_params[0].dtype(), device_);
-    o.on_task_grads_ready = [this, &o] {
-      for (const auto& task : o.tasks_params)
-        for (const Tensor& p : task)
-          if (p.grad().defined()) {
-            Tensor g = p.grad();
-            in_flight_.push_back(comm_.all_reduce_async(g, comm::ReduceOp::avg));
-          }
-    };
-    o.on_jacobian_row_ready = [this, &o, n](int64_t k) {
-      Tensor row = reduced_jacobian_.view(k * n, {n});
-      int64_t off = 0;
-      for (const Tensor& p : o.shared_params) {
-        Tensor dst = row.view(off, {p.numel()});
-        copy_(dst, jd::jac(p).view(k * p.numel(), {p.numel()}));
-        off += p.numel();
-      }
-      in_flight_.push_back(comm_.all_reduce_async(row, comm::ReduceOp::avg));
-    };
-  }
   jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
+  // This micro-batch's trunk Jacobian and heads' gradients, flat, join the tree of the step's
+  // micro-batches (comm/sum_tree.h); aggregate_jacobians() sums them over ranks in the same order.
+  const Tensor J = jd::concatenated_jacobian(o.shared_params);
+  int64_t n = J.numel();
+  for (const auto& task : o.tasks_params)
+    for (const Tensor& p : task) n += p.numel();
+  Tensor leaf = empty({n}, DType::f32, device_);
+  Tensor part = leaf.view(0, {J.numel()});
+  copy_(part, J.reshape({J.numel()}));
+  int64_t off = J.numel();
+  for (const auto& task : o.tasks_params)
+    for (Tensor p : task) {
+      Tensor dst = leaf.view(off, {p.numel()});
+      if (p.grad().defined()) copy_(dst, p.grad().reshape({p.numel()}));
+      else fill_(dst, 0.0);
+      off += p.numel();
+      p.set_grad(Tensor());
+    }
+  for (Tensor p : o.shared_params) jd::set_jac(p, Tensor());
+  if (!jacobian_tree_)
+    jacobian_tree_ = std::make_unique<JacobianTree>([](Tensor& into, const Tensor& other) { add_(into, other); });
+  jacobian_tree_->push(leaf);
+  jacobian_tree_->take_released();
+  jacobian_rows_ = J.shape()[0];
 }
 
 std::vector<double> Trainer::aggregate_jacobians() {
   const std::vector<Tensor> shared = model_->shared_parameters();
-  Tensor J;
-  if (reduced_jacobian_.defined()) {
-    for (auto& w : in_flight_) w->wait();
-    in_flight_.clear();
-    J = reduced_jacobian_;
-    reduced_jacobian_ = Tensor();
-  } else {
-    J = jd::concatenated_jacobian(shared);  // one rank: nothing to average
-  }
+  Tensor sum = jacobian_tree_->fold();
+  comm_.ordered_sum(sum);  // every rank's, in the tree's order
+  int64_t N = 0;
+  for (const Tensor& p : shared) N += p.numel();
+  const Tensor J = sum.view(0, {jacobian_rows_, N});
+  int64_t off = jacobian_rows_ * N;
+  for (const auto& task : model_->task_parameters())
+    for (Tensor p : task) {
+      p.set_grad(sum.view(off, p.shape()).clone());
+      off += p.numel();
+    }
   for (Tensor p : shared) jd::set_jac(p, Tensor());
   jd::aggregate_into_grads(shared, J, *aggregator_);
   return aggregator_->last_weights();
@@ -117,8 +119,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const Tensor scale_used = scaler_->scale_snapshot(device_);
 
   opt_->zero_grad();
-  Tensor loss_sum = zeros({1}, DType::f32, device_);
-  std::vector<Tensor> task_sums;  // multi-task: each task's loss, summed over the micro-batches
+  // Each task's loss over the micro-batches, summed in the tree's order (comm/sum_tree.h) like the
+  // gradients, so that the logged figures are rank-invariant too.
+  std::vector<comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>> task_trees;
   for (int64_t m = 0; m < K; ++m) {
     if (!multi_task()) reducer_->prepare_for_backward(/*sync=*/m == K - 1);
     const models::Batch batch = data_->rows(first + m * B, B);
@@ -127,18 +130,17 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
       autocast ac = autocast_region();
       provide_casts();
       L = model_->losses(batch);
-      if (K > 1)
-        for (Tensor& l : L.per_task) l = div(l, static_cast<double>(K));  // PyTorch's loss / K
+      // The mean over the step's samples: B / E, the same factor in every split (no division by
+      // the ranks after the sum), so that a micro-batch's gradient does not depend on the split.
+      if (const int64_t share = K * comm_.size(); share > 1)
+        for (Tensor& l : L.per_task) l = div(l, static_cast<double>(share));
     }
     {
       NoGradGuard ng;
-      task_sums.resize(L.per_task.size());
-      for (size_t t = 0; t < L.per_task.size(); ++t) {
-        const Tensor v = L.per_task[t].detach().reshape({1}).to(DType::f32);
-        add_(loss_sum, v);
-        if (!task_sums[t].defined()) task_sums[t] = zeros({1}, DType::f32, device_);
-        add_(task_sums[t], v);
-      }
+      for (size_t t = task_trees.size(); t < L.per_task.size(); ++t)
+        task_trees.emplace_back([](Tensor& into, const Tensor& other) { add_(into, other); });
+      for (size_t t = 0; t < L.per_task.size(); ++t)
+        task_trees[t].push(L.per_task[t].detach().reshape({1}).to(DType::f32));
     }
     if (multi_task()) {
       // Every head gets its own loss's gradient; the trunk a Jacobian, aggregated after the last one.
@@ -163,13 +165,14 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   } else {
     reducer_->finish();  // gradients are now averaged over ranks (still scaled)
   }
-  if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
+  std::vector<Tensor> task_sums;  // this rank's, then (after the collective) the step's
+  for (auto& tree : task_trees) task_sums.push_back(tree.fold());
 
   // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
   // collective when there is one: every rank learns it from the same reduced figures, so every rank
   // stops after the same step.
   Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
-  bool figures_ride = scaler_->sum_with_found_inf(loss_sum) && scaler_->sum_with_found_inf(stop);
+  bool figures_ride = scaler_->sum_with_found_inf(stop);
   for (Tensor& t : task_sums) figures_ride = figures_ride && scaler_->sum_with_found_inf(t);
 
   for (const Injection& inj : cfg_.inject_nonfinite) {
@@ -191,14 +194,15 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   scaler_->step(*opt_);
   scaler_->update();
 
-  if (figures_ride) {
-    mul_(loss_sum, 1.0 / static_cast<double>(comm_.size()));  // the sum over ranks -> the mean, as avg does
-    for (Tensor& t : task_sums) mul_(t, 1.0 / static_cast<double>(comm_.size()));
-  } else {
-    std::vector<Tensor> figures = {loss_sum, stop};
+  if (!figures_ride) {
+    std::vector<Tensor> figures = {stop};
     figures.insert(figures.end(), task_sums.begin(), task_sums.end());
-    comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::avg);
+    comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::sum);  // in the tree's order
   }
+  // The losses are means already (B / E each): summed over ranks, they are the step's mean.
+  Tensor loss_sum = task_sums.at(0);
+  for (size_t t = 1; t < task_sums.size(); ++t) loss_sum = add(loss_sum, task_sums[t]);
+  if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
   // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
   const StepFigures figures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
@@ -216,7 +220,11 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
 StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point next_start) {
   StepRecord r;
   r.step = p.step;
-  StepFigures::unpack(p.figures->values(), p.grad_norm, &r);
+  const std::vector<double> values = p.figures->values();
+  // Figures that a failed collective produced are not the peers': its failure is raised instead
+  // (a rank alone, not a JobError every rank would agree on).
+  comm_.raise_if_failed();
+  StepFigures::unpack(values, p.grad_norm, &r);
   r.weights = p.weights;
   r.lr = p.lr;
   // From this step's start to the next one's: the step's share of the wall time, whether or not

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "comm/coalesced.h"
+#include "comm/sum_tree.h"
 #include "comm/replica_check.h"
 #include "launch/training/figures.h"
 #include "launch/training/interrupt.h"
@@ -96,30 +97,50 @@ void Trainer::connect() {
     Tensor d = p.detach();
     comm_.broadcast(d, 0);
   }
-  if (multi_task()) return;  // Jacobians and head gradients are averaged in aggregate_jacobians()
+  if (!comm::split_is_subtrees(comm_.size(), cfg_.micro_batches) && comm_.rank() == 0) {
+    std::printf(
+        "amp_train: note: --micro-batches %lld is not a power of two: on %d ranks the sums follow this split, "
+        "so the run is not bit for bit the one of another split of its samples per step (it is with a "
+        "power of two, or on one rank)\n",
+        static_cast<long long>(cfg_.micro_batches), comm_.size());
+    std::fflush(stdout);
+  }
+  if (multi_task()) return;  // Jacobians and head gradients are summed in aggregate_jacobians()
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
   ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
   ro.overlap = cfg_.overlap;
+  ro.micro_batches = cfg_.micro_batches;
+  ro.ordered_sum = true;  // the losses carry B / E: summed in one order, the step is rank-invariant
   reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
 }
 
 double Trainer::evaluate() {
   model_->train(false);
-  Tensor total = zeros({1}, DType::f32, device_);
+  std::vector<Tensor> batch_means;
   {
     NoGradGuard no_grad;
     autocast ac = autocast_region();
     provide_casts();
-    // Batch k is sequences [k R B, (k + 1) R B) of the validation stream; rank r takes its B.
-    const int64_t B = cfg_.batch_size, R = comm_.size();
+    // Batch k is the E = B K R sequences [k E, (k + 1) E) of the validation stream, split as a
+    // training step is: rank r's micro-batch j is the (r K + j)-th run of B. Its mean is summed as a
+    // step's loss is (each micro-batch's times B / E, in the tree's order), so that it does not
+    // depend on the split either.
+    const int64_t B = cfg_.batch_size, K = cfg_.micro_batches, R = comm_.size();
     for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
-      const models::Batch b = data_->validation_rows((k * R + comm_.rank()) * B, B);
-      add_(total, model_->losses(b).per_task.at(0).detach().reshape({1}).to(DType::f32));
+      auto tree = comm::make_sum_tree<Tensor>([](Tensor& into, const Tensor& other) { add_(into, other); });
+      for (int64_t j = 0; j < K; ++j) {
+        const models::Batch b = data_->validation_rows(((k * R + comm_.rank()) * K + j) * B, B);
+        Tensor l = model_->losses(b).per_task.at(0).detach().reshape({1}).to(DType::f32);
+        tree.push(K * R > 1 ? div(l, static_cast<double>(K * R)) : l);
+      }
+      batch_means.push_back(tree.fold());
     }
   }
+  comm::all_reduce_scalars(comm_, batch_means, comm::ReduceOp::sum);  // in the tree's order
+  Tensor total = zeros({1}, DType::f32, device_);
+  for (const Tensor& m : batch_means) add_(total, m);
   mul_(total, 1.0 / static_cast<double>(cfg_.eval_batches));
-  comm::all_reduce_scalars(comm_, {total}, comm::ReduceOp::avg);
   model_->train(true);
   return total.item();
 }

@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
+#include "comm/sum_tree.h"
 #include "jd/aggregator.h"
 #include "launch/training/checkpoint.h"
 #include "launch/training/metrics.h"
@@ -132,12 +133,13 @@ class Trainer {
   int64_t skipped_steps_ = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
-  // The multi-task backward of micro-batch `last` or not; on the last, with several ranks, the
-  // Jacobian's rows and the heads' gradients are averaged while the later rows' passes run.
+  // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients join the
+  // step's tree (comm/sum_tree.h), summed over ranks in the same order by aggregate_jacobians().
   void multi_task_backward(const models::Losses& L, bool last);
-  std::vector<double> aggregate_jacobians();  // averages over ranks (what is left), aggregates; the weights
-  Tensor reduced_jacobian_;                        // [m, N]: rows averaged over ranks in flight
-  std::vector<std::unique_ptr<comm::Work>> in_flight_;
+  std::vector<double> aggregate_jacobians();  // sums over micro-batches and ranks, aggregates; the weights
+  using JacobianTree = comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>;
+  std::unique_ptr<JacobianTree> jacobian_tree_;  // this step's micro-batches, flat [J | heads' grads]
+  int64_t jacobian_rows_ = 0;
   std::unique_ptr<jd::Aggregator> aggregator_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
