@@ -2,8 +2,11 @@
 // math, and multi-tensor AMP/optimizer kernels. Everything runs on the context's compute stream;
 // only copy_to_host and synchronize wait for the device.
 //
-// Files: cuda_backend.cpp (memory, copies), cuda_elementwise.cu, cuda_reduce.cu, cuda_random.cu,
-// cuda_gemm.cpp, cuda_fused.cu (unscale, scale update, optimizers), cuda_norm.cu (norms, clipping).
+// Files, one per op family, forward and backward together: cuda_backend.cpp (memory, copies,
+// read-backs), cuda_elementwise.cu (fill, casts, unary and binary maps, broadcast_to), cuda_reduce.cu
+// (sum_to), cuda_softmax.cu, cuda_loss.cu, cuda_random.cu (with dropout's mask), cuda_embedding.cu,
+// cuda_layer_norm.cu, cuda_permute.cu, cuda_gemm.cpp, cuda_fused.cu (unscale, scale update,
+// optimizers), cuda_grad_norm.cu (gradient norms, clipping, the finite check).
 #pragma once
 #include "runtime/kernels/backend.h"
 

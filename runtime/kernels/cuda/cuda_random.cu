@@ -1,10 +1,11 @@
-// CUDA backend: counter-based random fills. Element i uses counter offset + i (rng_math.h), so a
+// CUDA backend: counter-based random fills, and dropout's mask. Element i uses counter offset + i (rng_math.h), so a
 // tensor filled on the GPU holds the same values as one filled on the CPU with the same seed.
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/rng_math.h"
+#include "runtime/kernels/transformer_math.h"
 
 namespace amp::cuda {
 
@@ -24,6 +25,13 @@ __global__ void normal_kernel(T* d, int64_t n, uint64_t seed, uint64_t offset, d
     const double z = math::standard_normal(seed, offset + static_cast<uint64_t>(i));
     d[i] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(mean + std * z));
   }
+}
+
+template <class T>
+__global__ void dropout_mask_kernel(T* mask, int64_t n, uint64_t seed, uint64_t offset, double p) {
+  AMP_GRID_STRIDE(i, n)
+    mask[i] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(
+        math::dropout_mask(seed, offset + static_cast<uint64_t>(i), p)));
 }
 
 }  // namespace
@@ -48,6 +56,19 @@ void CudaBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double 
   dispatch_float(t.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 20 * n);
     AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), normal_kernel<T>)(t.data<T>(), n, seed, offset, mean, std);
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) {
+  require_cuda(mask, "dropout: mask");
+  const int64_t n = mask.numel();
+  if (n == 0) return;
+  Context& ctx = context();
+  dispatch_float(mask.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 10 * n);  // a counter-based draw an element
+    AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), dropout_mask_kernel<T>)(mask.data<T>(), n, seed,
+                                                                                              offset, p);
     AMP_CUDA_CHECK_LAUNCH();
   });
 }

@@ -1,5 +1,5 @@
-// CUDA backend: sum_to, softmax over the last dim (plain, and attention's causal one), NLL loss and its backward. Sums accumulate in
-// fp64 as on the CPU; every reduction combines in a fixed order, so results are deterministic.
+// CUDA backend: sum_to, broadcast_to's backward (the dims it keeps, the others summed). Sums
+// accumulate in fp64 as on the CPU, in a fixed order: deterministic.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -7,6 +7,7 @@
 
 #include "runtime/kernels/cuda/block_reduce.cuh"
 #include "runtime/kernels/cuda/broadcast_index.h"
+#include "runtime/kernels/cuda/column_tile.cuh"
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
@@ -19,8 +20,6 @@ namespace {
 
 // The dims of x that sum_to keeps and the ones it sums over, with x's element strides.
 using MixedRadix = math::StridedIndex<kMaxDims>;
-
-// --- kernels
 
 template <class T>
 __global__ void sum_all_partial_kernel(const T* x, int64_t n, double* partial) {
@@ -68,7 +67,6 @@ __global__ void sum_block_per_output_kernel(const T* x, T* out, MixedRadix kept,
 // one split the block writes the column sums; with several (few columns, many rows: more blocks to
 // fill the GPU) it writes its partial sums and sum_column_partials_kernel adds them. Every addition
 // happens in a fixed order: deterministic.
-constexpr int kColTile = 32, kRowLanes = 8;
 template <class T>
 __global__ void __launch_bounds__(kColTile * kRowLanes)
     sum_columns_kernel(const T* x, T* out, double* split_partials, int64_t rows, int64_t cols, int64_t rows_per_split) {
@@ -98,62 +96,6 @@ __global__ void sum_column_partials_kernel(const double* split_partials, int64_t
     out[col] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(total));
   }
 }
-
-// One block per row. causal: row r is query r mod cols, whose keys past it get 0 (attention's
-// mask); scale multiplies x first (1 for a plain softmax: 1 x is x exactly). x may be stored in a
-// narrower dtype X than y (read as its cast to T: exact from f16/bf16 to f32), and where low is not
-// null the row is also written cast to L (autocast's casts in the same pass, the same numbers).
-template <class X, class T, class L>
-__global__ void softmax_kernel(const X* __restrict__ x, T* __restrict__ y, L* __restrict__ low, int64_t cols, bool log,
-                               double scale, bool causal) {
-  using C = typename DevElem<T>::Compute;
-  const int64_t r = blockIdx.x;
-  const X* xr = x + r * cols;
-  T* yr = y + r * cols;
-  const int64_t valid = causal ? r % cols + 1 : cols;
-  const C sc = static_cast<C>(scale);
-  C mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) mx = MaxOp{}(mx, sc * static_cast<C>(DevElem<X>::load(xr[c])));
-  mx = block_reduce(mx, MaxOp{});
-  C total = 0;
-  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) total += std::exp(sc * static_cast<C>(DevElem<X>::load(xr[c])) - mx);
-  total = block_reduce(total, SumOp{});
-  const C log_total = std::log(total);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    C v = 0;  // past the query: not read
-    if (c < valid) {
-      const C shifted = sc * static_cast<C>(DevElem<X>::load(xr[c])) - mx;
-      v = log ? shifted - log_total : std::exp(shifted) / total;
-    }
-    const T out = DevElem<T>::store(v);
-    yr[c] = out;
-    if (low != nullptr) low[r * cols + c] = DevElem<L>::store(static_cast<typename DevElem<L>::Compute>(DevElem<T>::load(out)));
-  }
-}
-
-template <class T>
-__global__ void __launch_bounds__(1024) nll_loss_kernel(const T* logp, const int64_t* target, int64_t rows, int64_t cols, T* loss) {
-  double acc = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const int64_t t = target[r];
-    acc += (t < 0 || t >= cols) ? NAN : static_cast<double>(DevElem<T>::load(logp[r * cols + t]));
-  }
-  acc = block_reduce(acc, SumOp{});
-  if (threadIdx.x == 0)
-    loss[0] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(-acc / static_cast<double>(rows)));
-}
-
-template <class T>
-__global__ void nll_loss_backward_kernel(const T* grad, const int64_t* target, int64_t rows, int64_t cols, T* out) {
-  using C = typename DevElem<T>::Compute;
-  const C g = static_cast<C>(DevElem<T>::load(grad[0]));
-  AMP_GRID_STRIDE(r, rows) {
-    const int64_t t = target[r];
-    if (t >= 0 && t < cols) out[r * cols + t] = DevElem<T>::store(-g / static_cast<C>(rows));
-  }
-}
-
-// --- launchers
 
 template <class T>
 void launch_sum_all(const Tensor& x, Tensor& out) {
@@ -246,103 +188,6 @@ void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
     } else {
       launch_sum_to<T>(x, out);
     }
-  });
-}
-
-namespace {
-// The elements a softmax reads: all, or (causal) row r's first r mod cols + 1.
-int64_t read_elements(int64_t rows, int64_t cols, bool causal) {
-  if (!causal) return rows * cols;
-  const int64_t full = rows / cols, rem = rows % cols;
-  return full * (cols * (cols + 1) / 2) + rem * (rem + 1) / 2;
-}
-
-void launch_softmax(const Tensor& x, Tensor& y, bool log, double scale, bool causal, const char* op) {
-  require_cuda(x, op);
-  require_cuda(y, op);
-  const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  if (rows == 0) return;
-  if (rows > 0x7fffffff) throw std::invalid_argument(std::string(op) + ": more than 2^31-1 rows");
-  // Narrow rows get a smaller block, so that most threads have work.
-  const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);
-  Context& ctx = context();
-  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    // Every element read (causal: those up to the query), every one written; the passes over a row
-    // after the first hit the cache. About 5 operations an element.
-    declare_launch_cost(read_elements(rows, cols, causal) * static_cast<int64_t>(sizeof(T)),
-                        x.numel() * static_cast<int64_t>(sizeof(T)), 5 * x.numel());
-    AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<T, T, T>)(
-        x.data<T>(), y.data<T>(), nullptr, cols, log, scale, causal);
-    AMP_CUDA_CHECK_LAUNCH();
-  });
-}
-}  // namespace
-
-void CudaBackend::softmax_lastdim(const Tensor& x, Tensor& y, bool log) { launch_softmax(x, y, log, 1.0, false, "softmax"); }
-
-void CudaBackend::causal_softmax(const Tensor& x, Tensor& y, double scale) {
-  launch_softmax(x, y, false, scale, true, "causal_softmax");
-}
-
-void CudaBackend::causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) {
-  // One pass for autocast's case: 16-bit scores, an fp32 softmax, its 16-bit copy in the same dtype.
-  const bool narrow = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
-  if (!narrow || y.dtype() != DType::f32 || (low.defined() && low.dtype() != x.dtype())) {
-    Backend::causal_softmax_cast(x, y, low, scale);
-    return;
-  }
-  require_cuda(x, "causal_softmax: input");
-  require_cuda(y, "causal_softmax: output");
-  if (low.defined()) require_cuda(low, "causal_softmax: low-precision output");
-  if (x.numel() != y.numel() || (low.defined() && low.numel() != y.numel()))
-    throw std::invalid_argument("causal_softmax: input and outputs differ in size");
-  const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  if (rows == 0) return;
-  if (rows > 0x7fffffff) throw std::invalid_argument("causal_softmax: more than 2^31-1 rows");
-  const int threads = cols >= 256 ? 256 : (cols >= 64 ? 64 : 32);  // launch_softmax's: the same sums
-  Context& ctx = context();
-  dispatch_float(x.dtype(), [&](auto X_tag) { using X = decltype(X_tag);
-    if constexpr (std::is_same_v<X, Half> || std::is_same_v<X, BFloat16>) {
-      const int64_t n = x.numel(), xb = static_cast<int64_t>(sizeof(X));
-      declare_launch_cost(read_elements(rows, cols, true) * xb, n * 4 + (low.defined() ? n * xb : 0), 5 * n);
-      AMP_LAUNCH(static_cast<unsigned>(rows), threads, 0, ctx.stream(), softmax_kernel<X, float, X>)(
-          x.data<X>(), y.data<float>(), low.defined() ? static_cast<X*>(low.data_ptr()) : nullptr, cols, false, scale,
-          true);
-      AMP_CUDA_CHECK_LAUNCH();
-    }
-  });
-}
-
-void CudaBackend::nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) {
-  require_cuda(logp, "nll_loss: log-probabilities");
-  require_cuda(target, "nll_loss: target");
-  require_cuda(loss, "nll_loss: loss");
-  if (target.dtype() != DType::i64) throw std::invalid_argument("nll_loss: target must be int64");
-  const int64_t rows = logp.shape()[0], cols = logp.shape()[1];
-  Context& ctx = context();
-  dispatch_float(logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    declare_launch_cost(rows * (8 + static_cast<int64_t>(sizeof(T))), static_cast<int64_t>(sizeof(T)), rows);
-    AMP_LAUNCH(1, 1024, 0, ctx.stream(), nll_loss_kernel<T>)(logp.data<T>(), target.data<int64_t>(), rows, cols, loss.data<T>());
-    AMP_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void CudaBackend::nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) {
-  require_cuda(grad, "nll_loss_backward: grad");
-  require_cuda(target, "nll_loss_backward: target");
-  require_cuda(grad_logp, "nll_loss_backward: output");
-  const int64_t rows = grad_logp.shape()[0], cols = grad_logp.shape()[1];
-  Context& ctx = context();
-  // All-zero bits are +0.0 in every float dtype.
-  AMP_CUDA_CHECK(cudaMemsetAsync(grad_logp.data_ptr(), 0, grad_logp.nbytes(), ctx.stream()));
-  if (rows == 0) return;
-  dispatch_float(grad_logp.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    declare_launch_cost(static_cast<int64_t>(sizeof(T)) + rows * 8, rows * static_cast<int64_t>(sizeof(T)), rows);
-    AMP_LAUNCH(grid_for(rows, ctx.sm_count()), kBlock, 0, ctx.stream(), nll_loss_backward_kernel<T>)(
-        grad.data<T>(), target.data<int64_t>(), rows, cols, grad_logp.data<T>());
-    AMP_CUDA_CHECK_LAUNCH();
   });
 }
 

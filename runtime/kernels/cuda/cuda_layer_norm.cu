@@ -1,0 +1,205 @@
+// CUDA backend: layer norm and its backward. Row statistics are block reductions in double; the
+// weight's and bias's gradients are column sums in tiles (fp32, a fixed order).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/kernels/cuda/block_reduce.cuh"
+#include "runtime/kernels/cuda/column_tile.cuh"
+#include "runtime/kernels/cuda/cuda_backend.h"
+#include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/row_blocks.cuh"
+#include "runtime/kernels/strided_index.h"
+#include "runtime/kernels/transformer_math.h"
+
+namespace amp::cuda {
+
+namespace {
+
+// One block per row.
+template <class T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, T* y,
+                                  typename DevElem<T>::Compute* mean, typename DevElem<T>::Compute* rstd) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += static_cast<double>(DevElem<T>::load(xr[c]));
+  const double m = block_reduce(s, SumOp{}) / static_cast<double>(cols);
+  double v = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double d = static_cast<double>(DevElem<T>::load(xr[c])) - m;
+    v += d * d;
+  }
+  v = block_reduce(v, SumOp{});
+  const C mu = static_cast<C>(m);
+  const C rs = math::layer_norm_rstd<C>(v / static_cast<double>(cols), eps);
+  if (threadIdx.x == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    y[r * cols + c] = DevElem<T>::store(math::layer_norm_apply<C>(
+        static_cast<C>(DevElem<T>::load(xr[c])), mu, rs, static_cast<C>(DevElem<T>::load(w[c])),
+        static_cast<C>(DevElem<T>::load(b[c]))));
+}
+
+// One block per row: the input's gradient.
+template <class T>
+__global__ void layer_norm_backward_input_kernel(const T* g, const T* x, const T* w,
+                                                 const typename DevElem<T>::Compute* mean,
+                                                 const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t r = blockIdx.x;
+  const C mu = mean[r], rs = rstd[r];
+  double a = 0.0, bsum = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const C d = static_cast<C>(DevElem<T>::load(g[r * cols + c])) * static_cast<C>(DevElem<T>::load(w[c]));
+    const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
+    a += static_cast<double>(d);
+    bsum += static_cast<double>(d) * static_cast<double>(xhat);
+  }
+  a = block_reduce(a, SumOp{});
+  bsum = block_reduce(bsum, SumOp{});
+  const C ma = static_cast<C>(a / static_cast<double>(cols));
+  const C mb = static_cast<C>(bsum / static_cast<double>(cols));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
+    gx[r * cols + c] = DevElem<T>::store(math::layer_norm_grad_input<C>(
+        static_cast<C>(DevElem<T>::load(g[r * cols + c])), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
+  }
+}
+
+// The weight's and the bias's gradients, column sums over the rows in tiles (the design of
+// sum_to's sum_columns_kernel, cuda_reduce.cu): block (bx, by) owns 32 adjacent columns and the
+// by-th run of rows_per_split rows, its 8 rows of 32 threads walking those rows 8 apart (each warp
+// reads 32 adjacent elements, coalesced), accumulating in the compute type (fp32; fp64 for f64).
+// With one split the block writes gw and gb; with several it writes its partial sums, [2][splits]
+// [cols], and layer_norm_param_sums_kernel adds them in split order. Every addition happens in a
+// fixed order: deterministic run to run (not the CPU's fp64 row order: the two differ within the
+// bound test_cuda states).
+template <class T>
+__global__ void __launch_bounds__(kColTile * kRowLanes)
+    layer_norm_param_partials_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                     const typename DevElem<T>::Compute* __restrict__ mean,
+                                     const typename DevElem<T>::Compute* __restrict__ rstd, int64_t rows, int64_t cols,
+                                     int64_t rows_per_split, T* __restrict__ gw, T* __restrict__ gb,
+                                     typename DevElem<T>::Compute* __restrict__ partials) {
+  using C = typename DevElem<T>::Compute;
+  AMP_SHARED(C[2][kRowLanes][kColTile], part);
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t last = first + rows_per_split < rows ? first + rows_per_split : rows;
+  C sw = 0, sb = 0;
+  if (col < cols)
+    for (int64_t r = first + ty; r < last; r += kRowLanes) {
+      const C gv = static_cast<C>(DevElem<T>::load(g[r * cols + col]));
+      sw += gv * ((static_cast<C>(DevElem<T>::load(x[r * cols + col])) - mean[r]) * rstd[r]);
+      sb += gv;
+    }
+  part[0][ty][tx] = sw;
+  part[1][ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    C tw = 0, tb = 0;
+    for (int k = 0; k < kRowLanes; ++k) {
+      tw += part[0][k][tx];
+      tb += part[1][k][tx];
+    }
+    if (partials != nullptr) {
+      const int64_t splits = gridDim.y;
+      partials[static_cast<int64_t>(blockIdx.y) * cols + col] = tw;
+      partials[(splits + blockIdx.y) * cols + col] = tb;
+    } else {
+      gw[col] = DevElem<T>::store(tw);
+      gb[col] = DevElem<T>::store(tb);
+    }
+  }
+}
+
+template <class T>
+__global__ void layer_norm_param_sums_kernel(const typename DevElem<T>::Compute* __restrict__ partials, int64_t splits,
+                                             int64_t cols, T* __restrict__ gw, T* __restrict__ gb) {
+  using C = typename DevElem<T>::Compute;
+  AMP_GRID_STRIDE(col, cols) {
+    C tw = 0, tb = 0;
+    for (int64_t s = 0; s < splits; ++s) {
+      tw += partials[s * cols + col];
+      tb += partials[(splits + s) * cols + col];
+    }
+    gw[col] = DevElem<T>::store(tw);
+    gb[col] = DevElem<T>::store(tb);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                             Tensor& rstd) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &b, &y, &mean, &rstd}) require_cuda(*t, "layer_norm: operand");
+  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename DevElem<T>::Compute;
+    declare_launch_cost((rows + 2) * cols * static_cast<int64_t>(sizeof(T)), rows * cols * static_cast<int64_t>(sizeof(T)) + 2 * rows * static_cast<int64_t>(sizeof(C)), 8 * rows * cols);
+    AMP_LAUNCH(rows_grid(rows, "layer_norm"), row_threads(cols), 0, ctx.stream(), layer_norm_kernel<T>)(
+        x.data<T>(), w.data<T>(), b.data<T>(), cols, eps, y.data<T>(), mean.data<C>(), rstd.data<C>());
+    AMP_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                      const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&g, &x, &w, &mean, &rstd, &gx, &gw, &gb})
+    require_cuda(*t, "layer_norm_backward: operand");
+  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    using C = typename DevElem<T>::Compute;
+    const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
+    declare_launch_cost(2 * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats, gx_bytes, 10 * rows * cols);
+    AMP_LAUNCH(rows_grid(rows, "layer_norm_backward"), row_threads(cols), 0, ctx.stream(),
+               layer_norm_backward_input_kernel<T>)(g.data<T>(), x.data<T>(), w.data<T>(), mean.data<C>(),
+                                                    rstd.data<C>(), cols, gx.data<T>());
+    AMP_CUDA_CHECK_LAUNCH();
+    // Enough blocks to fill the GPU 4 times over (at least one per SM), each split at least 64 rows.
+    const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
+    const int64_t wanted = (4 * static_cast<int64_t>(ctx.sm_count()) + col_tiles - 1) / col_tiles;
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, (rows + 63) / 64, 65535}));
+    const int64_t rows_per_split = (rows + splits - 1) / splits;
+    if (col_tiles > 0x7fffffff) throw std::invalid_argument("layer_norm_backward: more than 2^36 columns");
+    const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)), block(kColTile, kRowLanes);
+    const int64_t param_bytes = 2 * cols * static_cast<int64_t>(sizeof(T));
+    if (splits == 1) {
+      declare_launch_cost(2 * gx_bytes + stats, param_bytes, 4 * rows * cols);
+      AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T>)(
+          g.data<T>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
+          gb.data<T>(), nullptr);
+      AMP_CUDA_CHECK_LAUNCH();
+    } else {
+      const int64_t partial_bytes = 2 * splits * cols * static_cast<int64_t>(sizeof(C));
+      Scratch partials(static_cast<size_t>(partial_bytes));
+      declare_launch_cost(2 * gx_bytes + stats, partial_bytes, 4 * rows * cols);
+      AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T>)(
+          g.data<T>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
+          gb.data<T>(), partials.as<C>());
+      AMP_CUDA_CHECK_LAUNCH();
+      declare_launch_cost(partial_bytes, param_bytes, 2 * splits * cols);
+      AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
+          partials.as<C>(), splits, cols, gw.data<T>(), gb.data<T>());
+      AMP_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace amp::cuda
