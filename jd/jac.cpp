@@ -31,12 +31,14 @@ Tensor jac(const Tensor& leaf) {
 
 void set_jac(const Tensor& leaf, const Tensor& j) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  // Entries of leaves that are gone are dropped as they are met, so the table holds no dead Jacobian.
-  for (auto it = table().begin(); it != table().end();) it = it->second.leaf.expired() ? table().erase(it) : std::next(it);
   if (!j.defined()) {
     table().erase(leaf.impl());
     return;
   }
+  // Before a new entry, the entries of leaves that are gone are dropped, so the table holds no dead
+  // Jacobian; clearing (once per parameter per step) costs one lookup.
+  if (table().find(leaf.impl()) == table().end())
+    for (auto it = table().begin(); it != table().end();) it = it->second.leaf.expired() ? table().erase(it) : std::next(it);
   table()[leaf.impl()] = Entry{leaf.impl_ptr(), j};
 }
 
