@@ -23,24 +23,35 @@
 #   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench/bench_vs_pytorch.py --device cuda: against
 #               PyTorch on this GPU (skipped where Python has no PyTorch)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
-# fact and figure goes to DIR/gpu_check.json.
+# fact and figure goes to DIR/gpu_check.json, rewritten after every stage (a check killed halfway
+# leaves what it measured, verdict "incomplete").
+# Options for a node lent for minutes:
+#   --budget SECONDS   the whole check's time: each stage's limit is cut to what is left (30 s are kept
+#                      for the table), and a stage that would start with under 20 s left is skipped
+#   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt);
+#                      bundle and env always run. The others are listed as skipped, not failed.
 # Exit: 0 all passed; 1 a stage failed; 2 a prerequisite is missing (no NVIDIA driver, no visible GPU,
 # nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
-bundle="" out="" ranks=""
+bundle="" out="" ranks="" budget="" only=""
 while (($#)); do
   case $1 in
     --bundle) bundle=${2:?--bundle needs an archive or a directory}; shift ;;
     --out) out=${2:?--out needs a directory}; shift ;;
     --ranks) ranks=${2:?--ranks needs a number}; shift ;;
+    --budget) budget=${2:?--budget needs seconds}; shift ;;
+    --stages) only=${2:?--stages needs a comma-separated list}; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ -z $ranks || $ranks =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --ranks $ranks: a positive number, please" >&2; exit 2; }
+[[ -z $budget || $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --budget $budget: a positive number of seconds, please" >&2; exit 2; }
+[[ -z $only || $only =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] ||
+  { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
 mkdir -p "$out/logs" || exit 2
 out=$(cd "$out" && pwd)
@@ -98,8 +109,20 @@ stop() {
 
 # stage NAME LIMIT_SECONDS COMMAND...: runs it under timeout, logs to $logs/NAME.log, records the
 # verdict. A GoogleTest that skipped a test (no usable device) counts as failed here.
+wanted() {   # wanted NAME: --stages names it or a prefix of it (bundle, env, setup and build always run)
+  [[ -z $only || $1 == bundle || $1 == env || $1 == setup || $1 == build ]] && return 0
+  local w; IFS=, read -ra w <<<"$only"
+  for x in "${w[@]}"; do [[ $1 == "$x"* ]] && return 0; done
+  return 1
+}
 stage() {
   local name=$1 limit=$2; shift 2
+  if ! wanted "$name"; then skip "$name" "not asked for (--stages $only)"; return; fi
+  if [[ -n $budget ]]; then
+    local left=$((budget - 30 - SECONDS))
+    if ((left < 20)); then skip "$name" "time budget spent (--budget $budget)"; return; fi
+    ((limit > left)) && limit=$left
+  fi
   echo "== $name (limit ${limit} s): $*"
   local t0=$SECONDS rc
   if declare -F "$1" >/dev/null; then set -- bash -c '"$@"' "$1" "$@"; fi   # a function: timeout needs a program
@@ -110,6 +133,7 @@ stage() {
   elif ((rc != 0)); then results+=("FAIL (exit $rc)")
   elif grep -q '\[  SKIPPED \]' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
   else results+=(pass); fi
+  write_json incomplete
 }
 skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); echo "== $1: skipped: $2"; }
 last_passed() { [[ ${results[-1]} == pass ]]; }
