@@ -205,8 +205,11 @@ Tensor abs_f64(const Tensor& t) {
 // |cuda - cpu| <= tol * (|cpu| + rms(cpu)), the rms term standing in for an absolute tolerance
 // where the result is near zero; non-finite values must agree exactly (inf with inf, NaN with NaN).
 // A per-element bound: one element far off fails, however many are right.
-::testing::AssertionResult matches(const Tensor& gpu_result, const Tensor& cpu_result, double tol) {
-  const Tensor g = gpu_result.to(kCPU);
+// Either side may be on the GPU (a kernel against its reference path): both are read on the host.
+// (The emulated GPU's memory is the host's, so reading a device tensor's bytes there "works"; on a
+// real GPU it is a segmentation fault: both sides come to the CPU first.)
+::testing::AssertionResult matches(const Tensor& gpu_result, const Tensor& cpu_side, double tol) {
+  const Tensor g = gpu_result.to(kCPU), cpu_result = cpu_side.to(kCPU);
   if (g.dtype() != cpu_result.dtype() || g.shape() != cpu_result.shape())
     return ::testing::AssertionFailure() << "dtype or shape differ";
   if (tol == 0) {

@@ -80,6 +80,7 @@ Run train(const std::string& device, const std::string& args) {
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "${CUDA_VISIBLE_DEVICES+CUDA_VISIBLE_DEVICES=\"$CUDA_VISIBLE_DEVICES\"} "
+      "${OMPI_MCA_plm_rsh_agent+OMPI_MCA_plm_rsh_agent=\"$OMPI_MCA_plm_rsh_agent\"} "
       "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np " +
       std::to_string(ranks()) + " --oversubscribe " + amp_train_bin() + " --device " + device +
       " --threads 1 --log-every 0 --log-grad-norm --comm-timeout " + kCommTimeout + " --metrics " + metrics +
@@ -105,6 +106,15 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 void compare(const std::string& args, double step_tol, double weight_tol, int64_t host_syncs = 0) {
   std::string reason;
   if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  // The tolerances are the emulated GPU's, whose matrix products add in the CPU's order. A real GPU's
+  // cuBLAS adds in its tensor-core tiles' order (and may split K), so each product rounds elsewhere,
+  // and 30 steps of training carry that on: 4 times wider there. Seen on an H200 (2026-11-26) with
+  // the emulator's bounds: bf16's gradient norm up to 2.5e-3 relative (bound 1e-3), fp16 with
+  // micro-batches a weight 2.07e-3 of the largest off (bound 2e-3); fp32 and the rest within them.
+  if (!kEmulated) {
+    step_tol *= 4;
+    weight_tol *= 4;
+  }
   const Run cpu = train("cpu", args), gpu = train("cuda", args);
   ASSERT_EQ(cpu.code, 0) << cpu.out;
   ASSERT_EQ(gpu.code, 0) << gpu.out;

@@ -192,6 +192,9 @@ TEST_F(NcclTest, GroupedAllReduceBroadcastAndAllGather) {
 
 TEST_F(NcclTest, AStuckCollectiveBecomesACommErrorNamingRankOpAndContext) {
   // A communicator of its own: this test aborts it.
+  // Alone, rank 0's all-reduce completes: nothing to wait for (gpu_check.sh's one-rank stage leaves
+  // this test out; CTest runs the suite on 2 ranks).
+  if (comm_->size() < 2) GTEST_SKIP() << "a stuck collective needs a peer that never joins: 2 ranks or more";
   comm::NcclCommunicator c(MPI_COMM_WORLD, local_rank_);
   c.set_timeout(2.0);
   c.set_context("step 7");

@@ -221,6 +221,11 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   export PMIX_PKGDATADIR=$_b/share/pmix PMIX_SYSCONFDIR=$_b/etc
   export OMPI_MCA_mca_base_component_path=$_b/lib/openmpi PMIX_MCA_mca_base_component_path=$_b/lib/pmix
   export HWLOC_PLUGINS_PATH=$_b/lib/hwloc
+  # mpirun refuses to start, even on one node, when its remote agent (ssh, then rsh) is not found:
+  # a container or a GPU node often has neither. One node never calls it; `false` stands in.
+  if [ -z "${OMPI_MCA_plm_rsh_agent:-}" ] && ! command -v ssh >/dev/null 2>&1 && ! command -v rsh >/dev/null 2>&1; then
+    export OMPI_MCA_plm_rsh_agent=false
+  fi
   export AMP_TEST_DATA_DIR=$_b/tests/data
   export AMP_BUNDLE_ENV=1
   unset _b _ld _need _sys _py _site _lib _found _d _s

@@ -131,7 +131,7 @@ stage() {
   names+=("$name"); seconds+=($((SECONDS - t0)))
   if ((rc == 124 || rc == 137)); then results+=("FAIL (timed out after ${limit} s)")
   elif ((rc != 0)); then results+=("FAIL (exit $rc)")
-  elif grep -q '\[  SKIPPED \]' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
+  elif grep -q 'no usable CUDA device\|need a GPU per rank' "$logs/$name.log"; then results+=("FAIL (tests skipped: no usable GPU)")
   else results+=(pass); fi
   write_json incomplete
 }
@@ -342,8 +342,11 @@ EOF
 fi
 
 # --- 2. the CUDA backend's and NCCL's own suites
-stage test_cuda 900 "$test_bin/test_cuda"
-stage test_nccl_np1 900 "$mpirun" -np 1 "$test_bin/test_nccl"
+# Recycled blocks poisoned, so that a kernel reading a freed block's stale values shows (the
+# emulated GPU always poisons); the host-sync counting test skips here: the emulator counts them.
+stage test_cuda 900 env AMP_CUDA_POISON_FREED=1 "$test_bin/test_cuda"
+# One rank has no peer to leave a collective stuck: that test needs the N-rank stage.
+stage test_nccl_np1 900 "$mpirun" -np 1 "$test_bin/test_nccl" --gtest_filter=-NcclTest.AStuckCollective*
 if ((ranks >= 2)); then
   stage "test_nccl_np$ranks" 900 "$mpirun" -np "$ranks" --oversubscribe "$test_bin/test_nccl"
 else
@@ -353,8 +356,14 @@ fi
 # --- 3. what the emulated GPU cannot check: the real memory model
 if sanitizer=$(find_cuda_tool compute-sanitizer); then
   fact compute_sanitizer "$sanitizer"
+  # API errors are the tests' own business: some provoke one on purpose (a host read inside a graph
+  # capture must fail) and check the exception. initcheck does not see the stores of cuBLAS's Hopper
+  # kernels (seen on an H200: a 48x40 fp16 product, every element checked against the exact sum,
+  # reported as never written), so that test is left out of initcheck alone.
   for tool in memcheck racecheck synccheck initcheck; do
-    stage "sanitize_$tool" 1800 "$sanitizer" --tool "$tool" --error-exitcode 1 "$real/test_cuda"
+    filter=()
+    [[ $tool == initcheck ]] && filter=(--gtest_filter=-CudaVsCpu.HalfGemmAccumulatesInFp32AndRoundsOnce)
+    stage "sanitize_$tool" 1800 "$sanitizer" --tool "$tool" --report-api-errors no --error-exitcode 1 "$real/test_cuda" "${filter[@]}"
   done
 else
   skip sanitize "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"

@@ -24,10 +24,14 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
 }
 
 // Every thread of the block must call it; the result is returned to every thread. blockDim.x must
-// be a multiple of 32 and at most 1024.
+// be a multiple of 32 and at most 1024. No shared slot is written while another thread may still
+// read it (compute-sanitizer's racecheck on an H200 found the first version's total written into
+// the warp_results[0] that the lanes of warp 0 read, with no barrier between: a shuffle orders
+// execution, not memory).
 template <class T, class Op>
 __device__ T block_reduce(T v, Op op) {
   AMP_SHARED(T[32], warp_results);
+  AMP_SHARED(T, total);  // not warp_results[0]: lane 0 would write the slot its warp's lanes read
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int warps = static_cast<int>(blockDim.x) / 32;
@@ -42,10 +46,10 @@ __device__ T block_reduce(T v, Op op) {
       const T other = __shfl_down_sync(0xffffffffu, w, offset);
       if (lane + offset < warps) w = op(w, other);
     }
-    if (lane == 0) warp_results[0] = w;
+    if (lane == 0) total = w;
   }
   __syncthreads();
-  return warp_results[0];
+  return total;
 }
 
 }  // namespace amp::cuda
