@@ -404,15 +404,18 @@ TEST_F(CudaVsCpu, BinaryOpsWithBroadcasting) {
 }
 
 TEST_F(CudaVsCpu, BroadcastToAndSumTo) {
+  // {16} and {1, 24}: out is x repeated, a whole number of 16-byte packs for every dtype (the tile
+  // kernel); {2, 1, 4}, {300, 1}: a broadcast inside (element by element).
   const std::vector<std::pair<Shape, Shape>> cases = {{{7}, {300, 7}}, {{300, 1}, {300, 7}}, {{}, {5, 5}},
-                                                      {{2, 1, 4}, {3, 2, 5, 4}}};
+                                                      {{2, 1, 4}, {3, 2, 5, 4}}, {{16}, {37, 16}},
+                                                      {{1, 24}, {3, 5, 24}}, {{1, 1, 16}, {4, 2, 16}}};
   for (DType dt : kFloatTypes) {
     for (const auto& [small, big] : cases) {
       const Tensor x = random_cpu(small, dt, 31);
       Tensor c = empty(big, dt), g = empty(big, dt, kGPU);
       cpu().broadcast_to(x, c);
       gpu().broadcast_to(x.to(kGPU), g);
-      EXPECT_TRUE(matches(g, c, 0)) << "broadcast_to " << dtype_name(dt);
+      EXPECT_TRUE(matches(g, c, 0)) << "broadcast_to " << dtype_name(dt) << shape_str(small) << " -> " << shape_str(big);
 
       const Tensor y = random_cpu(big, dt, 32);
       Tensor cs = empty(small, dt), gs = empty(small, dt, kGPU);
@@ -779,6 +782,51 @@ TEST_F(CudaVsCpu, CheckFiniteFindsInfAndNaN) {
     EXPECT_EQ(cf.item(), inject == 0 ? 0.0 : 1.0);
     EXPECT_EQ(gf.item(), cf.item()) << "inject " << inject;
   }
+}
+
+// Each tensor's norm in one pass: slot i is what norm_accumulate of tensor i alone gives (bit for
+// bit on the same backend: the same chunk partials folded the same way), on both devices, with the
+// dtypes interleaved (each dtype is launched apart, so a tensor's partials are not where its index
+// says), an empty tensor, a tensor of many chunks, and non-finite elements in one tensor only.
+TEST_F(CudaVsCpu, PerTensorNormsInOnePassAreEachTensorsOwnNorm) {
+  for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
+    for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf (in tensor 2 only)
+      std::vector<Tensor> c = {random_cpu({333}, DType::f16, 71), random_cpu({70000}, DType::f32, 72),
+                               random_cpu({1000}, DType::bf16, 73), empty({0}, DType::f32),
+                               random_cpu({200000}, DType::f32, 74), random_cpu({17}, DType::f64, 75),
+                               random_cpu({5}, DType::f16, 76)};
+      if (inject == 1) poke(c[2], 7, kNaN);
+      if (inject == 2) poke(c[2], 999, kInf);
+      const std::vector<Tensor> g = to_device(c, kGPU);
+      const double start = std::isinf(p) && p < 0 ? kInf : 0.25;  // a max or sum starts from what is there
+      Tensor cn = full({static_cast<int64_t>(c.size())}, start, DType::f32), gn = cn.to(kGPU).clone();
+      cpu().norm_accumulate_each(c, p, cn);
+      gpu().norm_accumulate_each(g, p, gn);
+      const std::vector<double> cv = cn.to_vector(), gv = gn.to(kCPU).to_vector();
+      for (size_t i = 0; i < c.size(); ++i) {
+        SCOPED_TRACE("p " + std::to_string(p) + " inject " + std::to_string(inject) + " tensor " + std::to_string(i));
+        Tensor one_c = full({1}, start, DType::f32), one_g = one_c.to(kGPU).clone();
+        cpu().norm_accumulate({c[i]}, p, one_c);
+        gpu().norm_accumulate({g[i]}, p, one_g);
+        const auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+        EXPECT_TRUE(same(gv[i], one_g.item())) << gv[i] << " vs " << one_g.item();
+        EXPECT_TRUE(same(cv[i], one_c.item())) << cv[i] << " vs " << one_c.item();
+        if (std::isfinite(cv[i])) {
+          EXPECT_NEAR(gv[i], cv[i], 1e-6 * std::fabs(cv[i]));
+        } else {
+          EXPECT_EQ(std::isnan(gv[i]), std::isnan(cv[i]));
+          EXPECT_FALSE(std::isfinite(gv[i]));
+        }
+        if (i != 2 && p != 0.0 && !(i == 3 && p < 0)) {  // the min of no element stays inf
+          EXPECT_TRUE(std::isfinite(cv[i]));  // a bad element stays in its tensor
+        }
+      }
+    }
+  }
+  Tensor wrong = zeros({2}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().norm_accumulate_each({ones({3}, DType::f32, kGPU)}, 2.0, wrong), std::invalid_argument);
+  Tensor wrong_cpu = zeros({2});
+  EXPECT_THROW(cpu().norm_accumulate_each({ones({3})}, 2.0, wrong_cpu), std::invalid_argument);
 }
 
 TEST_F(CudaVsCpu, NormsClippingAndClamping) {
@@ -1233,9 +1281,11 @@ TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
   }
 }
 
+// The shapes reach both kernels: rows of 16-byte packs where the innermost dims stay (a run of 8 or
+// 16 elements, or 20 for 4- and 8-byte types, or the whole tensor), element by element elsewhere.
 TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
-  const Shape s = {2, 3, 4, 5};
-  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::i64}) {
+  for (const Shape& s : {Shape{2, 3, 4, 5}, Shape{2, 3, 5, 8}, Shape{3, 2, 4, 16}})
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
     Tensor x = empty(s, dt);
     host_memory().fill(x, 0);
     if (dt == DType::i64)
@@ -1249,7 +1299,7 @@ TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
       Tensor c = empty(os, dt), g = empty(os, dt, kGPU);
       cpu().permute(x, perm, c);
       gpu().permute(x.to(kGPU), perm, g);
-      ASSERT_TRUE(matches(g, c, 0)) << dtype_name(dt) << " " << perm[0] << perm[1] << perm[2] << perm[3];
+      ASSERT_TRUE(matches(g, c, 0)) << dtype_name(dt) << shape_str(s) << " " << perm[0] << perm[1] << perm[2] << perm[3];
     } while (std::next_permutation(perm.begin(), perm.end()));
   }
 }

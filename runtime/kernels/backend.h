@@ -119,6 +119,9 @@ class Backend {
   // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
   // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
+  // The same for each tensor alone, in one pass over all of them: out (f32, one element per tensor)
+  // gets at i what norm_accumulate({xs[i]}, p, out[i]) would (torch._foreach_norm's accumulations).
+  virtual void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
   // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;

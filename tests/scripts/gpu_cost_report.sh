@@ -33,7 +33,8 @@ run() {  # name, cost-model shape flags, amp_train flags
 }
 
 run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \
-  --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --eval-every 0 --sample-tokens 0
+  --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 \
+  --eval-every 0 --sample-tokens 0
 run mlp-4096x3-bf16 "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp bf16 \
   --momentum 0.9
 run mlp-4096x3-fp16-scaler "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp fp16 --loss-scale dynamic \

@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
                  const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                  const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) override;
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
+  void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;
   void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
 };

@@ -9,6 +9,7 @@
 
 #include "runtime/kernels/amp_math.h"
 #include "runtime/kernels/cpu/cpu_backend.h"
+#include "runtime/kernels/norm_check.h"
 #include "runtime/kernels/cpu/dispatch.h"
 #include "runtime/kernels/cpu/stream_casts.h"
 #include "runtime/core/dtype_dispatch.h"
@@ -225,38 +226,59 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
   step_count.data<float>()[0] = step;
 }
 
-void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+namespace {
+// One tensor folded into acc: acc += sum |x|^p, or acc = max (min for p = -inf) of acc and |x|, a
+// NaN winning.
+void fold_norm(const Tensor& x, double p, double& acc) {
   const bool extremum = std::isinf(p);
   const bool lowest = extremum && p < 0.0;  // p = -inf: the smallest |x|
-  double acc = extremum ? static_cast<double>(out.data<float>()[0]) : 0.0;
-  for (const Tensor& x : xs) {
-    cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-      const T* d = x.data<T>();
-      const long n = static_cast<long>(x.numel());
-      if (extremum) {
-        // NaN is tracked apart: OpenMP's max and min reductions would drop it when combining threads.
-        double mx = 0.0, mn = INFINITY;
-        bool nan = false;
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    const T* d = x.data<T>();
+    const long n = static_cast<long>(x.numel());
+    if (extremum) {
+      // NaN is tracked apart: OpenMP's max and min reductions would drop it when combining threads.
+      double mx = 0.0, mn = INFINITY;
+      bool nan = false;
 #pragma omp parallel for schedule(static) reduction(max : mx) reduction(min : mn) reduction(|| : nan) if (n > cpu::kParallelGrain)
-        for (long i = 0; i < n; ++i) {
-          const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
-          nan = nan || std::isnan(a);
-          mx = a > mx ? a : mx;
-          mn = a < mn ? a : mn;
-        }
-        acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
-      } else {
-        // One partial sum per thread's range, added in thread order: deterministic for a thread count.
-        std::vector<double> part(static_cast<size_t>(omp_get_max_threads()) + 1, 0.0);
-        cpu::parallel_chunks(n, [&](long b, long e) {
-          part[static_cast<size_t>(omp_in_parallel() ? omp_get_thread_num() : 0)] = norm_range(d + b, e - b, p);
-        });
-        for (double s : part) acc += s;
+      for (long i = 0; i < n; ++i) {
+        const double a = std::fabs(static_cast<double>(Elem<T>::load(d[i])));
+        nan = nan || std::isnan(a);
+        mx = a > mx ? a : mx;
+        mn = a < mn ? a : mn;
       }
-    });
+      acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
+    } else {
+      // One partial sum per thread's range, added in thread order: deterministic for a thread count.
+      std::vector<double> part(static_cast<size_t>(omp_get_max_threads()) + 1, 0.0);
+      cpu::parallel_chunks(n, [&](long b, long e) {
+        part[static_cast<size_t>(omp_in_parallel() ? omp_get_thread_num() : 0)] = norm_range(d + b, e - b, p);
+      });
+      for (double s : part) acc += s;
+    }
+  });
+}
+
+// acc into an f32 slot: stored for a max or min (acc started from the slot), added for a sum.
+void store_norm(double p, double acc, float& slot) {
+  if (std::isinf(p)) slot = static_cast<float>(acc);
+  else slot += static_cast<float>(acc);
+}
+}  // namespace
+
+void CpuBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  double acc = std::isinf(p) ? static_cast<double>(out.data<float>()[0]) : 0.0;
+  for (const Tensor& x : xs) fold_norm(x, p, acc);
+  store_norm(p, acc, out.data<float>()[0]);
+}
+
+void CpuBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  check_norms_output(xs, out);
+  float* slots = out.data<float>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double acc = std::isinf(p) ? static_cast<double>(slots[i]) : 0.0;
+    fold_norm(xs[i], p, acc);
+    store_norm(p, acc, slots[i]);
   }
-  if (extremum) out.data<float>()[0] = static_cast<float>(acc);
-  else out.data<float>()[0] += static_cast<float>(acc);
 }
 
 void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {

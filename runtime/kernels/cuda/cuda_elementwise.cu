@@ -157,6 +157,24 @@ __global__ void gather_kernel(const U* x, U* out, int64_t n, BroadcastIndex ix) 
   AMP_GRID_STRIDE(i, n) out[i] = x[ix.offset(i)];
 }
 
+// broadcast_to where x is out's trailing dims (a bias [C] to [N, C]): out is x repeated, pack by
+// pack (x's length a whole number of packs): one remainder per 16 bytes instead of an index per element.
+template <class U, int N>
+__global__ void tile_kernel(const U* x, int64_t x_packs, U* out, int64_t packs) {
+  AMP_GRID_STRIDE(i, packs) reinterpret_cast<Pack<U, N>*>(out)[i] = reinterpret_cast<const Pack<U, N>*>(x)[i % x_packs];
+}
+
+// Whether out is x repeated: x's shape, aligned right, is 1 in out's leading dims and equal in the rest.
+bool is_tile(const Shape& x, const Shape& out) {
+  if (x.size() > out.size()) return false;
+  const size_t lead = out.size() - x.size();
+  size_t d = 0;
+  while (d < x.size() && x[d] == 1 && out[lead + d] != 1) ++d;  // x's leading 1s broadcast
+  for (; d < x.size(); ++d)
+    if (x[d] != out[lead + d]) return false;
+  return true;
+}
+
 }  // namespace
 
 // --- launchers
@@ -314,8 +332,13 @@ void CudaBackend::broadcast_to(const Tensor& x, Tensor& out) {
   dispatch_bits(dtype_size(x.dtype()), [&](auto U_tag) { using U = decltype(U_tag);
     const unsigned grid = grid_for(n, ctx.sm_count());
     declare_launch_cost(x.numel() * static_cast<int64_t>(sizeof(U)), n * static_cast<int64_t>(sizeof(U)));
+    constexpr int N = kPackOf<U>;
     if (x.numel() == 1) {
       AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), fill_from_device_kernel<U>)(out.data<U>(), n, x.data<U>());
+    } else if (x.numel() % N == 0 && is_tile(x.shape(), out.shape()) && pack_aligned(x.data_ptr(), 16) &&
+               pack_aligned(out.data_ptr(), 16)) {
+      AMP_LAUNCH(grid_for(n / N, ctx.sm_count()), kBlock, 0, ctx.stream(), tile_kernel<U, N>)(
+          x.data<U>(), x.numel() / N, out.data<U>(), n / N);
     } else {
       AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), gather_kernel<U>)(x.data<U>(), out.data<U>(), n, ix);
     }

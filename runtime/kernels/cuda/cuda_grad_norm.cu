@@ -1,8 +1,11 @@
 // CUDA backend: multi-tensor norms, clipping by norm and clamping, for gradient clipping. The norm
 // never leaves the device: clip_by_norm reads it there.
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "runtime/kernels/amp_math.h"
@@ -12,6 +15,7 @@
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/multi_tensor_apply.cuh"
+#include "runtime/kernels/norm_check.h"
 
 namespace amp::cuda {
 
@@ -57,16 +61,23 @@ struct NormOp {
   }
 };
 
-// Folds the partials in a fixed order into out, as the CPU does: out = max(out, norm) for the
-// inf-norm (min for -inf), out += sum otherwise.
-__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, int64_t count, NormKind kind, float* out) {
+// Block b folds the partials [r.begin[b], r.end[b]) in a fixed order into out[b], as the CPU does:
+// out = max(out, norm) for the inf-norm (min for -inf), out += sum otherwise. One block for
+// norm_accumulate; one per tensor, kFinishSlots a launch, for norm_accumulate_each.
+inline constexpr int kFinishSlots = 256;
+struct FinishRanges {
+  int32_t begin[kFinishSlots], end[kFinishSlots];
+};
+__global__ void __launch_bounds__(1024) norm_finish_kernel(const double* partial, FinishRanges r, NormKind kind, float* out) {
+  const int b = static_cast<int>(blockIdx.x);
   // out enters the fold once, through thread 0.
-  double acc = kind != NormKind::sum && threadIdx.x == 0 ? static_cast<double>(out[0]) : norm_identity(kind);
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = norm_fold(kind, acc, partial[i]);
+  double acc = kind != NormKind::sum && threadIdx.x == 0 ? static_cast<double>(out[b]) : norm_identity(kind);
+  for (int64_t i = r.begin[b] + static_cast<int64_t>(threadIdx.x); i < r.end[b]; i += blockDim.x)
+    acc = norm_fold(kind, acc, partial[i]);
   acc = norm_block_reduce(kind, acc);
   if (threadIdx.x == 0) {
-    if (kind != NormKind::sum) out[0] = static_cast<float>(acc);
-    else out[0] += static_cast<float>(acc);
+    if (kind != NormKind::sum) out[b] = static_cast<float>(acc);
+    else out[b] += static_cast<float>(acc);
   }
 }
 
@@ -113,27 +124,65 @@ struct CheckFiniteOp {
 
 // --- launchers
 
-// Calls f(T{}, ptrs, numels) once per dtype present in xs, in a fixed dtype order. A tensor of a
-// non-floating dtype is refused (with the CPU backend's message) before anything is launched: it
-// would get no block, and a norm's partial slots for its chunks would stay unwritten.
-template <class F>
-void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
+// The order in which the multi-tensor ops visit xs: grouped by dtype (f32, f64, f16, bf16), each
+// group in xs's order. A tensor of a non-floating dtype is refused (with the CPU backend's message)
+// before anything is launched: it would get no block, and a norm's partial slots for its chunks
+// would stay unwritten.
+std::vector<size_t> dtype_group_order(const std::vector<Tensor>& xs) {
   for (const Tensor& x : xs) {
     require_cuda(x, "tensor of a multi-tensor op");
     if (!is_floating(x.dtype()))
       throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
   }
-  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+  std::vector<size_t> order;
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16})
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (xs[i].dtype() == dt) order.push_back(i);
+  return order;
+}
+
+// Calls f(T{}, ptrs, numels) once per dtype present in xs, in dtype_group_order.
+template <class F>
+void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
+  const std::vector<size_t> order = dtype_group_order(xs);
+  for (size_t g = 0; g < order.size();) {
+    const DType dt = xs[order[g]].dtype();
     std::vector<std::array<void*, 1>> ptrs;
     std::vector<int64_t> numels;
-    for (const Tensor& x : xs) {
-      require_cuda(x, "tensor of a multi-tensor op");
-      if (x.dtype() != dt) continue;
-      ptrs.push_back({x.data_ptr()});
-      numels.push_back(x.numel());
+    for (; g < order.size() && xs[order[g]].dtype() == dt; ++g) {
+      ptrs.push_back({xs[order[g]].data_ptr()});
+      numels.push_back(xs[order[g]].numel());
     }
-    if (ptrs.empty()) continue;
     dispatch_float(dt, [&](auto T_tag) { f(T_tag, ptrs, numels); });
+  }
+}
+
+int64_t chunks_of(const Tensor& x) { return (x.numel() + kChunkSize - 1) / kChunkSize; }
+
+// The norm's partial of every chunk of xs into partial (NormOp, in dtype_group_order), then
+// out[s] folded from the partials ranges[s] (norm_finish_kernel).
+void norm_partials_and_finish(const std::vector<Tensor>& xs, double p, double* partial,
+                              const std::vector<std::pair<int64_t, int64_t>>& ranges, float* out) {
+  const NormKind kind = !std::isinf(p) ? NormKind::sum : p > 0 ? NormKind::max : NormKind::min;
+  int64_t offset = 0;
+  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
+    using T = decltype(T_tag);
+    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
+    offset += multi_tensor_block_count(numels, kChunkSize);
+  });
+  if (offset > INT32_MAX) throw std::invalid_argument("norm: more than 2^31 chunks");
+  for (size_t b = 0; b < ranges.size(); b += kFinishSlots) {
+    const size_t n = std::min(ranges.size() - b, static_cast<size_t>(kFinishSlots));
+    FinishRanges r{};
+    int64_t folded = 0;
+    for (size_t i = 0; i < n; ++i) {
+      r.begin[i] = static_cast<int32_t>(ranges[b + i].first);
+      r.end[i] = static_cast<int32_t>(ranges[b + i].second);
+      folded += ranges[b + i].second - ranges[b + i].first;
+    }
+    declare_launch_cost(8 * folded + 4 * static_cast<int64_t>(n), 4 * static_cast<int64_t>(n), folded);
+    AMP_LAUNCH(static_cast<unsigned>(n), 1024, 0, context().stream(), norm_finish_kernel)(partial, r, kind, out + b);
+    AMP_CUDA_CHECK_LAUNCH();
   }
 }
 
@@ -142,25 +191,25 @@ void for_each_dtype_group(const std::vector<Tensor>& xs, F&& f) {
 void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
   require_cuda(out, "norm output");
   if (out.dtype() != DType::f32) throw std::invalid_argument("norm output must be float32");
-  for (const Tensor& x : xs) {
-    require_cuda(x, "tensor of a norm");
-    if (!is_floating(x.dtype()))
-      throw std::invalid_argument(std::string("expected a floating dtype, got ") + dtype_name(x.dtype()));
-  }
-  const NormKind kind = !std::isinf(p) ? NormKind::sum : p > 0 ? NormKind::max : NormKind::min;
   std::vector<int64_t> all;
   for (const Tensor& x : xs) all.push_back(x.numel());
   const int64_t blocks = multi_tensor_block_count(all, kChunkSize);
   Scratch partial(sizeof(double) * static_cast<size_t>(blocks > 0 ? blocks : 1));
-  int64_t offset = 0;
-  for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
-    using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial.as<double>() + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
-    offset += multi_tensor_block_count(numels, kChunkSize);
-  });
-  declare_launch_cost(8 * blocks, 4, blocks);
-  AMP_LAUNCH(1, 1024, 0, context().stream(), norm_finish_kernel)(partial.as<double>(), blocks, kind, out.data<float>());
-  AMP_CUDA_CHECK_LAUNCH();
+  norm_partials_and_finish(xs, p, partial.as<double>(), {{0, blocks}}, out.data<float>());
+}
+
+void CudaBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) {
+  check_norms_output(xs, out);
+  if (xs.empty()) return;
+  // Tensor i's partials: a contiguous run, where dtype_group_order places it.
+  std::vector<std::pair<int64_t, int64_t>> ranges(xs.size());
+  int64_t blocks = 0;
+  for (size_t i : dtype_group_order(xs)) {
+    ranges[i] = {blocks, blocks + chunks_of(xs[i])};
+    blocks += chunks_of(xs[i]);
+  }
+  Scratch partial(sizeof(double) * static_cast<size_t>(blocks > 0 ? blocks : 1));
+  norm_partials_and_finish(xs, p, partial.as<double>(), ranges, out.data<float>());
 }
 
 void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
