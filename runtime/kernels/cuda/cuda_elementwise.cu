@@ -331,15 +331,18 @@ void CudaBackend::broadcast_to(const Tensor& x, Tensor& out) {
   Context& ctx = context();
   dispatch_bits(dtype_size(x.dtype()), [&](auto U_tag) { using U = decltype(U_tag);
     const unsigned grid = grid_for(n, ctx.sm_count());
-    declare_launch_cost(x.numel() * static_cast<int64_t>(sizeof(U)), n * static_cast<int64_t>(sizeof(U)));
+    const int64_t read = x.numel() * static_cast<int64_t>(sizeof(U)), written = n * static_cast<int64_t>(sizeof(U));
     constexpr int N = kPackOf<U>;
     if (x.numel() == 1) {
+      declare_launch_cost(read, written);
       AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), fill_from_device_kernel<U>)(out.data<U>(), n, x.data<U>());
     } else if (x.numel() % N == 0 && is_tile(x.shape(), out.shape()) && pack_aligned(x.data_ptr(), 16) &&
                pack_aligned(out.data_ptr(), 16)) {
+      declare_launch_cost(read, written, n / N * kDivModFlops);  // a remainder per pack
       AMP_LAUNCH(grid_for(n / N, ctx.sm_count()), kBlock, 0, ctx.stream(), tile_kernel<U, N>)(
           x.data<U>(), x.numel() / N, out.data<U>(), n / N);
     } else {
+      declare_launch_cost(read, written, ix.identity || ix.scalar ? 0 : n * 2 * ix.ndim * kDivModFlops);
       AMP_LAUNCH(grid, kBlock, 0, ctx.stream(), gather_kernel<U>)(x.data<U>(), out.data<U>(), n, ix);
     }
     AMP_CUDA_CHECK_LAUNCH();

@@ -71,12 +71,14 @@ void CudaBackend::permute(const Tensor& x, const std::vector<int64_t>& perm, Ten
   const RowPlan plan = row_plan(index);
   auto launch = [&](auto U_tag) { using U = decltype(U_tag);
     constexpr int N = kPackOf<U>;
-    declare_launch_cost(total * static_cast<int64_t>(sizeof(U)), total * static_cast<int64_t>(sizeof(U)));
+    const int64_t bytes = total * static_cast<int64_t>(sizeof(U));
     if (plan.run % N == 0 && pack_aligned(x.data_ptr(), 16) && pack_aligned(out.data_ptr(), 16)) {
       const int64_t packs = total / N;
+      declare_launch_cost(bytes, bytes, packs * (2 * plan.rows.n + 2) * kDivModFlops);  // the row, then its index
       AMP_LAUNCH(grid_for(packs, ctx.sm_count()), kBlock, 0, ctx.stream(), permute_rows_kernel<U, N>)(
           static_cast<const U*>(x.data_ptr()), packs, plan.run / N, plan.rows, static_cast<U*>(out.data_ptr()));
     } else {
+      declare_launch_cost(bytes, bytes, total * 2 * index.n * kDivModFlops);
       AMP_LAUNCH(grid_for(total, ctx.sm_count()), kBlock, 0, ctx.stream(), permute_kernel<U>)(
           static_cast<const U*>(x.data_ptr()), total, index, static_cast<U*>(out.data_ptr()));
     }
