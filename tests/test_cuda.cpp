@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1311,6 +1312,97 @@ TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
     gpu().dropout_mask(g, 9, 1234, 0.3);
     EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
   }
+}
+
+// The fused attention against causal attention written out here in double from the same inputs:
+// y, each row's log-sum-exp, and the three gradients (dv_j = sum_i p_ij gy_i; ds_ij = p_ij (gy_i .
+// v_j - gy_i . y_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i). T = 37 and 70:
+// partial row blocks and key tiles, and keys of more than one tile. Within a few units of the
+// dtype's rounding of the largest value (each output is rounded once; the sums are fp32).
+TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
+                   std::to_string(H) + " D " + std::to_string(D));
+      ASSERT_TRUE(gpu().has_fused_attention(dt, D));
+      const int64_t C = H * D;
+      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+      const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 301, -1.5, 1.5), gy = random_cpu({B, T, C}, dt, 302);
+      Tensor y = empty({B, T, C}, dt, kGPU), lse = empty({B, H, T}, DType::f32, kGPU);
+      gpu().attention_forward(qkv.to(kGPU), H, scale, y, lse);
+      Tensor dqkv = empty({B, T, 3 * C}, dt, kGPU);
+      gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, dqkv);
+      const std::vector<double> x = qkv.to_vector(), g = gy.to_vector();
+      std::vector<double> ry(static_cast<size_t>(B * T * C)), rl(static_cast<size_t>(B * H * T));
+      std::vector<double> rd(static_cast<size_t>(B * T * 3 * C), 0.0);
+      auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
+        return static_cast<size_t>((b * T + t) * 3 * C + part * C + h * D + d);
+      };
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          std::vector<double> P(static_cast<size_t>(T * T), 0.0);
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<double> sc(static_cast<size_t>(i + 1));
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j <= i; ++j) {
+              double dot = 0;
+              for (int64_t d = 0; d < D; ++d) dot += x[at(b, i, 0, h, d)] * x[at(b, j, 1, h, d)];
+              sc[static_cast<size_t>(j)] = scale * dot;
+              mx = std::max(mx, scale * dot);
+            }
+            for (double v : sc) sum += std::exp(v - mx);
+            rl[static_cast<size_t>((b * H + h) * T + i)] = mx + std::log(sum);
+            for (int64_t j = 0; j <= i; ++j) P[static_cast<size_t>(i * T + j)] = std::exp(sc[static_cast<size_t>(j)] - mx) / sum;
+            for (int64_t d = 0; d < D; ++d) {
+              double acc = 0;
+              for (int64_t j = 0; j <= i; ++j) acc += P[static_cast<size_t>(i * T + j)] * x[at(b, j, 2, h, d)];
+              ry[static_cast<size_t>((b * T + i) * C + h * D + d)] = acc;
+            }
+          }
+          for (int64_t i = 0; i < T; ++i) {
+            const size_t gi = static_cast<size_t>((b * T + i) * C + h * D);
+            double di = 0;
+            for (int64_t d = 0; d < D; ++d) di += g[gi + static_cast<size_t>(d)] * ry[gi + static_cast<size_t>(d)];
+            for (int64_t j = 0; j <= i; ++j) {
+              const double p = P[static_cast<size_t>(i * T + j)];
+              double dp = 0;
+              for (int64_t d = 0; d < D; ++d) dp += g[gi + static_cast<size_t>(d)] * x[at(b, j, 2, h, d)];
+              const double ds = p * (dp - di);
+              for (int64_t d = 0; d < D; ++d) {
+                rd[at(b, j, 2, h, d)] += p * g[gi + static_cast<size_t>(d)];
+                rd[at(b, i, 0, h, d)] += scale * ds * x[at(b, j, 1, h, d)];
+                rd[at(b, j, 1, h, d)] += scale * ds * x[at(b, i, 0, h, d)];
+              }
+            }
+          }
+        }
+      const double u = dt == DType::f32 ? 1e-6 : dt == DType::f16 ? 0x1p-11 : 0x1p-8;
+      auto check = [&](const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+        double largest = 0;
+        for (double v : want) largest = std::max(largest, std::fabs(v));
+        int bad = 0;
+        for (size_t k = 0; k < want.size() && bad < 5; ++k)
+          if (!(std::fabs(got[k] - want[k]) <= 4 * u * largest)) {
+            ++bad;
+            ADD_FAILURE() << what << "[" << k << "]: cuda " << got[k] << " vs " << want[k] << " (largest " << largest << ")";
+          }
+      };
+      check(y.to(kCPU).to_vector(), ry, "y");
+      check(lse.to(kCPU).to_vector(), rl, "lse");
+      check(dqkv.to(kCPU).to_vector(), rd, "dqkv");
+      // The op takes these kernels without dropout: its output and, through autograd, qkv's gradient
+      // are theirs bit for bit (with dropout it takes the composite).
+      Tensor leaf = qkv.to(kGPU);
+      leaf.set_requires_grad(true);
+      const Tensor out = causal_attention(leaf, H);
+      EXPECT_TRUE(matches(out, y, 0));
+      out.backward(gy.to(kGPU));
+      EXPECT_TRUE(matches(leaf.grad(), dqkv, 0));
+    }
+  }
+  EXPECT_FALSE(gpu().has_fused_attention(DType::f64, 64));
+  EXPECT_FALSE(gpu().has_fused_attention(DType::bf16, 48));
+  EXPECT_FALSE(cpu().has_fused_attention(DType::f32, 64));
 }
 
 TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {

@@ -46,10 +46,11 @@ __global__ void full_mask_in_a_partial_warp(float* out) {
   out[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1.0f, 1);
 }
 
-__global__ void shuffle_down_and_xor(int* down, int* xr) {
+__global__ void shuffle_down_and_xor(int* down, int* xr, int* idx) {
   const int v = static_cast<int>(threadIdx.x) * 10;
   down[threadIdx.x] = __shfl_down_sync(0xffffffffu, v, 3);
   xr[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 5);
+  idx[threadIdx.x] = __shfl_sync(0xffffffffu, v, 7 + 32 * (static_cast<int>(threadIdx.x) % 3));  // lane 7, any multiple of 32 off
 }
 
 template <class T>
@@ -145,13 +146,15 @@ TEST_F(Emu, BlockReduceSumsEveryThreadsValueForAnyBlockSize) {
 TEST_F(Emu, ShufflesFollowCudaSemantics) {
   int* down = device<int>(64);
   int* xr = device<int>(64);
-  AMP_LAUNCH(1, 64, 0, nullptr, shuffle_down_and_xor)(down, xr);
-  const std::vector<int> d = host(down, 64), x = host(xr, 64);
+  int* idx = device<int>(64);
+  AMP_LAUNCH(1, 64, 0, nullptr, shuffle_down_and_xor)(down, xr, idx);
+  const std::vector<int> d = host(down, 64), x = host(xr, 64), ix = host(idx, 64);
   for (int t = 0; t < 64; ++t) {
     const int lane = t % 32, warp = t / 32 * 32;
     // Past the end of the warp, a lane keeps its own value.
     EXPECT_EQ(d[static_cast<size_t>(t)], (lane + 3 < 32 ? warp + lane + 3 : t) * 10) << t;
     EXPECT_EQ(x[static_cast<size_t>(t)], (warp + (lane ^ 5)) * 10) << t;
+    EXPECT_EQ(ix[static_cast<size_t>(t)], (warp + 7) * 10) << t;  // the source lane modulo the warp
   }
 }
 

@@ -195,6 +195,16 @@ TEST(EmulatedTraining, MultiTaskJacobianDescentMatchesTheCpuBackend) {
 // The GPT on the emulated GPU: embedding, layer norm, attention (permutes, batched GEMMs, the causal
 // softmax), GELU, dropout and tied logits, in fp16 with dynamic scaling, against the CPU backend.
 // SGD with momentum, for the reason above.
+// Without dropout the GPU takes the fused attention (scores in fp32, never stored) while the CPU
+// keeps the composite (scores rounded to fp16 before the softmax): the same training within fp16's
+// rounding.
+TEST(EmulatedTraining, GptWithTheFusedAttentionMatchesTheCpuBackend) {
+  compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+              " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"
+              " --amp fp16 --init-scale 1024 --growth-interval 4",
+          1e-3, 2e-3);
+}
+
 TEST(EmulatedTraining, GptMatchesTheCpuBackend) {
   compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
               " --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"

@@ -148,6 +148,9 @@ def report(step, ops, peak, args):
     eager = simulate(times, LAUNCH_HOST_S)
     graph = simulate(times, LAUNCH_GRAPH_S)
     gemm_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] in ("bf16", "f16"))
+    # The fused attention's products are matrix products (tensor-core work, as FlashAttention does
+    # them): the floor counts them as it counted the batched GEMMs they replace.
+    gemm_flops += sum(op["flops"] for op in ops if op["op"] == "kernel" and op["name"].startswith("attention_"))
     fp32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] not in ("bf16", "f16"))
     optimizer = sum(op["read"] + op["written"] for op in ops
                     if op["op"] == "kernel" and ("AdamOp" in op["params"] or "SgdOp" in op["params"]))

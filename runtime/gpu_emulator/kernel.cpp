@@ -265,6 +265,11 @@ uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width,
   return shuffle(mask, bits, in_segment + static_cast<int>(delta), width, where);
 }
 
+uint64_t shfl_idx_bits(uint32_t mask, uint64_t bits, int src_lane, int width, std::source_location where) {
+  // CUDA: the source lane is taken modulo the width, within the caller's segment.
+  return shuffle(mask, bits, ((src_lane % std::max(width, 1)) + std::max(width, 1)) % std::max(width, 1), width, where);
+}
+
 uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where) {
   const int in_segment = linear_lane() % std::max(width, 1);
   return shuffle(mask, bits, in_segment ^ lane_mask, width, where);

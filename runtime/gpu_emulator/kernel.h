@@ -46,6 +46,7 @@ void syncthreads(std::source_location where);
 // The shuffles exchange 8-byte slots; narrower types travel in the low bytes.
 uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width, std::source_location where);
 uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where);
+uint64_t shfl_idx_bits(uint32_t mask, uint64_t bits, int src_lane, int width, std::source_location where);
 
 // v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
 template <class T, class Exchange>
@@ -143,6 +144,10 @@ template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
                    std::source_location where = std::source_location::current()) {
   return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_down_bits(mask, b, delta, width, where); });
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32, std::source_location where = std::source_location::current()) {
+  return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_idx_bits(mask, b, src_lane, width, where); });
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,

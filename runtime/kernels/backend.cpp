@@ -20,6 +20,14 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   gemm(false, true, 1.0f, x, w, 1.0f, y);
 }
 
+void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&) {
+  throw std::logic_error("attention_forward: this backend has no fused attention (has_fused_attention)");
+}
+
+void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double, Tensor&) {
+  throw std::logic_error("attention_backward: this backend has no fused attention (has_fused_attention)");
+}
+
 void Backend::causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) {
   Tensor xs = x;
   if (x.dtype() != y.dtype()) {

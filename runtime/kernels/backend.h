@@ -76,6 +76,16 @@ class Backend {
   // softmax_backward (not log) with g cast to y's dtype first and gx the result cast to gx's dtype:
   // the numbers of cast, softmax_backward, cast; the same default.
   virtual void softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale);
+  // Causal self-attention without the [T, T] scores in memory (FlashAttention's order: scores, their
+  // softmax and the product with v, a tile of keys at a time, all in fp32). qkv [B, T, 3C] holds q, k,
+  // v side by side, H heads of D = C / H each; y [B, T, C] in qkv's dtype; lse [B, H, T] f32, each
+  // row's log-sum-exp of its scaled scores (what the backward recomputes the softmax from). Optional:
+  // a backend that has it says so for the dtype and head size; the op falls back to its composite.
+  virtual bool has_fused_attention(DType, int64_t /*head_dim*/) const { return false; }
+  virtual void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse);
+  // d(qkv) [B, T, 3C] in qkv's dtype from gy [B, T, C] (y's dtype), recomputing the scores.
+  virtual void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy,
+                                  int64_t n_head, double scale, Tensor& dqkv);
   // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 

@@ -139,6 +139,19 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Backend& be = backend_for(qkv.device());
+  if (dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
+    // Without dropout, where the backend has it: the scores stay on chip (attention_forward).
+    Tensor out = empty({B, T, C}, qkv.dtype(), qkv.device()), lse = empty({B, H, T}, DType::f32, qkv.device());
+    be.attention_forward(qkv, H, scale, out, lse);
+    const Tensor saved = out.view(0, out.shape());  // y's values, without y's own grad_fn (no cycle)
+    return record("CausalAttentionBackward", out, {qkv}, [qkv, saved, lse, H, scale](const Tensor& g_in) {
+      if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
+      const Tensor g = g_in.dtype() == qkv.dtype() ? g_in : g_in.to(qkv.dtype());
+      Tensor dqkv = empty(qkv.shape(), qkv.dtype(), qkv.device());
+      backend_for(g.device()).attention_backward(qkv, saved, lse, g, H, scale, dqkv);
+      return std::vector<Tensor>{dqkv};
+    });
+  }
   // The same primitives, dtypes and order as the composite (permute, select, bmm, causal_softmax,
   // dropout, bmm, permute), without its autograd graph: the backward below writes d(qkv) in one
   // buffer instead of three zero-padded ones that autograd then adds.

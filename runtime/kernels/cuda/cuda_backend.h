@@ -51,6 +51,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) override;
   void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;
   void softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale) override;
+  bool has_fused_attention(DType dtype, int64_t head_dim) const override;
+  void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse) override;
+  void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy, int64_t n_head,
+                          double scale, Tensor& dqkv) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
