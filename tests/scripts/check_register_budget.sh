@@ -11,8 +11,9 @@ nvcc=$1 src=$2
 declare -A threads=([sum_partials_kernel]=1024 [nll_loss_kernel]=1024 [norm_finish_kernel]=1024
                     [multi_tensor_kernel]=512 [sum_columns_kernel]=256)
 fail=0 checked=0
-for f in cuda_elementwise.cu cuda_reduce.cu cuda_softmax.cu cuda_loss.cu cuda_random.cu cuda_embedding.cu \
-         cuda_layer_norm.cu cuda_permute.cu cuda_fused.cu cuda_grad_norm.cu; do
+# Every kernel file of the backend (a new one is checked without being listed here).
+for path in "$src"/runtime/kernels/cuda/*.cu; do
+  f=$(basename "$path")
   report=$("$nvcc" -std=c++20 --fmad=false --resource-usage -arch=sm_90 -I"$src" -c "$src/runtime/kernels/cuda/$f" -o /dev/null 2>&1) || {
     echo "$f: nvcc failed:"; echo "$report"; exit 1; }
   kernel=""

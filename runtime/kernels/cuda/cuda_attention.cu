@@ -59,8 +59,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
   const T* base = qkv + b * rows * stride + h * D;
   float q[D];
+  #pragma unroll
   for (int d = 0; d < D; ++d) q[d] = i < rows ? static_cast<float>(DevElem<T>::load(base[i * stride + d])) : 0.0f;
   float m = -INFINITY, l = 0.0f, o[DPL];
+  #pragma unroll
   for (int k = 0; k < DPL; ++k) o[k] = 0.0f;
   const int64_t last = (first + kWarps < rows ? first + kWarps : rows) - 1;  // the block's last row: keys up to it
   for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(kThreads)
     float s = -INFINITY;
     if (i < rows && j <= i) {
       float dot = 0.0f;
+      #pragma unroll
       for (int d = 0; d < D; ++d) dot += q[d] * ks[lane][d];
       s = dot * scale;
     }
@@ -81,15 +84,19 @@ __global__ void __launch_bounds__(kThreads)
     const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
     const float rescale = expf(m - m_new);  // 0 on the first tile (m = -inf)
     l = l * rescale + warp_sum(p);
+    #pragma unroll
     for (int k = 0; k < DPL; ++k) o[k] *= rescale;
+    #pragma unroll
     for (int r = 0; r < kTile; ++r) {
       const float pr = __shfl_sync(0xffffffffu, p, r);
+      #pragma unroll
       for (int k = 0; k < DPL; ++k) o[k] += pr * vs[r][lane + 32 * k];
     }
     m = m_new;
   }
   if (i < rows) {
     T* out = y + (b * rows + i) * C + h * D;
+    #pragma unroll
     for (int k = 0; k < DPL; ++k) out[lane + 32 * k] = DevElem<T>::store(o[k] / l);
     if (lane == 0) lse[bh * rows + i] = m + logf(l);
   }
@@ -111,16 +118,21 @@ __global__ void __launch_bounds__(kThreads)
   const T* base = qkv + b * rows * stride + h * D;
   const int64_t yrow = (b * rows + i) * C + h * D;
   float q[D], g[D];
+  #pragma unroll
   for (int d = 0; d < D; ++d) {
     q[d] = i < rows ? static_cast<float>(DevElem<T>::load(base[i * stride + d])) : 0.0f;
     g[d] = i < rows ? static_cast<float>(DevElem<T>::load(gy[yrow + d])) : 0.0f;
   }
   float part = 0.0f;
+  #pragma unroll
   for (int k = 0; k < DPL; ++k)
-    if (i < rows) part += g[lane + 32 * k] * static_cast<float>(DevElem<T>::load(y[yrow + lane + 32 * k]));
+    if (i < rows)  // gy re-read, not g[lane + ...]: a lane-dependent index would put g in local memory
+      part += static_cast<float>(DevElem<T>::load(gy[yrow + lane + 32 * k])) *
+              static_cast<float>(DevElem<T>::load(y[yrow + lane + 32 * k]));
   const float di = warp_sum(part);
   const float li = i < rows ? lse[bh * rows + i] : 0.0f;
   float dq[DPL];
+  #pragma unroll
   for (int k = 0; k < DPL; ++k) dq[k] = 0.0f;
   const int64_t last = (first + kWarps < rows ? first + kWarps : rows) - 1;
   for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
@@ -132,18 +144,22 @@ __global__ void __launch_bounds__(kThreads)
     float ds = 0.0f;
     if (i < rows && j <= i) {
       float s = 0.0f, dp = 0.0f;
+      #pragma unroll
       for (int d = 0; d < D; ++d) {
         s += q[d] * ks[lane][d];
         dp += g[d] * vs[lane][d];
       }
       ds = expf(s * scale - li) * (dp - di);
     }
+    #pragma unroll
     for (int r = 0; r < kTile; ++r) {
       const float dsr = __shfl_sync(0xffffffffu, ds, r);
+      #pragma unroll
       for (int k = 0; k < DPL; ++k) dq[k] += dsr * ks[r][lane + 32 * k];
     }
   }
   if (i < rows) {
+    #pragma unroll
     for (int k = 0; k < DPL; ++k) dqkv[(b * rows + i) * stride + h * D + lane + 32 * k] = DevElem<T>::store(dq[k] * scale);
     if (lane == 0) delta[bh * rows + i] = di;
   }
@@ -165,11 +181,13 @@ __global__ void __launch_bounds__(kThreads)
   const T* base = qkv + b * rows * stride + h * D;
   const T* gbase = gy + b * rows * C + h * D;
   float kr[D], vr[D];
+  #pragma unroll
   for (int d = 0; d < D; ++d) {
     kr[d] = j < rows ? static_cast<float>(DevElem<T>::load(base[j * stride + C + d])) : 0.0f;
     vr[d] = j < rows ? static_cast<float>(DevElem<T>::load(base[j * stride + 2 * C + d])) : 0.0f;
   }
   float dk[DPL], dv[DPL];
+  #pragma unroll
   for (int k = 0; k < DPL; ++k) dk[k] = dv[k] = 0.0f;
   for (int64_t i0 = first; i0 < rows; i0 += kTile) {  // queries from the block's first key row on
     __syncthreads();
@@ -186,6 +204,7 @@ __global__ void __launch_bounds__(kThreads)
     float p = 0.0f, ds = 0.0f;
     if (j < rows && i < rows && i >= j) {
       float s = 0.0f, dp = 0.0f;
+      #pragma unroll
       for (int d = 0; d < D; ++d) {
         s += qs[lane][d] * kr[d];
         dp += gs[lane][d] * vr[d];
@@ -193,8 +212,10 @@ __global__ void __launch_bounds__(kThreads)
       p = expf(s * scale - ls[lane]);
       ds = p * (dp - dl[lane]);
     }
+    #pragma unroll
     for (int r = 0; r < kTile; ++r) {
       const float pr = __shfl_sync(0xffffffffu, p, r), dsr = __shfl_sync(0xffffffffu, ds, r);
+      #pragma unroll
       for (int k = 0; k < DPL; ++k) {
         dv[k] += pr * gs[r][lane + 32 * k];
         dk[k] += dsr * qs[r][lane + 32 * k];
@@ -203,6 +224,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (j < rows) {
     T* out = dqkv + (b * rows + j) * stride + h * D;
+    #pragma unroll
     for (int k = 0; k < DPL; ++k) {
       out[C + lane + 32 * k] = DevElem<T>::store(dk[k] * scale);
       out[2 * C + lane + 32 * k] = DevElem<T>::store(dv[k]);
