@@ -34,7 +34,7 @@ struct DropoutState {
 class CausalSelfAttention final : public nn::Module {
  public:
   CausalSelfAttention(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site)
-      : n_head_(c.n_head), drop_(drop), site_(site) {
+      : n_head_(c.n_head), fused_(c.fused_attention), drop_(drop), site_(site) {
     c_attn = std::make_shared<nn::Linear>(c.n_embd, 3 * c.n_embd, gen, true, device);
     c_proj = std::make_shared<nn::Linear>(c.n_embd, c.n_embd, gen, true, device);
     register_module("c_attn", c_attn);
@@ -44,13 +44,14 @@ class CausalSelfAttention final : public nn::Module {
     // The attention weights, [H, T, T] a sample, drop by the site's counters as apply() would draw them.
     const int64_t T = x.size(1);
     const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_),
-                                      drop_->offset(n_head_ * T * T));
+                                      drop_->offset(n_head_ * T * T), fused_);
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
 
  private:
   int64_t n_head_;
+  bool fused_;
   const DropoutState* drop_;
   uint64_t site_;
 };

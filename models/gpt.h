@@ -22,6 +22,7 @@ struct GptConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;
   double dropout = 0.0;
+  bool fused_attention = true;  // where the backend has it (--attention auto); false: the composite
 };
 
 // A language model: its batches are x (int64 tokens [B, T]) and one target [B, T] (the next tokens).

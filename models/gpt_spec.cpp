@@ -87,6 +87,7 @@ ModelKind gpt_kind() {
              {"n-embd", "128", "gpt: embedding width (a multiple of --n-head)"},
              {"block-size", "64", "gpt: context length in bytes"},
              {"dropout", "0.0", "gpt: dropout probability (embeddings, attention, residuals)"},
+             {"attention", "auto", "gpt: auto (the fused kernels where the device has them and dropout is 0) or composite"},
              {"sample-tokens", "0", "gpt: print N bytes sampled from the model at the end (0: none)"},
              {"temperature", "0.8", "gpt: sampling temperature"},
              {"top-k", "200", "gpt: sample among the K most likely bytes"},
@@ -99,6 +100,10 @@ ModelKind gpt_kind() {
     c.n_embd = r.integer("n-embd", 1);
     c.block_size = r.integer("block-size", 1);
     c.dropout = r.number("dropout");
+    const std::string attention = r.text("attention");
+    if (attention != "auto" && attention != "composite")
+      throw std::invalid_argument("--attention must be auto or composite, got '" + attention + "'");
+    c.fused_attention = attention == "auto";
     if (c.n_embd % c.n_head != 0)
       throw std::invalid_argument("--n-embd must be a positive multiple of --n-head=" + std::to_string(c.n_head) +
                                   ", got " + std::to_string(c.n_embd));

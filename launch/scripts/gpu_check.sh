@@ -21,7 +21,8 @@
 #   emu_train   test_emu_train's comparisons of --device cuda with the CPU backend, on this GPU
 #   train       50 data-parallel fp16 steps, one rank per visible GPU
 #   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench/bench_vs_pytorch.py --device cuda: against
-#               PyTorch on this GPU (skipped where Python has no PyTorch)
+#               PyTorch on this GPU (skipped where Python has no PyTorch); bench_gpt2_small_composite
+#               the same with --attention composite (the fused attention's gain)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
 # fact and figure goes to DIR/gpu_check.json, rewritten after every stage (a check killed halfway
 # leaves what it measured, verdict "incomplete").
@@ -386,6 +387,9 @@ else
   stage bench_mlp 1800 "${bench[@]}" --model mlp --json "$out/bench_mlp.json"
   stage bench_gpt 1800 "${bench[@]}" --model gpt --json "$out/bench_gpt.json"
   stage bench_gpt2_small 2400 "${bench[@]}" --model gpt --gpt2-small --json "$out/bench_gpt2_small.json"
+  # The same with the composite attention (scores in memory): the fused kernels' gain, in one run.
+  stage bench_gpt2_small_composite 2400 "${bench[@]}" --model gpt --gpt2-small --amp-train-flags "--attention composite" \
+    --json "$out/bench_gpt2_small_composite.json"
 fi
 
 table

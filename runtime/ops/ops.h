@@ -79,9 +79,11 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b 
 // with n_head heads, fused: the heads of causal_softmax(q k^T, 1/sqrt(C/n_head)), dropped out as
 // dropout(., p, seed, offset) would, times v, merged back to [B, T, C]. The same primitives, dtypes
 // (autocast: the products in lower precision, the softmax in float32) and numbers as composing those
-// ops, but the backward writes d(qkv) in one pass. First-order backward only.
+// ops, but the backward writes d(qkv) in one pass. First-order backward only. Without dropout, where
+// the backend has it (Backend::has_fused_attention) and `fused` allows it, the fused kernels instead:
+// the scores in fp32, never stored (the numbers of exact attention, rounded once).
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0, uint64_t seed = 0,
-                        uint64_t offset = 0);
+                        uint64_t offset = 0, bool fused = true);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
 // counter offset + i of seed's stream, so the same offset drops the same elements anywhere.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);

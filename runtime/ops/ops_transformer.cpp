@@ -128,7 +128,8 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   });
 }
 
-Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset) {
+Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset,
+                        bool fused) {
   Tensor qkv = qkv_in;
   autocast_inputs(OpKind::bmm, {&qkv});  // the products' dtype, as the first bmm would cast
   if (qkv.dim() != 3 || n_head < 1 || qkv.size(2) % (3 * n_head) != 0)
@@ -139,7 +140,7 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Backend& be = backend_for(qkv.device());
-  if (dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
+  if (fused && dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
     // Without dropout, where the backend has it: the scores stay on chip (attention_forward).
     Tensor out = empty({B, T, C}, qkv.dtype(), qkv.device()), lse = empty({B, H, T}, DType::f32, qkv.device());
     be.attention_forward(qkv, H, scale, out, lse);
