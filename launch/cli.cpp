@@ -198,6 +198,8 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.comm_timeout > 0.0 && std::isfinite(c.comm_timeout), "--comm-timeout", c.comm_timeout,
           "must be a finite number of seconds > 0");
   require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
+  require(c.profile_step >= 0 && c.profile_step <= c.steps, "--profile-step", c.profile_step,
+          "must be a step of the run: in [0, --steps] (0: none)");
   require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
   require(c.bucket_mb > 0.0 && c.bucket_mb <= 65536.0, "--bucket-mb", c.bucket_mb, "must be in (0, 65536]");
   if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
@@ -336,6 +338,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   po::options_description dist("Distributed");
   dist.add_options()
     ("comm-timeout", with_default(&c.comm_timeout), "seconds any collective may take")
+    ("profile-step", with_default(&c.profile_step),
+     "on a GPU, run step N between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` "
+     "or `nsys --capture-range=cudaProfilerApi` (0: none)")
     ("check-every", with_default(&c.check_every), "replica check every N steps (0: end only)")
     ("bucket-mb", with_default(&c.bucket_mb), "gradient bucket size in MiB")
     ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it");

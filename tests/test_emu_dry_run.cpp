@@ -30,6 +30,7 @@ struct Run {
   int code = -1;
   std::string out;
   std::vector<Step> steps;
+  std::vector<std::string> marks;  // the log's step and profiler marks, in order
 };
 
 Run train(bool dry, const std::string& args) {
@@ -52,6 +53,8 @@ Run train(bool dry, const std::string& args) {
   bool inside = false;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
+    const std::string op = j["op"].get<std::string>();
+    if (op == "step_begin" || op == "step" || op.starts_with("profiler_")) r.marks.push_back(op);
     if (j["op"] == "step_begin") {
       r.steps.emplace_back();
       inside = true;
@@ -93,6 +96,22 @@ void check(const std::string& args) {
 TEST(EmuDryRun, GptBf16AdamW) {
   check("--model gpt --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --amp bf16 --optimizer adamw "
         "--dropout 0.1 --eval-every 0 --sample-tokens 0");
+}
+
+// Without dropout the GPT takes the fused attention: its kernels declare their costs, dry and executed
+// alike.
+TEST(EmuDryRun, GptBf16FusedAttention) {
+  check("--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --amp bf16 --optimizer adamw "
+        "--eval-every 0 --sample-tokens 0");
+}
+
+// --profile-step 2: cudaProfilerStart just before step 2 begins, cudaProfilerStop once it has ended.
+TEST(EmuDryRun, ProfileStepBracketsThatStep) {
+  const auto r = train(false, "--width 64 --layers 2 --batch-size 16 --profile-step 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<std::string> want = {"step_begin", "step",          "profiler_start", "step_begin",
+                                         "step",       "profiler_stop", "step_begin",     "step"};
+  EXPECT_EQ(r.marks, want);
 }
 
 TEST(EmuDryRun, MlpFp16DynamicScaling) {

@@ -23,6 +23,8 @@
 #   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench/bench_vs_pytorch.py --device cuda: against
 #               PyTorch on this GPU (skipped where Python has no PyTorch); bench_gpt2_small_composite
 #               the same with --attention composite (the fused attention's gain)
+#   profile_gpt2_small   one steady step of GPT-2 small under ncu (amp_train --profile-step): the
+#               kernels' durations, summed by kernel, in the JSON (where ncu exists)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
 # fact and figure goes to DIR/gpu_check.json, rewritten after every stage (a check killed halfway
 # leaves what it measured, verdict "incomplete").
@@ -85,7 +87,7 @@ write_json() {   # write_json VERDICT
     done
     printf '\n  },\n  "bench": {'
     sep=""
-    for b in "$out"/bench_*.json; do
+    for b in "$out"/bench_*.json "$out"/profile_*.json; do
       [[ -s $b ]] || continue
       printf '%s\n    %s: %s' "$sep" "$(json_str "$(basename "$b" .json)")" "$(cat "$b")"
       sep=","
@@ -390,6 +392,42 @@ else
   # The same with the composite attention (scores in memory): the fused kernels' gain, in one run.
   stage bench_gpt2_small_composite 2400 "${bench[@]}" --model gpt --gpt2-small --amp-train-flags "--attention composite" \
     --json "$out/bench_gpt2_small_composite.json"
+fi
+
+# --- 6. where GPT-2 small's step goes: one steady step's kernels under Nsight Compute (duration only)
+if ncu=$(find_cuda_tool ncu); then
+  profile_gpt() {
+    local text=$out/profile_text.txt
+    head -c 3000000 /dev/urandom | base64 -w 100 >"$text"
+    "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel \
+      --csv "$bin/amp_train" --device cuda --model gpt --data "$text" --n-layer 12 --n-head 12 --n-embd 768 \
+      --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 \
+      --steps 3 --profile-step 3 --log-every 0 --eval-every 0 >"$out/profile_gpt2_small.csv" || return 1
+    rm -f "$text"
+    command -v python3 >/dev/null || { echo "no python3: the per-kernel table is $out/profile_gpt2_small.csv"; return 0; }
+    python3 - "$out/profile_gpt2_small.csv" "$out/profile_gpt2_small.json" <<'PY'
+import csv, collections, io, json, sys
+rows = list(csv.DictReader(io.StringIO("".join(l for l in open(sys.argv[1]) if l.startswith('"')))))
+ms, calls = collections.defaultdict(float), collections.defaultdict(int)
+for r in rows:
+    name = r["Kernel Name"].split("(")[0].replace("void ", "")
+    n = int(r["Invocations"].replace(",", ""))
+    ms[name] += n * float(r["Average"].replace(",", "")) / 1e6
+    calls[name] += n
+total = sum(ms.values())
+top = sorted(ms, key=ms.get, reverse=True)[:20]
+print(f"one step: {total:.2f} ms of kernels (serialised), {sum(calls.values())} launches")
+for k in top:
+    print(f"{ms[k]:8.3f} ms {100 * ms[k] / max(total, 1e-12):5.1f} % {calls[k]:6d}  {k[:100]}")
+json.dump({"kernel_ms": total, "launches": sum(calls.values()),
+           "top": [{"kernel": k, "ms": ms[k], "launches": calls[k]} for k in top]}, open(sys.argv[2], "w"), indent=1)
+PY
+  }
+  export -f profile_gpt
+  export ncu out bin
+  stage profile_gpt2_small 600 profile_gpt
+else
+  skip profile_gpt2_small "ncu (Nsight Compute) not found"
 fi
 
 table

@@ -16,6 +16,7 @@
 #include "jd/mtl_backward.h"
 #include "launch/training/interrupt.h"
 #include "launch/training/trainer.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
@@ -106,6 +107,8 @@ int64_t Trainer::first_sample(int64_t step) const {
 }
 
 Trainer::PendingStep Trainer::train_step(int64_t step) {
+  const bool profiled = step == cfg_.profile_step && device_.is_cuda();
+  if (profiled) cuda_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   if (before_step_) before_step_(step);
   const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
@@ -214,6 +217,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     counted_ += *p.counted;
     log_emulated_step(step, memory_for(device_).peak_bytes());
   }
+  if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
   return p;
 }
 

@@ -10,6 +10,7 @@
 //   {"op":"all_reduce"|"broadcast"|"all_gather","redop":"sum",..,"bytes":B,"ranks":N,"stream":S}
 //   {"op":"step_begin","step":N}            the start of a training step
 //   {"op":"step","step":N,"peak_bytes":B}   its end, with the allocator's peak bytes during it
+//   {"op":"profiler_start"}, {"op":"profiler_stop"}   cudaProfilerStart/Stop (cuda_profiler_api.h)
 // Streams are numbered in the order the log first sees them (0: the legacy default stream).
 // Under MPI every rank writes its own file: path.rank<N> for ranks other than 0.
 #pragma once

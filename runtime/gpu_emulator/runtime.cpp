@@ -27,6 +27,7 @@
 #include "capture.h"
 #include "device.h"
 #include "emu.h"
+#include "cuda_profiler_api.h"
 #include "launch_log.h"
 
 namespace amp::emu {
@@ -390,6 +391,16 @@ cudaError_t cudaDeviceSynchronize() {
   if (const cudaError_t err = capture_check_device_sync(); err != cudaSuccess) return result(err);
   Engine& e = engine();
   return result(host_wait("cudaDeviceSynchronize", [&] { return e.all_idle(); }));
+}
+
+cudaError_t cudaProfilerStart() {
+  if (amp::emu::launch_log_on()) amp::emu::log_line("profiler_start", "", nullptr, false);
+  return cudaSuccess;
+}
+
+cudaError_t cudaProfilerStop() {
+  if (amp::emu::launch_log_on()) amp::emu::log_line("profiler_stop", "", nullptr, false);
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetLastError() {

@@ -1,5 +1,6 @@
 // The CUDA seam (runtime/kernels/cuda/cuda_support.h) for builds with the CUDA backend: device discovery with a
 // clear reason when there is none, device selection by local rank, and backend registration.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -7,6 +8,7 @@
 
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cuda/cuda_backend.h"
+#include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 
@@ -68,6 +70,13 @@ void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t pe
 #if defined(AMP_CUDA_EMU)
   emu::log_step(step, peak_bytes);
 #endif
+}
+
+void cuda_profiler_start() { AMP_CUDA_CHECK(cudaProfilerStart()); }
+
+void cuda_profiler_stop() {
+  AMP_CUDA_CHECK(cudaDeviceSynchronize());
+  AMP_CUDA_CHECK(cudaProfilerStop());
 }
 
 bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }

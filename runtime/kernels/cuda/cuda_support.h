@@ -40,5 +40,11 @@ bool emulated_dry_run();
 // a real GPU or without CUDA.
 void log_emulated_step_begin(int64_t step);
 void log_emulated_step(int64_t step, size_t peak_bytes);
+// A profiler's collection range (cudaProfilerStart, cudaProfilerStop): `ncu --profile-from-start off`
+// and `nsys --capture-range=cudaProfilerApi` record only what runs between them. Stop waits for the
+// device first, so that the range holds all the work issued inside it. Nothing without CUDA; in the
+// emulated GPU's launch log, two marks.
+void cuda_profiler_start();
+void cuda_profiler_stop();
 
 }  // namespace amp
