@@ -250,7 +250,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int local_rank) : state_(std::
   MPI_Comm_free(&node);
   s.local_rank = local_rank;
 
-  cuda_init(local_rank);
+  cuda_init(local_rank, s.local_size);
   s.device = cuda::context().device();
   s.stream = std::make_unique<cuda::Stream>();
 

@@ -177,7 +177,10 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   host_comm->set_context("the set-up (choosing the device)");
   attempt([&] {
     device = pick_device(cfg.device, *host_comm, rank0);
-    if (device.is_cuda()) cuda_init(host_comm->local_rank());
+    if (device.is_cuda()) {
+      cuda_init(host_comm->local_rank(), host_comm->local_size());
+      cuda_set_allow_tf32(cfg.allow_tf32);
+    }
   });
   if (!agreed("agreeing on the device")) return code;
   // 2. The collective set-up.
@@ -194,11 +197,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   if (!agreed("building the model and loading the data")) return code;
   if (rank0) {
     const std::string model = trainer->spec().describe(cfg.data);
-    std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s\n",
+    std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s%s\n",
                 mpi.size(), device.str().c_str(), model.c_str(),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
-                trainer->scaling() ? "on" : "off");
+                trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
   }
   std::fflush(stdout);
 

@@ -332,6 +332,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("max-scale", po::value(&c.max_scale)->default_value(c.max_scale, "inf"), "upper bound of the scale")
     ("inject-nonfinite", po::value(&c.inject_nonfinite)->value_name("STEP[:RANK]"),
      "put an inf into a gradient of RANK (default 0) at STEP; repeatable")
+    ("allow-tf32", po::bool_switch(&c.allow_tf32),
+     "on a GPU, fp32 matrix products on the tensor cores with their inputs rounded to TF32 (10 mantissa bits), "
+     "as torch.backends.cuda.matmul.allow_tf32 (default: off, as PyTorch's)")
     ("bf16-rounded-weight-grads", po::bool_switch(&c.bf16_rounded_weight_grads),
      "under bf16, round each linear layer's weight gradient to bf16 before it becomes the fp32 .grad, as PyTorch does "
      "(default: the GEMM's fp32 sums, one pass less)");

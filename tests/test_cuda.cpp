@@ -1118,6 +1118,37 @@ TEST_F(CudaVsCpu, ReadbacksNeitherAllocateNorSynchronise) {
 // each partial sum into fp16 (reduced-precision reduction), which cuda_context.cpp disallows.
 // Reference: the exact sum of the fp16 products; wherever it is not so close to a halfway point
 // between fp16 values that fp32 accumulation error could cross it, the result must be its rounding.
+// --allow-tf32: an fp32 product's inputs are rounded to TF32's 10 mantissa bits first (each term then
+// within about 2^-10 of the exact one), sums in fp32. Off, the default: within fp32's bound. On, the
+// product departs from the fp32 one by more than fp32's bound somewhere (the setting reached cuBLAS).
+TEST_F(CudaVsCpu, Fp32ProductsInTf32OnlyWhenAllowed) {
+  const int64_t m = 48, n = 40, k = 256;
+  const Tensor a = random_cpu({m, k}, DType::f32, 71, -1.0, 1.0), b = random_cpu({k, n}, DType::f32, 72, -1.0, 1.0);
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+  Tensor off = empty({m, n}, DType::f32, kGPU), on = empty({m, n}, DType::f32, kGPU);
+  gpu().gemm(false, false, 1.0f, a.to(kGPU), b.to(kGPU), 0.0f, off);
+  cuda_set_allow_tf32(true);
+  gpu().gemm(false, false, 1.0f, a.to(kGPU), b.to(kGPU), 0.0f, on);
+  cuda_set_allow_tf32(false);
+  const std::vector<double> ov = off.to(kCPU).to_vector(), tv = on.to(kCPU).to_vector();
+  int beyond_fp32 = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0, abs_sum = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double t = av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+        exact += t;
+        abs_sum += std::fabs(t);
+      }
+      const size_t at = static_cast<size_t>(i * n + j);
+      const double fp32_bound = static_cast<double>(k + 1) * 0x1p-24 * abs_sum;
+      ASSERT_LE(std::fabs(ov[at] - exact), fp32_bound) << "TF32 off, element (" << i << ", " << j << ")";
+      ASSERT_LE(std::fabs(tv[at] - exact), 0x1p-10 * abs_sum + fp32_bound) << "TF32 on, element (" << i << ", " << j << ")";
+      if (std::fabs(tv[at] - exact) > fp32_bound) ++beyond_fp32;
+    }
+  EXPECT_GT(beyond_fp32, 0) << "no product is less exact than fp32 with TF32 allowed: the setting did not reach cuBLAS";
+}
+
 TEST_F(CudaVsCpu, HalfGemmAccumulatesInFp32AndRoundsOnce) {
   const int64_t m = 48, n = 40, k = 1024;
   const Tensor a = random_cpu({m, k}, DType::f16, 61, 0.0, 1.0), b = random_cpu({k, n}, DType::f16, 62, 0.0, 1.0);

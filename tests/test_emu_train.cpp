@@ -195,6 +195,21 @@ TEST(EmulatedTraining, MultiTaskJacobianDescentMatchesTheCpuBackend) {
 // The GPT on the emulated GPU: embedding, layer norm, attention (permutes, batched GEMMs, the causal
 // softmax), GELU, dropout and tied logits, in fp16 with dynamic scaling, against the CPU backend.
 // SGD with momentum, for the reason above.
+// More ranks on a node than GPUs: refused at start with what to do, on every rank, instead of two
+// ranks sharing a GPU (NCCL would refuse it later, less clearly).
+TEST(EmulatedTraining, MoreRanksThanGpusAreRefused) {
+  if (!kEmulated) GTEST_SKIP() << "the emulated GPU's device count is set by AMP_EMU_DEVICES";
+  int status = 0;
+  const std::string out = cli::capture(
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun -np 2 --oversubscribe -x AMP_EMU_DEVICES " + amp_train_bin() +
+          " --device cuda --threads 1 --steps 2 --width 16 --layers 2 --batch-size 4 --comm-timeout 20 2>&1",
+      &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124) << out;
+  EXPECT_NE(out.find("2 ranks on this node but 1 GPU(s) visible"), std::string::npos) << out;
+  EXPECT_NE(out.find("start at most 1 rank(s) per node"), std::string::npos) << out;
+}
+
 // Without dropout the GPU takes the fused attention (scores in fp32, never stored) while the CPU
 // keeps the composite (scores rounded to fp16 before the softmax): the same training within fp16's
 // rounding.

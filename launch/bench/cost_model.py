@@ -41,6 +41,7 @@ GEMM_EFFICIENCY = 0.70      # reached by a GEMM of more than GEMM_FULL_FLOPS
 GEMM_FULL_FLOPS = 1e9
 GEMM_TILE = 128             # output tile edge, for the fill of smaller GEMMs
 FP32_GEMM_FLOPS = 60e12     # fp32 GEMMs, TF32 off (PyTorch's default)
+TF32_FLOPS = 495e12         # fp32 GEMMs in TF32 on the tensor cores (--allow-tf32): the datasheet's dense rate
 SMS = 132
 LAUNCH_HOST_S = 4e-6        # host time per launch
 LAUNCH_GRAPH_S = 1e-6       # the same inside a CUDA graph
@@ -58,8 +59,9 @@ def hbm(nbytes, fill=1.0):
 def gemm_time(op):
     flops = op["flops"]
     narrow = op["a"] in ("bf16", "f16")
-    peak = TENSOR_FLOPS if narrow else FP32_GEMM_FLOPS
-    eff = GEMM_EFFICIENCY if narrow else 1.0
+    tf32 = op.get("compute") == "TF32"
+    peak = TENSOR_FLOPS if narrow else TF32_FLOPS if tf32 else FP32_GEMM_FLOPS
+    eff = GEMM_EFFICIENCY if narrow or tf32 else 1.0
     if flops <= GEMM_FULL_FLOPS:
         tiles = -(-op["m"] // GEMM_TILE) * -(-op["n"] // GEMM_TILE) * op["batch"]
         eff *= min(1.0, tiles / SMS)
@@ -151,18 +153,20 @@ def report(step, ops, peak, args):
     # The fused attention's products are matrix products (tensor-core work, as FlashAttention does
     # them): the floor counts them as it counted the batched GEMMs they replace.
     gemm_flops += sum(op["flops"] for op in ops if op["op"] == "kernel" and op["name"].startswith("attention_"))
-    fp32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] not in ("bf16", "f16"))
+    fp32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] not in ("bf16", "f16")
+                     and op.get("compute") != "TF32")
+    tf32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op.get("compute") == "TF32")
     optimizer = sum(op["read"] + op["written"] for op in ops
                     if op["op"] == "kernel" and ("AdamOp" in op["params"] or "SgdOp" in op["params"]))
     acts = saved_activation_bytes(args)
-    floor = gemm_flops / TENSOR_FLOPS + fp32_flops / FP32_GEMM_FLOPS + (optimizer + acts) / HBM_BW
+    floor = gemm_flops / TENSOR_FLOPS + fp32_flops / FP32_GEMM_FLOPS + tf32_flops / TF32_FLOPS + (optimizer + acts) / HBM_BW
     undeclared = sum(1 for op in ops if op["op"] == "kernel" and not op["declared"])
     gemm_time_total = sum(t for t, op in zip(times, ops) if op["op"] == "gemm")
     print(f"step {step}: {len(ops)} device operations ({sum(op['op'] == 'gemm' for op in ops)} GEMMs)"
           + (f", {undeclared} kernels without a declared cost" if undeclared else ""))
     print(f"  modeled step      {eager * 1e3:9.2f} ms   (in a CUDA graph {graph * 1e3:.2f} ms; device busy "
           f"{device * 1e3:.2f} ms, GEMMs {gemm_time_total * 1e3:.2f} ms)")
-    print(f"  floor             {floor * 1e3:9.2f} ms   (GEMMs {(gemm_flops + fp32_flops) / 1e12:.3f} TFLOP; "
+    print(f"  floor             {floor * 1e3:9.2f} ms   (GEMMs {(gemm_flops + fp32_flops + tf32_flops) / 1e12:.3f} TFLOP; "
           f"weights, gradients, optimizer state {optimizer / 1e9:.3f} GB; saved activations {acts / 1e9:.3f} GB)")
     print(f"  modeled / floor   {eager / floor if floor else float('nan'):9.2f}")
     print(f"  launch overhead   {100 * (eager - device) / eager:8.1f} %  of the step "

@@ -67,6 +67,7 @@ struct TrainConfig {
   uint64_t seed = 0;
   double clip_grad_norm = 0.0;   // 0: off
   bool log_grad_norm = false;    // the 2-norm in the metrics without clipping (one more read of the gradients)
+  bool allow_tf32 = false;       // fp32 GEMMs in TF32 on a GPU's tensor cores
   int64_t profile_step = 0;      // on a GPU, this step between cudaProfilerStart and cudaProfilerStop (0: none)
   double clip_grad_value = 0.0;  // 0: off
   double grad_penalty = 0.0;     // 0: off

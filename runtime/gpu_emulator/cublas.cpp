@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -72,6 +74,17 @@ float round_to(cudaDataType t, float v) {
   return v;
 }
 
+// v with its mantissa rounded to TF32's 10 bits, to nearest with ties away from zero (PTX's
+// cvt.rna.tf32.f32): what CUBLAS_COMPUTE_32F_FAST_TF32 feeds the tensor cores. inf and NaN pass.
+float round_to_tf32(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return v;
+  bits = (bits + 0x1000u) & ~0x1fffu;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
 // One operand: op(X) is rows x cols, X column-major with leading dimension ld.
 struct Operand {
   const void* p;
@@ -100,6 +113,7 @@ struct Gemm {
   int m, n, k, ldc;
   double alpha, beta;  // exact copies of the float or double scalars
   bool fp64, split_k;
+  bool tf32 = false;  // fp32 inputs rounded to TF32 first (CUBLAS_COMPUTE_32F_FAST_TF32)
 };
 
 // row[j - j0] += sum over p in [p0, p1) of a[i, p] * b[p, j], p ascending: each element's sum keeps
@@ -118,7 +132,12 @@ void accumulate(const std::vector<Acc>& a, const std::vector<Acc>& b, const Gemm
 
 template <class Acc>
 void run(const Gemm& g) {
-  const std::vector<Acc> a = g.a.gather<Acc>(), b = g.b.gather<Acc>();
+  std::vector<Acc> a = g.a.gather<Acc>(), b = g.b.gather<Acc>();
+  if constexpr (std::is_same_v<Acc, float>)
+    if (g.tf32) {
+      for (float& x : a) x = round_to_tf32(x);
+      for (float& x : b) x = round_to_tf32(x);
+    }
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
   const size_t m = static_cast<size_t>(g.m), n = static_cast<size_t>(g.n), k = static_cast<size_t>(g.k);
   const size_t half = k / 2, block = 256;  // columns of C per pass: a block of B stays in cache
@@ -251,15 +270,18 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
   const bool narrow_or_f32 = Atype == CUDA_R_16F || Atype == CUDA_R_16BF || Atype == CUDA_R_32F;
   const bool fp32 = computeType == CUBLAS_COMPUTE_32F && narrow_or_f32 && Btype == Atype &&
                     (Ctype == Atype || Ctype == CUDA_R_32F);
+  const bool tf32 = computeType == CUBLAS_COMPUTE_32F_FAST_TF32 && Atype == CUDA_R_32F && Btype == CUDA_R_32F &&
+                    Ctype == CUDA_R_32F;
   const bool fp64 = computeType == CUBLAS_COMPUTE_64F && Atype == CUDA_R_64F && Btype == CUDA_R_64F &&
                     Ctype == CUDA_R_64F;
-  if (!fp32 && !fp64) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!fp32 && !fp64 && !tf32) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
 
   Gemm g{Operand{A, Atype, ta, m, k, lda}, Operand{B, Btype, tb, k, n, ldb}, C, Ctype, m, n, k, ldc, 0, 0, fp64, false};
   g.alpha = fp64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   g.beta = fp64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  g.tf32 = tf32;
   // The whole batch must lie in device memory: the last matrix ends (batch - 1) strides further.
   const size_t last = static_cast<size_t>(batch - 1);
   const size_t c_elements = static_cast<size_t>(ldc) * static_cast<size_t>(n - 1) + static_cast<size_t>(m);
@@ -284,7 +306,7 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
     log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(m) + ",\"n\":" +
                          std::to_string(n) + ",\"k\":" + std::to_string(k) + ",\"batch\":" + std::to_string(batch) +
                          ",\"a\":\"" + type_name(Atype) + "\",\"b\":\"" + type_name(Btype) + "\",\"c\":\"" +
-                         type_name(Ctype) + "\",\"compute\":\"" + (fp64 ? "64F" : "32F") +
+                         type_name(Ctype) + "\",\"compute\":\"" + (fp64 ? "64F" : tf32 ? "TF32" : "32F") +
                          "\",\"beta\":" + (g.beta != 0 ? "1" : "0") + ",\"read\":" + std::to_string(read) +
                          ",\"written\":" + std::to_string(c_bytes) + ",\"flops\":" + std::to_string(flops),
              handle->stream);

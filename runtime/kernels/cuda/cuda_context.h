@@ -23,6 +23,10 @@ class Context {
   cublasHandle_t cublas() const { return cublas_; }
   CachingAllocator& allocator() { return allocator_; }
   int sm_count() const { return sm_count_; }
+  // fp32 GEMMs on the tensor cores with their inputs rounded to TF32 (10 mantissa bits), as
+  // torch.backends.cuda.matmul.allow_tf32; off by default, as PyTorch's.
+  bool allow_tf32() const { return allow_tf32_; }
+  void set_allow_tf32(bool on) { allow_tf32_ = on; }
 
   // cuBLAS needs scratch space for split-K and Hopper kernels; giving it our own keeps it out of
   // the default pool and makes GEMMs capturable in CUDA graphs.
@@ -31,6 +35,7 @@ class Context {
  private:
   int device_;
   int sm_count_ = 0;
+  bool allow_tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;

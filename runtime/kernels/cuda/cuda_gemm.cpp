@@ -51,7 +51,9 @@ void launch_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   const double alpha64 = alpha, beta64 = beta;
   const void* pa = f64 ? static_cast<const void*>(&alpha64) : &alpha;
   const void* pb = f64 ? static_cast<const void*>(&beta64) : &beta;
-  const cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = f64                                              ? CUBLAS_COMPUTE_64F
+                                      : a.dtype() == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                          : CUBLAS_COMPUTE_32F;
   if (batch == 1) {
     AMP_CUBLAS_CHECK(cublasGemmEx(handle, op_first, op_second, gm, gn, gk, pa, b.data_ptr(), in_type, ld1,
                                   a.data_ptr(), in_type, ld2, pb, c.data_ptr(), out_type, ldc, compute,

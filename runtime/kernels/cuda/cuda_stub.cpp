@@ -16,10 +16,11 @@ std::optional<DeviceCounters> emulated_device_counters() { return std::nullopt; 
 bool emulated_dry_run() { return false; }
 void log_emulated_step_begin(int64_t) {}
 void log_emulated_step(int64_t, size_t) {}
+void cuda_set_allow_tf32(bool) {}
 void cuda_profiler_start() {}
 void cuda_profiler_stop() {}
 
-void cuda_init(int) {
+void cuda_init(int, int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
 }
 

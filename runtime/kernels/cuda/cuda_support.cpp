@@ -72,6 +72,8 @@ void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t pe
 #endif
 }
 
+void cuda_set_allow_tf32(bool on) { cuda::context().set_allow_tf32(on); }
+
 void cuda_profiler_start() { AMP_CUDA_CHECK(cudaProfilerStart()); }
 
 void cuda_profiler_stop() {
@@ -81,13 +83,18 @@ void cuda_profiler_stop() {
 
 bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
 
-void cuda_init(int local_rank) {
-  if (local_rank < 0) throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " < 0");
+void cuda_init(int local_rank, int local_size) {
+  if (local_rank < 0 || local_rank >= local_size)
+    throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " of " +
+                                std::to_string(local_size));
   std::string reason;
   const int count = device_count(&reason);
   if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
-  // More ranks than GPUs on a node share devices round-robin (NCCL itself then refuses a shared GPU).
-  cuda::init_context(local_rank % count);
+  if (local_size > count)
+    throw std::runtime_error(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
+                             " GPU(s) visible (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own; start at most " +
+                             std::to_string(count) + " rank(s) per node");
+  cuda::init_context(local_rank);
   register_backend(DeviceType::cuda, &cuda::cuda_backend());
   register_memory(DeviceType::cuda, &cuda::cuda_backend());
 }

@@ -10,9 +10,11 @@ namespace amp {
 bool cuda_built();
 // Whether a usable device exists. If not, *reason says why (no device, driver too old, not built).
 bool cuda_usable(std::string* reason);
-// Selects device local_rank % device_count and registers the CUDA backend. Throws std::runtime_error
-// with a clear message when CUDA is not usable.
-void cuda_init(int local_rank);
+// Selects device local_rank and registers the CUDA backend. local_size: the ranks on this node, each
+// of which needs a GPU of its own (NCCL refuses two ranks on one GPU, and sharing would be slow).
+// Throws std::runtime_error with a clear message when CUDA is not usable or the node's visible GPUs
+// are fewer than its ranks.
+void cuda_init(int local_rank, int local_size = 1);
 
 // What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
 // (a GEMM and a collective count one each), host synchronisations (calls that made the host wait
@@ -44,6 +46,9 @@ void log_emulated_step(int64_t step, size_t peak_bytes);
 // and `nsys --capture-range=cudaProfilerApi` record only what runs between them. Stop waits for the
 // device first, so that the range holds all the work issued inside it. Nothing without CUDA; in the
 // emulated GPU's launch log, two marks.
+// fp32 GEMMs in TF32 on the tensor cores (torch.backends.cuda.matmul.allow_tf32; off by default).
+// After cuda_init; nothing without CUDA.
+void cuda_set_allow_tf32(bool on);
 void cuda_profiler_start();
 void cuda_profiler_stop();
 
