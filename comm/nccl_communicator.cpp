@@ -252,7 +252,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int local_rank) : state_(std::
 
   cuda_init(local_rank, s.local_size);
   s.device = cuda::context().device();
-  s.stream = std::make_unique<cuda::Stream>();
+  int least = 0, greatest = 0;
+  AMP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  s.stream = std::make_unique<cuda::Stream>(greatest);
 
   // Rank 0 always takes part in the broadcast, with a status, so that a failure there stops every
   // rank instead of leaving them in MPI_Bcast; the wait is bounded like every other one.
@@ -316,6 +318,7 @@ int NcclCommunicator::rank() const { return state_->rank; }
 int NcclCommunicator::size() const { return state_->size; }
 int NcclCommunicator::local_rank() const { return state_->local_rank; }
 int NcclCommunicator::local_size() const { return state_->local_size; }
+cudaStream_t NcclCommunicator::comm_stream() const { return state_->stream->get(); }
 
 // --- collectives
 

@@ -16,6 +16,7 @@
 //   nodes, which no one may query, so the watchdog does not watch them: watch_graph_launch() hands it
 //   each launch of the graph instead.
 #pragma once
+#include <cuda_runtime.h>
 #include <mpi.h>
 
 #include <memory>
@@ -52,6 +53,9 @@ class NcclCommunicator final : public Communicator {
   // A launch of a CUDA graph that holds collectives of this communicator, just issued on the compute
   // stream: the watchdog bounds it by timeout() as it does a collective, and names it `what`.
   void watch_graph_launch(const std::string& what);
+  // The stream the collectives run on: the device's highest priority, so that a bucket's all-reduce
+  // starts as soon as its gradients are ready, ahead of the backward's next kernels.
+  cudaStream_t comm_stream() const;
 
   struct State;  // NCCL handles, streams and the watchdog; shared with the Work objects
 

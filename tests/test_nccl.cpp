@@ -18,6 +18,7 @@
 #include "comm/nccl_communicator.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/cuda_graph.h"
 
 namespace amp {
@@ -167,6 +168,18 @@ TEST_F(NcclTest, AllReduceIsOrderedAgainstTheComputeStream) {
     EXPECT_EQ(v.front(), 2 * mean);
     EXPECT_EQ(v.back(), 2 * mean);
   }
+}
+
+// The collectives' stream has the device's highest priority (a bucket's all-reduce goes ahead of the
+// backward's next kernels); the compute stream keeps the default.
+TEST_F(NcclTest, CollectivesRunOnAHighPriorityStream) {
+  int least = 0, greatest = 0, comm_priority = 1, compute_priority = 1;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(comm_->comm_stream(), &comm_priority), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(cuda::context().stream(), &compute_priority), cudaSuccess);
+  EXPECT_EQ(comm_priority, greatest);
+  EXPECT_EQ(compute_priority, 0);
+  EXPECT_LT(greatest, least) << "a device with one stream priority";
 }
 
 TEST_F(NcclTest, GroupedAllReduceBroadcastAndAllGather) {

@@ -43,6 +43,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaStreamCreate(cudaStream_t* s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority);
+cudaError_t cudaStreamGetPriority(cudaStream_t s, int* priority);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);

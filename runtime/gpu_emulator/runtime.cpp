@@ -56,6 +56,7 @@ struct Pending {
 
 struct Stream {
   bool blocking = true;      // created without cudaStreamNonBlocking: orders against stream 0
+  int priority = 0;          // as asked, clamped to cudaDeviceGetStreamPriorityRange's (not scheduled by)
   bool destroyed = false;    // released once its queue drains
   std::deque<Pending> queue;
 };
@@ -658,8 +659,29 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int) {
-  return cudaStreamCreateWithFlags(s, flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+  const cudaError_t err = cudaStreamCreateWithFlags(s, flags);
+  if (err != cudaSuccess) return err;
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  e.find(*s)->priority = std::clamp(priority, greatest, least);  // CUDA clamps to the range too
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t s, int* priority) {
+  if (priority == nullptr) return result(cudaErrorInvalidValue);
+  if (s == nullptr) {
+    *priority = 0;
+    return result(cudaSuccess);
+  }
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.m);
+  const Stream* st = e.find(s);
+  if (st == nullptr) return result(cudaErrorInvalidResourceHandle);
+  *priority = st->priority;
+  return result(cudaSuccess);
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
