@@ -1,5 +1,6 @@
 #include "amp/clip_grad.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -35,23 +36,39 @@ Tensor vector_norm(const std::vector<Tensor>& xs, double p, Device device) {
 }
 }  // namespace
 
+Tensor tensor_norms(const std::vector<Tensor>& tensors, double p, Device out) {
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  // The tensors of each device, in one pass there (the common case: one device, one pass).
+  std::vector<Device> devices;
+  for (const Tensor& t : tensors)
+    if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) devices.push_back(t.device());
+  if (devices.size() == 1) {
+    Tensor acc = full({n}, norm_init(p), DType::f32, devices[0]);
+    backend_for(devices[0]).norm_accumulate_each(tensors, p, acc);
+    return norm_root(acc, p).to(out);
+  }
+  Tensor norms = empty({n}, DType::f32, out);
+  for (const Device d : devices) {
+    std::vector<Tensor> group;
+    std::vector<int64_t> at;
+    for (int64_t i = 0; i < n; ++i)
+      if (tensors[static_cast<size_t>(i)].device() == d) {
+        group.push_back(tensors[static_cast<size_t>(i)]);
+        at.push_back(i);
+      }
+    const Tensor part = tensor_norms(group, p, out);
+    for (size_t k = 0; k < at.size(); ++k) {
+      Tensor slot = norms.view(at[k], {1});
+      copy_(slot, part.view(static_cast<int64_t>(k), {1}));
+    }
+  }
+  return norms;
+}
+
 Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type, bool error_if_nonfinite) {
   if (tensors.empty()) return scalar_tensor(0.0);
   const Device first = tensors[0].device();
-  bool one_device = true;
-  for (const Tensor& t : tensors) one_device = one_device && t.device() == first;
-  Tensor total;
-  if (one_device) {
-    // Each tensor's norm (torch._foreach_norm), all in one pass, then the norm of those norms.
-    Tensor acc = full({static_cast<int64_t>(tensors.size())}, norm_init(norm_type), DType::f32, first);
-    backend_for(first).norm_accumulate_each(tensors, norm_type, acc);
-    total = vector_norm({norm_root(acc, norm_type)}, norm_type, first).reshape({});
-  } else {
-    std::vector<Tensor> norms;
-    norms.reserve(tensors.size());
-    for (const Tensor& t : tensors) norms.push_back(vector_norm({t}, norm_type, t.device()).to(first));
-    total = vector_norm(norms, norm_type, first).reshape({});
-  }
+  const Tensor total = vector_norm({tensor_norms(tensors, norm_type, first)}, norm_type, first).reshape({});
   if (error_if_nonfinite && !std::isfinite(total.item()))
     throw std::runtime_error("The total norm of order " + float_repr(norm_type) +
                              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "

@@ -8,6 +8,9 @@
 
 namespace amp {
 
+// Each tensor's vector norm of order p (torch._foreach_norm), as a float32 tensor of one element per
+// tensor on `out`: one pass over the tensors of each device.
+Tensor tensor_norms(const std::vector<Tensor>& tensors, double p, Device out);
 // The norm of the per-tensor norms (torch.nn.utils.get_total_norm): each tensor's vector norm, then
 // the vector norm of those, as a 0-d float32 tensor on the first tensor's device (a CPU 0 when
 // tensors is empty). Never read on the host unless error_if_nonfinite.

@@ -196,6 +196,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
   if (!agreed("building the model and loading the data")) return code;
   if (rank0) {
+    // Flags for the GPU only are not silently dropped on the CPU.
+    if (!device.is_cuda() && cfg.allow_tf32) std::printf("notice: --allow-tf32 has no effect on the CPU\n");
+    if (!device.is_cuda() && cfg.profile_step > 0) std::printf("notice: --profile-step has no effect on the CPU\n");
     const std::string model = trainer->spec().describe(cfg.data);
     std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s%s\n",
                 mpi.size(), device.str().c_str(), model.c_str(),

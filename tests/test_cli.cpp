@@ -50,7 +50,8 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
   for (const char* flag : {"--n-layer arg (=4)", "--n-head arg (=4)", "--n-embd arg (=128)", "--block-size arg (=64)",
                            "--dropout arg (=0.0)", "--eval-every", "--eval-batches", "--sample-tokens",
                            "--temperature arg (=0.8)", "--top-k arg (=200)", "--prompt", "--checkpoint-dir",
-                           "--checkpoint-every", "--keep-checkpoints arg (=3)", "--resume", "--resume-from"})
+                           "--checkpoint-every", "--keep-checkpoints arg (=3)", "--resume", "--resume-from",
+                           "--attention arg (=auto)", "--allow-tf32", "--profile-step arg (=0)"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -83,7 +84,8 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--warmup-steps -1", "--warmup-steps"}, {"--min-lr 1", "--min-lr"},
       {"--beta1 1", "--beta1"},              {"--beta2 -0.1", "--beta2"},
       {"--decay-steps -1", "--decay-steps"},
-      {"--lr-schedule cosine --warmup-steps 2", "--warmup-steps"}};
+      {"--lr-schedule cosine --warmup-steps 2", "--warmup-steps"},
+      {"--profile-step 3", "--profile-step"}, {"--profile-step -1", "--profile-step"}};
   for (const auto& [args, needle] : bad) {
     const RunResult r = run(args + kSmall);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
@@ -105,6 +107,7 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--dropout 1", "--dropout"},           {gpt + "--eval-every -1", "--eval-every"},
       {gpt + "--eval-batches 0", "--eval-batches"}, {gpt + "--sample-tokens -1", "--sample-tokens"},
       {gpt + "--temperature 0", "--temperature"},   {gpt + "--top-k 0", "--top-k"},
+      {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
       {gpt + "--checkpoint-every -1", "--checkpoint-every"},
       {gpt + "--checkpoint-dir ck --keep-checkpoints 0", "--keep-checkpoints"},
       {gpt + "--width 64", "--width"},              {mlp + "--n-layer 2", "--n-layer"},
@@ -123,6 +126,14 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
 // --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'
 // lr, step by step, equals the sequence PyTorch computed for the same chain (optim_pytorch.safetensors,
 // "sched.warmup_cosine_floor": lr 0.1, 3 warmup steps, cosine to 1e-3 at step 10, then 1e-3).
+// The GPU's own flags train on the CPU as if absent, and say so.
+TEST(Cli, GpuOnlyFlagsOnTheCpuSaySoAndTrain) {
+  const RunResult r = run(kSmall + "--device cpu --allow-tf32 --profile-step 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("notice: --allow-tf32 has no effect on the CPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("notice: --profile-step has no effect on the CPU"), std::string::npos) << r.out;
+}
+
 TEST(Cli, CosineScheduleFollowsPyTorchsSequence) {
   TempDir d;
   const RunResult r = run(kNoSteps + "--steps 15 --lr 0.1 --lr-schedule cosine --warmup-steps 3 --min-lr 0.001 "

@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "amp/clip_grad.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/ops/ops.h"
 #include "test_util.h"
 
@@ -27,6 +31,35 @@ TEST(ClipGradNorm, TotalNormMatchesPyTorchAndClips) {
   const auto before = params[0].grad().to_vector();
   clip_grad_norm_(params, 10.0 * max_norm);
   EXPECT_EQ(params[0].grad().to_vector(), before);
+}
+
+// Each tensor's own norm, for every order, against the closed forms for a = [1, -4, 2], b = [3, 0.5],
+// c = [] (rounded once to float32); on a GPU too with the tensors on two devices (one pass each),
+// bit for bit what each device gives alone.
+TEST(ClipGradNorm, TensorNormsAreEachTensorsOwn) {
+  const Tensor a = from_vector({1.0, -4.0, 2.0}, {3}), b = from_vector({3.0, 0.5}, {2}), c = zeros({0});
+  const std::vector<std::pair<double, std::vector<double>>> cases = {
+      {2.0, {std::sqrt(21.0), std::sqrt(9.25), 0.0}}, {1.0, {7.0, 3.5, 0.0}}, {INFINITY, {4.0, 3.0, 0.0}},
+      {-INFINITY, {1.0, 0.5, INFINITY}}, {0.0, {3.0, 2.0, 0.0}}, {3.0, {std::cbrt(73.0), std::cbrt(27.125), 0.0}}};
+  for (const auto& [p, want] : cases) {
+    const std::vector<double> got = tensor_norms({a, b, c}, p, kCPU).to_vector();
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      if (std::isinf(want[i])) {
+        EXPECT_EQ(got[i], want[i]) << "p " << p << " tensor " << i;  // the min of nothing
+      } else {
+        EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "p " << p << " tensor " << i;
+      }
+  }
+  std::string reason;
+  if (!cuda_usable(&reason)) GTEST_SKIP() << "the two-device case needs a GPU: " << reason;
+  cuda_init(0);
+  const Device gpu{DeviceType::cuda, 0};
+  for (const auto& [p, want] : cases) {
+    const std::vector<double> mixed = tensor_norms({a, b.to(gpu), c, a.to(gpu)}, p, kCPU).to_vector();
+    const std::vector<double> cpu = tensor_norms({a, c}, p, kCPU).to_vector(), dev = tensor_norms({b.to(gpu), a.to(gpu)}, p, gpu).to_vector();
+    EXPECT_EQ(mixed, (std::vector<double>{cpu[0], dev[0], cpu[1], dev[1]})) << "p " << p;
+  }
 }
 
 TEST(ClipGradNorm, InfNormAndNonFinite) {

@@ -55,6 +55,14 @@ done
 [[ -z $budget || $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --budget $budget: a positive number of seconds, please" >&2; exit 2; }
 [[ -z $only || $only =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] ||
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
+all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
+  sanitize_synccheck sanitize_initcheck emu_train train bench_mlp bench_gpt bench_gpt2_small
+  bench_gpt2_small_composite profile_gpt2_small"
+IFS=, read -ra asked <<<"$only"
+for a in "${asked[@]}"; do
+  grep -qw -- "$a[a-z0-9_]*" <<<"$all_stages" ||
+    { echo "gpu_check: --stages: '$a' names no stage (stages: $(echo $all_stages))" >&2; exit 2; }
+done
 if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
 mkdir -p "$out/logs" || exit 2
 out=$(cd "$out" && pwd)

@@ -114,6 +114,13 @@ for t in "${cpu_tests[@]}"; do
 done
 run "$root/bin/test_cuda"; grep -m2 -E '^\[  (PASSED|SKIPPED) ' "$work/out.txt"
 set +e
+# Its arguments are checked before anything runs: exit 2, naming the flag.
+for bad in "--budget 0" "--budget soon" "--stages test_cuda;env" "--stages sanitise" "--ranks 0"; do
+  # shellcheck disable=SC2086  # the flag and its value, split on purpose
+  "$root/launch/scripts/gpu_check.sh" --bundle "$archive" --out "$work/gc_bad" $bad >"$work/gc_bad.txt" 2>&1 && rc=0 || rc=$?
+  ((rc == 2)) && grep -q -- "${bad%% *}" "$work/gc_bad.txt" || fail "gpu_check.sh $bad: exit $rc, not 2 naming ${bad%% *}"
+done
+say "runs: gpu_check.sh refuses a bad --budget, --stages or --ranks (exit 2, naming it)"
 "$root/launch/scripts/gpu_check.sh" --bundle "$archive" --out "$work/gpu_check" >"$work/gc.txt" 2>&1
 rc=$?
 set -e

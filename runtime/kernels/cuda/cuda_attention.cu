@@ -47,6 +47,31 @@ __device__ void load_tile(const T* base, int64_t first, int64_t rows, int64_t st
   }
 }
 
+// Where a block stands, a warp a row: batch b and head h (blockIdx.y), rows [first, first + kWarps)
+// (blockIdx.x; last: the last of them that exists), the calling warp's row, and the head's D columns
+// in qkv, whose rows hold q, k and v (C columns each: stride 3C).
+template <int D>
+struct BlockRows {
+  int lane, warp;
+  int64_t bh, b, h, C, stride, first, row, last;
+  __device__ BlockRows(int64_t rows, int64_t heads)
+      : lane(static_cast<int>(threadIdx.x) % 32), warp(static_cast<int>(threadIdx.x) / 32), bh(blockIdx.y),
+        b(bh / heads), h(bh % heads), C(heads * D), stride(3 * C), first(static_cast<int64_t>(blockIdx.x) * kWarps),
+        row(first + warp), last((first + kWarps < rows ? first + kWarps : rows) - 1) {}
+  // Row 0 of this batch's q (part 0), k (1) or v (2) for this head.
+  template <class T>
+  __device__ const T* head(const T* qkv, int64_t rows, int part) const {
+    return qkv + b * rows * stride + part * C + h * D;
+  }
+};
+
+// D values into registers (0 for a row past the end).
+template <class T, int D>
+__device__ __forceinline__ void load_row(const T* p, bool valid, float (&out)[D]) {
+  #pragma unroll
+  for (int d = 0; d < D; ++d) out[d] = valid ? static_cast<float>(DevElem<T>::load(p[d])) : 0.0f;
+}
+
 // y[b, i, h] = softmax_j<=i(scale q_i . k_j) v_j, and lse[b, h, i] = log sum_j<=i exp(scale q_i . k_j).
 template <class T, int DPL>
 __global__ void __launch_bounds__(kThreads)
@@ -54,21 +79,18 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int D = 32 * DPL;
   AMP_SHARED(float[kTile][D + 1], ks);
   AMP_SHARED(float[kTile][D + 1], vs);
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads, C = heads * D, stride = 3 * C;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
-  const T* base = qkv + b * rows * stride + h * D;
+  const BlockRows<D> at(rows, heads);
+  const int lane = at.lane;
+  const int64_t i = at.row, stride = at.stride;
   float q[D];
-  #pragma unroll
-  for (int d = 0; d < D; ++d) q[d] = i < rows ? static_cast<float>(DevElem<T>::load(base[i * stride + d])) : 0.0f;
+  load_row<T, D>(at.head(qkv, rows, 0) + i * stride, i < rows, q);
   float m = -INFINITY, l = 0.0f, o[DPL];
   #pragma unroll
   for (int k = 0; k < DPL; ++k) o[k] = 0.0f;
-  const int64_t last = (first + kWarps < rows ? first + kWarps : rows) - 1;  // the block's last row: keys up to it
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+  for (int64_t j0 = 0; j0 <= at.last; j0 += kTile) {  // keys up to the block's last row
     __syncthreads();  // the last tile's reads are done
-    load_tile<T, D>(base + C, j0, rows, stride, ks);
-    load_tile<T, D>(base + 2 * C, j0, rows, stride, vs);
+    load_tile<T, D>(at.head(qkv, rows, 1), j0, rows, stride, ks);
+    load_tile<T, D>(at.head(qkv, rows, 2), j0, rows, stride, vs);
     __syncthreads();
     const int64_t j = j0 + lane;
     float s = -INFINITY;
@@ -95,10 +117,10 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
   }
   if (i < rows) {
-    T* out = y + (b * rows + i) * C + h * D;
+    T* out = y + (at.b * rows + i) * at.C + at.h * D;
     #pragma unroll
     for (int k = 0; k < DPL; ++k) out[lane + 32 * k] = DevElem<T>::store(o[k] / l);
-    if (lane == 0) lse[bh * rows + i] = m + logf(l);
+    if (lane == 0) lse[at.bh * rows + i] = m + logf(l);
   }
 }
 
@@ -112,17 +134,13 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int D = 32 * DPL;
   AMP_SHARED(float[kTile][D + 1], ks);
   AMP_SHARED(float[kTile][D + 1], vs);
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads, C = heads * D, stride = 3 * C;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
-  const T* base = qkv + b * rows * stride + h * D;
-  const int64_t yrow = (b * rows + i) * C + h * D;
+  const BlockRows<D> at(rows, heads);
+  const int lane = at.lane;
+  const int64_t i = at.row, stride = at.stride, bh = at.bh;
+  const int64_t yrow = (at.b * rows + i) * at.C + at.h * D;
   float q[D], g[D];
-  #pragma unroll
-  for (int d = 0; d < D; ++d) {
-    q[d] = i < rows ? static_cast<float>(DevElem<T>::load(base[i * stride + d])) : 0.0f;
-    g[d] = i < rows ? static_cast<float>(DevElem<T>::load(gy[yrow + d])) : 0.0f;
-  }
+  load_row<T, D>(at.head(qkv, rows, 0) + i * stride, i < rows, q);
+  load_row<T, D>(gy + yrow, i < rows, g);
   float part = 0.0f;
   #pragma unroll
   for (int k = 0; k < DPL; ++k)
@@ -134,11 +152,10 @@ __global__ void __launch_bounds__(kThreads)
   float dq[DPL];
   #pragma unroll
   for (int k = 0; k < DPL; ++k) dq[k] = 0.0f;
-  const int64_t last = (first + kWarps < rows ? first + kWarps : rows) - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+  for (int64_t j0 = 0; j0 <= at.last; j0 += kTile) {
     __syncthreads();
-    load_tile<T, D>(base + C, j0, rows, stride, ks);
-    load_tile<T, D>(base + 2 * C, j0, rows, stride, vs);
+    load_tile<T, D>(at.head(qkv, rows, 1), j0, rows, stride, ks);
+    load_tile<T, D>(at.head(qkv, rows, 2), j0, rows, stride, vs);
     __syncthreads();
     const int64_t j = j0 + lane;
     float ds = 0.0f;
@@ -160,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (i < rows) {
     #pragma unroll
-    for (int k = 0; k < DPL; ++k) dqkv[(b * rows + i) * stride + h * D + lane + 32 * k] = DevElem<T>::store(dq[k] * scale);
+    for (int k = 0; k < DPL; ++k) dqkv[(at.b * rows + i) * stride + at.h * D + lane + 32 * k] = DevElem<T>::store(dq[k] * scale);
     if (lane == 0) delta[bh * rows + i] = di;
   }
 }
@@ -175,23 +192,19 @@ __global__ void __launch_bounds__(kThreads)
   AMP_SHARED(float[kTile][D + 1], gs);
   AMP_SHARED(float[kTile], ls);
   AMP_SHARED(float[kTile], dl);
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads, C = heads * D, stride = 3 * C;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps, j = first + warp;
-  const T* base = qkv + b * rows * stride + h * D;
-  const T* gbase = gy + b * rows * C + h * D;
+  const BlockRows<D> at(rows, heads);
+  const int lane = at.lane;
+  const int64_t j = at.row, stride = at.stride, bh = at.bh, C = at.C;
+  const T* gbase = gy + at.b * rows * C + at.h * D;
   float kr[D], vr[D];
-  #pragma unroll
-  for (int d = 0; d < D; ++d) {
-    kr[d] = j < rows ? static_cast<float>(DevElem<T>::load(base[j * stride + C + d])) : 0.0f;
-    vr[d] = j < rows ? static_cast<float>(DevElem<T>::load(base[j * stride + 2 * C + d])) : 0.0f;
-  }
+  load_row<T, D>(at.head(qkv, rows, 1) + j * stride, j < rows, kr);
+  load_row<T, D>(at.head(qkv, rows, 2) + j * stride, j < rows, vr);
   float dk[DPL], dv[DPL];
   #pragma unroll
   for (int k = 0; k < DPL; ++k) dk[k] = dv[k] = 0.0f;
-  for (int64_t i0 = first; i0 < rows; i0 += kTile) {  // queries from the block's first key row on
+  for (int64_t i0 = at.first; i0 < rows; i0 += kTile) {  // queries from the block's first key row on
     __syncthreads();
-    load_tile<T, D>(base, i0, rows, stride, qs);
+    load_tile<T, D>(at.head(qkv, rows, 0), i0, rows, stride, qs);
     load_tile<T, D>(gbase, i0, rows, C, gs);
     if (static_cast<int>(threadIdx.x) < kTile) {
       const int t = static_cast<int>(threadIdx.x);
@@ -223,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (j < rows) {
-    T* out = dqkv + (b * rows + j) * stride + h * D;
+    T* out = dqkv + (at.b * rows + j) * stride + at.h * D;
     #pragma unroll
     for (int k = 0; k < DPL; ++k) {
       out[C + lane + 32 * k] = DevElem<T>::store(dk[k] * scale);

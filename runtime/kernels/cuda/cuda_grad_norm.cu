@@ -164,13 +164,15 @@ int64_t chunks_of(const Tensor& x) { return (x.numel() + kChunkSize - 1) / kChun
 void norm_partials_and_finish(const std::vector<Tensor>& xs, double p, double* partial,
                               const std::vector<std::pair<int64_t, int64_t>>& ranges, float* out) {
   const NormKind kind = !std::isinf(p) ? NormKind::sum : p > 0 ? NormKind::max : NormKind::min;
+  int64_t chunks = 0;
+  for (const Tensor& x : xs) chunks += chunks_of(x);
+  if (chunks > INT32_MAX) throw std::invalid_argument("norm: more than 2^31 chunks");  // the finish's ranges are 32-bit
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
     multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
-  if (offset > INT32_MAX) throw std::invalid_argument("norm: more than 2^31 chunks");
   for (size_t b = 0; b < ranges.size(); b += kFinishSlots) {
     const size_t n = std::min(ranges.size() - b, static_cast<size_t>(kFinishSlots));
     FinishRanges r{};
