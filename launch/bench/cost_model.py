@@ -10,7 +10,8 @@ share of the time that is host launch overhead, with and without a CUDA graph.
 
 How an operation is priced (seconds):
   kernel   max(bytes / (HBM_BW * HBM_REACHABLE * fill), flops / (CUDA_CORE_FLOPS * fill)),
-           fill = min(1, blocks / SMS): a grid of fewer blocks than SMs reaches that fraction.
+           fill = min(1, blocks / SMS): a grid of fewer blocks than SMs reaches that fraction; the
+           fused attention's kernels (tensor-core products) at ATTENTION_FLOPS, measured, instead.
   GEMM     max(flops / (peak * eff), bytes / (HBM_BW * HBM_REACHABLE)); peak TENSOR_FLOPS for
            bf16/fp16 inputs, FP32_GEMM_FLOPS for fp32 (TF32 off) and fp64; eff = GEMM_EFFICIENCY
            for more than GEMM_FULL_FLOPS, below it GEMM_EFFICIENCY * min(1, tiles / SMS), tiles the
@@ -48,6 +49,9 @@ LAUNCH_GRAPH_S = 1e-6       # the same inside a CUDA graph
 NVLINK_BUS_BW = 370e9       # all-reduce bus bandwidth, 8 H100s
 # --- our own estimates
 CUDA_CORE_FLOPS = 67e12     # fp32 non-tensor FLOP/s (element-wise arithmetic)
+# --- measured
+ATTENTION_FLOPS = 60e12     # the fused attention kernels (attention_*: mma.sync, no pipelining yet): measured
+                            # on an H200, 2026-11-26, GPT-2 small: 52 to 62 TFLOP/s of their declared FLOPs
 PCIE_BW = 25e9              # host<->device copies, bytes/s
 KERNEL_MIN_S = 2e-6         # the shortest a kernel takes on the device
 
@@ -73,7 +77,8 @@ def op_time(op):
     if kind == "kernel":
         blocks = op["grid"][0] * op["grid"][1] * op["grid"][2]
         fill = min(1.0, blocks / SMS)
-        t = max(hbm(op["read"] + op["written"], fill), op["flops"] / (CUDA_CORE_FLOPS * fill))
+        rate = ATTENTION_FLOPS if op["name"].startswith("attention_") else CUDA_CORE_FLOPS
+        t = max(hbm(op["read"] + op["written"], fill), op["flops"] / (rate * fill))
     elif kind == "gemm":
         t = gemm_time(op)
     elif kind == "memset":

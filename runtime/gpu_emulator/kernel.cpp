@@ -28,6 +28,7 @@
 #include "emu.h"
 #include "kernel.h"
 #include "launch_log.h"
+#include "runtime/core/half.h"
 
 namespace amp::emu {
 
@@ -273,6 +274,50 @@ uint64_t shfl_idx_bits(uint32_t mask, uint64_t bits, int src_lane, int width, st
 uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where) {
   const int in_segment = linear_lane() % std::max(width, 1);
   return shuffle(mask, bits, in_segment ^ lane_mask, width, where);
+}
+
+namespace {
+// Every lane's 8 bytes, for a full warp: one deposit and one wait, as a shuffle.
+void gather(uint64_t bits, uint64_t (&all)[32], std::source_location where) {
+  Thread& t = self();
+  Block& b = *t_block;
+  const int tid = static_cast<int>(&t - b.threads.data());
+  if (static_cast<int>(b.threads.size()) - tid / 32 * 32 < 32) kernel_error(b, "mma at " + site(where) + ": needs a full warp");
+  Warp& w = b.warps[static_cast<size_t>(tid / 32)];
+  const int64_t n = t.shuffles;
+  w.slot[n % 2][tid % 32] = bits;
+  t.shuffles = n + 1;
+  t.mask = 0xffffffffu;
+  t.where = where;
+  t.wait = Wait::shuffle;
+  suspend(t);
+  for (int l = 0; l < 32; ++l) all[l] = w.slot[n % 2][l];
+}
+}  // namespace
+
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], std::source_location where) {
+  uint64_t as01[32], as23[32], bs[32];
+  gather(a[0] | uint64_t{a[1]} << 32, as01, where);
+  gather(a[2] | uint64_t{a[3]} << 32, as23, where);
+  gather(b[0] | uint64_t{b[1]} << 32, bs, where);
+  auto elem = [bf16](uint64_t word, int half) {  // half: 0..3, the 16-bit element of a pair of registers
+    const auto bits = static_cast<uint16_t>(word >> (16 * half));
+    return bf16 ? bf16_bits_to_f32(bits) : f16_bits_to_f32(bits);
+  };
+  // A: register r of lane (g, t) holds row g + 8 (r & 1), cols 8 (r >> 1) + 2 t, + 1.
+  // B: register r of lane (g, t) holds rows 8 r + 2 t, + 1 of col g.   C, D: rows g, g + 8, cols 2 t, + 1.
+  auto A = [&](int row, int k) {
+    const int lane = (row % 8) * 4 + (k % 8) / 2, reg = (row / 8) + 2 * (k / 8);
+    return elem(reg < 2 ? as01[lane] : as23[lane], 2 * (reg % 2) + k % 2);
+  };
+  auto B = [&](int k, int col) { return elem(bs[col * 4 + (k % 8) / 2], 2 * (k / 8) + k % 2); };
+  const int lane = static_cast<int>(&self() - t_block->threads.data()) % 32, g = lane / 4, tq = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * tq + e % 2;
+    float acc = d[e];
+    for (int k = 0; k < 16; ++k) acc = std::fma(A(row, k), B(k, col), acc);
+    d[e] = acc;
+  }
 }
 
 namespace {

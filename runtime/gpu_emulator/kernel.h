@@ -47,6 +47,10 @@ void syncthreads(std::source_location where);
 uint64_t shfl_down_bits(uint32_t mask, uint64_t bits, unsigned delta, int width, std::source_location where);
 uint64_t shfl_xor_bits(uint32_t mask, uint64_t bits, int lane_mask, int width, std::source_location where);
 uint64_t shfl_idx_bits(uint32_t mask, uint64_t bits, int src_lane, int width, std::source_location where);
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d += A (16 x 16) B (16 x 8), the fragments laid out
+// across the full warp as the PTX ISA gives them ("Matrix Fragments for mma.m16n8k16 with floating point
+// type"); the products exact in fp32, summed in k's order. Every lane of the warp must call it.
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], std::source_location where);
 
 // v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
 template <class T, class Exchange>

@@ -1,63 +1,125 @@
-// CUDA backend: causal self-attention without the [T, T] scores in memory, in FlashAttention's order
-// (Dao et al., 2022: a tile of keys at a time, the softmax kept online as a running maximum and sum,
-// the backward recomputing the scores from each row's log-sum-exp). q, k and v are read where the
+// CUDA backend: causal self-attention without the [T, T] scores in memory, in FlashAttention-2's order
+// (Dao, 2023: a tile of keys at a time, the softmax kept online as a running maximum and sum, the
+// backward recomputing the scores from each row's log-sum-exp), its products on the tensor cores
+// (mma.sync m16n8k16, fp32 accumulators: runtime/kernels/cuda/mma.cuh). q, k and v are read where the
 // qkv projection wrote them ([B, T, 3C], heads side by side) and y is written as [B, T, C]: no head
-// permutes. Everything is fp32 inside; every output element is written once (no atomics), so the
-// results are deterministic.
+// permutes. As FlashAttention does, the probabilities (and their gradients) are rounded to the input
+// type before their product with v (k, q, gy); the softmax statistics and every sum are fp32. Every
+// output element is written once (no atomics), so the results are deterministic.
 //
-// A block is kWarps warps over kWarps consecutive rows (one warp a row: query rows in the forward
-// and the dq pass, key rows in the dk/dv pass), sharing tiles of kTile rows of the other side in
-// shared memory; lane l takes row l of the tile for the dot products over the head's D dims, and
-// dims l, l + 32, ... for the sums into the row's outputs.
+// A block is kWarps warps over kRows consecutive rows (16 a warp: query rows in the forward and the
+// dq pass, key rows in the dk/dv pass); tiles of kTile rows of the other side go through shared
+// memory, as words of two elements, row-major or transposed, whichever the product's B fragment reads.
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
+#include "runtime/kernels/cuda/mma.cuh"
 
 namespace amp::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kTile = 32;
+constexpr int kWarps = 4;
+constexpr int kRows = 16 * kWarps;
+constexpr int kTile = 64;
 constexpr int kThreads = 32 * kWarps;
+constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+// A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that a fragment's
+// 8 rows x 4 words fall in 32 distinct banks.
+template <int R, int N>
+using Words = uint32_t[R][N / 2 + 4];
+template <int D>
+using RowTile = Words<kTile, D>;  // kTile rows of D elements
+template <int D>
+using ColTile = Words<D, kTile>;  // the same, transposed
 
-// Rows [first, first + kTile) of one of q, k, v (col: 0, C or 2C) into a tile (0 past the end).
-template <class T, int D>
-__device__ void load_tile(const T* base, int64_t first, int64_t rows, int64_t stride, float (&tile)[kTile][D + 1]) {
-  for (int e = static_cast<int>(threadIdx.x); e < kTile * D; e += kThreads) {
-    const int r = e / D, d = e % D;
+// Rows [first, first + kTile) of a matrix of `rows` rows (row stride `stride` elements, N columns from
+// base) into w, row-major; 0 past the end.
+template <class T, int N>
+__device__ void load_rows(const T* base, int64_t first, int64_t rows, int64_t stride, Words<kTile, N>& w) {
+  constexpr int kPerRow = N / 2;
+  for (int e = static_cast<int>(threadIdx.x); e < kTile * kPerRow; e += kThreads) {
+    const int r = e / kPerRow, c = e % kPerRow;
     const int64_t row = first + r;
-    tile[r][d] = row < rows ? static_cast<float>(DevElem<T>::load(base[row * stride + d])) : 0.0f;
+    w[r][c] = row < rows ? load_pair(base + row * stride + 2 * c) : 0u;
   }
 }
 
-// Where a block stands, a warp a row: batch b and head h (blockIdx.y), rows [first, first + kWarps)
-// (blockIdx.x; last: the last of them that exists), the calling warp's row, and the head's D columns
-// in qkv, whose rows hold q, k and v (C columns each: stride 3C).
+// The same rows transposed: wt[n][r / 2] holds elements (r, n) and (r + 1, n); a thread moves 2 x 2.
+template <class T, int N>
+__device__ void load_rows_transposed(const T* base, int64_t first, int64_t rows, int64_t stride, Words<N, kTile>& wt) {
+  constexpr int kPerRow = N / 2;
+  for (int e = static_cast<int>(threadIdx.x); e < kTile / 2 * kPerRow; e += kThreads) {
+    const int r = 2 * (e / kPerRow), c = e % kPerRow;
+    const int64_t row = first + r;
+    const uint32_t w0 = row < rows ? load_pair(base + row * stride + 2 * c) : 0u;
+    const uint32_t w1 = row + 1 < rows ? load_pair(base + (row + 1) * stride + 2 * c) : 0u;
+    wt[2 * c][r / 2] = (w0 & 0xffffu) | (w1 << 16);
+    wt[2 * c + 1][r / 2] = (w0 >> 16) | (w1 & 0xffff0000u);
+  }
+}
+
+// The B fragment of k-step kk (k = 16 kk ..) and n-tile n (n = 8 n ..) from a tile whose rows are B's
+// columns: word (n, k) of the tile holds B[k][n], B[k + 1][n].
+template <int R, int N>
+__device__ __forceinline__ void b_frag(const Words<R, N>& w, int n, int kk, int g, int t, uint32_t (&b)[2]) {
+  b[0] = w[8 * n + g][8 * kk + t];
+  b[1] = w[8 * n + g][8 * kk + 4 + t];
+}
+
+// A fragments of a warp's 16 rows (r0 = its row g, r0 + 8) of a [rows, D] matrix, straight from memory.
+template <class T, int D>
+__device__ void a_frags(const T* base, int64_t r0, int64_t rows, int64_t stride, int t, uint32_t (&a)[D / 16][4]) {
+  #pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    #pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int64_t r = r0 + 8 * (w % 2);
+      a[kk][w] = r < rows ? load_pair(base + r * stride + 16 * kk + 8 * (w / 2) + 2 * t) : 0u;
+    }
+}
+
+// The accumulators of two n-tiles (keys 16 kk ..) as the A fragment of the next product, rounded to T.
+template <class T>
+__device__ __forceinline__ void c_to_a(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+  a[0] = pack_pair<T>(lo[0], lo[1]);
+  a[1] = pack_pair<T>(lo[2], lo[3]);
+  a[2] = pack_pair<T>(hi[0], hi[1]);
+  a[3] = pack_pair<T>(hi[2], hi[3]);
+}
+
+__device__ __forceinline__ float group_max(float v) {  // over the 4 lanes that hold one row
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float group_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Where a thread stands: batch b and head h (blockIdx.y), the block's rows from `first`, its warp's
+// rows from `base`, its fragment rows r0 = base + g and r0 + 8, and the head's D columns in qkv, whose
+// rows hold q, k and v (C columns each: stride 3C). Causal rows cost in proportion to their number in
+// the forward and the dq pass: there the first blocks take the last rows (`reversed`), so that the
+// longest run first and the shortest fill the tail.
 template <int D>
-struct BlockRows {
-  int lane, warp;
-  int64_t bh, b, h, C, stride, first, row, last;
-  __device__ BlockRows(int64_t rows, int64_t heads)
-      : lane(static_cast<int>(threadIdx.x) % 32), warp(static_cast<int>(threadIdx.x) / 32), bh(blockIdx.y),
-        b(bh / heads), h(bh % heads), C(heads * D), stride(3 * C), first(static_cast<int64_t>(blockIdx.x) * kWarps),
-        row(first + warp), last((first + kWarps < rows ? first + kWarps : rows) - 1) {}
+struct Frag {
+  int lane, g, t;
+  int64_t bh, b, h, C, stride, first, base, r0;
+  __device__ Frag(int64_t heads, bool reversed)
+      : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(blockIdx.y), b(bh / heads),
+        h(bh % heads), C(heads * D), stride(3 * C),
+        first(static_cast<int64_t>(reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows),
+        base(first + 16 * (static_cast<int>(threadIdx.x) / 32)), r0(base + g) {}
   // Row 0 of this batch's q (part 0), k (1) or v (2) for this head.
   template <class T>
   __device__ const T* head(const T* qkv, int64_t rows, int part) const {
@@ -65,182 +127,255 @@ struct BlockRows {
   }
 };
 
-// D values into registers (0 for a row past the end).
-template <class T, int D>
-__device__ __forceinline__ void load_row(const T* p, bool valid, float (&out)[D]) {
-  #pragma unroll
-  for (int d = 0; d < D; ++d) out[d] = valid ? static_cast<float>(DevElem<T>::load(p[d])) : 0.0f;
-}
-
 // y[b, i, h] = softmax_j<=i(scale q_i . k_j) v_j, and lse[b, h, i] = log sum_j<=i exp(scale q_i . k_j).
-template <class T, int DPL>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(const T* qkv, int64_t rows, int64_t heads, float scale, T* y, float* lse) {
-  constexpr int D = 32 * DPL;
-  AMP_SHARED(float[kTile][D + 1], ks);
-  AMP_SHARED(float[kTile][D + 1], vs);
-  const BlockRows<D> at(rows, heads);
-  const int lane = at.lane;
-  const int64_t i = at.row, stride = at.stride;
-  float q[D];
-  load_row<T, D>(at.head(qkv, rows, 0) + i * stride, i < rows, q);
-  float m = -INFINITY, l = 0.0f, o[DPL];
-  #pragma unroll
-  for (int k = 0; k < DPL; ++k) o[k] = 0.0f;
-  for (int64_t j0 = 0; j0 <= at.last; j0 += kTile) {  // keys up to the block's last row
+  AMP_SHARED(RowTile<D>, ks);
+  AMP_SHARED(ColTile<D>, vt);
+  const Frag<D> at(heads, true);
+  const int g = at.g, t = at.t;
+  uint32_t qa[D / 16][4];
+  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
+  const float sl2 = scale * kLog2e;  // scores in log2 units: exp2f
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4] = {};
+  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
+  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {  // keys up to the block's last row
     __syncthreads();  // the last tile's reads are done
-    load_tile<T, D>(at.head(qkv, rows, 1), j0, rows, stride, ks);
-    load_tile<T, D>(at.head(qkv, rows, 2), j0, rows, stride, vs);
+    load_rows<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, ks);
+    load_rows_transposed<T, D>(at.head(qkv, rows, 2), j0, rows, at.stride, vt);
     __syncthreads();
-    const int64_t j = j0 + lane;
-    float s = -INFINITY;
-    if (i < rows && j <= i) {
-      float dot = 0.0f;
-      #pragma unroll
-      for (int d = 0; d < D; ++d) dot += q[d] * ks[lane][d];
-      s = dot * scale;
-    }
-    const float tile_max = warp_max(s);
-    if (tile_max == -INFINITY) continue;  // every key of this tile is after row i (the whole warp agrees)
-    const float m_new = fmaxf(m, tile_max);
-    const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
-    const float rescale = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    l = l * rescale + warp_sum(p);
+    if (j0 > at.base + 15) continue;  // every key of the tile is after the warp's rows (the warp agrees)
+    float s[kTile / 8][4] = {};
     #pragma unroll
-    for (int k = 0; k < DPL; ++k) o[k] *= rescale;
-    #pragma unroll
-    for (int r = 0; r < kTile; ++r) {
-      const float pr = __shfl_sync(0xffffffffu, p, r);
+    for (int kk = 0; kk < D / 16; ++kk)
       #pragma unroll
-      for (int k = 0; k < DPL; ++k) o[k] += pr * vs[r][lane + 32 * k];
+      for (int n = 0; n < kTile / 8; ++n) {
+        uint32_t bk[2];
+        b_frag<kTile, D>(ks, n, kk, g, t, bk);
+        mma_16816<T>(s[n], qa[kk], bk);
+      }
+    float mx[2] = {m[0], m[1]};
+    #pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = at.r0 + 8 * (e / 2), key = j0 + 8 * n + 2 * t + e % 2;
+        s[n][e] = key <= row ? s[n][e] * sl2 : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+      }
+    float rescale[2];
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {  // key 0 is in the first tile: m is finite from then on
+      mx[r] = group_max(mx[r]);
+      rescale[r] = exp2f(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
+      m[r] = mx[r];
+      l[r] *= rescale[r];
     }
-    m = m_new;
+    #pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
+    #pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - m[e / 2]);
+        l[e / 2] += s[n][e];  // this lane's part of the row's sum
+      }
+    #pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t pa[4];
+      c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
+      #pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t bv[2];
+        b_frag<D, kTile>(vt, n, kk, g, t, bv);
+        mma_16816<T>(o[n], pa, bv);
+      }
+    }
   }
-  if (i < rows) {
-    T* out = y + (at.b * rows + i) * at.C + at.h * D;
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = group_sum(l[r]);
+    const int64_t row = at.r0 + 8 * r;
+    if (row >= rows) continue;
+    T* out = y + (at.b * rows + row) * at.C + at.h * D + 2 * t;
     #pragma unroll
-    for (int k = 0; k < DPL; ++k) out[lane + 32 * k] = DevElem<T>::store(o[k] / l);
-    if (lane == 0) lse[at.bh * rows + i] = m + logf(l);
+    for (int n = 0; n < D / 8; ++n) {
+      out[8 * n] = DevElem<T>::store(o[n][2 * r] / l[r]);
+      out[8 * n + 1] = DevElem<T>::store(o[n][2 * r + 1] / l[r]);
+    }
+    if (t == 0) lse[at.bh * rows + row] = (m[r] + log2f(l[r])) / kLog2e;
   }
 }
 
-// The backward's first pass, a warp per query row i: delta_i = gy_i . y_i (kept for the second
+// The backward's first pass, a warp per 16 query rows: delta_i = gy_i . y_i (kept for the second
 // pass), and dq_i = scale sum_j ds_ij k_j with p_ij = exp(scale q_i . k_j - lse_i),
 // ds_ij = p_ij (gy_i . v_j - delta_i).
-template <class T, int DPL>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(const T* qkv, const T* y, const float* lse, const T* gy, int64_t rows, int64_t heads,
                         float scale, float* delta, T* dqkv) {
-  constexpr int D = 32 * DPL;
-  AMP_SHARED(float[kTile][D + 1], ks);
-  AMP_SHARED(float[kTile][D + 1], vs);
-  const BlockRows<D> at(rows, heads);
-  const int lane = at.lane;
-  const int64_t i = at.row, stride = at.stride, bh = at.bh;
-  const int64_t yrow = (at.b * rows + i) * at.C + at.h * D;
-  float q[D], g[D];
-  load_row<T, D>(at.head(qkv, rows, 0) + i * stride, i < rows, q);
-  load_row<T, D>(gy + yrow, i < rows, g);
-  float part = 0.0f;
+  AMP_SHARED(RowTile<D>, ks);
+  AMP_SHARED(RowTile<D>, vs);
+  AMP_SHARED(ColTile<D>, kt);
+  const Frag<D> at(heads, true);
+  const int g = at.g, t = at.t;
+  const T* gbase = gy + at.b * rows * at.C + at.h * D;
+  const T* ybase = y + at.b * rows * at.C + at.h * D;
+  uint32_t qa[D / 16][4], ga[D / 16][4], ya[D / 16][4];
+  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
+  a_frags<T, D>(gbase, at.r0, rows, at.C, t, ga);
+  a_frags<T, D>(ybase, at.r0, rows, at.C, t, ya);
+  float di[2] = {0.0f, 0.0f}, li[2];
   #pragma unroll
-  for (int k = 0; k < DPL; ++k)
-    if (i < rows)  // gy re-read, not g[lane + ...]: a lane-dependent index would put g in local memory
-      part += static_cast<float>(DevElem<T>::load(gy[yrow + lane + 32 * k])) *
-              static_cast<float>(DevElem<T>::load(y[yrow + lane + 32 * k]));
-  const float di = warp_sum(part);
-  const float li = i < rows ? lse[bh * rows + i] : 0.0f;
-  float dq[DPL];
-  #pragma unroll
-  for (int k = 0; k < DPL; ++k) dq[k] = 0.0f;
-  for (int64_t j0 = 0; j0 <= at.last; j0 += kTile) {
-    __syncthreads();
-    load_tile<T, D>(at.head(qkv, rows, 1), j0, rows, stride, ks);
-    load_tile<T, D>(at.head(qkv, rows, 2), j0, rows, stride, vs);
-    __syncthreads();
-    const int64_t j = j0 + lane;
-    float ds = 0.0f;
-    if (i < rows && j <= i) {
-      float s = 0.0f, dp = 0.0f;
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        s += q[d] * ks[lane][d];
-        dp += g[d] * vs[lane][d];
-      }
-      ds = expf(s * scale - li) * (dp - di);
-    }
+  for (int kk = 0; kk < D / 16; ++kk)
     #pragma unroll
-    for (int r = 0; r < kTile; ++r) {
-      const float dsr = __shfl_sync(0xffffffffu, ds, r);
+    for (int w = 0; w < 4; ++w)
+      di[w % 2] += pair_lo<T>(ga[kk][w]) * pair_lo<T>(ya[kk][w]) + pair_hi<T>(ga[kk][w]) * pair_hi<T>(ya[kk][w]);
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = at.r0 + 8 * r;
+    di[r] = group_sum(di[r]);
+    li[r] = row < rows ? lse[at.bh * rows + row] * kLog2e : 0.0f;
+  }
+  const float sl2 = scale * kLog2e;
+  float dq[D / 8][4] = {};
+  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
+  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+    __syncthreads();
+    load_rows<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, ks);
+    load_rows<T, D>(at.head(qkv, rows, 2), j0, rows, at.stride, vs);
+    load_rows_transposed<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, kt);
+    __syncthreads();
+    if (j0 > at.base + 15) continue;
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
       #pragma unroll
-      for (int k = 0; k < DPL; ++k) dq[k] += dsr * ks[r][lane + 32 * k];
+      for (int n = 0; n < kTile / 8; ++n) {
+        uint32_t bk[2], bv[2];
+        b_frag<kTile, D>(ks, n, kk, g, t, bk);
+        b_frag<kTile, D>(vs, n, kk, g, t, bv);
+        mma_16816<T>(s[n], qa[kk], bk);
+        mma_16816<T>(dp[n], ga[kk], bv);
+      }
+    #pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = at.r0 + 8 * (e / 2), key = j0 + 8 * n + 2 * t + e % 2;
+        const float p = key <= row ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
+        s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
+      }
+    #pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t dsa[4];
+      c_to_a<T>(s[2 * kk], s[2 * kk + 1], dsa);
+      #pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t bk[2];
+        b_frag<D, kTile>(kt, n, kk, g, t, bk);
+        mma_16816<T>(dq[n], dsa, bk);
+      }
     }
   }
-  if (i < rows) {
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = at.r0 + 8 * r;
+    if (row >= rows) continue;
+    T* out = dqkv + (at.b * rows + row) * at.stride + at.h * D + 2 * t;
     #pragma unroll
-    for (int k = 0; k < DPL; ++k) dqkv[(at.b * rows + i) * stride + at.h * D + lane + 32 * k] = DevElem<T>::store(dq[k] * scale);
-    if (lane == 0) delta[bh * rows + i] = di;
+    for (int n = 0; n < D / 8; ++n) {
+      out[8 * n] = DevElem<T>::store(dq[n][2 * r] * scale);
+      out[8 * n + 1] = DevElem<T>::store(dq[n][2 * r + 1] * scale);
+    }
+    if (t == 0) delta[at.bh * rows + row] = di[r];
   }
 }
 
-// The second pass, a warp per key row j: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i.
-template <class T, int DPL>
+// The second pass, a warp per 16 key rows: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i,
+// from the transposed products (rows: keys, columns: queries).
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows,
                           int64_t heads, float scale, T* dqkv) {
-  constexpr int D = 32 * DPL;
-  AMP_SHARED(float[kTile][D + 1], qs);
-  AMP_SHARED(float[kTile][D + 1], gs);
+  AMP_SHARED(RowTile<D>, qs);
+  AMP_SHARED(RowTile<D>, gs);
+  AMP_SHARED(ColTile<D>, qt);
+  AMP_SHARED(ColTile<D>, gt);
   AMP_SHARED(float[kTile], ls);
   AMP_SHARED(float[kTile], dl);
-  const BlockRows<D> at(rows, heads);
-  const int lane = at.lane;
-  const int64_t j = at.row, stride = at.stride, bh = at.bh, C = at.C;
-  const T* gbase = gy + at.b * rows * C + at.h * D;
-  float kr[D], vr[D];
-  load_row<T, D>(at.head(qkv, rows, 1) + j * stride, j < rows, kr);
-  load_row<T, D>(at.head(qkv, rows, 2) + j * stride, j < rows, vr);
-  float dk[DPL], dv[DPL];
-  #pragma unroll
-  for (int k = 0; k < DPL; ++k) dk[k] = dv[k] = 0.0f;
+  const Frag<D> at(heads, false);
+  const int g = at.g, t = at.t;
+  const T* gbase = gy + at.b * rows * at.C + at.h * D;
+  uint32_t ka[D / 16][4], va[D / 16][4];
+  a_frags<T, D>(at.head(qkv, rows, 1), at.r0, rows, at.stride, t, ka);
+  a_frags<T, D>(at.head(qkv, rows, 2), at.r0, rows, at.stride, t, va);
+  const float sl2 = scale * kLog2e;
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   for (int64_t i0 = at.first; i0 < rows; i0 += kTile) {  // queries from the block's first key row on
     __syncthreads();
-    load_tile<T, D>(at.head(qkv, rows, 0), i0, rows, stride, qs);
-    load_tile<T, D>(gbase, i0, rows, C, gs);
+    load_rows<T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, qs);
+    load_rows<T, D>(gbase, i0, rows, at.C, gs);
+    load_rows_transposed<T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, qt);
+    load_rows_transposed<T, D>(gbase, i0, rows, at.C, gt);
     if (static_cast<int>(threadIdx.x) < kTile) {
-      const int t = static_cast<int>(threadIdx.x);
-      const int64_t r = i0 + t;
-      ls[t] = r < rows ? lse[bh * rows + r] : 0.0f;
-      dl[t] = r < rows ? delta[bh * rows + r] : 0.0f;
+      const int e = static_cast<int>(threadIdx.x);
+      const int64_t r = i0 + e;
+      ls[e] = r < rows ? lse[at.bh * rows + r] * kLog2e : 0.0f;
+      dl[e] = r < rows ? delta[at.bh * rows + r] : 0.0f;
     }
     __syncthreads();
-    const int64_t i = i0 + lane;
-    float p = 0.0f, ds = 0.0f;
-    if (j < rows && i < rows && i >= j) {
-      float s = 0.0f, dp = 0.0f;
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        s += qs[lane][d] * kr[d];
-        dp += gs[lane][d] * vr[d];
-      }
-      p = expf(s * scale - ls[lane]);
-      ds = p * (dp - dl[lane]);
-    }
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
     #pragma unroll
-    for (int r = 0; r < kTile; ++r) {
-      const float pr = __shfl_sync(0xffffffffu, p, r), dsr = __shfl_sync(0xffffffffu, ds, r);
+    for (int kk = 0; kk < D / 16; ++kk)
       #pragma unroll
-      for (int k = 0; k < DPL; ++k) {
-        dv[k] += pr * gs[r][lane + 32 * k];
-        dk[k] += dsr * qs[r][lane + 32 * k];
+      for (int n = 0; n < kTile / 8; ++n) {
+        uint32_t bq[2], bg[2];
+        b_frag<kTile, D>(qs, n, kk, g, t, bq);
+        b_frag<kTile, D>(gs, n, kk, g, t, bg);
+        mma_16816<T>(s[n], ka[kk], bq);
+        mma_16816<T>(dp[n], va[kk], bg);
+      }
+    #pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = at.r0 + 8 * (e / 2);
+        const int c = 8 * n + 2 * t + e % 2;
+        const int64_t query = i0 + c;
+        const float p = query >= key && query < rows ? exp2f(s[n][e] * sl2 - ls[c]) : 0.0f;
+        s[n][e] = p;
+        dp[n][e] = p * (dp[n][e] - dl[c]);  // ds
+      }
+    #pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t pa[4], dsa[4];
+      c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
+      c_to_a<T>(dp[2 * kk], dp[2 * kk + 1], dsa);
+      #pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t bg[2], bq[2];
+        b_frag<D, kTile>(gt, n, kk, g, t, bg);
+        b_frag<D, kTile>(qt, n, kk, g, t, bq);
+        mma_16816<T>(dv[n], pa, bg);
+        mma_16816<T>(dk[n], dsa, bq);
       }
     }
   }
-  if (j < rows) {
-    T* out = dqkv + (at.b * rows + j) * stride + at.h * D;
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = at.r0 + 8 * r;
+    if (row >= rows) continue;
+    T* out = dqkv + (at.b * rows + row) * at.stride + at.h * D + 2 * t;
     #pragma unroll
-    for (int k = 0; k < DPL; ++k) {
-      out[C + lane + 32 * k] = DevElem<T>::store(dk[k] * scale);
-      out[2 * C + lane + 32 * k] = DevElem<T>::store(dv[k]);
+    for (int n = 0; n < D / 8; ++n) {
+      out[at.C + 8 * n] = DevElem<T>::store(dk[n][2 * r] * scale);
+      out[at.C + 8 * n + 1] = DevElem<T>::store(dk[n][2 * r + 1] * scale);
+      out[2 * at.C + 8 * n] = DevElem<T>::store(dv[n][2 * r]);
+      out[2 * at.C + 8 * n + 1] = DevElem<T>::store(dv[n][2 * r + 1]);
     }
   }
 }
@@ -263,30 +398,35 @@ void check_shape(const Tensor& t, const Shape& want, DType dtype, const char* wh
                                 dtype_name(dtype) + ", got " + shape_str(t.shape()) + " " + dtype_name(t.dtype()));
 }
 
-// Calls f(T{}, std::integral_constant<int, DPL>{}) for qkv's dtype and head size.
+// Calls f(T{}, std::integral_constant<int, D>{}) for qkv's dtype and head size.
 template <class F>
 void dispatch_attention(DType dtype, int64_t head_dim, F&& f) {
   auto by_dim = [&](auto T_tag) {
-    if (head_dim == 32) f(T_tag, std::integral_constant<int, 1>{});
-    else f(T_tag, std::integral_constant<int, 2>{});
+    if (head_dim == 32) f(T_tag, std::integral_constant<int, 32>{});
+    else f(T_tag, std::integral_constant<int, 64>{});
   };
   switch (dtype) {
-    case DType::f32: by_dim(float{}); break;
     case DType::bf16: by_dim(BFloat16{}); break;
     case DType::f16: by_dim(Half{}); break;
     default: throw std::invalid_argument("attention: unsupported dtype");
   }
 }
 
+// The kernels read and write pairs of elements as 32-bit words.
+void check_aligned(const Tensor& t, const char* what) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 != 0)
+    throw std::invalid_argument(std::string("attention: ") + what + " must start on a 4-byte boundary");
+}
+
 dim3 attention_grid(const Dims& d) {
   if (d.B * d.H > 65535) throw std::invalid_argument("attention: more than 65535 batch x heads");
-  return dim3(static_cast<unsigned>((d.T + kWarps - 1) / kWarps), static_cast<unsigned>(d.B * d.H));
+  return dim3(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
 }
 
 }  // namespace
 
 bool CudaBackend::has_fused_attention(DType dtype, int64_t head_dim) const {
-  return (dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 32 || head_dim == 64);
+  return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 32 || head_dim == 64);
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse) {
@@ -295,12 +435,14 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double sc
   if (!has_fused_attention(qkv.dtype(), d.D)) throw std::invalid_argument("attention: no fused kernel for this dtype and head size");
   check_shape(y, {d.B, d.T, d.C}, qkv.dtype(), "y");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
+  check_aligned(qkv, "qkv");
+  check_aligned(y, "y");
   if (d.B * d.T == 0) return;
   Context& ctx = context();
-  dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dpl) { using T = decltype(T_tag);
+  dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
     declare_launch_cost(3 * d.B * d.T * d.C * es, d.B * d.T * d.C * es + 4 * d.B * d.H * d.T, 4 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_forward_kernel<T, decltype(dpl)::value>)(
+    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_forward_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), d.T, d.H, static_cast<float>(scale), y.data<T>(), lse.data<float>());
     AMP_CUDA_CHECK_LAUNCH();
   });
@@ -315,19 +457,21 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   check_shape(gy, {d.B, d.T, d.C}, qkv.dtype(), "gy");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
   check_shape(dqkv, qkv.shape(), qkv.dtype(), "dqkv");
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&y, "y"}, {&gy, "gy"}, {&dqkv, "dqkv"}})
+    check_aligned(*t, what);
   if (d.B * d.T == 0) return;
   Context& ctx = context();
   Scratch delta(sizeof(float) * static_cast<size_t>(d.B * d.H * d.T));
-  dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dpl) { using T = decltype(T_tag);
+  dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
     const int64_t stats = 4 * d.B * d.H * d.T;
     declare_launch_cost(d.B * d.T * (2 * d.C + 2 * d.C) * es + stats, d.B * d.T * d.C * es + stats, 6 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dq_kernel<T, decltype(dpl)::value>)(
+    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dq_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), y.data<T>(), lse.data<float>(), gy.data<T>(), d.T, d.H, static_cast<float>(scale),
         delta.as<float>(), dqkv.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
     declare_launch_cost(d.B * d.T * (3 * d.C + d.C) * es + 2 * stats, 2 * d.B * d.T * d.C * es, 8 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dkdv_kernel<T, decltype(dpl)::value>)(
+    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dkdv_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), lse.data<float>(), gy.data<T>(), delta.as<float>(), d.T, d.H, static_cast<float>(scale),
         dqkv.data<T>());
     AMP_CUDA_CHECK_LAUNCH();

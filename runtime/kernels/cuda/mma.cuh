@@ -1,0 +1,75 @@
+// One warp-wide tensor-core product, mma.sync.aligned.m16n8k16 with fp32 accumulators, for bf16 or
+// fp16 inputs (sm_80 and newer), and the 32-bit words its fragments are made of. The fragments are laid
+// out as the PTX ISA gives them (groupID g = lane / 4, t = lane % 4):
+//   A, 16 x 16 (row-major), 4 words: rows g, g + 8, g, g + 8; cols 2t, 2t + 1 (+ 8 for words 2 and 3)
+//   B, 16 x 8 (k x n), 2 words: col g; rows 2t, 2t + 1 (+ 8 for word 1)
+//   C, D, 16 x 8, 4 floats: rows g, g, g + 8, g + 8; cols 2t, 2t + 1, 2t, 2t + 1
+// A word holds two adjacent elements, the lower-indexed one in its low 16 bits. The emulated GPU
+// computes the same product from every lane's fragments (runtime/gpu_emulator/kernel.cpp).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "runtime/kernels/cuda/device_elem.cuh"
+
+namespace amp::cuda {
+
+// d += a b, T is BFloat16 or Half.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>, "mma_16816: bf16 or fp16 inputs");
+#if defined(AMP_CUDA_EMU)
+  ::amp::emu::mma_m16n8k16(std::is_same_v<T, BFloat16>, d, a, b, std::source_location::current());
+#elif defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, BFloat16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// p[0] and p[1] as one word; p must be 4-byte aligned.
+template <class T>
+__device__ __forceinline__ uint32_t load_pair(const T* p) {
+  static_assert(sizeof(T) == 2, "load_pair: 16-bit elements");
+#if defined(AMP_CUDA_EMU)
+  return uint32_t{p[0].bits} | uint32_t{p[1].bits} << 16;
+#else
+  return *reinterpret_cast<const uint32_t*>(p);
+#endif
+}
+
+// lo and hi rounded to T (to nearest, even), as one word: one cvt on the GPU.
+template <class T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && !defined(AMP_CUDA_EMU)
+  uint32_t w;
+  if constexpr (std::is_same_v<T, BFloat16>)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+#else
+  return uint32_t{DevElem<T>::store(lo).bits} | uint32_t{DevElem<T>::store(hi).bits} << 16;
+#endif
+}
+
+// The two elements of a word, as floats.
+template <class T>
+__device__ __forceinline__ float pair_lo(uint32_t w) {
+  return DevElem<T>::load(T{static_cast<uint16_t>(w & 0xffffu)});
+}
+template <class T>
+__device__ __forceinline__ float pair_hi(uint32_t w) {
+  return DevElem<T>::load(T{static_cast<uint16_t>(w >> 16)});
+}
+
+}  // namespace amp::cuda
