@@ -50,8 +50,9 @@ NVLINK_BUS_BW = 370e9       # all-reduce bus bandwidth, 8 H100s
 # --- our own estimates
 CUDA_CORE_FLOPS = 67e12     # fp32 non-tensor FLOP/s (element-wise arithmetic)
 # --- measured
-ATTENTION_FLOPS = 60e12     # the fused attention kernels (attention_*: mma.sync, no pipelining yet): measured
-                            # on an H200, 2026-11-26, GPT-2 small: 52 to 62 TFLOP/s of their declared FLOPs
+ATTENTION_FLOPS = 77e12     # the fused attention's kernels (attention_*: mma.sync, ldmatrix, no pipelining yet):
+                            # their declared FLOPs over their time on an H200 (same SMs and clocks as an H100
+                            # SXM), 2026-11-26, GPT-2 small: 90 forward, 87 dq, 66 dk/dv, 77 in all (TFLOP/s)
 PCIE_BW = 25e9              # host<->device copies, bytes/s
 KERNEL_MIN_S = 2e-6         # the shortest a kernel takes on the device
 

@@ -31,14 +31,16 @@
 # Options for a node lent for minutes:
 #   --budget SECONDS   the whole check's time: each stage's limit is cut to what is left (30 s are kept
 #                      for the table), and a stage that would start with under 20 s left is skipped
-#   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt);
+#   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt2;
+#                      a stage's whole name is that stage only: bench_gpt2_small is not its _composite);
 #                      bundle and env always run. The others are listed as skipped, not failed.
+#   --plan             print which stages would run (with --stages) and stop: nothing is checked
 # Exit: 0 all passed; 1 a stage failed; 2 a prerequisite is missing (no NVIDIA driver, no visible GPU,
 # nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
-bundle="" out="" ranks="" budget="" only=""
+bundle="" out="" ranks="" budget="" only="" plan=""
 while (($#)); do
   case $1 in
     --bundle) bundle=${2:?--bundle needs an archive or a directory}; shift ;;
@@ -46,6 +48,7 @@ while (($#)); do
     --ranks) ranks=${2:?--ranks needs a number}; shift ;;
     --budget) budget=${2:?--budget needs seconds}; shift ;;
     --stages) only=${2:?--stages needs a comma-separated list}; shift ;;
+    --plan) plan=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -63,6 +66,25 @@ for a in "${asked[@]}"; do
   grep -qw -- "$a[a-z0-9_]*" <<<"$all_stages" ||
     { echo "gpu_check: --stages: '$a' names no stage (stages: $(echo $all_stages))" >&2; exit 2; }
 done
+wanted() {   # wanted NAME: --stages names it, or a prefix of it that is no stage's whole name
+  [[ -z $only || $1 == bundle || $1 == env || $1 == setup || $1 == build ]] && return 0   # always run
+  local w; IFS=, read -ra w <<<"$only"
+  for x in "${w[@]}"; do
+    [[ $1 == "$x" ]] && return 0
+    grep -qw -- "$x" <<<"$all_stages" && continue   # a whole name (bench_gpt2_small) is that stage only
+    [[ $1 == "$x"* ]] && return 0
+  done
+  return 1
+}
+if [[ -n $plan ]]; then   # --plan: what --stages selects, and nothing else
+  for name in $all_stages; do
+    if [[ -n $bundle && ($name == setup || $name == build) ]]; then echo "$name: skipped (the bundle is built)"
+    elif [[ -z $bundle && $name == bundle ]]; then echo "$name: skipped (from source)"
+    elif wanted "$name"; then echo "$name: runs"
+    else echo "$name: skipped"; fi
+  done
+  exit 0
+fi
 if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
 mkdir -p "$out/logs" || exit 2
 out=$(cd "$out" && pwd)
@@ -120,12 +142,6 @@ stop() {
 
 # stage NAME LIMIT_SECONDS COMMAND...: runs it under timeout, logs to $logs/NAME.log, records the
 # verdict. A GoogleTest that skipped a test (no usable device) counts as failed here.
-wanted() {   # wanted NAME: --stages names it or a prefix of it (bundle, env, setup and build always run)
-  [[ -z $only || $1 == bundle || $1 == env || $1 == setup || $1 == build ]] && return 0
-  local w; IFS=, read -ra w <<<"$only"
-  for x in "${w[@]}"; do [[ $1 == "$x"* ]] && return 0; done
-  return 1
-}
 stage() {
   local name=$1 limit=$2; shift 2
   if ! wanted "$name"; then skip "$name" "not asked for (--stages $only)"; return; fi

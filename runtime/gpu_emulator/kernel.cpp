@@ -320,6 +320,13 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32
   }
 }
 
+void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row, std::source_location where) {
+  uint64_t rows[32];
+  gather(reinterpret_cast<uintptr_t>(row), rows, where);
+  const int lane = static_cast<int>(&self() - t_block->threads.data()) % 32;
+  for (int i = 0; i < 4; ++i) r[i] = reinterpret_cast<const uint32_t*>(static_cast<uintptr_t>(rows[8 * i + lane / 4]))[lane % 4];
+}
+
 namespace {
 std::mutex g_launches_mutex;
 std::deque<LaunchRecord> g_launches;  // the last 256

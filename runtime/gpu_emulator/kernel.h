@@ -51,6 +51,9 @@ uint64_t shfl_idx_bits(uint32_t mask, uint64_t bits, int src_lane, int width, st
 // across the full warp as the PTX ISA gives them ("Matrix Fragments for mma.m16n8k16 with floating point
 // type"); the products exact in fp32, summed in k's order. Every lane of the warp must call it.
 void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], std::source_location where);
+// ldmatrix.sync.aligned.m8n8.x4.b16: lanes 8i .. 8i + 7 name the rows (16 bytes each) of matrix i; lane
+// l receives word l % 4 of row l / 4 of each matrix i in r[i]. Every lane of the warp must call it.
+void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row, std::source_location where);
 
 // v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
 template <class T, class Exchange>

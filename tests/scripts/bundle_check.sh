@@ -121,6 +121,12 @@ for bad in "--budget 0" "--budget soon" "--stages test_cuda;env" "--stages sanit
   ((rc == 2)) && grep -q -- "${bad%% *}" "$work/gc_bad.txt" || fail "gpu_check.sh $bad: exit $rc, not 2 naming ${bad%% *}"
 done
 say "runs: gpu_check.sh refuses a bad --budget, --stages or --ranks (exit 2, naming it)"
+# --stages: a stage's whole name selects that stage only, a prefix every stage it begins.
+plan=$("$root/launch/scripts/gpu_check.sh" --bundle "$archive" --stages bench_gpt2_small,sanitize --plan)
+grep -qx 'bench_gpt2_small: runs' <<<"$plan" && grep -qx 'bench_gpt2_small_composite: skipped' <<<"$plan" &&
+  grep -qx 'sanitize_racecheck: runs' <<<"$plan" && grep -qx 'test_cuda: skipped' <<<"$plan" ||
+  fail "gpu_check.sh --stages bench_gpt2_small,sanitize --plan: $(tr '\n' ' ' <<<"$plan")"
+say "runs: gpu_check.sh --stages takes a whole name as that stage only, a prefix as every stage it begins"
 "$root/launch/scripts/gpu_check.sh" --bundle "$archive" --out "$work/gpu_check" >"$work/gc.txt" 2>&1
 rc=$?
 set -e

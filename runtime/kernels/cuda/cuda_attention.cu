@@ -33,47 +33,73 @@ constexpr int kTile = 64;
 constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that a fragment's
-// 8 rows x 4 words fall in 32 distinct banks.
+// A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that the 8 rows
+// of 16 bytes an ldmatrix phase reads fall in 32 distinct banks; rows start on 16-byte boundaries.
 template <int R, int N>
-using Words = uint32_t[R][N / 2 + 4];
+struct alignas(16) Words {
+  uint32_t w[R][N / 2 + 4];
+  __device__ uint32_t* operator[](int r) { return w[r]; }
+  __device__ const uint32_t* operator[](int r) const { return w[r]; }
+};
 template <int D>
 using RowTile = Words<kTile, D>;  // kTile rows of D elements
 template <int D>
 using ColTile = Words<D, kTile>;  // the same, transposed
 
 // Rows [first, first + kTile) of a matrix of `rows` rows (row stride `stride` elements, N columns from
-// base) into w, row-major; 0 past the end.
+// base, 16-byte aligned) into w, row-major, 8 elements a load; 0 past the end.
 template <class T, int N>
 __device__ void load_rows(const T* base, int64_t first, int64_t rows, int64_t stride, Words<kTile, N>& w) {
-  constexpr int kPerRow = N / 2;
-  for (int e = static_cast<int>(threadIdx.x); e < kTile * kPerRow; e += kThreads) {
-    const int r = e / kPerRow, c = e % kPerRow;
+  constexpr int kQuads = N / 8;
+  for (int e = static_cast<int>(threadIdx.x); e < kTile * kQuads; e += kThreads) {
+    const int r = e / kQuads, c = 4 * (e % kQuads);
     const int64_t row = first + r;
-    w[r][c] = row < rows ? load_pair(base + row * stride + 2 * c) : 0u;
+    uint32_t q[4] = {0u, 0u, 0u, 0u};
+    if (row < rows) load_quad(base + row * stride + 2 * c, q);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) w[r][c + i] = q[i];
   }
 }
 
-// The same rows transposed: wt[n][r / 2] holds elements (r, n) and (r + 1, n); a thread moves 2 x 2.
+// The same rows transposed: wt[n][r / 2] holds elements (r, n) and (r + 1, n). A thread moves 2 rows
+// x 8 columns; the 32 lanes of a warp take 32 row pairs, so their stores fall in 32 distinct banks.
 template <class T, int N>
 __device__ void load_rows_transposed(const T* base, int64_t first, int64_t rows, int64_t stride, Words<N, kTile>& wt) {
-  constexpr int kPerRow = N / 2;
-  for (int e = static_cast<int>(threadIdx.x); e < kTile / 2 * kPerRow; e += kThreads) {
-    const int r = 2 * (e / kPerRow), c = e % kPerRow;
+  constexpr int kQuads = N / 8;
+  for (int e = static_cast<int>(threadIdx.x); e < kTile / 2 * kQuads; e += kThreads) {
+    const int r = 2 * (e % (kTile / 2)), c = 4 * (e / (kTile / 2));
     const int64_t row = first + r;
-    const uint32_t w0 = row < rows ? load_pair(base + row * stride + 2 * c) : 0u;
-    const uint32_t w1 = row + 1 < rows ? load_pair(base + (row + 1) * stride + 2 * c) : 0u;
-    wt[2 * c][r / 2] = (w0 & 0xffffu) | (w1 << 16);
-    wt[2 * c + 1][r / 2] = (w0 >> 16) | (w1 & 0xffff0000u);
+    uint32_t q0[4] = {0u, 0u, 0u, 0u}, q1[4] = {0u, 0u, 0u, 0u};
+    if (row < rows) load_quad(base + row * stride + 2 * c, q0);
+    if (row + 1 < rows) load_quad(base + (row + 1) * stride + 2 * c, q1);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wt[2 * (c + i)][r / 2] = (q0[i] & 0xffffu) | (q1[i] << 16);
+      wt[2 * (c + i) + 1][r / 2] = (q0[i] >> 16) | (q1[i] & 0xffff0000u);
+    }
   }
 }
 
-// The B fragment of k-step kk (k = 16 kk ..) and n-tile n (n = 8 n ..) from a tile whose rows are B's
-// columns: word (n, k) of the tile holds B[k][n], B[k + 1][n].
+// The B fragments of n-tiles n and n + 1 (n even; cols 8 n ..) at k-step kk (k = 16 kk ..), from a tile
+// whose rows are B's columns (word (col, k / 2) holds B[k][col], B[k + 1][col]): one ldmatrix.
+// b[0], b[1] for n; b[2], b[3] for n + 1.
 template <int R, int N>
-__device__ __forceinline__ void b_frag(const Words<R, N>& w, int n, int kk, int g, int t, uint32_t (&b)[2]) {
-  b[0] = w[8 * n + g][8 * kk + t];
-  b[1] = w[8 * n + g][8 * kk + 4 + t];
+__device__ __forceinline__ void b_frags(const Words<R, N>& w, int n, int kk, int lane, uint32_t (&b)[4]) {
+  const int i = lane / 8;
+  ldmatrix_x4(b, &w[8 * (n + i / 2) + lane % 8][8 * kk + 4 * (i % 2)]);
+}
+
+// d[n] += a B for NT n-tiles of B from n-tile n0 on.
+template <class T, int R, int N, int NT>
+__device__ __forceinline__ void mma_row(float (&d)[NT][4], const uint32_t (&a)[4], const Words<R, N>& w, int kk, int lane,
+                                        int n0 = 0) {
+  #pragma unroll
+  for (int n = 0; n < NT; n += 2) {
+    uint32_t b[4];
+    b_frags(w, n0 + n, kk, lane, b);
+    mma_16816<T>(d[n], a, b[0], b[1]);
+    mma_16816<T>(d[n + 1], a, b[2], b[3]);
+  }
 }
 
 // A fragments of a warp's 16 rows (r0 = its row g, r0 + 8) of a [rows, D] matrix, straight from memory.
@@ -134,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
   AMP_SHARED(RowTile<D>, ks);
   AMP_SHARED(ColTile<D>, vt);
   const Frag<D> at(heads, true);
-  const int g = at.g, t = at.t;
+  const int t = at.t;
   uint32_t qa[D / 16][4];
   a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
   const float sl2 = scale * kLog2e;  // scores in log2 units: exp2f
@@ -148,20 +174,16 @@ __global__ void __launch_bounds__(kThreads)
     if (j0 > at.base + 15) continue;  // every key of the tile is after the warp's rows (the warp agrees)
     float s[kTile / 8][4] = {};
     #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      #pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-        uint32_t bk[2];
-        b_frag<kTile, D>(ks, n, kk, g, t, bk);
-        mma_16816<T>(s[n], qa[kk], bk);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) mma_row<T>(s, qa[kk], ks, kk, at.lane);
+    const int diag = static_cast<int>(at.r0 - j0);  // keys of the tile up to row r0: 0 .. diag
+    const bool masked = j0 + kTile - 1 > at.base;   // the tile reaches past the warp's first row
     float mx[2] = {m[0], m[1]};
     #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t row = at.r0 + 8 * (e / 2), key = j0 + 8 * n + 2 * t + e % 2;
-        s[n][e] = key <= row ? s[n][e] * sl2 : -INFINITY;
+        const bool keep = !masked || 8 * n + 2 * t + e % 2 <= diag + 8 * (e / 2);
+        s[n][e] = keep ? s[n][e] * sl2 : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
       }
     float rescale[2];
@@ -187,12 +209,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < kTile / 16; ++kk) {
       uint32_t pa[4];
       c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
-      #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t bv[2];
-        b_frag<D, kTile>(vt, n, kk, g, t, bv);
-        mma_16816<T>(o[n], pa, bv);
-      }
+      mma_row<T>(o, pa, vt, kk, at.lane);
     }
   }
   #pragma unroll
@@ -221,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
   AMP_SHARED(RowTile<D>, vs);
   AMP_SHARED(ColTile<D>, kt);
   const Frag<D> at(heads, true);
-  const int g = at.g, t = at.t;
+  const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   const T* ybase = y + at.b * rows * at.C + at.h * D;
   uint32_t qa[D / 16][4], ga[D / 16][4], ya[D / 16][4];
@@ -252,33 +269,25 @@ __global__ void __launch_bounds__(kThreads)
     if (j0 > at.base + 15) continue;
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
     #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      #pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-        uint32_t bk[2], bv[2];
-        b_frag<kTile, D>(ks, n, kk, g, t, bk);
-        b_frag<kTile, D>(vs, n, kk, g, t, bv);
-        mma_16816<T>(s[n], qa[kk], bk);
-        mma_16816<T>(dp[n], ga[kk], bv);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) {
+      mma_row<T>(s, qa[kk], ks, kk, at.lane);
+      mma_row<T>(dp, ga[kk], vs, kk, at.lane);
+    }
+    const int diag = static_cast<int>(at.r0 - j0);
+    const bool masked = j0 + kTile - 1 > at.base;
     #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t row = at.r0 + 8 * (e / 2), key = j0 + 8 * n + 2 * t + e % 2;
-        const float p = key <= row ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
+        const bool keep = !masked || 8 * n + 2 * t + e % 2 <= diag + 8 * (e / 2);
+        const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
         s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
       }
     #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       uint32_t dsa[4];
       c_to_a<T>(s[2 * kk], s[2 * kk + 1], dsa);
-      #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t bk[2];
-        b_frag<D, kTile>(kt, n, kk, g, t, bk);
-        mma_16816<T>(dq[n], dsa, bk);
-      }
+      mma_row<T>(dq, dsa, kt, kk, at.lane);
     }
   }
   #pragma unroll
@@ -308,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
   AMP_SHARED(float[kTile], ls);
   AMP_SHARED(float[kTile], dl);
   const Frag<D> at(heads, false);
-  const int g = at.g, t = at.t;
+  const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   uint32_t ka[D / 16][4], va[D / 16][4];
   a_frags<T, D>(at.head(qkv, rows, 1), at.r0, rows, at.stride, t, ka);
@@ -328,40 +337,35 @@ __global__ void __launch_bounds__(kThreads)
       dl[e] = r < rows ? delta[at.bh * rows + r] : 0.0f;
     }
     __syncthreads();
-    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    const int diag = static_cast<int>(at.r0 - i0);  // queries of the tile from key r0 on: diag ..
+    const int valid = static_cast<int>(rows - i0 < kTile ? rows - i0 : kTile);  // queries that exist
+    const bool masked = i0 < at.base + 15 || valid < kTile;
     #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+    for (int half = 0; half < 2; ++half) {  // 32 queries at a time: fewer live registers
+      constexpr int kN = kTile / 16;        // n-tiles of a half
+      float s[kN][4] = {}, dp[kN][4] = {};
       #pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-        uint32_t bq[2], bg[2];
-        b_frag<kTile, D>(qs, n, kk, g, t, bq);
-        b_frag<kTile, D>(gs, n, kk, g, t, bg);
-        mma_16816<T>(s[n], ka[kk], bq);
-        mma_16816<T>(dp[n], va[kk], bg);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma_row<T>(s, ka[kk], qs, kk, at.lane, kN * half);
+        mma_row<T>(dp, va[kk], gs, kk, at.lane, kN * half);
       }
-    #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = at.r0 + 8 * (e / 2);
-        const int c = 8 * n + 2 * t + e % 2;
-        const int64_t query = i0 + c;
-        const float p = query >= key && query < rows ? exp2f(s[n][e] * sl2 - ls[c]) : 0.0f;
-        s[n][e] = p;
-        dp[n][e] = p * (dp[n][e] - dl[c]);  // ds
-      }
-    #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4], dsa[4];
-      c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
-      c_to_a<T>(dp[2 * kk], dp[2 * kk + 1], dsa);
+      for (int n = 0; n < kN; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * (kN * half + n) + 2 * t + e % 2;
+          const bool keep = !masked || (c >= diag + 8 * (e / 2) && c < valid);
+          const float p = keep ? exp2f(s[n][e] * sl2 - ls[c]) : 0.0f;
+          s[n][e] = p;
+          dp[n][e] = p * (dp[n][e] - dl[c]);  // ds
+        }
       #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t bg[2], bq[2];
-        b_frag<D, kTile>(gt, n, kk, g, t, bg);
-        b_frag<D, kTile>(qt, n, kk, g, t, bq);
-        mma_16816<T>(dv[n], pa, bg);
-        mma_16816<T>(dk[n], dsa, bq);
+      for (int kk = 0; kk < kN / 2; ++kk) {
+        uint32_t pa[4], dsa[4];
+        c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
+        c_to_a<T>(dp[2 * kk], dp[2 * kk + 1], dsa);
+        mma_row<T>(dv, pa, gt, kN / 2 * half + kk, at.lane);
+        mma_row<T>(dk, dsa, qt, kN / 2 * half + kk, at.lane);
       }
     }
   }
@@ -412,10 +416,10 @@ void dispatch_attention(DType dtype, int64_t head_dim, F&& f) {
   }
 }
 
-// The kernels read and write pairs of elements as 32-bit words.
+// The kernels read rows 8 elements (16 bytes) at a time.
 void check_aligned(const Tensor& t, const char* what) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 != 0)
-    throw std::invalid_argument(std::string("attention: ") + what + " must start on a 4-byte boundary");
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0)
+    throw std::invalid_argument(std::string("attention: ") + what + " must start on a 16-byte boundary");
 }
 
 dim3 attention_grid(const Dims& d) {

@@ -16,23 +16,53 @@
 
 namespace amp::cuda {
 
-// d += a b, T is BFloat16 or Half.
+// d += a b (b: words b0, b1), T is BFloat16 or Half.
 template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   static_assert(std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>, "mma_16816: bf16 or fp16 inputs");
 #if defined(AMP_CUDA_EMU)
+  const uint32_t b[2] = {b0, b1};
   ::amp::emu::mma_m16n8k16(std::is_same_v<T, BFloat16>, d, a, b, std::source_location::current());
 #elif defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, BFloat16>)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory, each row 16 bytes (4 words) at a 16-byte
+// boundary: lanes 8i .. 8i + 7 give the rows of matrix i; lane l receives, in r[i], word l % 4 of row
+// l / 4 of matrix i (a B fragment's word, or an A fragment's).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row) {
+#if defined(AMP_CUDA_EMU)
+  ::amp::emu::ldmatrix_x4(r, row, std::source_location::current());
+#elif defined(__CUDA_ARCH__)
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// Eight elements p[0 .. 8) as four words; p must be 16-byte aligned.
+template <class T>
+__device__ __forceinline__ void load_quad(const T* p, uint32_t (&w)[4]) {
+  static_assert(sizeof(T) == 2, "load_quad: 16-bit elements");
+#if defined(AMP_CUDA_EMU)
+  for (int i = 0; i < 4; ++i) w[i] = uint32_t{p[2 * i].bits} | uint32_t{p[2 * i + 1].bits} << 16;
+#else
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
 #endif
 }
 
