@@ -17,6 +17,7 @@
 #include "runtime/kernels/cuda/block_reduce.cuh"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/launch.cuh"
+#include "runtime/kernels/cuda/mma.cuh"
 
 namespace amp {
 namespace {
@@ -85,6 +86,44 @@ __global__ void copy_first(const float* src, float* dst) { dst[0] = src[0]; }
 __global__ void throwing_kernel(int* p) {
   if (threadIdx.x == 5) throw std::runtime_error("thread 5 gave up");
   p[0] = 1;
+}
+
+// One mma.m16n8k16 from whole matrices (a: 16 x 16 row-major, b: 16 x 8 k by n, bf16 bits), each lane
+// filling its fragments by the PTX ISA's formulas for element i (groupID = lane / 4, tig = lane % 4):
+// A's a_i at row groupID (+ 8 for i = 2, 3, 6, 7), col 2 tig + (i & 1) (+ 8 for i >= 4); B's b_i at
+// row 2 tig + (i & 1) (+ 8 for i >= 2), col groupID; C's c_i at row groupID (+ 8 for i >= 2), col
+// 2 tig + (i & 1). d is 16 x 8, initialised to c.
+__global__ void mma_whole(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
+  const int lane = static_cast<int>(threadIdx.x), group = lane / 4, tig = lane % 4;
+  uint16_t ae[8], be[4];
+  for (int i = 0; i < 8; ++i) {
+    const int row = group + ((i % 4) >= 2 ? 8 : 0), col = 2 * tig + (i & 1) + (i >= 4 ? 8 : 0);
+    ae[i] = a[row * 16 + col];
+  }
+  for (int i = 0; i < 4; ++i) be[i] = b[(2 * tig + (i & 1) + (i >= 2 ? 8 : 0)) * 8 + group];
+  uint32_t af[4], bf[2];
+  for (int r = 0; r < 4; ++r) af[r] = uint32_t{ae[2 * r]} | uint32_t{ae[2 * r + 1]} << 16;  // low half: the lower index
+  for (int r = 0; r < 2; ++r) bf[r] = uint32_t{be[2 * r]} | uint32_t{be[2 * r + 1]} << 16;
+  float acc[4];
+  for (int i = 0; i < 4; ++i) acc[i] = c[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * tig + (i & 1)];
+  cuda::mma_16816<BFloat16>(acc, af, bf[0], bf[1]);
+  for (int i = 0; i < 4; ++i) d[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * tig + (i & 1)] = acc[i];
+}
+
+// ldmatrix.x4 over a 32-row x 8-word shared tile whose word (r, w) is 100 r + w: lane l names row l
+// (offset `misalign` bytes), and receives r[0..3].
+__global__ void ldmatrix_rows(uint32_t* out, int misalign) {
+  struct alignas(16) Tile {
+    uint32_t w[32][8];
+  };
+  AMP_SHARED(Tile, tile);
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int w = 0; w < 8; ++w) tile.w[lane][w] = static_cast<uint32_t>(100 * lane + w);
+  __syncthreads();
+  uint32_t r[4];
+  const auto* row = reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(&tile.w[lane][4]) + misalign);
+  cuda::ldmatrix_x4(r, row);
+  for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
 
 // --- helpers
@@ -209,6 +248,47 @@ TEST_F(Emu, BarriersAtDifferentCallSitesAreAFault) {
   AMP_LAUNCH(1, 32, 0, nullptr, two_barrier_sites)(out);
   const std::string f = fault_after_sync();
   EXPECT_NE(f.find("different __syncthreads"), std::string::npos) << f;
+}
+
+// The tensor-core product against the product written out here: small integers, exact in bf16 and in
+// every fp32 partial sum, so any misplaced element shows.
+TEST_F(Emu, MmaTakesItsFragmentsAsThePtxIsaLaysThemOut) {
+  std::vector<uint16_t> a(16 * 16), b(16 * 8);
+  std::vector<float> c(16 * 8);
+  auto bf16 = [](int v) { return static_cast<uint16_t>(f32_bits(static_cast<float>(v)) >> 16); };
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < 16; ++k) a[static_cast<size_t>(i * 16 + k)] = bf16((i * 7 + k * 3) % 11 - 5);
+  for (int k = 0; k < 16; ++k)
+    for (int j = 0; j < 8; ++j) b[static_cast<size_t>(k * 8 + j)] = bf16((k * 5 + j * 13) % 9 - 4);
+  for (int i = 0; i < 16 * 8; ++i) c[static_cast<size_t>(i)] = static_cast<float>(i % 7);
+  uint16_t* da = device<uint16_t>(a.size());
+  uint16_t* db = device<uint16_t>(b.size());
+  float* dc = device<float>(c.size());
+  float* dd = device<float>(c.size());
+  ASSERT_EQ(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dc, c.data(), c.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  AMP_LAUNCH(1, 32, 0, nullptr, mma_whole)(da, db, dc, dd);
+  const std::vector<float> d = host(dd, c.size());
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      double want = c[static_cast<size_t>(i * 8 + j)];
+      for (int k = 0; k < 16; ++k) want += ((i * 7 + k * 3) % 11 - 5) * ((k * 5 + j * 13) % 9 - 4);
+      EXPECT_EQ(d[static_cast<size_t>(i * 8 + j)], want) << "row " << i << " col " << j;
+    }
+}
+
+TEST_F(Emu, LdmatrixGivesLaneLWordLMod4OfRowLDiv4OfEachMatrix) {
+  uint32_t* out = device<uint32_t>(128);
+  AMP_LAUNCH(1, 32, 0, nullptr, ldmatrix_rows)(out, 0);
+  const std::vector<uint32_t> r = host(out, 128);
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i)  // matrix i's rows are those lanes 8i .. 8i + 7 named: rows 8i .., words 4 ..
+      EXPECT_EQ(r[static_cast<size_t>(l * 4 + i)], static_cast<uint32_t>(100 * (8 * i + l / 4) + 4 + l % 4))
+          << "lane " << l << " matrix " << i;
+  AMP_LAUNCH(1, 32, 0, nullptr, ldmatrix_rows)(out, 4);  // rows off their 16-byte boundary
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("not 16-byte aligned"), std::string::npos) << f;
 }
 
 TEST_F(Emu, AShuffleWaitingForLanesThatLeftIsAFault) {

@@ -321,6 +321,8 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32
 }
 
 void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row, std::source_location where) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    kernel_error(*t_block, "ldmatrix at " + site(where) + ": a row address is not 16-byte aligned");
   uint64_t rows[32];
   gather(reinterpret_cast<uintptr_t>(row), rows, where);
   const int lane = static_cast<int>(&self() - t_block->threads.data()) % 32;

@@ -38,8 +38,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <int R, int N>
 struct alignas(16) Words {
   uint32_t w[R][N / 2 + 4];
-  __device__ uint32_t* operator[](int r) { return w[r]; }
-  __device__ const uint32_t* operator[](int r) const { return w[r]; }
 };
 template <int D>
 using RowTile = Words<kTile, D>;  // kTile rows of D elements
@@ -57,7 +55,7 @@ __device__ void load_rows(const T* base, int64_t first, int64_t rows, int64_t st
     uint32_t q[4] = {0u, 0u, 0u, 0u};
     if (row < rows) load_quad(base + row * stride + 2 * c, q);
     #pragma unroll
-    for (int i = 0; i < 4; ++i) w[r][c + i] = q[i];
+    for (int i = 0; i < 4; ++i) w.w[r][c + i] = q[i];
   }
 }
 
@@ -74,8 +72,8 @@ __device__ void load_rows_transposed(const T* base, int64_t first, int64_t rows,
     if (row + 1 < rows) load_quad(base + (row + 1) * stride + 2 * c, q1);
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      wt[2 * (c + i)][r / 2] = (q0[i] & 0xffffu) | (q1[i] << 16);
-      wt[2 * (c + i) + 1][r / 2] = (q0[i] >> 16) | (q1[i] & 0xffff0000u);
+      wt.w[2 * (c + i)][r / 2] = (q0[i] & 0xffffu) | (q1[i] << 16);
+      wt.w[2 * (c + i) + 1][r / 2] = (q0[i] >> 16) | (q1[i] & 0xffff0000u);
     }
   }
 }
@@ -83,10 +81,10 @@ __device__ void load_rows_transposed(const T* base, int64_t first, int64_t rows,
 // The B fragments of n-tiles n and n + 1 (n even; cols 8 n ..) at k-step kk (k = 16 kk ..), from a tile
 // whose rows are B's columns (word (col, k / 2) holds B[k][col], B[k + 1][col]): one ldmatrix.
 // b[0], b[1] for n; b[2], b[3] for n + 1.
-template <int R, int N>
-__device__ __forceinline__ void b_frags(const Words<R, N>& w, int n, int kk, int lane, uint32_t (&b)[4]) {
+template <int W>
+__device__ __forceinline__ void b_frags(const uint32_t (*rows)[W], int n, int kk, int lane, uint32_t (&b)[4]) {
   const int i = lane / 8;
-  ldmatrix_x4(b, &w[8 * (n + i / 2) + lane % 8][8 * kk + 4 * (i % 2)]);
+  ldmatrix_x4(b, &rows[8 * (n + i / 2) + lane % 8][8 * kk + 4 * (i % 2)]);
 }
 
 // d[n] += a B for NT n-tiles of B from n-tile n0 on.
@@ -96,7 +94,7 @@ __device__ __forceinline__ void mma_row(float (&d)[NT][4], const uint32_t (&a)[4
   #pragma unroll
   for (int n = 0; n < NT; n += 2) {
     uint32_t b[4];
-    b_frags(w, n0 + n, kk, lane, b);
+    b_frags(w.w, n0 + n, kk, lane, b);
     mma_16816<T>(d[n], a, b[0], b[1]);
     mma_16816<T>(d[n + 1], a, b[2], b[3]);
   }
@@ -121,6 +119,19 @@ __device__ __forceinline__ void c_to_a(const float (&lo)[4], const float (&hi)[4
   a[1] = pack_pair<T>(lo[2], lo[3]);
   a[2] = pack_pair<T>(hi[0], hi[1]);
   a[3] = pack_pair<T>(hi[2], hi[3]);
+}
+
+// d += P B, P the warp's accumulators s (16 rows x 8 NT columns) as A fragments rounded to T, B from w
+// from k-step kk0 on (P's columns are B's k).
+template <class T, int NT, int DT, int R, int N>
+__device__ __forceinline__ void mma_acc(float (&d)[DT][4], const float (&s)[NT][4], const Words<R, N>& w, int kk0,
+                                        int lane) {
+  #pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    uint32_t a[4];
+    c_to_a<T>(s[2 * kk], s[2 * kk + 1], a);
+    mma_row<T>(d, a, w, kk0 + kk, lane);
+  }
 }
 
 __device__ __forceinline__ float group_max(float v) {  // over the 4 lanes that hold one row
@@ -205,12 +216,7 @@ __global__ void __launch_bounds__(kThreads)
         s[n][e] = exp2f(s[n][e] - m[e / 2]);
         l[e / 2] += s[n][e];  // this lane's part of the row's sum
       }
-    #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4];
-      c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
-      mma_row<T>(o, pa, vt, kk, at.lane);
-    }
+    mma_acc<T>(o, s, vt, 0, at.lane);
   }
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -283,12 +289,7 @@ __global__ void __launch_bounds__(kThreads)
         const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
         s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
       }
-    #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t dsa[4];
-      c_to_a<T>(s[2 * kk], s[2 * kk + 1], dsa);
-      mma_row<T>(dq, dsa, kt, kk, at.lane);
-    }
+    mma_acc<T>(dq, s, kt, 0, at.lane);  // s holds ds
   }
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -359,14 +360,8 @@ __global__ void __launch_bounds__(kThreads)
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dl[c]);  // ds
         }
-      #pragma unroll
-      for (int kk = 0; kk < kN / 2; ++kk) {
-        uint32_t pa[4], dsa[4];
-        c_to_a<T>(s[2 * kk], s[2 * kk + 1], pa);
-        c_to_a<T>(dp[2 * kk], dp[2 * kk + 1], dsa);
-        mma_row<T>(dv, pa, gt, kN / 2 * half + kk, at.lane);
-        mma_row<T>(dk, dsa, qt, kN / 2 * half + kk, at.lane);
-      }
+      mma_acc<T>(dv, s, gt, kN / 2 * half, at.lane);
+      mma_acc<T>(dk, dp, qt, kN / 2 * half, at.lane);  // dp holds ds
     }
   }
   #pragma unroll

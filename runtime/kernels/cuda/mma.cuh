@@ -5,11 +5,13 @@
 //   B, 16 x 8 (k x n), 2 words: col g; rows 2t, 2t + 1 (+ 8 for word 1)
 //   C, D, 16 x 8, 4 floats: rows g, g, g + 8, g + 8; cols 2t, 2t + 1, 2t, 2t + 1
 // A word holds two adjacent elements, the lower-indexed one in its low 16 bits. The emulated GPU
-// computes the same product from every lane's fragments (runtime/gpu_emulator/kernel.cpp).
+// computes the same product from every lane's fragments (runtime/gpu_emulator/kernel.cpp), and faults
+// on the misaligned addresses the GPU would fault on.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
 #include "runtime/kernels/cuda/device_elem.cuh"
@@ -56,6 +58,7 @@ template <class T>
 __device__ __forceinline__ void load_quad(const T* p, uint32_t (&w)[4]) {
   static_assert(sizeof(T) == 2, "load_quad: 16-bit elements");
 #if defined(AMP_CUDA_EMU)
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw std::logic_error("load_quad: the address is not 16-byte aligned");
   for (int i = 0; i < 4; ++i) w[i] = uint32_t{p[2 * i].bits} | uint32_t{p[2 * i + 1].bits} << 16;
 #else
   const uint4 v = *reinterpret_cast<const uint4*>(p);
@@ -71,6 +74,7 @@ template <class T>
 __device__ __forceinline__ uint32_t load_pair(const T* p) {
   static_assert(sizeof(T) == 2, "load_pair: 16-bit elements");
 #if defined(AMP_CUDA_EMU)
+  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) throw std::logic_error("load_pair: the address is not 4-byte aligned");
   return uint32_t{p[0].bits} | uint32_t{p[1].bits} << 16;
 #else
   return *reinterpret_cast<const uint32_t*>(p);
