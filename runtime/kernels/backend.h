@@ -118,14 +118,18 @@ class Backend {
   // inverse_scale(grad_scale) and written back unscaled in the same pass (PyTorch's fused path).
   // copies: empty, or one per parameter, all float16 or all bfloat16, each as many elements as its
   // parameter: each is written with its parameter's new value, rounded as cast() rounds, in the same
-  // pass (Optimizer::keep_low_precision_copies); a skipped step writes none.
+  // pass (Optimizer::keep_low_precision_copies); a skipped step writes none. A defined lr (1-element
+  // f64 on the parameters' device) replaces h.lr, read when the step runs: a replayed CUDA graph takes
+  // its value then, where h.lr would stay the value captured.
   virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
-                        const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
+                        const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                        const Tensor& lr = Tensor()) = 0;
   virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                          const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                         const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) = 0;
+                         const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                         const Tensor& lr = Tensor()) = 0;
   // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
   // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;

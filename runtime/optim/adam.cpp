@@ -38,7 +38,7 @@ void Adam::step_group(size_t group, const std::vector<size_t>& index, Tensor& st
   backend_for(params_[0].device())
       .adam_step(select(params_, index), grads, select(state_.at("exp_avg"), index), select(state_.at("exp_avg_sq"), index),
                  o.amsgrad ? select(state_.at("max_exp_avg_sq"), index) : std::vector<Tensor>(), steps, h, found_inf,
-                 grad_scale, copies_of(index));
+                 grad_scale, copies_of(index), lr_tensor(group));
 }
 
 nlohmann::json Adam::group_hyper(size_t group) const {

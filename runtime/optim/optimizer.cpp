@@ -1,5 +1,6 @@
 #include "runtime/optim/optimizer.h"
 
+#include <cstring>
 #include <set>
 #include <stdexcept>
 
@@ -25,10 +26,22 @@ Optimizer::Optimizer(const std::vector<std::vector<Tensor>>& groups, const std::
       cohort_of_.push_back(g);  // one cohort per group to begin with
     }
     cohort_steps_.push_back(zeros({1}, DType::f32, groups[0][0].device()));
+    lr_device_.push_back(full({1}, lrs.at(g), DType::f64, groups[0][0].device()));
+    lr_written_.push_back(lrs.at(g));
+  }
+}
+
+void Optimizer::write_lr() {
+  for (size_t g = 0; g < group_lr_.size(); ++g) {
+    // Bitwise: an lr of the same value written again costs nothing; any other change is written.
+    if (std::memcmp(&group_lr_[g], &lr_written_[g], sizeof(double)) == 0) continue;
+    fill_(lr_device_[g], group_lr_[g]);
+    lr_written_[g] = group_lr_[g];
   }
 }
 
 void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale) {
+  write_lr();
   std::map<size_t, std::vector<size_t>> present;  // cohort -> its parameters that have a gradient
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();

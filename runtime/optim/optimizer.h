@@ -60,6 +60,13 @@ class Optimizer {
   double lr(size_t group = 0) const { return group_lr_.at(group); }
   void set_lr(double lr, size_t group) { group_lr_.at(group) = lr; }
   void set_lr(double lr);
+  // The step's kernels read each group's lr from a 1-element f64 tensor on the parameters' device
+  // (lr_tensor), not from their arguments, so that a step captured in a CUDA graph takes the lr of
+  // the replay, not the capture's. write_lr() writes every group's lr there, with a launch only where
+  // it changed since the last write; step() calls it first. So a step captured right after a write
+  // records no write, and write_lr() before each replay feeds it the scheduler's lr.
+  void write_lr();
+  const Tensor& lr_tensor(size_t group) const { return lr_device_.at(group); }
   // group["initial_lr"]: the first scheduler attached sets it; later ones keep it.
   std::optional<double> initial_lr(size_t group) const { return initial_lr_.at(group); }
   void set_initial_lr(size_t group, double lr) { initial_lr_.at(group) = lr; }
@@ -106,6 +113,8 @@ class Optimizer {
  private:
   std::vector<size_t> group_of_;      // per parameter
   std::vector<double> group_lr_;      // per group
+  std::vector<Tensor> lr_device_;     // per group: its lr as the step reads it (write_lr)
+  std::vector<double> lr_written_;    // per group: what lr_device_ holds
   std::vector<std::optional<double>> initial_lr_;  // per group
   std::vector<size_t> cohort_of_;     // per parameter
   std::vector<Tensor> cohort_steps_;  // per cohort: 1-element f32 step count on the device

@@ -35,7 +35,7 @@ void SGD::step_group(size_t group, const std::vector<size_t>& index, Tensor& ste
   const std::vector<Tensor> bufs = momentum ? select(state_.at("momentum_buffer"), index) : std::vector<Tensor>();
   const SgdHyper h{lr(group), o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
   backend_for(params_[0].device()).sgd_step(select(params_, index), grads, bufs, steps, h, found_inf, grad_scale,
-                                                  copies_of(index));
+                                                  copies_of(index), lr_tensor(group));
 }
 
 nlohmann::json SGD::group_hyper(size_t group) const {

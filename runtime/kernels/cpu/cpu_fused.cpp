@@ -20,6 +20,17 @@ namespace amp {
 namespace {
 bool skip_requested(const Tensor& found_inf) { return found_inf.defined() && found_inf.data<float>()[0] != 0.0f; }
 
+// h, its lr read from lr (1-element f64) when that is defined.
+template <class Hyper>
+Hyper with_lr(Hyper h, const Tensor& lr) {
+  if (!lr.defined()) return h;
+  if (lr.dtype() != DType::f64 || lr.numel() != 1)
+    throw std::invalid_argument("optimizer step: lr must be a 1-element float64 tensor, got " + shape_str(lr.shape()) +
+                                " " + dtype_name(lr.dtype()));
+  h.lr = lr.data<double>()[0];
+  return h;
+}
+
 void require_f32(const Tensor& t, const char* what) {
   if (t.dtype() != DType::f32)
     throw std::invalid_argument(std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
@@ -182,11 +193,12 @@ void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& foun
 
 void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                          const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+                          const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                          const Tensor& lr) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const bool first = step_count.data<float>()[0] == 0.0f;
-  const math::SgdCoef c = math::sgd_coef(h);
+  const math::SgdCoef c = math::sgd_coef(with_lr(h, lr));
   const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
   const bool decay = h.weight_decay != 0.0;
   const bool store = grad_scale.defined();
@@ -206,11 +218,12 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
 void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                            const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                           const Tensor& lr) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
-  const math::AdamCoef c = math::adam_coef(h, step);
+  const math::AdamCoef c = math::adam_coef(with_lr(h, lr), step);
   const bool store = grad_scale.defined();
   auto range = [&](size_t t, long i, long n, auto* lp) {
     float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() + i : nullptr;

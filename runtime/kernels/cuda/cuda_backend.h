@@ -67,11 +67,13 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) override;
   void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
-                const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) override;
+                const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                const Tensor& lr = Tensor()) override;
   void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                  const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                  const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                 const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) override;
+                 const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                 const Tensor& lr = Tensor()) override;
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;

@@ -69,11 +69,14 @@ struct SgdOp {
   const float* step_count;
   const float* grad_scale;  // non-null: the gradients are still scaled
   SgdHyper h;
+  const double* lr;         // non-null: replaces h.lr
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
     const bool first = *step_count == 0.0f;
-    const math::SgdCoef c = math::sgd_coef(h);
+    SgdHyper hl = h;
+    if (lr != nullptr) hl.lr = *lr;
+    const math::SgdCoef c = math::sgd_coef(hl);
     float* param = static_cast<float*>(p[0]);
     float* grad = static_cast<float*>(p[1]);
     float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
@@ -92,12 +95,17 @@ struct AdamOp {
   const float* step_count;
   const float* grad_scale;  // non-null: the gradients are still scaled
   AdamHyper h;
+  const double* lr;  // non-null: replaces h.lr
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
     // The fp64 coefficients once per block, as PyTorch computes them once per step on the host.
     AMP_SHARED(math::AdamCoef, c);
-    if (threadIdx.x == 0) c = math::adam_coef(h, static_cast<double>(*step_count) + 1.0);
+    if (threadIdx.x == 0) {
+      AdamHyper hl = h;
+      if (lr != nullptr) hl.lr = *lr;
+      c = math::adam_coef(hl, static_cast<double>(*step_count) + 1.0);
+    }
     __syncthreads();
     float* param = static_cast<float*>(p[0]);
     float* grad = static_cast<float*>(p[1]);
@@ -131,6 +139,16 @@ const float* optional_flag(const Tensor& found_inf) {
   if (!found_inf.defined()) return nullptr;
   require_f32(found_inf, "found_inf");
   return found_inf.data<float>();
+}
+
+// A defined lr: 1-element f64 on the device (the optimizer step reads it when it runs).
+const double* optional_lr(const Tensor& lr) {
+  if (!lr.defined()) return nullptr;
+  require_cuda(lr, "optimizer step: lr");
+  if (lr.dtype() != DType::f64 || lr.numel() != 1)
+    throw std::invalid_argument("optimizer step: lr must be a 1-element float64 tensor, got " + shape_str(lr.shape()) +
+                                " " + dtype_name(lr.dtype()));
+  return lr.data<double>();
 }
 
 // The pointers of lists[0][t], lists[1][t], ... for every t, and the element counts. Every list holds
@@ -213,9 +231,11 @@ void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& fou
 
 void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
-                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                           const Tensor& lr) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
+  const double* lr_at = optional_lr(lr);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists2 = std::array<const std::vector<Tensor>*, 2>;
   using Lists3 = std::array<const std::vector<Tensor>*, 3>;
@@ -223,10 +243,10 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
   const int64_t g_written = gs != nullptr ? 4 : 0;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     if (h.momentum != 0.0f)
-      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h},
+      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at},
                     MtCost{12, 8 + g_written, 6});
     else
-      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h},
+      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at},
                     MtCost{8, 4 + g_written, 3});
   });
   declare_launch_cost(8, 4, 1);
@@ -237,9 +257,11 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
 void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
-                            const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies) {
+                            const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
+                            const Tensor& lr) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
+  const double* lr_at = optional_lr(lr);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists4 = std::array<const std::vector<Tensor>*, 4>;
   using Lists5 = std::array<const std::vector<Tensor>*, 5>;
@@ -248,10 +270,10 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
     const int64_t g_written = gs != nullptr ? 4 : 0;
     if (h.amsgrad)
       apply_step<L>(Lists5{&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, copies,
-                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h}, MtCost{20, 16 + g_written, 16});
+                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at}, MtCost{20, 16 + g_written, 16});
     else
       apply_step<L>(Lists4{&params, &grads, &exp_avgs, &exp_avg_sqs}, copies,
-                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h}, MtCost{16, 12 + g_written, 14});
+                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at}, MtCost{16, 12 + g_written, 14});
   });
   declare_launch_cost(8, 4, 1);
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
