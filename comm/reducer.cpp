@@ -1,6 +1,7 @@
 #include "comm/reducer.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "comm/sum_tree.h"
 #include "runtime/kernels/backend.h"
@@ -11,12 +12,34 @@ namespace amp::comm {
 struct Slot {
   Tensor param;
   size_t bucket;
-  size_t offset;  // elements into the bucket buffer
+  size_t offset;  // elements into the bucket buffer, a multiple of kSlotAlign
   bool ready = false;
 };
 
+// Each slot starts on a 16-byte boundary (4 floats): a gradient is a view of its slot, and vectorised
+// kernels and cuBLASLt want their operands aligned. The padding between slots is zero and stays zero
+// (every buffer starts zeroed and only slots are written), so it changes no sum.
+constexpr size_t kSlotAlign = 4;
+
 using AddInPlace = void (*)(Tensor&, const Tensor&);
 void add_in_place(Tensor& into, const Tensor& other) { add_(into, other); }
+
+// How many spare buffers a bucket's tree takes for M micro-batches: the reducer's own sequence
+// (direct_gradients, end_micro_batch, reuse) played on ids. They are made up front, zeroed, so that
+// every step launches the same work (the first too: a CUDA graph's premise).
+size_t spares_needed(int64_t micro_batches) {
+  std::vector<int> free_ids;
+  int made = 0;
+  auto tree = make_sum_tree<int>([](int&, const int&) {});
+  for (int64_t m = 0; m + 1 < micro_batches; ++m) {  // the last micro-batch writes into the bucket
+    int leaf = made;
+    if (free_ids.empty()) ++made;
+    else leaf = free_ids.back(), free_ids.pop_back();
+    tree.push(leaf);
+    for (int r : tree.take_released()) free_ids.push_back(r);
+  }
+  return static_cast<size_t>(made);
+}
 
 struct Bucket {
   Tensor buffer;  // flat f32: the last micro-batch's gradients land here, then the step's sum
@@ -89,7 +112,7 @@ struct GradientReducer::State {
         b.leaf = b.spares.back();
         b.spares.pop_back();
       } else {
-        b.leaf = empty({b.buffer.numel()}, DType::f32, b.buffer.device());  // every slice is written
+        b.leaf = zeros({b.buffer.numel()}, DType::f32, b.buffer.device());  // not reached: made up front
       }
     }
     for (Slot& s : slots) {
@@ -132,12 +155,18 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
       st.buckets.emplace_back();
     }
     Bucket& b = st.buckets.back();
+    b.pending = (b.pending + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
     st.slots.push_back(Slot{*it, st.buckets.size() - 1, b.pending, false});
     b.pending += static_cast<size_t>(it->numel());  // counts elements while sizing
     ++b.members;
   }
   for (Bucket& b : st.buckets) {
-    if (!st.passthrough) b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
+    if (!st.passthrough) {
+      b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
+      fill_(b.buffer, 0.0);  // the padding (whatever make_buffer gives)
+      for (size_t i = spares_needed(options.micro_batches); i > 0; --i)
+        b.spares.push_back(zeros({b.buffer.numel()}, DType::f32, b.buffer.device()));
+    }
     b.pending = b.members;
   }
   // Backward writes each parameter's first gradient straight into its bucket slice.

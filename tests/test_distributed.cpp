@@ -3,11 +3,14 @@
 // or another bucket size.
 #include <gtest/gtest.h>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <mpi.h>
+#include <vector>
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/reducer.h"
 #include "comm/replica_check.h"
 #include "launch/training/trainer.h"
 #include "runtime/ops/ops.h"
@@ -290,6 +293,42 @@ TEST(Distributed, BucketsLaunchDuringBackward) {
   std::unique_ptr<launch::Trainer> t2;
   train(c, w, nullptr, &t2);
   EXPECT_EQ(t2->reducer().launched_during_backward(), 0u);
+}
+
+// Every gradient's slice of a bucket starts on a 16-byte boundary, whatever the sizes before it, and
+// the padding between slices changes no sum: one rank, two micro-batches (so the buckets are used),
+// odd sizes; each gradient is the sum of the two micro-batches' (exact here). Fails with slices packed.
+TEST(Distributed, GradientSlicesStartOnSixteenByteBoundaries) {
+  comm::LocalCommunicator local;
+  const std::vector<int64_t> sizes = {3, 5, 1, 7, 6, 2};
+  std::vector<Tensor> params;
+  for (int64_t n : sizes) {
+    Tensor p = zeros({n});
+    p.set_requires_grad(true);
+    params.push_back(p);
+  }
+  comm::ReducerOptions o;
+  o.micro_batches = 2;
+  comm::GradientReducer reducer(params, local, o);
+  auto coef = [](size_t i, int64_t j, int k) { return static_cast<double>(k * (static_cast<int64_t>(i) + 1) * (j + 1)); };
+  for (int k = 1; k <= 2; ++k) {
+    reducer.prepare_for_backward(k == 2);
+    Tensor loss = zeros({1});
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<double> c;
+      for (int64_t j = 0; j < sizes[i]; ++j) c.push_back(coef(i, j, k));
+      loss = add(loss, sum(mul(params[i], from_vector(c, {sizes[i]}))));
+    }
+    loss.backward();
+  }
+  reducer.finish();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = params[i].grad();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(g.data_ptr()) % 16, 0u) << "parameter " << i;
+    const std::vector<double> v = g.to_vector();
+    for (int64_t j = 0; j < sizes[i]; ++j)
+      EXPECT_EQ(v[static_cast<size_t>(j)], coef(i, j, 1) + coef(i, j, 2)) << "parameter " << i << " element " << j;
+  }
 }
 
 // Forwards to a communicator and counts the collectives the trainer issues.
