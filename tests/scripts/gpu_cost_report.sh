@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU step's modeled speed on an H100, without a GPU: runs the emulated GPU's dry run
 # (AMP_EMU_DRY_RUN=1: nothing executes, every launch is logged with what it moves; 132 SMs, so grids
-# are an H100's) of two shapes from build/cuda-emu, and prints launch/bench/cost_model.py's report of the
+# are an H100's) of the shapes below from build/cuda-emu, and prints launch/bench/cost_model.py's report of the
 # last of two steps (the first also allocates the optimizer state):
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
+#   the main job's GPT (launch/scripts/run_example.sh's flags, one of its 2 ranks): 4 x 4 x 128, block 64, batch 16
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
 # It builds nothing (run launch/scripts/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
@@ -35,6 +36,9 @@ run() {  # name, cost-model shape flags, amp_train flags
 run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \
   --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 \
   --eval-every 0 --sample-tokens 0
+run gpt-main-job-bf16 "--gpt 4,128,1024" --model gpt --data "$work/text" --n-layer 4 --n-head 4 --n-embd 128 \
+  --block-size 64 --batch-size 16 --optimizer adamw --lr 2e-3 --lr-schedule cosine --warmup-steps 50 --decay-steps 5000 --min-lr 2e-4 \
+  --weight-decay 0.1 --beta2 0.99 --clip-grad-norm 1 --amp bf16 --eval-every 0 --sample-tokens 0
 run mlp-4096x3-bf16 "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp bf16 \
   --momentum 0.9
 run mlp-4096x3-fp16-scaler "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp fp16 --loss-scale dynamic \
