@@ -112,7 +112,8 @@ struct GradientReducer::State {
         b.leaf = b.spares.back();
         b.spares.pop_back();
       } else {
-        b.leaf = zeros({b.buffer.numel()}, DType::f32, b.buffer.device());  // not reached: made up front
+        // More unsynced backwards than options.micro_batches - 1 (a caller of its own): one more spare.
+        b.leaf = zeros({b.buffer.numel()}, DType::f32, b.buffer.device());
       }
     }
     for (Slot& s : slots) {

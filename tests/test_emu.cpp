@@ -126,6 +126,13 @@ __global__ void ldmatrix_rows(uint32_t* out, int misalign) {
   for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
 
+// Eight bf16 elements from p as four words (the attention's 16-byte tile load).
+__global__ void load_quad_at(const BFloat16* p, uint32_t* out) {
+  uint32_t w[4];
+  cuda::load_quad(p, w);
+  for (int i = 0; i < 4; ++i) out[i] = w[i];
+}
+
 // --- helpers
 
 class Emu : public ::testing::Test {
@@ -289,6 +296,19 @@ TEST_F(Emu, LdmatrixGivesLaneLWordLMod4OfRowLDiv4OfEachMatrix) {
   AMP_LAUNCH(1, 32, 0, nullptr, ldmatrix_rows)(out, 4);  // rows off their 16-byte boundary
   const std::string f = fault_after_sync();
   EXPECT_NE(f.find("not 16-byte aligned"), std::string::npos) << f;
+}
+
+// The 16-byte load the GPU would fault on off its boundary: the emulated GPU faults too, naming it.
+TEST_F(Emu, AMisalignedSixteenByteLoadIsAFault) {
+  BFloat16* p = device<BFloat16>(16);
+  uint32_t* out = device<uint32_t>(4);
+  ASSERT_EQ(cudaMemset(p, 0, 32), cudaSuccess);
+  AMP_LAUNCH(1, 1, 0, nullptr, load_quad_at)(p, out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(host(out, 4), std::vector<uint32_t>(4, 0u));
+  AMP_LAUNCH(1, 1, 0, nullptr, load_quad_at)(p + 1, out);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("load_quad: the address is not 16-byte aligned"), std::string::npos) << f;
 }
 
 TEST_F(Emu, AShuffleWaitingForLanesThatLeftIsAFault) {
