@@ -66,6 +66,10 @@ class Communicator {
   // Throws the failure a collective met in the background (a timeout, a dead peer), if any: values
   // read back after it are not the peers' and must not be acted on as if every rank saw them.
   virtual void raise_if_failed() {}
+  // A launch of a CUDA graph holding this communicator's collectives was just issued on the compute
+  // stream: a communicator that bounds its collectives' time bounds the launch instead (their events
+  // are graph nodes, which no one may query). `what` names it in a timeout's message.
+  virtual void watch_graph_launch(const std::string& /*what*/) {}
   virtual void broadcast(Tensor& t, int root) = 0;
   // Returns [size(), ...t.shape()]: every rank's tensor, in rank order.
   virtual Tensor all_gather(const Tensor& t) = 0;

@@ -191,7 +191,11 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<NcclCommunicator::State> state, std::shared_ptr<cuda::Event> done,
            std::vector<Tensor> keep)
-      : state_(std::move(state)), done_(std::move(done)), keep_(std::move(keep)) {}
+      : state_(std::move(state)), done_(std::move(done)), keep_(std::move(keep)) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    AMP_CUDA_CHECK(cudaStreamIsCapturing(cuda::context().stream(), &capture));
+    captured_ = capture != cudaStreamCaptureStatusNone;
+  }
 
   // Even when nobody waits, later compute-stream work (which may reuse these tensors' memory)
   // must be ordered after the collective.
@@ -218,7 +222,9 @@ class NcclWork final : public Work {
       std::lock_guard<std::mutex> lock(state_->mutex);
       state_->throw_if_failed_locked();
     }
-    return done_->query();
+    // A captured collective's event stands for a graph node, which CUDA forbids querying: it is
+    // never known done here (a graph launch's own event is: watch_graph_launch).
+    return !captured_ && done_->query();
   }
 
  private:
@@ -226,6 +232,7 @@ class NcclWork final : public Work {
   std::shared_ptr<cuda::Event> done_;
   std::vector<Tensor> keep_;  // the tensors stay allocated while the collective may touch them
   bool joined_ = false;
+  bool captured_ = false;  // issued while the compute stream was capturing a graph
 };
 
 void require_cuda_tensor(const Tensor& t, const char* op) {

@@ -52,7 +52,7 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
   // A launch of a CUDA graph that holds collectives of this communicator, just issued on the compute
   // stream: the watchdog bounds it by timeout() as it does a collective, and names it `what`.
-  void watch_graph_launch(const std::string& what);
+  void watch_graph_launch(const std::string& what) override;
   // The stream the collectives run on: the device's highest priority, so that a bucket's all-reduce
   // starts as soon as its gradients are ready, ahead of the backward's next kernels.
   cudaStream_t comm_stream() const;

@@ -54,6 +54,11 @@ void validate(boost::any& v, const std::vector<std::string>& values, LrSchedule*
                          {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}});
 }
 
+void validate(boost::any& v, const std::vector<std::string>& values, CudaGraphs*, int) {
+  v = choose<CudaGraphs>(po::validators::get_single_string(values),
+                         {{"auto", CudaGraphs::auto_}, {"on", CudaGraphs::on}, {"off", CudaGraphs::off}});
+}
+
 void validate(boost::any& v, const std::vector<std::string>& values, DeviceKind*, int) {
   v = choose<DeviceKind>(po::validators::get_single_string(values),
                          {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}});
@@ -346,7 +351,11 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
      "or `nsys --capture-range=cudaProfilerApi` (0: none)")
     ("check-every", with_default(&c.check_every), "replica check every N steps (0: end only)")
     ("bucket-mb", with_default(&c.bucket_mb), "gradient bucket size in MiB")
-    ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it");
+    ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it")
+    ("cuda-graphs", po::value(&c.cuda_graphs)->default_value(c.cuda_graphs, "auto"),
+     "auto|on|off: on a GPU, run 3 steps eagerly, then capture the step in a CUDA graph and replay it (the same "
+     "numbers, one launch a step). auto: where the step can be captured (not the multi-task model, --dropout or "
+     "--grad-penalty, which say why); on: refuse to run where it cannot");
 
   po::options_description all("amp_train: data-parallel mixed-precision training\n\n"
                               "Usage: mpirun -np N amp_train [options]\n");

@@ -23,9 +23,13 @@ class ProgressPrinter final : public ProgressSink {
                 static_cast<long long>(r.step), static_cast<long long>(steps_), number_str(r.loss).c_str(), r.lr,
                 r.scale, static_cast<long long>(skipped), rate, unit_, eta);
     if (r.device_launches >= 0)
-      std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies]",
+      std::printf("  [emulated GPU: %lld launches, %lld host syncs, %lld D2H copies%s]",
                   static_cast<long long>(r.device_launches), static_cast<long long>(r.device_host_syncs),
-                  static_cast<long long>(r.device_d2h_copies));
+                  static_cast<long long>(r.device_d2h_copies),
+                  r.device_graph_launches > 0
+                      ? (", " + std::to_string(r.device_graph_launches) + " CUDA graph launch of " +
+                         std::to_string(r.device_graph_ops) + " operations").c_str()
+                      : "");
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -134,6 +134,11 @@ class Gpt final : public GptModel, public nn::Module {
   nn::Module& module() override { return *this; }
   const GptConfig& config() const override { return config_; }
   void train(bool on) override { drop_.training = on; }
+  std::string capture_blocker() const override {
+    return drop_.p > 0.0 ? "--dropout's random numbers are drawn from counters that its kernels take as arguments "
+                           "(the batch's first sample), which a replay would repeat"
+                         : "";
+  }
   std::vector<std::pair<std::string, std::string>> tied_aliases() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }

@@ -40,6 +40,9 @@ class TrainingModel {
   virtual void train(bool /*on*/) {}
   // Parameters that take weight decay, and the others (PyTorch parameter groups); empty first: all decay.
   virtual std::vector<Tensor> decayed_parameters() const { return {}; }
+  // Why a training step of this model cannot be captured in a CUDA graph and replayed (its forward
+  // passes a host value that changes from step to step to its kernels), or "" when it can.
+  virtual std::string capture_blocker() const { return ""; }
 };
 
 }  // namespace amp::models

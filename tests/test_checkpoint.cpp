@@ -35,6 +35,7 @@ std::vector<std::string> steps_of(const std::string& metrics) {
   for (auto r : read_jsonl(metrics)) {
     if (r.contains("event")) continue;
     r.erase("step_ms");
+    r.erase("device_allocations");  // a resumed run's first step fills the allocator's cache afresh
     out.push_back(r.dump());
   }
   return out;

@@ -172,7 +172,9 @@ TEST(Cli, MetricsHaveExactlyTheDesignedFields) {
     for (auto& [k, v] : recs[static_cast<size_t>(i)].items()) keys.push_back(k);
     std::vector<std::string> want = {"step", "loss", "scale", "skipped", "grad_norm", "lr", "step_ms"};
     if (emulated_device_counters() && cuda_usable(nullptr))  // --device auto trains on the emulated GPU
-      for (const char* k : {"device_launches", "device_host_syncs", "device_d2h_copies"}) want.push_back(k);
+      for (const char* k : {"device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
+                            "device_graph_ops", "device_allocations"})
+        want.push_back(k);
     EXPECT_EQ(keys, want);
   }
   EXPECT_EQ(recs[0]["scale"], 65536.0);

@@ -139,8 +139,8 @@ void compare(const std::string& args, double step_tol, double weight_tol, int64_
     ASSERT_TRUE(g.contains("device_host_syncs")) << g.dump();
     EXPECT_EQ(g["device_host_syncs"].get<int64_t>(), host_syncs) << "host synchronisations inside a training step";
     EXPECT_GT(g["device_launches"].get<int64_t>(), 0);
-    if (i > 0) {
-      EXPECT_EQ(g["device_launches"], gpu.steps[i - 1]["device_launches"]);
+    if (i > 0 && g["device_graph_launches"] == gpu.steps[i - 1]["device_graph_launches"]) {
+      EXPECT_EQ(g["device_launches"], gpu.steps[i - 1]["device_launches"]);  // eager steps alike, replays alike
     }
     EXPECT_FALSE(c.contains("device_launches")) << "the CPU run reports device counters";
   }
@@ -164,6 +164,113 @@ void compare(const std::string& args, double step_tol, double weight_tol, int64_
 }
 
 const std::string kModel = " --width 64 --layers 3 --batch-size 16 --steps 30 ";
+
+// --cuda-graphs: the same run with its step captured in a CUDA graph after 3 eager steps and replayed
+// equals the eager run bit for bit: every step's figures (loss, scale, skip, gradient norm, lr) and
+// the final weights. A replayed step issues one graph launch, no host synchronisation and (after
+// the capture's) no allocation; what it launches outside the graph is its inputs (the stop flag,
+// an injection's flag; a batch's copies are copies).
+void compare_graphs(const std::string& args) {
+  std::string reason;
+  if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  const Run eager = train("cuda", args + " --cuda-graphs off"), graphed = train("cuda", args + " --cuda-graphs on");
+  ASSERT_EQ(eager.code, 0) << eager.out;
+  ASSERT_EQ(graphed.code, 0) << graphed.out;
+  EXPECT_NE(graphed.out.find("amp_train: step 4 captured in a CUDA graph"), std::string::npos) << graphed.out;
+  EXPECT_EQ(eager.out.find("captured in a CUDA graph"), std::string::npos) << eager.out;
+  ASSERT_EQ(eager.steps.size(), graphed.steps.size());
+  ASSERT_GT(graphed.steps.size(), 5u);
+  for (size_t i = 0; i < eager.steps.size(); ++i) {
+    const auto &e = eager.steps[i], &g = graphed.steps[i];
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    for (const char* key : {"loss", "scale", "skipped", "grad_norm", "lr"}) EXPECT_EQ(g[key], e[key]) << key;
+    if (!kEmulated) continue;
+    const bool replayed = i >= 3;
+    EXPECT_EQ(g["device_graph_launches"].get<int64_t>(), replayed ? 1 : 0);
+    EXPECT_EQ(e["device_graph_launches"].get<int64_t>(), 0);
+    EXPECT_EQ(g["device_host_syncs"].get<int64_t>(), 0);
+    if (replayed) {
+      if (i > 3) {  // the capture (step 4) may allocate: the graph's pool, and the eager inputs' own blocks
+        EXPECT_EQ(g["device_allocations"].get<int64_t>(), 0) << "a replayed step allocated device or pinned memory";
+      }
+      EXPECT_LT(10 * g["device_launches"].get<int64_t>(), e["device_launches"].get<int64_t>())
+          << "a replayed step launches its work outside the graph";
+      EXPECT_GE(g["device_graph_ops"].get<int64_t>(), e["device_launches"].get<int64_t>() - g["device_launches"].get<int64_t>());
+    }
+  }
+  ASSERT_EQ(eager.weights.size(), graphed.weights.size());
+  for (const auto& [name, w] : eager.weights) EXPECT_EQ(graphed.weights.at(name).to_vector(), w.to_vector()) << name;
+  if (kEmulated)
+    std::printf("  %s: replayed step: %lld operations in 1 graph launch, %lld launches outside it\n", args.c_str(),
+                static_cast<long long>(graphed.steps.back()["device_graph_ops"].get<int64_t>()),
+                static_cast<long long>(graphed.steps.back()["device_launches"].get<int64_t>()));
+}
+
+const std::string kGraphModel = " --width 64 --layers 3 --batch-size 16 --steps 12 ";
+
+TEST(EmulatedTraining, CudaGraphsEqualEagerStepsInFp32) { compare_graphs(kGraphModel + "--lr 0.05 --amp off"); }
+
+// Overflows injected inside replayed steps (rank 1 at step 6, rank 0 at step 9) and growth every 2
+// good steps: skips, backoffs and growths all happen in replays, decided on the device.
+TEST(EmulatedTraining, CudaGraphsEqualEagerStepsInFp16WithOverflowsAndScaleChanges) {
+  compare_graphs(kGraphModel + "--lr 0.05 --amp fp16 --init-scale 1024 --growth-interval 2 --inject-nonfinite 6:" +
+                 last_rank() + " --inject-nonfinite 9:0");
+}
+
+// AdamW under a cosine schedule with warm-up: the lr changes in every replayed step.
+TEST(EmulatedTraining, CudaGraphsEqualEagerStepsInBf16WithAdamWAndASchedule) {
+  compare_graphs(kGraphModel + "--amp bf16 --optimizer adamw --lr 0.01 --lr-schedule cosine --warmup-steps 5");
+}
+
+TEST(EmulatedTraining, CudaGraphsEqualEagerStepsWithMicroBatchesAndClipping) {
+  compare_graphs(kGraphModel + "--amp fp16 --micro-batches 3 --clip-grad-norm 0.5 --momentum 0.9 --lr 0.05");
+}
+
+TEST(EmulatedTraining, CudaGraphsEqualEagerStepsForTheGpt) {
+  compare_graphs(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                 " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 8 --optimizer adamw"
+                 " --lr 0.01 --amp bf16");
+}
+
+// A checkpoint written while the step is replayed (step 5) resumes bit for bit, with graphs (the
+// resumed run warms up and captures again) and without.
+TEST(EmulatedTraining, ACheckpointWrittenBetweenReplaysResumesBitwise) {
+  std::string reason;
+  if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  const fs::path ck = fs::temp_directory_path() / ("amp_emu_graph_ck_" + std::to_string(::getpid()));
+  fs::remove_all(ck);
+  const std::string args = kGraphModel + "--amp fp16 --init-scale 1024 --growth-interval 2 --lr 0.05 --momentum 0.9";
+  const auto whole = train("cuda", args + " --cuda-graphs on --checkpoint-every 5 --checkpoint-dir " + ck.string());
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  for (const char* graphs : {"on", "off"}) {
+    SCOPED_TRACE(std::string("--cuda-graphs ") + graphs);
+    const auto resumed =
+        train("cuda", args + " --cuda-graphs " + graphs + " --resume-from " + (ck / "step-00000005").string());
+    ASSERT_EQ(resumed.code, 0) << resumed.out;
+    ASSERT_EQ(resumed.steps.size(), 7u);
+    for (size_t i = 0; i < resumed.steps.size(); ++i) EXPECT_EQ(resumed.steps[i]["loss"], whole.steps[5 + i]["loss"]);
+    for (const auto& [name, w] : whole.weights) EXPECT_EQ(resumed.weights.at(name).to_vector(), w.to_vector()) << name;
+  }
+  fs::remove_all(ck);
+}
+
+// Where the step cannot be captured, --cuda-graphs on refuses to start (exit 2, saying why) and auto
+// runs it eagerly, saying so once.
+TEST(EmulatedTraining, CudaGraphsOnIsRefusedWhereTheStepCannotBeCaptured) {
+  std::string reason;
+  if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  const std::string mtl = " --model mtl --tasks 2 --batch-size 8 --steps 5 --lr 0.05";
+  const auto on = train("cuda", mtl + " --cuda-graphs on");
+  EXPECT_EQ(on.code, 2) << on.out;
+  EXPECT_NE(on.out.find("--cuda-graphs on: the step cannot be captured: --model mtl reads its m x m Gramian"),
+            std::string::npos) << on.out;
+  const auto gpt = train("cuda", " --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                                    " --n-layer 1 --n-head 2 --n-embd 32 --block-size 8 --batch-size 2 --steps 5 "
+                                    "--dropout 0.1 --cuda-graphs auto");
+  EXPECT_EQ(gpt.code, 0) << gpt.out;
+  EXPECT_NE(gpt.out.find("each step is launched eagerly, not as a CUDA graph: --dropout"), std::string::npos) << gpt.out;
+  for (const auto& st : gpt.steps) EXPECT_EQ(st.value("device_graph_launches", int64_t{-1}), kEmulated ? 0 : -1);
+}
 
 TEST(EmulatedTraining, Fp32MatchesTheCpuBackend) { compare(kModel + "--lr 0.05 --amp off", 1e-5, 1e-5); }
 

@@ -122,14 +122,19 @@ TEST_F(NcclTest, EveryRankSkipsWhenOneRankOverflows) {
   }
 }
 
-// A captured data-parallel step (a kernel, an all-reduce through the communicator, a kernel) replays
-// on every rank as its eager runs do. The captured collective's event is a graph node that cannot be
-// queried: the watchdog must not take it for a fault, and the communicator works on afterwards.
+// A captured data-parallel step (a kernel, two all-reduces through the communicator, a kernel)
+// replays on every rank as its eager runs do. The captured collectives' events are graph nodes that
+// cannot be queried: the watchdog must not take them for a fault, nor Work::test() query them, and
+// the communicator works on afterwards. (Two collectives: on the emulated GPU, a replay's finished
+// collective must let the next one run, as an eager one does.)
 TEST_F(NcclTest, ACapturedAllReduceReplaysAsItsEagerRuns) {
   Backend& gpu = backend_for(kGPU);
   const auto step = [&](Tensor& t) {
     gpu.unary(UnaryOp::mul_scalar, t, t, 0.75);
-    comm_->all_reduce_async(t, comm::ReduceOp::sum)->wait();
+    auto first = comm_->all_reduce_async(t, comm::ReduceOp::sum);
+    (void)first->test();  // the reducer asks while capturing too: must not query a captured event
+    first->wait();
+    comm_->all_reduce_async(t, comm::ReduceOp::max)->wait();
     gpu.unary(UnaryOp::mul_scalar, t, t, 0.5);
   };
   const double first = comm_->rank() + 1;

@@ -37,7 +37,9 @@ std::string launcher(int ranks, bool tcp = false) {
 std::vector<std::string> records_of(const std::string& metrics) {
   std::vector<std::string> out;
   for (auto r : read_jsonl(metrics)) {
-    for (const char* k : {"step_ms", "device_launches", "device_host_syncs", "device_d2h_copies"}) r.erase(k);
+    for (const char* k : {"step_ms", "device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
+                          "device_graph_ops", "device_allocations"})
+      r.erase(k);
     out.push_back(r.dump());
   }
   return out;

@@ -66,6 +66,9 @@ void MetricsWriter::write(const StepRecord& r) {
     j["device_launches"] = r.device_launches;
     j["device_host_syncs"] = r.device_host_syncs;
     j["device_d2h_copies"] = r.device_d2h_copies;
+    j["device_graph_launches"] = r.device_graph_launches;
+    j["device_graph_ops"] = r.device_graph_ops;
+    j["device_allocations"] = r.device_allocations;
   }
   line(j.dump(), r.step);
 }

@@ -29,6 +29,9 @@ struct StepRecord {
   // On the emulated GPU: what train_step issued (the one-step-late read of the previous step's
   // figures is not in it). -1 elsewhere, and then not written.
   int64_t device_launches = -1, device_host_syncs = -1, device_d2h_copies = -1;
+  // CUDA graphs launched (a replayed step: 1) and the operations they ran, and the device and pinned
+  // allocations (cudaMalloc, cudaMallocHost) the step made.
+  int64_t device_graph_launches = -1, device_graph_ops = -1, device_allocations = -1;
 };
 
 // The validation loss: mean over the evaluation's batches, averaged over ranks.

@@ -23,31 +23,23 @@
 
 namespace amp::launch {
 
-namespace {
-// The figures a step reads back to the host, packed into one read-back and unpacked by name: their
-// order lives here only.
-struct StepFigures {
-  Tensor loss, scale, found_inf, stop;
-  Tensor grad_norm;  // undefined: not computed this step (no placeholder travels)
-  std::vector<Tensor> task_losses;
+// The figures' order in the one read-back lives here only.
+std::vector<Tensor> Trainer::StepFigures::packed() const {
+  std::vector<Tensor> v = {loss, scale, found_inf, stop};
+  if (grad_norm.defined()) v.push_back(grad_norm);
+  v.insert(v.end(), task_losses.begin(), task_losses.end());
+  return v;
+}
 
-  std::vector<Tensor> packed() const {
-    std::vector<Tensor> v = {loss, scale, found_inf, stop};
-    if (grad_norm.defined()) v.push_back(grad_norm);
-    v.insert(v.end(), task_losses.begin(), task_losses.end());
-    return v;
-  }
-  static void unpack(const std::vector<double>& v, bool has_grad_norm, StepRecord* r) {
-    size_t i = 0;
-    r->loss = v.at(i++);
-    r->scale = v.at(i++);
-    r->skipped = v.at(i++) != 0.0;
-    r->stop_requested = v.at(i++) != 0.0;
-    r->grad_norm = has_grad_norm ? v.at(i++) : std::numeric_limits<double>::quiet_NaN();
-    r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
-  }
-};
-}  // namespace
+void Trainer::StepFigures::unpack(const std::vector<double>& v, bool has_grad_norm, StepRecord* r) {
+  size_t i = 0;
+  r->loss = v.at(i++);
+  r->scale = v.at(i++);
+  r->skipped = v.at(i++) != 0.0;
+  r->stop_requested = v.at(i++) != 0.0;
+  r->grad_norm = has_grad_norm ? v.at(i++) : std::numeric_limits<double>::quiet_NaN();
+  r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
+}
 
 void Trainer::multi_task_backward(const models::Losses& L, bool /*last*/) {
   jd::MtlBackwardOptions o;
@@ -106,19 +98,38 @@ int64_t Trainer::first_sample(int64_t step) const {
   return (step - 1) * samples_per_step() + comm_.rank() * cfg_.micro_batches * cfg_.batch_size;
 }
 
-Trainer::PendingStep Trainer::train_step(int64_t step) {
-  const bool profiled = step == cfg_.profile_step && device_.is_cuda();
-  if (profiled) cuda_profiler_start();
-  const auto t0 = std::chrono::steady_clock::now();
-  if (before_step_) before_step_(step);
+void Trainer::stage_inputs(int64_t step) {
   const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
   const int64_t first = first_sample(step);
-  const std::vector<Tensor> params = model().parameters();
-  const std::optional<DeviceCounters> counted_from = emulated_device_counters();
-  if (counted_from && device_.is_cuda()) {
-    memory_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
-    log_emulated_step_begin(step);
+  batches_.resize(static_cast<size_t>(K));
+  for (int64_t m = 0; m < K; ++m) {
+    models::Batch b = data_->rows(first + m * B, B);
+    models::Batch& kept = batches_[static_cast<size_t>(m)];
+    if (use_graphs_ && kept.x.defined()) {  // the graph reads these very tensors: written, not replaced
+      copy_(kept.x, b.x);
+      for (size_t t = 0; t < b.targets.size(); ++t) copy_(kept.targets[t], b.targets[t]);
+      kept.first = b.first;
+    } else {
+      kept = std::move(b);
+    }
   }
+  // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
+  // collective when there is one: every rank learns it from the same reduced figures, so every rank
+  // stops after the same step.
+  if (!stop_flag_.defined()) stop_flag_ = empty({1}, DType::f32, device_);
+  fill_(stop_flag_, interrupt_signal() != 0 ? 1.0 : 0.0);
+  if (!cfg_.inject_nonfinite.empty()) {
+    if (!inject_flag_.defined()) inject_flag_ = empty({1}, DType::f32, device_);
+    bool here = false;
+    for (const Injection& inj : cfg_.inject_nonfinite) here = here || (inj.step == step && inj.rank == comm_.rank());
+    fill_(inject_flag_, here ? std::numeric_limits<double>::infinity() : 0.0);
+  }
+  opt_->write_lr();  // this step's learning rate, where the scheduler changed it
+}
+
+Trainer::StepFigures Trainer::device_step() {
+  const int64_t K = cfg_.micro_batches;
+  const std::vector<Tensor> params = model().parameters();
   const Tensor scale_used = scaler_->scale_snapshot(device_);
 
   opt_->zero_grad();
@@ -127,7 +138,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   std::vector<comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>> task_trees;
   for (int64_t m = 0; m < K; ++m) {
     if (!multi_task()) reducer_->prepare_for_backward(/*sync=*/m == K - 1);
-    const models::Batch batch = data_->rows(first + m * B, B);
+    const models::Batch& batch = batches_[static_cast<size_t>(m)];
     models::Losses L;
     {
       autocast ac = autocast_region();
@@ -162,26 +173,21 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     }
     scaler_->scale(loss).backward();
   }
-  std::vector<double> weights;
   if (multi_task()) {
-    weights = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
+    jd_weights_ = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
   } else {
     reducer_->finish();  // gradients are now averaged over ranks (still scaled)
   }
   std::vector<Tensor> task_sums;  // this rank's, then (after the collective) the step's
   for (auto& tree : task_trees) task_sums.push_back(tree.fold());
 
-  // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
-  // collective when there is one: every rank learns it from the same reduced figures, so every rank
-  // stops after the same step.
-  Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
+  const Tensor stop = stop_flag_;  // summed over ranks in place, with found_inf or below
   bool figures_ride = scaler_->sum_with_found_inf(stop);
   for (Tensor& t : task_sums) figures_ride = figures_ride && scaler_->sum_with_found_inf(t);
 
-  for (const Injection& inj : cfg_.inject_nonfinite) {
-    if (inj.step != step || inj.rank != comm_.rank()) continue;
-    const float inf = std::numeric_limits<float>::infinity();
-    memory_for(device_).copy_from_host(params[0].grad().data_ptr(), &inf, sizeof inf);
+  if (inject_flag_.defined()) {  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others
+    Tensor first = params[0].grad().view(0, {1});
+    add_(first, inject_flag_);
   }
 
   scaler_->unscale_(*opt_);
@@ -206,11 +212,47 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   Tensor loss_sum = task_sums.at(0);
   for (size_t t = 1; t < task_sums.size(); ++t) loss_sum = add(loss_sum, task_sums[t]);
   if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
-  // The figures travel to the host in the background: nothing here waits for the device.
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  const StepFigures figures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
-  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), weights,
-                grad_norm.defined()};
+  return StepFigures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
+}
+
+Trainer::PendingStep Trainer::train_step(int64_t step) {
+  const bool profiled = step == cfg_.profile_step && device_.is_cuda();
+  if (profiled) cuda_profiler_start();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (before_step_) before_step_(step);
+  const std::optional<DeviceCounters> counted_from = emulated_device_counters();
+  if (counted_from && device_.is_cuda()) {
+    memory_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
+    log_emulated_step_begin(step);
+  }
+  if (use_graphs_ && !graph_ && step > start_step_ + kGraphWarmupSteps) {
+    // Captured, not run: the replay below runs it. Its outputs live in the graph's own memory pool,
+    // which takes the blocks the eager steps left in the allocator's cache; so the capture comes
+    // before this step's inputs are staged, whose temporaries are then allocated afresh once, here,
+    // and not in the first replayed step. The lr first: the optimizer's step must not capture a write.
+    opt_->write_lr();
+    graph_figures_ = std::make_unique<StepFigures>();
+    graph_ = capture_device_graph([&] { *graph_figures_ = device_step(); });
+    if (comm_.rank() == 0) {
+      std::printf("amp_train: step %lld captured in a CUDA graph; replayed from here on\n", static_cast<long long>(step));
+      std::fflush(stdout);
+    }
+  }
+  stage_inputs(step);
+  StepFigures figures;
+  if (graph_) {
+    graph_->replay();
+    comm_.watch_graph_launch("step " + std::to_string(step) + " (a CUDA graph's replay)");
+    figures = *graph_figures_;
+  } else {
+    figures = device_step();
+  }
+  if (!use_graphs_) batches_.clear();  // their memory is the next step's
+
+  // The figures travel to the host in the background: nothing here waits for the device.
+  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), jd_weights_,
+                figures.grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (counted_from && device_.is_cuda()) {
     p.counted = *emulated_device_counters() - *counted_from;
@@ -238,6 +280,9 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
     r.device_launches = p.counted->launches;
     r.device_host_syncs = p.counted->host_syncs;
     r.device_d2h_copies = p.counted->d2h_copies;
+    r.device_graph_launches = p.counted->graph_launches;
+    r.device_graph_ops = p.counted->graph_ops;
+    r.device_allocations = p.counted->allocations;
   }
   if (r.skipped && device_.is_cpu()) {
     // On the CPU a step's figures are final at once, so its gradients are still there to inspect.

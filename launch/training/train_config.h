@@ -20,6 +20,8 @@ inline DType amp_dtype(AmpMode m) { return m == AmpMode::bf16 ? DType::bf16 : DT
 enum class OptimizerKind { sgd, adamw };
 enum class LrSchedule { constant, cosine };
 enum class DeviceKind { auto_, cpu, cuda };
+// --cuda-graphs: capture the training step once and replay it (auto: where the step can be captured).
+enum class CudaGraphs { auto_, on, off };
 // --loss-scale: auto (dynamic for fp16, off otherwise), dynamic, off, or a constant value.
 struct LossScale {
   enum class Kind { auto_, dynamic, off, constant } kind = Kind::auto_;
@@ -96,6 +98,7 @@ struct TrainConfig {
   int64_t check_every = 0;  // 0: replica check at the end only
   double bucket_mb = 25.0;
   bool overlap = true;
+  CudaGraphs cuda_graphs = CudaGraphs::auto_;
   // Output
   std::string metrics;
   int64_t log_every = 10;  // 0: no progress lines

@@ -76,6 +76,12 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
+  // --cuda-graphs: on where the step can be captured (auto), refused where it cannot (on).
+  const std::string blocker = graph_blocker();
+  if (cfg_.cuda_graphs == CudaGraphs::on && !blocker.empty())
+    throw std::invalid_argument("--cuda-graphs on: the step cannot be captured: " + blocker +
+                                " (--cuda-graphs auto runs it eagerly)");
+  use_graphs_ = cfg_.cuda_graphs != CudaGraphs::off && blocker.empty();
   if (cfg_.resume || !cfg_.resume_from.empty()) {
     resume();
   } else if (!cfg_.checkpoint_dir.empty()) {
@@ -89,6 +95,14 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
 }
 
 Trainer::~Trainer() = default;
+
+std::string Trainer::graph_blocker() const {
+  if (!device_.is_cuda()) return "the device is the CPU (a CUDA graph is a GPU's)";
+  if (multi_task())
+    return "--model " + cfg_.model + " reads its m x m Gramian on the host every step (as TorchJD does)";
+  if (cfg_.grad_penalty > 0.0) return "--grad-penalty's double backward is not captured yet";
+  return model_->capture_blocker();
+}
 
 void Trainer::connect() {
   if (reducer_) return;
@@ -187,6 +201,10 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.skipped_steps = skipped_steps_;
   const bool rank0 = comm_.rank() == 0;
+  if (rank0 && device_.is_cuda() && cfg_.cuda_graphs == CudaGraphs::auto_ && !use_graphs_) {
+    std::printf("amp_train: note: each step is launched eagerly, not as a CUDA graph: %s\n", graph_blocker().c_str());
+    std::fflush(stdout);
+  }
   // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
   // appear again, from the resumed run).
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, start_step_ > 0) : MetricsWriter();
@@ -284,10 +302,11 @@ TrainResult Trainer::run() {
     flush_late();
     if (emulated_device_counters() && device_.is_cuda()) {
       // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
-      std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies in %lld "
-                  "training steps\n",
+      std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies, %lld "
+                  "CUDA graph launches (%lld operations) in %lld training steps\n",
                   comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
-                  static_cast<long long>(counted_.d2h_copies), static_cast<long long>(result.steps_done));
+                  static_cast<long long>(counted_.d2h_copies), static_cast<long long>(counted_.graph_launches),
+                  static_cast<long long>(counted_.graph_ops), static_cast<long long>(result.steps_done));
       std::fflush(stdout);
     }
     // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that

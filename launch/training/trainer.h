@@ -88,6 +88,14 @@ class Trainer {
 
  private:
   void connect();  // the collective part of the setup, once
+  // The figures a step reads back to the host (step.cpp packs and unpacks them by name).
+  struct StepFigures {
+    Tensor loss, scale, found_inf, stop;
+    Tensor grad_norm;  // undefined: not computed this step (no placeholder travels)
+    std::vector<Tensor> task_losses;
+    std::vector<Tensor> packed() const;
+    static void unpack(const std::vector<double>& v, bool has_grad_norm, StepRecord* r);
+  };
   // A step whose work is issued and whose figures are on their way to the host.
   struct PendingStep {
     int64_t step;
@@ -99,6 +107,23 @@ class Trainer {
     bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
   };
   PendingStep train_step(int64_t step);
+  // A step is its inputs, written eagerly before its device work (so that a CUDA graph's replay
+  // reads this step's), then the device work, which reads nothing else from the host: the
+  // micro-batches, the stop flag and an injected overflow are tensors here, the learning rate the
+  // optimizer's device scalar (Optimizer::write_lr).
+  void stage_inputs(int64_t step);
+  StepFigures device_step();
+  std::vector<models::Batch> batches_;  // this step's micro-batches (kept, as the graph's inputs, with graphs)
+  Tensor stop_flag_;    // [1] f32: 1 when this rank was asked to stop (SIGINT/SIGTERM)
+  Tensor inject_flag_;  // [1] f32: +inf on a step and rank of --inject-nonfinite, else 0 (defined with one)
+  std::vector<double> jd_weights_;  // the aggregator's weights of the last step (multi-task)
+  // CUDA graphs (--cuda-graphs): the step is captured once, after kGraphWarmupSteps eager steps (NCCL
+  // connects, the allocator's cache and every lazily made buffer are ready), and replayed from then on.
+  static constexpr int64_t kGraphWarmupSteps = 3;
+  std::string graph_blocker() const;  // why this run's step cannot be captured ("" when it can)
+  bool use_graphs_ = false;
+  std::unique_ptr<DeviceGraph> graph_;
+  std::unique_ptr<StepFigures> graph_figures_;  // the captured step's outputs, rewritten by every replay
   int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
   StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
   // Hashes and gathers the parameters (collective); records the result.

@@ -30,6 +30,7 @@ struct Counters {
   int64_t d2h_copies = 0;  // device-to-host copies
   int64_t graph_launches = 0;  // cudaGraphLaunch calls (the kernels they run are not in `launches`)
   int64_t graph_ops = 0;       // the operations those graphs ran: kernels, GEMMs, copies, collectives
+  int64_t allocations = 0;     // cudaMalloc and cudaMallocHost calls that allocated
 };
 Counters counters();
 

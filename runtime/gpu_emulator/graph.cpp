@@ -254,6 +254,8 @@ struct Replay {
         done = op.step();
       } catch (const std::exception& e) { throw std::runtime_error(op.name + ": " + e.what()); }
       if (!done) continue;
+      // Released as a finished eager operation is: an NCCL collective's end lets the next one run.
+      op = Op{op.name, nullptr};
       ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(at));
       --remaining;
       for (const size_t next : exec->successors[node])

@@ -222,7 +222,8 @@ bool in_map(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes)
   return a >= it->first && a + bytes <= it->first + it->second && a + bytes >= a;
 }
 
-std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0}, g_graph_launches{0}, g_graph_ops{0};
+std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0}, g_graph_launches{0}, g_graph_ops{0},
+    g_allocations{0};
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
 
@@ -311,7 +312,8 @@ cudaError_t set_last_error(cudaError_t err) {
 }
 
 Counters counters() {
-  return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load(), g_graph_launches.load(), g_graph_ops.load()};
+  return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load(), g_graph_launches.load(), g_graph_ops.load(),
+                  g_allocations.load()};
 }
 
 std::string last_fault() {
@@ -489,6 +491,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
   if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return result(err);
   if (bytes == 0) return result(cudaSuccess);
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   Memory& mem = memory();
   const size_t rounded = (bytes + 255) / 256 * 256;
   {
@@ -541,6 +544,7 @@ cudaError_t cudaFree(void* p) { return free_after_device(&Memory::device, p, "cu
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return result(err);
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   void* q = std::malloc(bytes > 0 ? bytes : 1);
   if (q == nullptr) return result(cudaErrorMemoryAllocation);
   Memory& mem = memory();

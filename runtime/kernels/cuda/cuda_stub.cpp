@@ -19,6 +19,9 @@ void log_emulated_step(int64_t, size_t) {}
 void cuda_set_allow_tf32(bool) {}
 void cuda_profiler_start() {}
 void cuda_profiler_stop() {}
+std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>&) {
+  throw std::runtime_error("CUDA graphs: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
+}
 
 void cuda_init(int, int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");

@@ -10,6 +10,7 @@
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 
 #if defined(AMP_CUDA_EMU)
@@ -46,7 +47,7 @@ bool cuda_built() { return true; }
 std::optional<DeviceCounters> emulated_device_counters() {
 #if defined(AMP_CUDA_EMU)
   const emu::Counters c = emu::counters();
-  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies, c.graph_launches, c.graph_ops};
+  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies, c.graph_launches, c.graph_ops, c.allocations};
 #else
   return std::nullopt;
 #endif
@@ -73,6 +74,21 @@ void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t pe
 }
 
 void cuda_set_allow_tf32(bool on) { cuda::context().set_allow_tf32(on); }
+
+namespace {
+class CapturedGraph final : public DeviceGraph {
+ public:
+  explicit CapturedGraph(const std::function<void()>& work) : graph_(work) {}
+  void replay() override { graph_.replay(); }
+
+ private:
+  cuda::CudaGraph graph_;
+};
+}  // namespace
+
+std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>& work) {
+  return std::make_unique<CapturedGraph>(work);
+}
 
 void cuda_profiler_start() { AMP_CUDA_CHECK(cudaProfilerStart()); }
 

@@ -2,6 +2,8 @@
 // implements it when the backend is built; runtime/kernels/cuda/cuda_stub.cpp otherwise. CMake picks the file.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -22,13 +24,14 @@ void cuda_init(int local_rank, int local_size = 1);
 struct DeviceCounters {
   int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
   int64_t graph_launches = 0, graph_ops = 0;  // CUDA graphs replayed, and the operations they ran
+  int64_t allocations = 0;                    // cudaMalloc and cudaMallocHost calls
   DeviceCounters operator-(const DeviceCounters& o) const {
-    return {launches - o.launches, host_syncs - o.host_syncs, d2h_copies - o.d2h_copies,
-            graph_launches - o.graph_launches, graph_ops - o.graph_ops};
+    return {launches - o.launches,           host_syncs - o.host_syncs, d2h_copies - o.d2h_copies,
+            graph_launches - o.graph_launches, graph_ops - o.graph_ops,  allocations - o.allocations};
   }
   DeviceCounters& operator+=(const DeviceCounters& o) {
     launches += o.launches, host_syncs += o.host_syncs, d2h_copies += o.d2h_copies;
-    graph_launches += o.graph_launches, graph_ops += o.graph_ops;
+    graph_launches += o.graph_launches, graph_ops += o.graph_ops, allocations += o.allocations;
     return *this;
   }
 };
@@ -51,5 +54,17 @@ void log_emulated_step(int64_t step, size_t peak_bytes);
 void cuda_set_allow_tf32(bool on);
 void cuda_profiler_start();
 void cuda_profiler_stop();
+
+// Device work captured once from the compute stream into a CUDA graph and replayed
+// (runtime/kernels/cuda/cuda_graph.h: the capture's rules, its private memory pool).
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Enqueues one replay on the compute stream, after the work issued before it.
+  virtual void replay() = 0;
+};
+// Captures work(); throws std::runtime_error naming what the capture refused (a host
+// synchronisation, say), or in a build without CUDA.
+std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>& work);
 
 }  // namespace amp
