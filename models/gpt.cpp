@@ -21,13 +21,20 @@ struct DropoutState {
   bool training = true;
   uint64_t seed = 0;
   int64_t first = 0;  // stream index of the batch's first sample
-  int64_t batch = 1;  // samples in the batch
+  Tensor first_index;  // the same as a device int64 [1], when the batch has it (Batch::first_index)
+  int64_t batch = 1;   // samples in the batch
   double rate() const { return training ? p : 0.0; }
   uint64_t site_seed(uint64_t site) const { return math::mix64(seed ^ math::mix64(site + 1)); }
-  // The first counter of the batch at a site with per_sample elements a sample.
-  uint64_t offset(int64_t per_sample) const { return static_cast<uint64_t>(first) * static_cast<uint64_t>(per_sample); }
+  // The first counter of the batch at a site with per_sample elements a sample: first * per_sample,
+  // from the host's value, or from the device's, read by the kernel (the same counters).
+  uint64_t offset(int64_t per_sample) const {
+    return first_index.defined() ? 0 : static_cast<uint64_t>(first) * static_cast<uint64_t>(per_sample);
+  }
+  uint64_t per_base(int64_t per_sample) const { return first_index.defined() ? static_cast<uint64_t>(per_sample) : 0; }
   Tensor apply(const Tensor& x, uint64_t site) const {
-    return rate() == 0.0 ? x : dropout(x, p, site_seed(site), offset(x.numel() / batch));
+    if (rate() == 0.0) return x;
+    const int64_t per_sample = x.numel() / batch;
+    return dropout(x, p, site_seed(site), offset(per_sample), first_index, per_base(per_sample));
   }
 };
 
@@ -44,7 +51,8 @@ class CausalSelfAttention final : public nn::Module {
     // The attention weights, [H, T, T] a sample, drop by the site's counters as apply() would draw them.
     const int64_t T = x.size(1);
     const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_),
-                                      drop_->offset(n_head_ * T * T), fused_);
+                                      drop_->offset(n_head_ * T * T), fused_, drop_->first_index,
+                                      drop_->per_base(n_head_ * T * T));
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
@@ -134,11 +142,7 @@ class Gpt final : public GptModel, public nn::Module {
   nn::Module& module() override { return *this; }
   const GptConfig& config() const override { return config_; }
   void train(bool on) override { drop_.training = on; }
-  std::string capture_blocker() const override {
-    return drop_.p > 0.0 ? "--dropout's random numbers are drawn from counters that its kernels take as arguments "
-                           "(the batch's first sample), which a replay would repeat"
-                         : "";
-  }
+  bool reads_sample_index() const override { return drop_.p > 0.0; }
   std::vector<std::pair<std::string, std::string>> tied_aliases() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
@@ -163,6 +167,7 @@ class Gpt final : public GptModel, public nn::Module {
   Losses losses(const Batch& batch) override {
     if (batch.targets.size() != 1) throw std::invalid_argument("gpt: a batch has one target (the next tokens)");
     drop_.first = batch.first;
+    drop_.first_index = batch.first_index;
     const Tensor lg = logits(batch.x);
     const int64_t n = lg.size(0) * lg.size(1);
     Losses out;

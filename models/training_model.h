@@ -15,6 +15,10 @@ struct Batch {
   Tensor x;
   std::vector<Tensor> targets;
   int64_t first = 0;  // the stream index of its first sample (dropout's counters follow samples)
+  // `first` as an int64 [1] tensor on the batch's device, or undefined: given by the trainer when the
+  // step is captured in a CUDA graph and the model reads the index (reads_sample_index), so that a
+  // replay's kernels read each step's value.
+  Tensor first_index{};
 };
 
 // What a forward gives the step: the losses (each the mean over the micro-batch; one for an
@@ -40,9 +44,9 @@ class TrainingModel {
   virtual void train(bool /*on*/) {}
   // Parameters that take weight decay, and the others (PyTorch parameter groups); empty first: all decay.
   virtual std::vector<Tensor> decayed_parameters() const { return {}; }
-  // Why a training step of this model cannot be captured in a CUDA graph and replayed (its forward
-  // passes a host value that changes from step to step to its kernels), or "" when it can.
-  virtual std::string capture_blocker() const { return ""; }
+  // Whether losses() reads Batch::first (dropout's counters follow the samples): a captured step then
+  // gets it as Batch::first_index.
+  virtual bool reads_sample_index() const { return false; }
 };
 
 }  // namespace amp::models

@@ -1382,6 +1382,17 @@ TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
     cpu().dropout_mask(c, 9, 1234, 0.3);
     gpu().dropout_mask(g, 9, 1234, 0.3);
     EXPECT_TRUE(matches(g, c, 0)) << dtype_name(dt);
+    // Counters from a device base (base[0] * per_base, read by the kernel): the same stream as the
+    // offset 1234 = 4 + 41 * 30 given on the host; a different base, a different mask.
+    Tensor base_c = from_int64({41}, {1}), base_g = base_c.to(kGPU);
+    Tensor cb = empty({5000}, dt), gb = empty({5000}, dt, kGPU);
+    cpu().dropout_mask(cb, 9, 4, 0.3, base_c, 30);
+    gpu().dropout_mask(gb, 9, 4, 0.3, base_g, 30);
+    EXPECT_TRUE(matches(gb, c, 0)) << dtype_name(dt);
+    EXPECT_TRUE(matches(cb, c, 0)) << dtype_name(dt);
+    fill_(base_g, 42.0);
+    gpu().dropout_mask(gb, 9, 4, 0.3, base_g, 30);
+    EXPECT_FALSE(matches(gb, c, 0)) << dtype_name(dt);
   }
 }
 

@@ -112,6 +112,10 @@ void Trainer::stage_inputs(int64_t step) {
     } else {
       kept = std::move(b);
     }
+    if (use_graphs_ && model_->reads_sample_index()) {  // dropout's counters, read by the replay's kernels
+      if (!kept.first_index.defined()) kept.first_index = empty({1}, DType::i64, device_);
+      fill_(kept.first_index, static_cast<double>(kept.first));
+    }
   }
   // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
   // collective when there is one: every rank learns it from the same reduced figures, so every rank

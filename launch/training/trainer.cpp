@@ -101,7 +101,7 @@ std::string Trainer::graph_blocker() const {
   if (multi_task())
     return "--model " + cfg_.model + " reads its m x m Gramian on the host every step (as TorchJD does)";
   if (cfg_.grad_penalty > 0.0) return "--grad-penalty's double backward is not captured yet";
-  return model_->capture_blocker();
+  return "";
 }
 
 void Trainer::connect() {

@@ -86,8 +86,11 @@ class Backend {
   // d(qkv) [B, T, 3C] in qkv's dtype from gy [B, T, C] (y's dtype), recomputing the scores.
   virtual void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy,
                                   int64_t n_head, double scale, Tensor& dqkv);
-  // mask[i] = 1 / (1 - p) where uniform01(seed, offset + i) >= p, else 0 (math::dropout_mask).
-  virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
+  // mask[i] = 1 / (1 - p) where uniform01(seed, c + i) >= p, else 0 (math::dropout_mask), with
+  // c = offset + base[0] * per_base: base, when defined, an int64 [1] tensor on mask's device that the
+  // kernel reads (a CUDA graph's replay takes the value written before it, not the captured one).
+  virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base = Tensor(),
+                            uint64_t per_base = 0) = 0;
 
   // --- GEMM: c = alpha * op(a) @ op(b) + beta * c, 2-D row-major. a and b share a dtype; products
   // accumulate in fp32 (fp64 for f64); c may be a's dtype or fp32.

@@ -82,11 +82,15 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b 
 // ops, but the backward writes d(qkv) in one pass. First-order backward only. Without dropout, where
 // the backend has it (Backend::has_fused_attention) and `fused` allows it, the fused kernels instead:
 // the scores in fp32, never stored (the numbers of exact attention, rounded once).
+// base, per_base: as dropout's.
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0, uint64_t seed = 0,
-                        uint64_t offset = 0, bool fused = true);
+                        uint64_t offset = 0, bool fused = true, const Tensor& base = Tensor(), uint64_t per_base = 0);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
-// counter offset + i of seed's stream, so the same offset drops the same elements anywhere.
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// counter offset + i of seed's stream, so the same offset drops the same elements anywhere. With
+// base (an int64 [1] tensor on x's device), the counters start at offset + base[0] * per_base, read
+// by the kernel: a step captured in a CUDA graph draws from the base written before each replay.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& base = Tensor(),
+               uint64_t per_base = 0);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -129,7 +129,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 }
 
 Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset,
-                        bool fused) {
+                        bool fused, const Tensor& base, uint64_t per_base) {
   Tensor qkv = qkv_in;
   autocast_inputs(OpKind::bmm, {&qkv});  // the products' dtype, as the first bmm would cast
   if (qkv.dim() != 3 || n_head < 1 || qkv.size(2) % (3 * n_head) != 0)
@@ -181,7 +181,7 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
     kept = low.defined() ? low : att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
     if (dropout_p > 0.0) {
       mask = empty_like(att);
-      be.dropout_mask(mask, seed, offset, dropout_p);
+      be.dropout_mask(mask, seed, offset, dropout_p, base, per_base);
       kept = empty_like(att);
       be.binary(BinaryOp::mul, att, mask, kept);
       autocast_inputs(OpKind::bmm, {&kept, &v});
@@ -224,11 +224,11 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
   });
 }
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& base, uint64_t per_base) {
   if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout: probability must be in [0, 1), got " + std::to_string(p));
   if (p == 0.0) return x;
   Tensor mask = empty(x.shape(), x.dtype(), x.device());
-  backend_for(x.device()).dropout_mask(mask, seed, offset, p);
+  backend_for(x.device()).dropout_mask(mask, seed, offset, p, base, per_base);
   return mul(x, mask);  // the backward is g * mask
 }
 

@@ -29,7 +29,8 @@ class CpuBackend final : public Backend {
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
   void causal_softmax(const Tensor& x, Tensor& y, double scale) override;
   void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;
-  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base = Tensor(),
+                    uint64_t per_base = 0) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;

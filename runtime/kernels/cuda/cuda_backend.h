@@ -55,7 +55,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse) override;
   void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy, int64_t n_head,
                           double scale, Tensor& dqkv) override;
-  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base = Tensor(),
+                    uint64_t per_base = 0) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;

@@ -28,10 +28,12 @@ __global__ void normal_kernel(T* d, int64_t n, uint64_t seed, uint64_t offset, d
 }
 
 template <class T>
-__global__ void dropout_mask_kernel(T* mask, int64_t n, uint64_t seed, uint64_t offset, double p) {
+__global__ void dropout_mask_kernel(T* mask, int64_t n, uint64_t seed, uint64_t offset, double p,
+                                    const int64_t* base, uint64_t per_base) {
+  const uint64_t first = offset + (base != nullptr ? static_cast<uint64_t>(*base) * per_base : 0);
   AMP_GRID_STRIDE(i, n)
     mask[i] = DevElem<T>::store(static_cast<typename DevElem<T>::Compute>(
-        math::dropout_mask(seed, offset + static_cast<uint64_t>(i), p)));
+        math::dropout_mask(seed, first + static_cast<uint64_t>(i), p)));
 }
 
 }  // namespace
@@ -60,15 +62,21 @@ void CudaBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double 
   });
 }
 
-void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) {
+void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base,
+                               uint64_t per_base) {
   require_cuda(mask, "dropout: mask");
+  if (base.defined()) {
+    require_cuda(base, "dropout: counter base");
+    if (base.dtype() != DType::i64 || base.numel() != 1) throw std::invalid_argument("dropout: the counter base must be one int64");
+  }
   const int64_t n = mask.numel();
   if (n == 0) return;
   Context& ctx = context();
+  const int64_t* b = base.defined() ? base.data<int64_t>() : nullptr;
   dispatch_float(mask.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    declare_launch_cost(0, n * static_cast<int64_t>(sizeof(T)), 10 * n);  // a counter-based draw an element
+    declare_launch_cost(b != nullptr ? 8 : 0, n * static_cast<int64_t>(sizeof(T)), 10 * n);  // a counter-based draw an element
     AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), dropout_mask_kernel<T>)(mask.data<T>(), n, seed,
-                                                                                              offset, p);
+                                                                                              offset, p, b, per_base);
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
