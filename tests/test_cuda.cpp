@@ -34,6 +34,7 @@
 #include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/gemm_layout.h"
+#include "runtime/kernels/cuda/host_staging.h"
 #include "runtime/kernels/cuda/multi_tensor_plan.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/core/tensor.h"
@@ -1394,6 +1395,54 @@ TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
     gpu().dropout_mask(gb, 9, 4, 0.3, base_g, 30);
     EXPECT_FALSE(matches(gb, c, 0)) << dtype_name(dt);
   }
+}
+
+// Host-to-device copies staged through pinned slots: the source may be overwritten as soon as the
+// call returns (the device gets the bytes of the call), slots are reused once their copies are done,
+// no copy waits for the device (a pageable copy, which may, counts as a host sync on the emulated
+// GPU), and a copy while the stream captures a graph is refused with a reason.
+TEST_F(CudaVsCpu, HostToDeviceCopiesGoThroughReusedPinnedSlots) {
+  cuda::HostStaging staging;
+  const cudaStream_t s = cuda::context().stream();
+  const std::optional<DeviceCounters> before = emulated_device_counters();
+  std::vector<Tensor> dst;
+  std::vector<float> src;
+  for (int i = 0; i < 6; ++i) {
+    const int64_t n = 1000 + 30000 * i;  // 4 KB to 600 KB: several slot sizes
+    src.assign(static_cast<size_t>(n), static_cast<float>(i + 1));
+    dst.push_back(empty({n}, DType::f32, kGPU));
+    staging.copy(dst.back().data_ptr(), src.data(), src.size() * sizeof(float), s);
+    std::fill(src.begin(), src.end(), -1.0f);  // reused at once by the caller
+  }
+  if (before) {
+    EXPECT_EQ(emulated_device_counters()->host_syncs, before->host_syncs) << "a staged copy waited for the device";
+  }
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<double> v = dst[static_cast<size_t>(i)].to_vector();
+    EXPECT_EQ(v.front(), i + 1);
+    EXPECT_EQ(v.back(), i + 1);
+  }
+  const size_t made = staging.slots();
+  EXPECT_LE(made, 6u);
+  for (int round = 0; round < 3; ++round)  // the copies above are done (read back): their slots serve again
+    for (int i = 0; i < 6; ++i) {
+      src.assign(static_cast<size_t>(1000 + 30000 * i), 7.0f);
+      staging.copy(dst[static_cast<size_t>(i)].data_ptr(), src.data(), src.size() * sizeof(float), s);
+      memory_for(kGPU).synchronize();
+    }
+  EXPECT_EQ(staging.slots(), made) << "done slots were not reused";
+  EXPECT_EQ(dst[5].to_vector()[5], 7.0);
+  if (before) {  // the emulated GPU counts what the driver may do with pageable memory
+    const int64_t syncs = emulated_device_counters()->host_syncs;
+    const float one = 1.0f;
+    ASSERT_EQ(cudaMemcpyAsync(dst[0].data_ptr(), &one, sizeof one, cudaMemcpyHostToDevice, s), cudaSuccess);
+    EXPECT_EQ(emulated_device_counters()->host_syncs, syncs + 1);
+  }
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_THROW(staging.copy(dst[0].data_ptr(), src.data(), 4, s), std::logic_error);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
 // The fused attention against causal attention written out here in double from the same inputs:

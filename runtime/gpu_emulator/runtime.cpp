@@ -617,6 +617,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes) && !dry_run() && !capturing(stream))
     std::memset(dst, 0xff, bytes);
   if (kind == cudaMemcpyDeviceToHost) count_d2h();
+  // From pageable memory, "the driver may synchronize with the stream and stage the copy into pinned
+  // memory" (CUDA's API synchronization behavior): counted as a host synchronisation, so that a
+  // training step's pageable uploads show (the runtime stages them through pinned memory).
+  if (kind == cudaMemcpyHostToDevice && !pinned) g_host_syncs.fetch_add(1, std::memory_order_relaxed);
   if (const cudaError_t err = enqueue(stream, std::move(op)); err != cudaSuccess) return result(err);
   if (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes))
     return cudaStreamSynchronize(stream);  // into pageable memory the host waits for the copy

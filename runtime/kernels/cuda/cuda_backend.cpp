@@ -9,6 +9,7 @@
 
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/host_staging.h"
 
 namespace amp::cuda {
 
@@ -29,11 +30,11 @@ size_t CudaBackend::peak_bytes() const { return context().allocator().peak_bytes
 size_t CudaBackend::current_bytes() const { return context().allocator().current_bytes(); }
 void CudaBackend::reset_peak_bytes() { context().allocator().reset_peak_bytes(); }
 
-// From pageable memory cudaMemcpyAsync returns once the source is staged, so the caller may reuse
-// src at once and the host never waits for the device here.
+// Through pinned slots (host_staging.h): the caller may reuse src at once, and the host never waits
+// for the device here (from pageable memory the driver may).
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  AMP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, context().stream()));
+  static HostStaging* staging = new HostStaging;  // never destroyed, like the context
+  staging->copy(dst, src, bytes, context().stream());
 }
 
 // The caller reads dst next, so this waits for the stream: the one synchronising copy.
