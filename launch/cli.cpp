@@ -354,8 +354,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it")
     ("cuda-graphs", po::value(&c.cuda_graphs)->default_value(c.cuda_graphs, "auto"),
      "auto|on|off: on a GPU, run 3 steps eagerly, then capture the step in a CUDA graph and replay it (the same "
-     "numbers, one launch a step). auto: where the step can be captured (not the multi-task model or --grad-penalty, "
-     "which say why); on: refuse to run where it cannot");
+     "numbers, one launch a step). auto: where the step can be captured (not the multi-task model, which says why); on: refuse to run where it cannot");
 
   po::options_description all("amp_train: data-parallel mixed-precision training\n\n"
                               "Usage: mpirun -np N amp_train [options]\n");

@@ -100,7 +100,6 @@ std::string Trainer::graph_blocker() const {
   if (!device_.is_cuda()) return "the device is the CPU (a CUDA graph is a GPU's)";
   if (multi_task())
     return "--model " + cfg_.model + " reads its m x m Gramian on the host every step (as TorchJD does)";
-  if (cfg_.grad_penalty > 0.0) return "--grad-penalty's double backward is not captured yet";
   return "";
 }
 
