@@ -7,6 +7,8 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -241,6 +243,44 @@ TEST_F(NcclTest, AStuckCollectiveBecomesACommErrorNamingRankOpAndContext) {
 }
 
 #if defined(AMP_CUDA_EMU)
+// A replayed graph whose collective a peer never joins is bounded like an eager collective: the
+// watchdog watches the launch (watch_graph_launch), aborts after the timeout, and the next call
+// throws a CommError naming the rank and the launch. (The emulated GPU only: the aborted graph's
+// collective then ends at once, so the stream stays usable for the tests after this one.)
+TEST_F(NcclTest, AReplayThatAPeerNeverJoinsBecomesACommError) {
+  if (comm_->size() < 2) GTEST_SKIP() << "a peer that never joins needs 2 ranks or more";
+  {
+    comm::NcclCommunicator c(MPI_COMM_WORLD, local_rank_);  // of its own: this test aborts it
+    c.set_timeout(2.0);
+    Tensor t = ones({16}, DType::f32, kGPU);
+    c.all_reduce(t, comm::ReduceOp::sum);  // every rank connected
+    if (c.rank() == 0) {
+      cuda::CudaGraph graph([&] { c.all_reduce_async(t, comm::ReduceOp::sum)->wait(); });
+      graph.replay();  // the other ranks never replay theirs
+      c.watch_graph_launch("step 9 (a CUDA graph's replay)");
+      std::string message;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      try {
+        while (std::chrono::steady_clock::now() < deadline) {
+          c.raise_if_failed();
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      } catch (const comm::CommError& e) {
+        message = e.what();
+      }
+      if (message.empty()) {  // nothing bounds the replay: this process would wait for it for ever
+        ADD_FAILURE() << "no CommError 30 s after a replay that a peer never joins (the launch is not watched)";
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      EXPECT_NE(message.find("rank 0"), std::string::npos) << message;
+      EXPECT_NE(message.find("step 9 (a CUDA graph's replay)"), std::string::npos) << message;
+      memory_for(kGPU).synchronize();  // the aborted collective has ended: the replay is done
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // A call that fails between ncclGroupStart and ncclGroupEnd must not leave the group open: NCCL
 // would defer every later call of this thread for ever. Only the emulated NCCL can make a call
 // fail on demand, and tell the group depth.

@@ -120,6 +120,7 @@ class Trainer {
   // CUDA graphs (--cuda-graphs): the step is captured once, after kGraphWarmupSteps eager steps (NCCL
   // connects, the allocator's cache and every lazily made buffer are ready), and replayed from then on.
   static constexpr int64_t kGraphWarmupSteps = 3;
+  static_assert(kGraphWarmupSteps >= 1, "the capture reads the micro-batch tensors an eager step made");
   std::string graph_blocker() const;  // why this run's step cannot be captured ("" when it can)
   bool use_graphs_ = false;
   std::unique_ptr<DeviceGraph> graph_;

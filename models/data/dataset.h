@@ -16,7 +16,9 @@ namespace amp::models {
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  // Rows [first, first + count) of the sample stream: x [count, in] and each target [count, out_t].
+  // Rows [first, first + count) of the sample stream: x [count, in] and each target [count, out_t],
+  // in tensors of their own (never views of the data): the caller may keep and overwrite them (the
+  // trainer's captured step copies each step's rows into the first step's).
   virtual Batch rows(int64_t first, int64_t count) = 0;
   // Makes rows [first, first + count) ready, so that rows() then only copies them.
   virtual void prepare(int64_t /*first*/, int64_t /*count*/) {}
