@@ -51,7 +51,7 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
                            "--dropout arg (=0.0)", "--eval-every", "--eval-batches", "--sample-tokens",
                            "--temperature arg (=0.8)", "--top-k arg (=200)", "--prompt", "--checkpoint-dir",
                            "--checkpoint-every", "--keep-checkpoints arg (=3)", "--resume", "--resume-from",
-                           "--attention arg (=auto)", "--allow-tf32", "--profile-step arg (=0)"})
+                           "--attention arg (=auto)", "--allow-tf32", "--profile-step arg (=0)", "--cuda-graphs arg (=auto)"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -85,7 +85,9 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--beta1 1", "--beta1"},              {"--beta2 -0.1", "--beta2"},
       {"--decay-steps -1", "--decay-steps"},
       {"--lr-schedule cosine --warmup-steps 2", "--warmup-steps"},
-      {"--profile-step 3", "--profile-step"}, {"--profile-step -1", "--profile-step"}};
+      {"--profile-step 3", "--profile-step"}, {"--profile-step -1", "--profile-step"},
+      {"--cuda-graphs sometimes", "'--cuda-graphs'"},
+      {"--cuda-graphs on --device cpu", "--cuda-graphs on: the step cannot be captured: the device is the CPU"}};
   for (const auto& [args, needle] : bad) {
     const RunResult r = run(args + kSmall);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
