@@ -135,6 +135,12 @@ struct NcclCommunicator::State {
   void watch() {
     // Event queries need this thread bound to the communicator's device.
     if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+    // The relaxed capture mode for this thread: a CUDA graph captured on the compute stream (global
+    // mode: the trainer's step) forbids other threads' event queries, even of events recorded before
+    // the capture, and a poll would invalidate the capture (pytorch/pytorch#104487). This thread
+    // queries only events recorded outside captures, which is safe.
+    cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&relaxed) != cudaSuccess) (void)cudaGetLastError();
     std::unique_lock<std::mutex> lock(mutex);
     Clock::time_point reported{};
     while (!stop) {

@@ -1432,6 +1432,13 @@ TEST_F(CudaVsCpu, HostToDeviceCopiesGoThroughReusedPinnedSlots) {
     }
   EXPECT_EQ(staging.slots(), made) << "done slots were not reused";
   EXPECT_EQ(dst[5].to_vector()[5], 7.0);
+  // A copy above kMaxStagedBytes goes directly: no slot of its size is pinned for the rest of the run.
+  const int64_t big = static_cast<int64_t>(cuda::HostStaging::kMaxStagedBytes / sizeof(float)) + 1;
+  std::vector<float> large(static_cast<size_t>(big), 3.0f);
+  Tensor large_dst = empty({big}, DType::f32, kGPU);
+  staging.copy(large_dst.data_ptr(), large.data(), large.size() * sizeof(float), s);
+  EXPECT_EQ(staging.slots(), made);
+  EXPECT_EQ(large_dst.to_vector()[static_cast<size_t>(big - 1)], 3.0);
   if (before) {  // the emulated GPU counts what the driver may do with pageable memory
     const int64_t syncs = emulated_device_counters()->host_syncs;
     const float one = 1.0f;

@@ -159,6 +159,43 @@ TEST_F(NcclTest, ACapturedAllReduceReplaysAsItsEagerRuns) {
   EXPECT_EQ(after.to_vector()[0], comm_->size());
 }
 
+// The watchdog polls the events of the collectives in flight every 100 ms from its own thread. A
+// global-mode capture on the main thread (the trainer's step, whose eager predecessor's collectives
+// may still run) forbids other threads' event queries, and one would invalidate it
+// (pytorch/pytorch#104487): the watchdog's thread runs in the relaxed mode. Here rank 0 captures
+// for 400 ms while its all-reduce waits for rank 1, which joins 800 ms late.
+TEST_F(NcclTest, TheWatchdogsPollsDoNotBreakACaptureOnTheMainThread) {
+  if (comm_->size() < 2) GTEST_SKIP() << "an all-reduce kept in flight needs a late peer: 2 ranks or more";
+  {
+    comm::NcclCommunicator c(MPI_COMM_WORLD, local_rank_);  // of its own: a failure here aborts it
+    c.set_timeout(5.0);
+    Tensor t = ones({16}, DType::f32, kGPU);
+    c.all_reduce(t, comm::ReduceOp::sum);  // connected
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    try {
+      auto work = c.all_reduce_async(t, comm::ReduceOp::sum);
+      if (c.rank() == 0) {
+        Tensor x = ones({8}, DType::f32, kGPU);
+        EXPECT_NO_THROW({
+          cuda::CudaGraph graph([&] {
+            backend_for(kGPU).unary(UnaryOp::mul_scalar, x, x, 2.0);
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the watchdog polls meanwhile
+          });
+          graph.replay();
+        });
+        EXPECT_EQ(x.to_vector()[7], 2.0);
+      }
+      work->wait();
+      c.raise_if_failed();
+      const int n = c.size();
+      EXPECT_EQ(t.to_vector()[0], static_cast<double>(n) * n);
+    } catch (const comm::CommError& e) {
+      ADD_FAILURE() << "rank " << c.rank() << ": " << e.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(NcclTest, AllReduceIsOrderedAgainstTheComputeStream) {
   Backend& gpu = backend_for(kGPU);
   const int n = comm_->size();

@@ -10,7 +10,7 @@
 // capture (cudaErrorCapturedEvent), waiting on an event recorded outside the capture
 // (cudaErrorStreamCaptureIsolation), the legacy stream while a blocking stream captures
 // (cudaErrorStreamCaptureImplicit), and the potentially unsafe calls (cudaMalloc, cudaFree, the
-// synchronous copies and cudaDeviceSynchronize) from a thread that the captures' modes forbid them
+// synchronous copies, cudaDeviceSynchronize and cudaEventQuery) from a thread that the captures' modes forbid them
 // (cudaStreamCaptureModeGlobal: every thread while a global capture runs; ThreadLocal: the capturing
 // thread; Relaxed: none; cudaThreadExchangeStreamCaptureMode sets a thread's own mode).
 #pragma once

@@ -788,6 +788,9 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (const cudaError_t err = capture_check_event_use(ev); err != cudaSuccess) return set_last_error(err);
+  // A potentially unsafe call under a capture's mode, as on a GPU: another thread's query during a
+  // global-mode capture invalidates it (the NCCL watchdog's polls, pytorch/pytorch#104487).
+  if (const cudaError_t err = capture_check_unsafe(); err != cudaSuccess) return set_last_error(err);
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.m);
   Event* event = live_event(ev);

@@ -27,6 +27,10 @@ void HostStaging::copy(void* dst, const void* src, size_t bytes, cudaStream_t s)
   if (capture != cudaStreamCaptureStatusNone)
     throw std::logic_error("a host-to-device copy while the stream captures a CUDA graph: every replay would copy "
                            "the staging memory again, not this data (stage the step's inputs before the capture)");
+  if (bytes > kMaxStagedBytes) {
+    AMP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   Slot* slot = nullptr;
   for (Slot& c : slots_)

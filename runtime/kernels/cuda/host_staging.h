@@ -3,7 +3,9 @@
 // which would stall a step that issues its next micro-batch's data while the device still runs the
 // last one. So the bytes are first copied into a pinned slot on the host, then sent with
 // cudaMemcpyAsync, and the slot is reused once its copy's event has completed (polled, never
-// waited for); a copy that finds no free slot large enough gets a new one.
+// waited for); a copy that finds no free slot large enough gets a new one. A copy larger than
+// kMaxStagedBytes (a data file's tensors, a checkpoint's, moved once before training) goes directly
+// from its pageable source instead: pinning that much for the rest of the run would cost more.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -27,6 +29,7 @@ class HostStaging {
   // stream s. Throws std::logic_error while s captures a CUDA graph: a replay would copy the slot's
   // later contents, not src's.
   void copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
+  static constexpr size_t kMaxStagedBytes = size_t{16} << 20;
 
   size_t slots() const;  // pinned slots made so far (for tests)
 
