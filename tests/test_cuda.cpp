@@ -1394,6 +1394,39 @@ TEST_F(CudaVsCpu, DropoutMaskUsesTheSameCounterStream) {
     fill_(base_g, 42.0);
     gpu().dropout_mask(gb, 9, 4, 0.3, base_g, 30);
     EXPECT_FALSE(matches(gb, c, 0)) << dtype_name(dt);
+    // A base that is not one int64 on the mask's device is refused, naming it.
+    for (Backend* be : {&cpu(), &gpu()}) {
+      Tensor& m = be == &cpu() ? cb : gb;
+      const Device d = m.device(), other = be == &cpu() ? kGPU : kCPU;
+      for (const Tensor& bad : {full({1}, 41.0, DType::f32, d), from_int64({41, 42}, {2}, d), from_int64({41}, {1}, other)}) {
+        try {
+          be->dropout_mask(m, 9, 4, 0.3, bad, 30);
+          ADD_FAILURE() << "a bad counter base was taken on " << d.str();
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("dropout: the counter base"), std::string::npos) << e.what();
+        }
+      }
+    }
+  }
+}
+
+// An optimizer step's lr tensor that is not one float64 beside the parameters is refused, on both
+// backends, naming it (the optimizers always pass their own lr_tensor).
+TEST_F(CudaVsCpu, AnOptimizerStepRefusesABadLrTensor) {
+  for (Backend* be : {&cpu(), &gpu()}) {
+    const Device d = be == &cpu() ? kCPU : kGPU;
+    const Device other = be == &cpu() ? kGPU : kCPU;
+    Tensor p = ones({8}, DType::f32, d), g = ones({8}, DType::f32, d), step = zeros({1}, DType::f32, d);
+    const SgdHyper h{0.1, 0.0, 0.0, 0.0, false, false};
+    for (const Tensor& bad : {full({1}, 0.1, DType::f32, d), full({2}, 0.1, DType::f64, d), full({1}, 0.1, DType::f64, other)}) {
+      try {
+        be->sgd_step({p}, {g}, {}, step, h, Tensor(), Tensor(), {}, bad);
+        ADD_FAILURE() << "a bad lr was taken on " << d.str();
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("optimizer step: lr"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(p.to_vector()[0], 1.0) << "a refused step moved the parameters";
   }
 }
 

@@ -79,6 +79,14 @@ DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::v
   return dt;
 }
 
+void require_device_scalar(const Tensor& t, DType dtype, Device device, const char* what) {
+  if (!t.defined() || t.dtype() != dtype || t.numel() != 1 || t.device() != device)
+    throw std::invalid_argument(std::string(what) + ": expected one " + dtype_name(dtype) + " on " + device.str() +
+                                ", got " + (t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " +
+                                                              t.device().str()
+                                                        : std::string("an undefined tensor")));
+}
+
 Backend& backend_for(Device d) {
   if (d.is_cpu()) return cpu_backend();
   Backend* b = registry()[static_cast<size_t>(d.type)];

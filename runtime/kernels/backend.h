@@ -149,6 +149,9 @@ class Backend {
 // are none; throws std::invalid_argument unless they are one per parameter, of one dtype, each with
 // its parameter's element count and device.
 DType low_precision_copies_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& copies);
+// A kernel's device-side scalar (an optimizer step's lr, dropout's counter base): throws
+// std::invalid_argument naming `what` unless t is one element of dtype on device.
+void require_device_scalar(const Tensor& t, DType dtype, Device device, const char* what);
 Backend& backend_for(Device d);
 void register_backend(DeviceType t, Backend* b);  // called by a backend's static registrar
 bool backend_available(DeviceType t);

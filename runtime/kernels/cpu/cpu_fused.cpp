@@ -24,9 +24,7 @@ bool skip_requested(const Tensor& found_inf) { return found_inf.defined() && fou
 template <class Hyper>
 Hyper with_lr(Hyper h, const Tensor& lr) {
   if (!lr.defined()) return h;
-  if (lr.dtype() != DType::f64 || lr.numel() != 1)
-    throw std::invalid_argument("optimizer step: lr must be a 1-element float64 tensor, got " + shape_str(lr.shape()) +
-                                " " + dtype_name(lr.dtype()));
+  require_device_scalar(lr, DType::f64, kCPU, "optimizer step: lr");
   h.lr = lr.data<double>()[0];
   return h;
 }

@@ -46,8 +46,7 @@ void CpuBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double m
 void CpuBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base,
                               uint64_t per_base) {
   if (base.defined()) {
-    if (!base.device().is_cpu() || base.dtype() != DType::i64 || base.numel() != 1)
-      throw std::invalid_argument("dropout: the counter base must be one int64 on the CPU");
+    require_device_scalar(base, DType::i64, kCPU, "dropout: the counter base");
     offset += static_cast<uint64_t>(base.data<int64_t>()[0]) * per_base;
   }
   cpu::dispatch_float(mask.dtype(), [&](auto T_tag) { using T = decltype(T_tag);

@@ -142,12 +142,10 @@ const float* optional_flag(const Tensor& found_inf) {
 }
 
 // A defined lr: 1-element f64 on the device (the optimizer step reads it when it runs).
-const double* optional_lr(const Tensor& lr) {
+const double* optional_lr(const Tensor& lr, const std::vector<Tensor>& params) {
   if (!lr.defined()) return nullptr;
   require_cuda(lr, "optimizer step: lr");
-  if (lr.dtype() != DType::f64 || lr.numel() != 1)
-    throw std::invalid_argument("optimizer step: lr must be a 1-element float64 tensor, got " + shape_str(lr.shape()) +
-                                " " + dtype_name(lr.dtype()));
+  require_device_scalar(lr, DType::f64, params.empty() ? lr.device() : params[0].device(), "optimizer step: lr");
   return lr.data<double>();
 }
 
@@ -235,7 +233,7 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
                            const Tensor& lr) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
-  const double* lr_at = optional_lr(lr);
+  const double* lr_at = optional_lr(lr, params);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists2 = std::array<const std::vector<Tensor>*, 2>;
   using Lists3 = std::array<const std::vector<Tensor>*, 3>;
@@ -261,7 +259,7 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
                             const Tensor& lr) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
-  const double* lr_at = optional_lr(lr);
+  const double* lr_at = optional_lr(lr, params);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists4 = std::array<const std::vector<Tensor>*, 4>;
   using Lists5 = std::array<const std::vector<Tensor>*, 5>;

@@ -12,19 +12,21 @@
 
 #include <functional>
 
+#include "runtime/kernels/cuda/cuda_support.h"
+
 namespace amp::cuda {
 
-class CudaGraph {
+class CudaGraph final : public DeviceGraph {
  public:
   // Captures work() from the compute stream. Throws std::runtime_error naming the CUDA error when the
   // work does something a capture forbids; nothing is left capturing then.
   explicit CudaGraph(const std::function<void()>& work);
-  ~CudaGraph();
+  ~CudaGraph() override;
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
   // Enqueues one replay on the compute stream, ordered after the work issued before it.
-  void replay();
+  void replay() override;
 
  private:
   cudaGraph_t graph_ = nullptr;

@@ -65,10 +65,7 @@ void CudaBackend::fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double 
 void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base,
                                uint64_t per_base) {
   require_cuda(mask, "dropout: mask");
-  if (base.defined()) {
-    require_cuda(base, "dropout: counter base");
-    if (base.dtype() != DType::i64 || base.numel() != 1) throw std::invalid_argument("dropout: the counter base must be one int64");
-  }
+  if (base.defined()) require_device_scalar(base, DType::i64, mask.device(), "dropout: the counter base");
   const int64_t n = mask.numel();
   if (n == 0) return;
   Context& ctx = context();

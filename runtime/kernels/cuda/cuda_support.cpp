@@ -75,19 +75,8 @@ void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t pe
 
 void cuda_set_allow_tf32(bool on) { cuda::context().set_allow_tf32(on); }
 
-namespace {
-class CapturedGraph final : public DeviceGraph {
- public:
-  explicit CapturedGraph(const std::function<void()>& work) : graph_(work) {}
-  void replay() override { graph_.replay(); }
-
- private:
-  cuda::CudaGraph graph_;
-};
-}  // namespace
-
 std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>& work) {
-  return std::make_unique<CapturedGraph>(work);
+  return std::make_unique<cuda::CudaGraph>(work);
 }
 
 void cuda_profiler_start() { AMP_CUDA_CHECK(cudaProfilerStart()); }
