@@ -3,8 +3,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 
 namespace amp::comm {
 
@@ -12,6 +16,36 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"})
     if (std::getenv(v) != nullptr) return true;
   return false;
+}
+
+namespace {
+
+int count_from_environment(const char* name, const char* value) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || errno != 0 || v < 0 || v > (1 << 20))
+    throw std::invalid_argument(std::string("the launcher's ") + name + "='" + value + "' is not a count");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::optional<NodePlace> node_place_from_launcher() {
+  if (!launched_by_mpi()) return std::nullopt;
+  const std::pair<const char*, const char*> pairs[] = {{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                                                       {"MPI_LOCALRANKID", "MPI_LOCALNRANKS"}};
+  for (const auto& [rank_var, size_var] : pairs) {
+    const char* r = std::getenv(rank_var);
+    const char* n = std::getenv(size_var);
+    if (r == nullptr || n == nullptr) continue;
+    NodePlace p{count_from_environment(rank_var, r), count_from_environment(size_var, n), rank_var};
+    if (p.local_rank >= p.local_size)
+      throw std::invalid_argument(std::string("the launcher's ") + rank_var + "=" + r + " is not below " + size_var +
+                                  "=" + n);
+    return p;
+  }
+  return std::nullopt;
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {

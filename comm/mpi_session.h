@@ -3,6 +3,9 @@
 // A process not started by a launcher (mpirun, srun) skips MPI altogether: it is a single rank.
 #pragma once
 
+#include <optional>
+#include <string>
+
 namespace amp::comm {
 
 class MpiSession {
@@ -23,6 +26,16 @@ class MpiSession {
 
 // Whether a launcher started this process (Open MPI, MPICH/Hydra, PMIx or Slurm variables are set).
 bool launched_by_mpi();
+
+// Where the launcher placed this process on its node, from its environment, before MPI_Init: Open
+// MPI's OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE, or MPICH's (Hydra) MPI_LOCALRANKID
+// and MPI_LOCALNRANKS. nullopt when the process was not launched by MPI or no pair is set; a value
+// that is not a count (or a rank outside [0, size)) throws std::invalid_argument naming the variable.
+struct NodePlace {
+  int local_rank = 0, local_size = 1;
+  std::string source;  // the rank's variable, to name in messages
+};
+std::optional<NodePlace> node_place_from_launcher();
 
 // Threads per rank so that the ranks of one node share its cores without oversubscribing.
 int default_threads_per_rank(int local_ranks);

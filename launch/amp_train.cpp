@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -120,7 +122,8 @@ struct DebugStall {
   }
 };
 
-int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, std::unique_ptr<comm::Communicator>& host_comm,
+int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, const std::string& gpu_chosen_from,
+                        std::unique_ptr<comm::Communicator>& host_comm,
                         std::unique_ptr<comm::Communicator>& device_comm, std::unique_ptr<launch::Trainer>& trainer) {
   const bool rank0 = mpi.rank() == 0;
   if (mpi.active() && mpi.size() > 1) host_comm = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
@@ -200,8 +203,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
     if (!device.is_cuda() && cfg.allow_tf32) std::printf("notice: --allow-tf32 has no effect on the CPU\n");
     if (!device.is_cuda() && cfg.profile_step > 0) std::printf("notice: --profile-step has no effect on the CPU\n");
     const std::string model = trainer->spec().describe(cfg.data);
-    std::printf("amp_train: %d rank(s), %s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s%s\n",
-                mpi.size(), device.str().c_str(), model.c_str(),
+    const std::string gpus = !device.is_cuda() || mpi.size() == 1 ? ""
+                             : gpu_chosen_from.empty() ? " (each rank's GPU: its node-local rank's, after MPI_Init)"
+                                                       : " (each rank's GPU: " + gpu_chosen_from + "'s, before MPI_Init)";
+    std::printf("amp_train: %d rank(s), %s%s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s%s\n",
+                mpi.size(), device.str().c_str(), gpus.c_str(), model.c_str(),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
@@ -230,13 +236,39 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, s
   return 0;
 }
 
+// Before MPI_Init and any other CUDA call, a rank that will train on a GPU makes current the GPU of its
+// node-local rank, as the launcher's environment gives it: an MPI library that touches CUDA in MPI_Init
+// (a CUDA-aware Open MPI) then creates each rank's context on its own GPU instead of all on GPU 0.
+// cuda_init checks after MPI_Init that MPI places the rank at the same node-local rank. The flags are
+// parsed here only to learn --device; they are parsed again after MPI_Init, which reports any error.
+// Returns the variable the GPU was chosen from, or "" when none was chosen here.
+std::string select_gpu_before_mpi(int argc, char** argv) {
+  if (!cuda_built()) return "";
+  const launch::CliResult early = launch::parse_cli(argc, argv, std::numeric_limits<int>::max());
+  if (!early.config || early.config->device == launch::DeviceKind::cpu) return "";
+  std::optional<comm::NodePlace> place;
+  try {
+    place = comm::node_place_from_launcher();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "amp_train: warning: %s: the GPU is chosen after MPI_Init\n", e.what());
+    return "";
+  }
+  try {
+    if (place && cuda_select_device_before_mpi(place->local_rank, place->local_size)) return place->source;
+  } catch (const std::exception& e) {  // the device exists but cannot be made current: the job cannot run
+    std::fprintf(stderr, "amp_train: error: selecting GPU %d before MPI_Init: %s\n", place->local_rank, e.what());
+    std::exit(1);
+  }
+  return "";
+}
+
 // The communicators and the trainer outlive the handler: a rank that fails alone must not run their
 // destructors (some are collective: freeing a shared window waits for peers that may never come).
-int train(comm::MpiSession& mpi, const launch::TrainConfig& cfg) {
+int train(comm::MpiSession& mpi, const launch::TrainConfig& cfg, const std::string& gpu_chosen_from) {
   std::unique_ptr<comm::Communicator> host_comm, device_comm;
   std::unique_ptr<launch::Trainer> trainer;
   try {
-    return train_on_every_rank(mpi, cfg, host_comm, device_comm, trainer);
+    return train_on_every_rank(mpi, cfg, gpu_chosen_from, host_comm, device_comm, trainer);
   } catch (const launch::JobError&) {
     throw;  // every rank is here: the collective destructors meet
   } catch (const std::exception& e) {
@@ -252,6 +284,7 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which each output reports naming
   // its file, instead of SIGXFSZ killing the process (and the outputs not yet written).
   std::signal(SIGXFSZ, SIG_IGN);
+  const std::string gpu_chosen_from = select_gpu_before_mpi(argc, argv);
   comm::MpiSession mpi(&argc, &argv);
   const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
   if (!cli.config) {
@@ -259,7 +292,7 @@ int main(int argc, char** argv) {
     return cli.exit_code;
   }
   try {
-    return train(mpi, *cli.config);
+    return train(mpi, *cli.config, gpu_chosen_from);
   } catch (const launch::JobError& e) {  // met by every rank at the same point: reported once, a clean end
     if (mpi.rank() == 0) std::fprintf(stderr, "amp_train: error: %s\n", e.what());
     return 1;

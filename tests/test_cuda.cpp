@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
@@ -76,6 +77,36 @@ TEST(CudaHost, SeamReportsAClearReasonOrInitialises) {
   // Nothing was registered, and using the device says so instead of crashing.
   EXPECT_FALSE(backend_available(DeviceType::cuda));
   EXPECT_THROW(backend_for(kGPU), std::runtime_error);
+}
+
+// A GPU selected before MPI_Init (amp_train, from the launcher's node-local rank) is the only one
+// cuda_init then accepts: a launcher and an MPI that disagree on the node's ranks are refused with
+// both figures, not run on two GPUs. In a child process (the context is one per process).
+TEST(CudaHost, ADeviceSelectedBeforeMpiInitMustBeTheOneCudaInitIsGiven) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "needs 2 devices";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (cuda_select_device_before_mpi(0, count + 1)) std::_Exit(3);  // more ranks than GPUs: nothing selected
+        if (!cuda_select_device_before_mpi(1, 2)) std::_Exit(4);
+        int current = -1;
+        if (cudaGetDevice(&current) != cudaSuccess || current != 1) std::_Exit(5);
+        try {
+          cuda_init(0, 2);
+          std::_Exit(6);
+        } catch (const std::runtime_error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+        }
+        cuda_init(1, 2);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "GPU 1 was selected before MPI_Init from the launcher's node-local rank, but MPI places this process at "
+      "node-local rank 0 of 2");
 }
 
 TEST(CudaHost, MultiTensorPlanCoversEveryChunkOnceWithinLimits) {

@@ -6,10 +6,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mpi.h>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_session.h"
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
 #include "launch/training/trainer.h"
@@ -87,6 +91,51 @@ void expect_micro_batches_equal_one(TrainConfig k, int64_t K) {
   const auto ra = train(k, world(), &ma, &ta);
   const auto rb = train(one, world(), &mb, &tb);
   expect_same_training(ra, *ma, rb, *mb, 2e-5);
+}
+
+// The node-local rank a launcher's environment gives before MPI_Init (amp_train selects its GPU from
+// it): Open MPI's pair first, MPICH's otherwise, nothing without a launcher, and a value that is not a
+// count (or a rank not below the node's size) refused naming the variable.
+TEST(NodePlace, ReadFromTheLaunchersEnvironment) {
+  const char* names[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  auto place = [] { return comm::node_place_from_launcher(); };
+  EXPECT_FALSE(place().has_value());  // not launched by MPI
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_FALSE(place().has_value());  // launched, but no node-local pair
+  setenv("MPI_LOCALRANKID", "2", 1);
+  setenv("MPI_LOCALNRANKS", "3", 1);
+  ASSERT_TRUE(place().has_value());
+  EXPECT_EQ(place()->local_rank, 2);
+  EXPECT_EQ(place()->local_size, 3);
+  EXPECT_EQ(place()->source, "MPI_LOCALRANKID");
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  EXPECT_EQ(place()->local_rank, 1);
+  EXPECT_EQ(place()->local_size, 2);
+  EXPECT_EQ(place()->source, "OMPI_COMM_WORLD_LOCAL_RANK");
+  for (const char* bad : {"", "x", "1x", "-1", "99999999999999999999"}) {
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", bad, 1);
+    try {
+      place();
+      ADD_FAILURE() << "accepted OMPI_COMM_WORLD_LOCAL_RANK='" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_RANK='" + std::string(bad) + "' is not a count"),
+                std::string::npos) << e.what();
+    }
+  }
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);
+  EXPECT_THROW(place(), std::invalid_argument);  // not below OMPI_COMM_WORLD_LOCAL_SIZE=2
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) setenv(names[i], saved[i]->c_str(), 1);
+    else unsetenv(names[i]);
+  }
 }
 
 TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {

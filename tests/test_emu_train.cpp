@@ -331,6 +331,21 @@ TEST(EmulatedTraining, MoreRanksThanGpusAreRefused) {
   EXPECT_NE(out.find("start at most 1 rank(s) per node"), std::string::npos) << out;
 }
 
+// Each rank makes its GPU current before MPI_Init, from the launcher's node-local rank (a CUDA-aware
+// MPI would otherwise create every rank's context on GPU 0), and cuda_init, after MPI_Init, accepts it
+// only where MPI places the rank at the same node-local rank (test_cuda shows a disagreement refused).
+TEST(EmulatedTraining, EachRanksGpuIsChosenBeforeMpiInit) {
+  if (!kEmulated) GTEST_SKIP() << "the emulated GPU's device count is set by AMP_EMU_DEVICES";
+  int status = 0;
+  const std::string out = cli::capture(
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun -np 2 --oversubscribe -x AMP_EMU_DEVICES " + amp_train_bin() +
+          " --device cuda --threads 1 --steps 2 --width 16 --layers 2 --batch-size 4 --comm-timeout 20 2>&1",
+      &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("each rank's GPU: OMPI_COMM_WORLD_LOCAL_RANK's, before MPI_Init"), std::string::npos) << out;
+}
+
 // Without dropout the GPU takes the fused attention (scores in fp32, never stored) while the CPU
 // keeps the composite (scores rounded to fp16 before the softmax): the same training within fp16's
 // rounding.

@@ -23,6 +23,8 @@ std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>&) 
   throw std::runtime_error("CUDA graphs: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
 }
 
+bool cuda_select_device_before_mpi(int, int) { return false; }
+
 void cuda_init(int, int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
 }

@@ -88,10 +88,29 @@ void cuda_profiler_stop() {
 
 bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
 
+namespace {
+int g_selected_before_mpi = -1;  // the device cuda_select_device_before_mpi made current, or -1
+}  // namespace
+
+bool cuda_select_device_before_mpi(int local_rank, int local_size) {
+  if (local_rank < 0 || local_rank >= local_size || device_count(nullptr) < local_size) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  AMP_CUDA_CHECK(cudaSetDevice(local_rank));
+  g_selected_before_mpi = local_rank;
+  return true;
+}
+
 void cuda_init(int local_rank, int local_size) {
   if (local_rank < 0 || local_rank >= local_size)
     throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " of " +
                                 std::to_string(local_size));
+  if (g_selected_before_mpi >= 0 && g_selected_before_mpi != local_rank)
+    throw std::runtime_error("GPU " + std::to_string(g_selected_before_mpi) +
+                             " was selected before MPI_Init from the launcher's node-local rank, but MPI places this "
+                             "process at node-local rank " + std::to_string(local_rank) + " of " +
+                             std::to_string(local_size) + ": the launcher and MPI disagree on the node's ranks");
   std::string reason;
   const int count = device_count(&reason);
   if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);

@@ -17,6 +17,12 @@ bool cuda_usable(std::string* reason);
 // Throws std::runtime_error with a clear message when CUDA is not usable or the node's visible GPUs
 // are fewer than its ranks.
 void cuda_init(int local_rank, int local_size = 1);
+// Before MPI_Init: makes GPU local_rank this process's current device, so that an MPI library that
+// touches CUDA in MPI_Init (a CUDA-aware one) creates its context there, not every rank's on GPU 0.
+// Returns false and selects nothing when CUDA is not built or fewer than local_size GPUs are visible
+// (cuda_init reports that). cuda_init then refuses any other device (the launcher's node-local rank
+// and MPI's must agree). Throws std::runtime_error when the device cannot be made current.
+bool cuda_select_device_before_mpi(int local_rank, int local_size);
 
 // What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
 // (a GEMM and a collective count one each), host synchronisations (calls that made the host wait
