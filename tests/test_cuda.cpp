@@ -567,10 +567,48 @@ TEST_F(CudaVsCpu, LinearWithAndWithoutBias) {
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor x = random_cpu({32, 100}, dt, 71), w = random_cpu({50, 100}, dt, 72), b = random_cpu({50}, dt, 73);
     for (bool bias : {false, true}) {
-      // The op, which composes broadcast_to and gemm(beta = 1) on each backend.
+      // The op: on the CPU broadcast_to and gemm(beta = 1), on the GPU one cuBLASLt matmul with a bias epilogue.
       const Tensor c = amp::linear(x, w, bias ? b : Tensor());
       const Tensor g = amp::linear(x.to(kGPU), w.to(kGPU), bias ? b.to(kGPU) : Tensor());
       EXPECT_TRUE(matches(g, c, dt == DType::f32 ? 1e-6 : 8e-3)) << dtype_name(dt) << " bias " << bias;
+    }
+  }
+}
+
+// The CUDA backend's linear layer is one cuBLASLt matmul with the bias in its epilogue (no broadcast
+// of the bias into y, no beta = 1 read of it): the same numbers as the composite it replaces
+// (Backend::linear_forward: broadcast, then cublasGemmEx with beta = 1), bit for bit on the emulated
+// GPU, whose arithmetic is one rounding of the fp32 sum plus bias in both (on a GPU they are different
+// kernels: within rounding). Odd shapes; a bias that is not 16-byte aligned takes the composite.
+TEST_F(CudaVsCpu, LinearBiasInTheGemmsEpilogueEqualsTheComposite) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    for (const auto& [r, in, o] : {std::tuple<int64_t, int64_t, int64_t>{37, 19, 23}, {130, 70, 9}, {1, 3, 300}}) {
+      const Tensor x = random_cpu({r, in}, dt, 91).to(kGPU), w = random_cpu({o, in}, dt, 92).to(kGPU);
+      const Tensor b = random_cpu({o}, dt, 93).to(kGPU);
+      Tensor composite = empty({r, o}, dt, kGPU), fused = empty({r, o}, dt, kGPU);
+      gpu().Backend::linear_forward(x, w, b, composite);
+      const int64_t before = launches();
+      gpu().linear_forward(x, w, b, fused);
+      if (emulated_device_counters()) {
+        EXPECT_EQ(launches() - before, 1) << "one cuBLASLt matmul";
+        EXPECT_TRUE(test::bitwise_equal(fused.to(kCPU), composite.to(kCPU))) << dtype_name(dt) << " " << r << "x" << in << "x" << o;
+      } else {
+        EXPECT_TRUE(matches(fused, composite, dt == DType::f32 ? 1e-6 : 8e-3));
+      }
+      const Tensor c = amp::linear(x.to(kCPU), w.to(kCPU), b.to(kCPU));
+      EXPECT_TRUE(matches(fused, c, dt == DType::f32 ? 1e-5 : 2e-2)) << dtype_name(dt);
+      // A bias 2 or 4 bytes into its allocation: the composite, the same numbers.
+      Tensor shifted = empty({o + 1}, dt, kGPU);
+      Tensor b1 = shifted.view(1, {o});
+      copy_(b1, b);
+      Tensor y1 = empty({r, o}, dt, kGPU);
+      const int64_t before1 = launches();
+      gpu().linear_forward(x, w, b1, y1);
+      if (emulated_device_counters()) {
+        EXPECT_GT(launches() - before1, 1) << "the composite";
+      }
+      EXPECT_TRUE(test::bitwise_equal(y1.to(kCPU), composite.to(kCPU))) << dtype_name(dt);
     }
   }
 }

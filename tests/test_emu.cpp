@@ -4,6 +4,7 @@
 //
 // Each fault test checks the message, then clears the sticky fault (a real device would need a new
 // process) so that the next test starts clean.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -309,6 +310,83 @@ TEST_F(Emu, AMisalignedSixteenByteLoadIsAFault) {
   AMP_LAUNCH(1, 1, 0, nullptr, load_quad_at)(p + 1, out);
   const std::string f = fault_after_sync();
   EXPECT_NE(f.find("load_quad: the address is not 16-byte aligned"), std::string::npos) << f;
+}
+
+// cuBLASLt as the CUDA backend's linear layer calls it (bias epilogue), and what it refuses: the
+// heuristic offers no algorithm for a bias type other than D's or an epilogue the emulator lacks; an
+// algorithm chosen for 16-byte aligned operands refuses a 2-byte aligned one (a GPU may fault or read
+// the wrong elements); a bias outside device memory is refused.
+TEST_F(Emu, CublasLtRunsTheBiasEpilogueAndRefusesWhatItWouldNotRun) {
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  const int m = 8, n = 4, k = 16;
+  float* a = device<float>(m * k + 4);
+  float* b = device<float>(k * n + 4);
+  float* d = device<float>(m * n + 4);
+  float* bias = device<float>(m);
+  std::vector<float> ha(m * k + 4), hb(k * n + 4), hbias(m);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = static_cast<float>(i % 5) - 2.0f;
+  for (size_t i = 0; i < hb.size(); ++i) hb[i] = static_cast<float>(i % 3) - 1.0f;
+  for (int i = 0; i < m; ++i) hbias[i] = 100.0f * static_cast<float>(i);
+  ASSERT_EQ(cudaMemcpy(a, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(bias, hbias.data(), hbias.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const void* bias_ptr = bias;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  const uint32_t sixteen = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, attr, &sixteen, sizeof(sixteen)), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r{};
+  int found = 0;
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &r, &found), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found, 1);
+  const float alpha = 1.0f, beta = 0.0f;
+  ASSERT_EQ(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> got = host(d, m * n);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float want = 0;
+      for (int p = 0; p < k; ++p) want += ha[i + p * m] * hb[p + j * k];
+      EXPECT_EQ(got[i + j * m], want + hbias[i]) << i << "," << j;
+    }
+  // A one float (4 bytes) into its allocation: less aligned than the algorithm was chosen for.
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a + 1, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  float on_host[m] = {};
+  const void* host_bias = on_host;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias, sizeof(host_bias)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);
+  const int32_t half_bias = CUDA_R_16BF;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &half_bias, sizeof(half_bias)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &r, &found), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(found, 0);
+  epilogue = 2;  // CUBLASLT_EPILOGUE_RELU: not emulated
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &r, &found), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(la), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(lb), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(ld), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulDescDestroy(op), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtDestroy(lt), CUBLAS_STATUS_SUCCESS);
 }
 
 TEST_F(Emu, AShuffleWaitingForLanesThatLeftIsAFault) {

@@ -2,6 +2,7 @@
 // stream, a workspace and a math mode; cublasGemmEx validates at call time, reads alpha and beta
 // from the host, and enqueues the GEMM as one operation on the handle's stream.
 #include "cublas_v2.h"
+#include "cublasLt.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "device.h"
@@ -114,6 +116,8 @@ struct Gemm {
   double alpha, beta;  // exact copies of the float or double scalars
   bool fp64, split_k;
   bool tf32 = false;  // fp32 inputs rounded to TF32 first (CUBLAS_COMPUTE_32F_FAST_TF32)
+  const void* bias = nullptr;  // cuBLASLt's bias epilogue: bias[i] added to row i before the rounding
+  cudaDataType bias_type = CUDA_R_32F;
 };
 
 // row[j - j0] += sum over p in [p0, p1) of a[i, p] * b[p, j], p ascending: each element's sum keeps
@@ -157,6 +161,7 @@ void run(const Gemm& g) {
           v = alpha * row[j - j0];
         }
         if (g.beta != 0) v = v + beta * get<Acc>(g.ctype, g.c, at);  // beta == 0: C is not read
+        if (g.bias != nullptr) v = v + get<Acc>(g.bias_type, g.bias, i);
         put<Acc>(g.ctype, g.c, at, v);
       }
     }
@@ -169,8 +174,9 @@ void execute(const Gemm& g) {
   if ((g.k > 0 && (gone(g.a.p, g.a.elements() * type_size(g.a.type)) ||
                    gone(g.b.p, g.b.elements() * type_size(g.b.type)))) ||
       gone(g.c, (static_cast<size_t>(g.ldc) * static_cast<size_t>(g.n - 1) + static_cast<size_t>(g.m)) *
-                    type_size(g.ctype)))
-    return fault("cublasGemmEx: an operand was freed before the GEMM ran", cudaErrorIllegalAddress);
+                    type_size(g.ctype)) ||
+      (g.bias != nullptr && gone(g.bias, static_cast<size_t>(g.m) * type_size(g.bias_type))))
+    return fault("cuBLAS: an operand of a GEMM was freed before the GEMM ran", cudaErrorIllegalAddress);
   if (g.fp64) run<double>(g);
   else run<float>(g);
 }
@@ -180,7 +186,7 @@ bool check_range(const char* what, const void* p, size_t elements, cudaDataType 
   const size_t bytes = elements * type_size(t);
   if (bytes == 0 || is_device_range(p, bytes)) return true;
   std::fprintf(stderr,
-               "cublasGemmEx: operand %s (%s = %d x %d %s, leading dimension %d: %zu bytes at %p) is not inside one "
+               "cuBLAS: GEMM operand %s (%s = %d x %d %s, leading dimension %d: %zu bytes at %p) is not inside one "
                "device allocation\n",
                what, shape, rows, cols, type_name(t), ld, bytes, p);
   return false;
@@ -250,6 +256,44 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
 
 namespace {
 
+// Logs the validated GEMMs (one operation: a batch, or cuBLASLt's one matmul) and enqueues them on
+// the stream; in the dry run they are logged and not run.
+cublasStatus_t submit(const char* name, cudaStream_t stream, std::vector<Gemm> gemms, const char* compute) {
+  const Gemm& g = gemms.front();
+  const int64_t batch = static_cast<int64_t>(gemms.size());
+  if (launch_log_on()) {
+    // Each operand read once and C written once (read too when beta != 0), the bias read once: what
+    // a tiled GEMM moves at the least; 2 m n k FLOPs per GEMM.
+    const auto mnb = [&](int r, int c, cudaDataType t) {
+      return static_cast<int64_t>(r) * c * batch * static_cast<int64_t>(type_size(t));
+    };
+    const int64_t c_bytes = mnb(g.m, g.n, g.ctype);
+    const int64_t read = mnb(g.m, g.k, g.a.type) + mnb(g.k, g.n, g.b.type) + (g.beta != 0 ? c_bytes : 0) +
+                         (g.bias != nullptr ? mnb(g.m, 1, g.bias_type) : 0);
+    const int64_t flops = 2 * static_cast<int64_t>(g.m) * g.n * g.k * batch;
+    log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(g.m) + ",\"n\":" +
+                         std::to_string(g.n) + ",\"k\":" + std::to_string(g.k) + ",\"batch\":" + std::to_string(batch) +
+                         ",\"a\":\"" + type_name(g.a.type) + "\",\"b\":\"" + type_name(g.b.type) + "\",\"c\":\"" +
+                         type_name(g.ctype) + "\",\"compute\":\"" + compute + "\",\"beta\":" +
+                         (g.beta != 0 ? "1" : "0") + (g.bias != nullptr ? ",\"epilogue\":\"bias\"" : "") +
+                         ",\"read\":" + std::to_string(read) + ",\"written\":" + std::to_string(c_bytes) +
+                         ",\"flops\":" + std::to_string(flops),
+             stream);
+  }
+  if (dry_run()) {  // recorded, not run (emu.h)
+    if (enqueue(stream, Op{name, [] { return true; }}) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    count_launch(stream);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (enqueue(stream, Op{name, [gemms = std::move(gemms)] {
+                for (const Gemm& gi : gemms) execute(gi);
+                return true;
+              }}) != cudaSuccess)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  count_launch(stream);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // cublasGemmEx (batch 1) and cublasGemmStridedBatchedEx: validated at call time, enqueued as one
 // operation that runs the batch's GEMMs in order.
 cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -294,28 +338,6 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
   // Split-K with the partial sums added in C's type: what cuBLAS may do without the DISALLOW flag.
   g.split_k = (handle->mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == 0 &&
               (Ctype == CUDA_R_16F || Ctype == CUDA_R_16BF) && k >= 64;
-  if (launch_log_on()) {
-    // Each operand read once and C written once (read too when beta != 0): what a tiled GEMM moves
-    // at the least; 2 m n k FLOPs per GEMM.
-    const auto mnb = [&](int r, int c, cudaDataType t) {
-      return static_cast<int64_t>(r) * c * batch * static_cast<int64_t>(type_size(t));
-    };
-    const int64_t c_bytes = mnb(m, n, Ctype);
-    const int64_t read = mnb(m, k, Atype) + mnb(k, n, Btype) + (g.beta != 0 ? c_bytes : 0);
-    const int64_t flops = 2 * static_cast<int64_t>(m) * n * k * batch;
-    log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(m) + ",\"n\":" +
-                         std::to_string(n) + ",\"k\":" + std::to_string(k) + ",\"batch\":" + std::to_string(batch) +
-                         ",\"a\":\"" + type_name(Atype) + "\",\"b\":\"" + type_name(Btype) + "\",\"c\":\"" +
-                         type_name(Ctype) + "\",\"compute\":\"" + (fp64 ? "64F" : tf32 ? "TF32" : "32F") +
-                         "\",\"beta\":" + (g.beta != 0 ? "1" : "0") + ",\"read\":" + std::to_string(read) +
-                         ",\"written\":" + std::to_string(c_bytes) + ",\"flops\":" + std::to_string(flops),
-             handle->stream);
-  }
-  if (dry_run()) {  // recorded, not run (emu.h)
-    if (enqueue(handle->stream, Op{name, [] { return true; }}) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-    count_launch(handle->stream);
-    return CUBLAS_STATUS_SUCCESS;
-  }
   std::vector<Gemm> gemms;
   for (int i = 0; i < batch; ++i) {
     Gemm gi = g;
@@ -324,13 +346,7 @@ cublasStatus_t gemm_strided(const char* name, cublasHandle_t handle, cublasOpera
     gi.c = static_cast<char*>(C) + static_cast<size_t>(i) * static_cast<size_t>(strideC) * type_size(Ctype);
     gemms.push_back(gi);
   }
-  if (enqueue(handle->stream, Op{name, [gemms] {
-                for (const Gemm& gi : gemms) execute(gi);
-                return true;
-              }}) != cudaSuccess)
-    return CUBLAS_STATUS_EXECUTION_FAILED;
-  count_launch(handle->stream);
-  return CUBLAS_STATUS_SUCCESS;
+  return submit(name, handle->stream, std::move(gemms), fp64 ? "64F" : tf32 ? "TF32" : "32F");
 }
 
 }  // namespace
@@ -383,4 +399,237 @@ const char* cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_LICENSE_ERROR: return "an error was detected when checking the current licensing";
   }
   return "unknown error";
+}
+
+// --- cuBLASLt (cublasLt.h)
+
+struct cublasLtContext {};
+struct cublasLtMatmulDescOpaque_t {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int32_t bias_type = -1;  // D's type
+};
+struct cublasLtMatrixLayoutOpaque_t {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque_t {
+  uint64_t max_workspace = 0;
+  uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
+  uint32_t alignment[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+
+namespace amp::emu {
+namespace {
+
+constexpr uint64_t kLtAlgoMagic = 0x656d754c74416c67ull;  // what the emulator's heuristic writes in data[0]
+
+// Whether the type combination is one cuBLAS(Lt) runs (cublasGemmEx's table), and which arithmetic.
+bool supported(cublasComputeType_t compute, cudaDataType a, cudaDataType b, cudaDataType c, bool* fp64, bool* tf32) {
+  const bool narrow_or_f32 = a == CUDA_R_16F || a == CUDA_R_16BF || a == CUDA_R_32F;
+  const bool fp32 = compute == CUBLAS_COMPUTE_32F && narrow_or_f32 && b == a && (c == a || c == CUDA_R_32F);
+  *tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a == CUDA_R_32F && b == CUDA_R_32F && c == CUDA_R_32F;
+  *fp64 = compute == CUBLAS_COMPUTE_64F && a == CUDA_R_64F && b == CUDA_R_64F && c == CUDA_R_64F;
+  return fp32 || *fp64 || *tf32;
+}
+
+// The matmul the descriptors describe, checked: INVALID_VALUE for shapes that do not fit together,
+// NOT_SUPPORTED for what cuBLASLt does not offer (or the emulator does not: C other than D with beta).
+cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                        cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, Gemm* g) {
+  if (op == nullptr || A == nullptr || B == nullptr || C == nullptr || D == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool ta = op->transa != CUBLAS_OP_N, tb = op->transb != CUBLAS_OP_N;
+  const uint64_t m = ta ? A->cols : A->rows, k = ta ? A->rows : A->cols;
+  const uint64_t kb = tb ? B->cols : B->rows, n = tb ? B->rows : B->cols;
+  if (k != kb || D->rows != m || D->cols != n || C->rows != m || C->cols != n || C->type != D->type ||
+      C->ld != D->ld || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  bool fp64 = false, tf32 = false;
+  if (!supported(op->compute, A->type, B->type, D->type, &fp64, &tf32)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const cudaDataType bias_type = op->bias_type < 0 ? D->type : static_cast<cudaDataType>(op->bias_type);
+  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && bias_type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *g = Gemm{Operand{nullptr, A->type, ta, static_cast<int>(m), static_cast<int>(k), static_cast<int>(A->ld)},
+            Operand{nullptr, B->type, tb, static_cast<int>(k), static_cast<int>(n), static_cast<int>(B->ld)},
+            nullptr, D->type, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<int>(D->ld),
+            0, 0, fp64, false};
+  g->tf32 = tf32;
+  g->bias_type = bias_type;
+  if (static_cast<uint64_t>(A->ld) < std::max<uint64_t>(1, A->rows) ||
+      static_cast<uint64_t>(B->ld) < std::max<uint64_t>(1, B->rows) ||
+      static_cast<uint64_t>(D->ld) < std::max<uint64_t>(1, D->rows))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The largest power of two (up to 256) that divides the address.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+template <class T>
+cublasStatus_t set_value(T* field, const void* buf, size_t size) {
+  if (buf == nullptr || size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+}  // namespace amp::emu
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* lightHandle) {
+  if (lightHandle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *lightHandle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
+  if (lightHandle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete lightHandle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc, cublasComputeType_t computeType,
+                                        cudaDataType_t scaleType) {
+  if (matmulDesc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *matmulDesc = new cublasLtMatmulDescOpaque_t{computeType, scaleType};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
+  delete matmulDesc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  if (d == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+      int32_t v = 0;
+      if (set_value(&v, buf, size) != CUBLAS_STATUS_SUCCESS || v < CUBLAS_OP_N || v > CUBLAS_OP_C)
+        return CUBLAS_STATUS_INVALID_VALUE;
+      (attr == CUBLASLT_MATMUL_DESC_TRANSA ? d->transa : d->transb) = static_cast<cublasOperation_t>(v);
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&d->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&d->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&d->bias_type, buf, size);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+  if (layout == nullptr || ld < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new cublasLtMatmulPreferenceOpaque_t;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set_value(&p->max_workspace, buf, size);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: return set_value(&p->reduction_mask, buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return set_value(&p->alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// One algorithm (no workspace) when the matmul is supported: it records the alignments it may assume
+// and whether split-K in D's type is allowed.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (pref == nullptr || requested < 1 || results == nullptr || returned == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *returned = 0;
+  Gemm g{};
+  const cublasStatus_t st = describe(op, A, B, C, D, &g);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  cublasLtMatmulHeuristicResult_t r{};
+  r.algo.data[0] = kLtAlgoMagic;
+  for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->alignment[i];
+  r.algo.data[5] = (pref->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0;
+  r.state = CUBLAS_STATUS_SUCCESS;
+  r.wavesCount = 1.0f;
+  results[0] = r;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
+                              const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t,
+                              cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (alpha == nullptr || beta == nullptr || algo == nullptr || algo->data[0] != kLtAlgoMagic)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  Gemm g{};
+  const cublasStatus_t st = describe(op, Adesc, Bdesc, Cdesc, Ddesc, &g);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  g.a.p = A;
+  g.b.p = B;
+  g.c = D;
+  g.alpha = g.fp64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
+  g.beta = g.fp64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  if (g.beta != 0 && C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulator adds C in place only
+  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    if (op->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    g.bias = op->bias;
+  }
+  if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
+  const void* pointers[4] = {A, B, C, D};
+  for (int i = 0; i < 4; ++i)
+    if (alignment_of(pointers[i]) < algo->data[1 + i]) {
+      std::fprintf(stderr,
+                   "cublasLtMatmul: %c at %p is %u-byte aligned, but the algorithm was chosen for %llu-byte alignment "
+                   "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES)\n",
+                   "ABCD"[i], pointers[i], alignment_of(pointers[i]), static_cast<unsigned long long>(algo->data[1 + i]),
+                   "ABCD"[i]);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  const size_t d_elements = static_cast<size_t>(g.ldc) * static_cast<size_t>(g.n - 1) + static_cast<size_t>(g.m);
+  if ((g.k > 0 && (!check_range("A", A, g.a.elements(), g.a.type, g.a.trans ? "op(A) = A^T" : "op(A) = A", g.m, g.k,
+                                g.a.ld) ||
+                   !check_range("B", B, g.b.elements(), g.b.type, g.b.trans ? "op(B) = B^T" : "op(B) = B", g.k, g.n,
+                                g.b.ld))) ||
+      !check_range("D", D, d_elements, g.ctype, "D", g.m, g.n, g.ldc) ||
+      (g.bias != nullptr && !check_range("bias", g.bias, static_cast<size_t>(g.m), g.bias_type, "bias", g.m, 1, g.m)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  g.split_k = algo->data[5] != 0 && (g.ctype == CUDA_R_16F || g.ctype == CUDA_R_16BF) && g.k >= 64;
+  return submit("cublasLtMatmul", stream, {g}, g.fp64 ? "64F" : g.tf32 ? "TF32" : "32F");
 }

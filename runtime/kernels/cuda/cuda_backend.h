@@ -58,6 +58,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base = Tensor(),
                     uint64_t per_base = 0) override;
 
+  // y = x w^T + bias in one cuBLASLt matmul with the bias epilogue (fp16, bf16, fp32): no broadcast
+  // of the bias into y first. Falls back to Backend's (broadcast, then a GEMM with beta = 1) where
+  // cuBLASLt offers no algorithm (fp64; a bias not 16-byte aligned).
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;
   void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

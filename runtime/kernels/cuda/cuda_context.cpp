@@ -20,6 +20,7 @@ Context::Context(int device) : device_(device) {
   AMP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   AMP_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
   AMP_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kCublasWorkspaceBytes));
+  AMP_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
   // Strict fp32 for fp32 GEMMs (no TF32), so fp32 results match the CPU backend's semantics; and
   // no reduced-precision (fp16/bf16) reductions in split-K: fp32 accumulation, one rounding.
   // Freed blocks are filled with NaN on the emulated GPU (or with AMP_CUDA_POISON_FREED=1): a kernel

@@ -2,6 +2,7 @@
 // workspace, and the caching allocator. One device per process (mpirun starts one rank per GPU), so
 // a Device's index does not pick a GPU: cuda_init(local_rank) does, once.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +22,10 @@ class Context {
   // Every kernel, copy and GEMM of the backend runs on this stream, in order.
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  // cuBLASLt, for GEMMs with an epilogue (a linear layer's bias); it shares cuBLAS's workspace
+  // (both run on stream(), in order).
+  cublasLtHandle_t cublas_lt() const { return cublas_lt_; }
+  void* workspace() const { return workspace_; }
   CachingAllocator& allocator() { return allocator_; }
   int sm_count() const { return sm_count_; }
   // fp32 GEMMs on the tensor cores with their inputs rounded to TF32 (10 mantissa bits), as
@@ -38,6 +43,7 @@ class Context {
   bool allow_tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
   void* workspace_ = nullptr;
   CachingAllocator allocator_;
 };

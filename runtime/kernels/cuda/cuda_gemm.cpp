@@ -1,9 +1,15 @@
-// CUDA backend: GEMM on cuBLAS (cublasGemmEx, and cublasGemmStridedBatchedEx for batches). fp16/bf16 inputs use tensor cores with fp32
+// CUDA backend: GEMM on cuBLAS (cublasGemmEx, and cublasGemmStridedBatchedEx for batches; cuBLASLt
+// for a linear layer's GEMM with its bias in the epilogue). fp16/bf16 inputs use tensor cores with fp32
 // accumulation and an fp16/bf16 or fp32 output, as the CPU backend emulates; fp32 is strict fp32
 // (no TF32); fp64 is fp64. The workspace is set once on the handle (cuda_context.cpp).
 #include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/gemm_check.h"
@@ -66,6 +72,113 @@ void launch_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 }
 
 }  // namespace
+
+namespace {
+
+// The largest power of two, up to 256, that divides the address: the alignment cuBLASLt may assume.
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+template <class T, cublasStatus_t (*Destroy)(T)>
+struct LtObject {  // a cuBLASLt descriptor, destroyed at scope exit
+  T p = nullptr;
+  ~LtObject() {
+    if (p != nullptr) (void)Destroy(p);
+  }
+};
+
+// cuBLASLt's heuristic answer for one shape, types and alignments, asked once per process: nullopt
+// when it has no algorithm.
+struct LtKey {
+  int64_t m, n, k;
+  cudaDataType_t in, out;
+  cublasComputeType_t compute;
+  uint32_t align_a, align_b, align_d;
+  bool operator<(const LtKey& o) const {
+    return std::tie(m, n, k, in, out, compute, align_a, align_b, align_d) <
+           std::tie(o.m, o.n, o.k, o.in, o.out, o.compute, o.align_a, o.align_b, o.align_d);
+  }
+};
+
+}  // namespace
+
+// Row-major y [r, o] = x [r, i] w [o, i]^T + bias [o] is column-major D (o x r) = op(A) B + bias with
+// A = w as stored (i x o, transposed), B = x as stored (i x r), the bias one value per row of D.
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  require_cuda(x, "linear: x");
+  require_cuda(w, "linear: w");
+  require_cuda(bias, "linear: bias");
+  require_cuda(y, "linear: y");
+  const DType dt = x.dtype();
+  const int64_t r = x.dim() == 2 ? x.shape()[0] : -1, in = w.dim() == 2 ? w.shape()[1] : -1,
+                o = w.dim() == 2 ? w.shape()[0] : -1;
+  const bool usable = (dt == DType::f16 || dt == DType::bf16 || dt == DType::f32) && w.dtype() == dt &&
+                      bias.dtype() == dt && y.dtype() == dt && r > 0 && in > 0 && o > 0 &&
+                      x.shape()[1] == in && bias.numel() == o && y.dim() == 2 && y.shape()[0] == r &&
+                      y.shape()[1] == o && r <= INT_MAX && in <= INT_MAX && o <= INT_MAX &&
+                      reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+  if (!usable) return Backend::linear_forward(x, w, bias, y);
+  const cudaDataType_t type = cuda_dtype(dt);
+  const cublasComputeType_t compute = dt == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                  : CUBLAS_COMPUTE_32F;
+  LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
+  LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> la, lb, ld;
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.p, compute, CUDA_R_32F));
+  const int32_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const void* bias_ptr = bias.data_ptr();
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.p, type, in, o, in));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.p, type, in, r, in));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.p, type, o, r, o));
+
+  const LtKey key{o, r, in, type, type, compute, alignment_of(w.data_ptr()), alignment_of(x.data_ptr()),
+                  alignment_of(y.data_ptr())};
+  static std::mutex mutex;
+  static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = algos.find(key);
+    if (it == algos.end()) {
+      LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+      const uint64_t workspace = Context::kCublasWorkspaceBytes;
+      // Split-K partial sums in fp32 only (never in D's fp16/bf16): one rounding, as the cuBLAS
+      // handle's CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION.
+      const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &workspace, sizeof(workspace)));
+      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                            &reductions, sizeof(reductions)));
+      const uint32_t align[4] = {key.align_a, key.align_b, key.align_d, key.align_d};  // C is D
+      for (int i = 0; i < 4; ++i)
+        AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref.p, static_cast<cublasLtMatmulPreferenceAttributes_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
+            &align[i], sizeof(align[i])));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(context().cublas_lt(), op.p, la.p, lb.p, ld.p, ld.p,
+                                                               pref.p, 1, &result, &found);
+      if (st == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
+      else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) AMP_CUBLAS_CHECK(st);
+      algos.emplace(key, algo);
+    } else {
+      algo = it->second;
+    }
+  }
+  if (!algo) return Backend::linear_forward(x, w, bias, y);
+  const float alpha = 1.0f, beta = 0.0f;
+  AMP_CUBLAS_CHECK(cublasLtMatmul(context().cublas_lt(), op.p, &alpha, w.data_ptr(), la.p, x.data_ptr(), lb.p, &beta,
+                                  y.data_ptr(), ld.p, y.data_ptr(), ld.p, &*algo, context().workspace(),
+                                  Context::kCublasWorkspaceBytes, context().stream()));
+}
 
 void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   require_cuda(a, "gemm: a");
