@@ -364,7 +364,10 @@ TEST_F(CudaVsCpu, UnaryOps) {
       Tensor c = empty_like(x), g = empty(x.shape(), dt, kGPU);
       cpu().unary(k.op, x, c, k.alpha);
       gpu().unary(k.op, x.to(kGPU), g, k.alpha);
-      EXPECT_TRUE(matches(g, c, k.exact ? 0 : transcendental_tol(dt)))
+      // GELU in fp32 (and the 16-bit types, computed in fp32) is arithmetic only, rounded the same on
+      // both (activation_math.h): bit for bit; fp64's std::erf is each side's own.
+      const bool exact = k.exact || (k.op == UnaryOp::gelu && dt != DType::f64);
+      EXPECT_TRUE(matches(g, c, exact ? 0 : transcendental_tol(dt)))
           << dtype_name(dt) << " op " << static_cast<int>(k.op) << " alpha " << k.alpha;
     }
   }
@@ -395,7 +398,7 @@ TEST_F(CudaVsCpu, PackedElementWisePathsAndTheirFallbacks) {
       Tensor c = empty({n}, dt), g = empty({n}, dt, kGPU);
       cpu().unary(UnaryOp::gelu, cxv, c, 0);
       gpu().unary(UnaryOp::gelu, gxv, g, 0);
-      EXPECT_TRUE(matches(g, c, transcendental_tol(dt))) << dtype_name(dt) << " offset " << offset;
+      EXPECT_TRUE(matches(g, c, dt == DType::f64 ? transcendental_tol(dt) : 0)) << dtype_name(dt) << " offset " << offset;
 #if defined(AMP_CUDA_EMU)
       EXPECT_NE(emu::recent_launches().back().kernel.find("unary" + (packed.empty() ? "_kernel" : packed)), std::string::npos);
 #endif
@@ -424,7 +427,7 @@ TEST_F(CudaVsCpu, BinaryOpsWithBroadcasting) {
       {{4, 1}, {1, 5}, {4, 5}},       {{3, 1, 5}, {4, 5}, {3, 4, 5}}};
   for (DType dt : kFloatTypes) {
     for (BinaryOp op : ops) {
-      const bool exact = op != BinaryOp::gelu_backward && op != BinaryOp::gelu_tanh_backward;
+      const bool exact = (op != BinaryOp::gelu_backward || dt != DType::f64) && op != BinaryOp::gelu_tanh_backward;
       for (const auto& [sa, sb, so] : shapes) {
         const Tensor a = random_cpu(sa, dt, 21), b = random_cpu(sb, dt, 22, 0.5, 2.0);
         Tensor c = empty(so, dt), g = empty(so, dt, kGPU);

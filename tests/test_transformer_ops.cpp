@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "amp/autocast.h"
@@ -106,6 +109,45 @@ TEST(TransformerOps, CausalSoftmaxIsTheMaskedSoftmaxFused) {
     EXPECT_TRUE(test::all_close(g1, g2, 1e-12, 1e-14)) << "log " << log;
   }
   EXPECT_THROW(causal_softmax(rnd({2, 3, 4}, 1)), std::invalid_argument);
+}
+
+// GELU in fp32 (math::gelu(float), arithmetic only so that it vectorises) against fp64's erfc and
+// exp: within 8 ulps of the exact value from x = -12.5 (GELU -5e-35; below, erfc's intermediate products
+// leave float's normal range) up, the negative tail included (the formula
+// 0.5 x (1 + erf(x / sqrt 2)) in fp32, which this replaced, is thousands of ulps off below x = -3,
+// and all of them at x = -6: 1 + erf cancels); its slope within 6 units of 2^-24 of Phi(x) + |x| phi(x)
+// (the slope crosses 0 near x = -0.75, where ulps of the result mean nothing). Then the special values.
+TEST(TransformerOps, GeluInFp32IsWithinAFewUlpsOfTheExactValue) {
+  double worst = 0, worst_slope = 0, worst_old = 0;
+  for (double xd = -12.5; xd <= 16.0; xd += 1.0 / 2048) {
+    const float x = static_cast<float>(xd);
+    const double X = x, cdf = 0.5 * std::erfc(-X / std::sqrt(2.0)), pdf = std::exp(-0.5 * X * X) / std::sqrt(2 * M_PI);
+    const double ref = X * cdf, ref_slope = cdf + X * pdf;
+    if (std::fabs(ref) >= std::numeric_limits<float>::min()) {
+      const double ulp = std::ldexp(1.0, std::ilogb(std::fabs(ref)) - 23);
+      worst = std::max(worst, std::fabs(math::gelu(x) - ref) / ulp);
+      const float old = 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752440f));
+      worst_old = std::max(worst_old, std::fabs(old - ref) / ulp);
+    }
+    const double scale = cdf + std::fabs(X) * pdf;
+    worst_slope = std::max(worst_slope, std::fabs(math::gelu_slope(x) - ref_slope) / (scale * std::ldexp(1.0, -24)));
+  }
+  std::printf("GELU fp32: worst %.2f ulps (0.5 x (1 + erf) in fp32: %.0f), slope worst %.2f units of 2^-24\n", worst,
+              worst_old, worst_slope);
+  EXPECT_LE(worst, 8.0);
+  EXPECT_LE(worst_slope, 6.0);
+  EXPECT_GT(worst_old, 1000.0);  // the comparison can see a bad formula
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(math::gelu(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(math::gelu(-0.0f)));
+  EXPECT_EQ(math::gelu_slope(0.0f), 0.5f);
+  EXPECT_EQ(math::gelu(inf), inf);
+  EXPECT_TRUE(std::isnan(math::gelu(-inf)));  // -inf * Phi(-inf) = -inf * 0, as the formula with erf
+  EXPECT_TRUE(std::isnan(math::gelu(nan)));
+  EXPECT_TRUE(std::isnan(math::gelu_slope(nan)));
+  EXPECT_TRUE(std::isnan(math::gelu_slope(inf)));  // 1 + inf * 0
+  EXPECT_EQ(math::gelu(-20.0f), -0.0f);
+  EXPECT_EQ(math::gelu(1e-30f), 5e-31f);
 }
 
 // The CPU backend computes GELU in fp16 and bf16 from a table of all 65536 inputs (and its backward

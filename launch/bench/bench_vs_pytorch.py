@@ -103,7 +103,8 @@ class Attn(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-        if cuda:  # as GPU users write it: the fused (flash) attention kernel
+        if cuda or (cfg["sdpa"] and hasattr(F, "scaled_dot_product_attention")):
+            # as GPU users write it, and nanoGPT on PyTorch 2 (--sdpa): the fused attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
@@ -203,7 +204,8 @@ def run_torch(python, width, batch, layers, mode, steps, threads, data=None, dev
     cfg = {"width": width, "batch": batch, "layers": layers, "steps": steps, "threads": threads, "lr": 0.01,
            "momentum": 0.9, "mode": mode, "device": device}
     if data:
-        cfg.update({"data": data, "layers": gpt["layers"], "heads": gpt["heads"], "block": gpt["block"]})
+        cfg.update({"data": data, "layers": gpt["layers"], "heads": gpt["heads"], "block": gpt["block"],
+                    "sdpa": gpt.get("sdpa", False)})
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run([python, "-c", TORCH_GPT_LOOP if data else TORCH_LOOP, json.dumps(cfg)],
                          capture_output=True, text=True, env=env)
@@ -276,6 +278,10 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--gpt2-small", action="store_true",
                     help="gpt: GPT-2 small's shape (12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16)")
+    ap.add_argument("--block", type=int, help="gpt: the block size (default: 64, the main job's)")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="gpt on the CPU: PyTorch's attention is F.scaled_dot_product_attention (causal) where it has "
+                         "it (2.0 and newer), as nanoGPT's on PyTorch 2; default: nanoGPT's masked_fill and softmax")
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the median (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3,
@@ -301,6 +307,11 @@ def main():
     a.bench_mlp = a.bench_mlp or os.path.join(build, "bench_mlp")
     a.python = a.python or (sys.executable if cuda else "/usr/bin/python3")
     gpt = dict(GPT2_SMALL) if a.gpt2_small else {"layers": GPT_LAYERS, "heads": GPT_HEADS, "block": GPT_BLOCK}
+    if a.block is not None:
+        if a.block < 1 or a.model != "gpt":
+            ap.error("--block is a positive block size of --model gpt")
+        gpt["block"] = a.block
+    gpt["sdpa"] = a.sdpa
     tmp = tempfile.TemporaryDirectory()
     if a.model == "gpt" and not a.data and cuda:
         a.data = os.path.join(tmp.name, "text.txt")
