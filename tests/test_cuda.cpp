@@ -765,11 +765,26 @@ TEST_F(CudaVsCpu, SgdStepsAndSkips) {
     cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), Tensor(), {});
     gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), Tensor(), {});
     expect_state_matches(g, c, 0, "sgd without found_inf");
-    // Still-scaled gradients with grad_scale: unscaled in the step's own pass and written back.
+    // Still-scaled gradients with grad_scale: unscaled in the step's own pass and written back; not
+    // written back with keep_unscaled_grads false (Optimizer::set_keep_unscaled_grads), the same step.
     const Tensor scale = from_vector({1024.0}, {1});
+    SgdHyper unkept = h;
+    unkept.keep_unscaled_grads = false;
+    OptimState c2 = make_state(kCPU, &c), g2 = make_state(kGPU, &g);
+    const OptimState scaled = make_state(kCPU, &c);
     cpu().sgd_step(c.params, c.grads, c.s1, c.step, h, Tensor(), scale, {});
     gpu().sgd_step(g.params, g.grads, g.s1, g.step, h, Tensor(), scale.to(kGPU), {});
     expect_state_matches(g, c, 0, "sgd with grad_scale");
+    cpu().sgd_step(c2.params, c2.grads, c2.s1, c2.step, unkept, Tensor(), scale, {});
+    gpu().sgd_step(g2.params, g2.grads, g2.s1, g2.step, unkept, Tensor(), scale.to(kGPU), {});
+    expect_state_matches(c2, c, 0, "sgd with grad_scale, gradients not kept (cpu)");
+    expect_state_matches(g2, c, 0, "sgd with grad_scale, gradients not kept (gpu)");
+    for (size_t i = 0; i < c.grads.size(); ++i) {
+      ASSERT_TRUE(matches(c2.grads[i], scaled.grads[i], 0)) << "still scaled " << i;
+      ASSERT_TRUE(matches(g2.grads[i], scaled.grads[i], 0)) << "still scaled " << i;
+      ASSERT_TRUE(matches(g.grads[i], c.grads[i], 0)) << "written back " << i;
+    }
+    ASSERT_FALSE(matches(c.grads[0], scaled.grads[0], 0)) << "the kept gradients were unscaled";
   }
 }
 
@@ -782,12 +797,17 @@ TEST_F(CudaVsCpu, AdamStepsAndSkips) {
     OptimState c = make_state(kCPU);
     OptimState g = make_state(kGPU, &c);
     const int found[] = {0, 1, 0, 0, 1, 0};
+    bool keep = true;
     for (int f : found) {
       const Tensor flag = from_vector({static_cast<double>(f)}, {1});
       const OptimState before = make_state(kGPU, &g);
       const Tensor scale = from_vector({f ? 1.0 : 256.0}, {1});  // also the fused unscale
-      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, h, flag, scale, {});
-      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, h, flag.to(kGPU), scale.to(kGPU), {});
+      // Every other step leaves the gradients scaled (keep_unscaled_grads false): the same state.
+      AdamHyper hk = h;
+      hk.keep_unscaled_grads = keep;
+      keep = !keep;
+      cpu().adam_step(c.params, c.grads, c.s1, c.s2, c.s3, c.step, hk, flag, scale, {});
+      gpu().adam_step(g.params, g.grads, g.s1, g.s2, g.s3, g.step, hk, flag.to(kGPU), scale.to(kGPU), {});
       // The fp64 bias corrections use pow, which may differ by an ulp between libm and CUDA.
       expect_state_matches(g, c, 1e-7, "adam");
       if (f) expect_state_matches(g, make_state(kCPU, &before), 0, "skipped adam step");

@@ -313,6 +313,39 @@ TEST(Distributed, LowPrecisionCopiesChangeNoNumber) {
   }
 }
 
+// Without clipping or a logged norm, nothing reads an unscaled gradient before the step: the scaler
+// checks the gradients read-only and the optimizer's pass unscales each as it reads it, not writing
+// it back (the trainer reads no gradient after the step). Against the same run made to unscale first
+// (a --clip-grad-value too large to clip anything): the same losses, scales, skips and weights, bit
+// for bit, with overflows injected and the scale growing; and the gradients left scaled: the
+// control's times the last step's scale (a power of 2: exact).
+TEST(Distributed, TheOptimizersPassUnscalesAsTheScalersWould) {
+  comm::MpiCommunicator& w = world();
+  for (bool adam : {false, true}) {
+    TrainConfig fused = base_config();
+    fused.amp = launch::AmpMode::fp16;
+    fused.init_scale = 1024.0;
+    fused.growth_interval = 2;
+    fused.momentum = 0.9;
+    if (adam) fused.optimizer = launch::OptimizerKind::adamw;
+    fused.inject_nonfinite = {{3, 0}};
+    TrainConfig control = fused;
+    control.clip_grad_value = 1e30;
+    std::unique_ptr<launch::Trainer> ta, tb;
+    const auto ra = train(fused, w, nullptr, &ta), rb = train(control, w, nullptr, &tb);
+    SCOPED_TRACE(adam ? "AdamW" : "SGD");
+    expect_same_training(ra, ta->model(), rb, tb->model(), 0.0);
+    EXPECT_EQ(ra.param_checksum, rb.param_checksum);
+    EXPECT_EQ(ra.skipped_steps, 1);
+    const double scale = ra.records.back().scale;
+    EXPECT_GT(scale, 1024.0);  // grew after the skip
+    const std::vector<Tensor> ga = ta->optimizer().grads(), gb = tb->optimizer().grads();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t k = 0; k < ga.size(); ++k)
+      EXPECT_TRUE(test::bitwise_equal(ga[k], mul(gb[k], full({}, scale, DType::f32)))) << "gradient " << k;
+  }
+}
+
 TEST(Distributed, BucketSizeDoesNotChangeTheResultBitwise) {
   comm::MpiCommunicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: one rank reduces nothing";

@@ -194,7 +194,10 @@ Trainer::StepFigures Trainer::device_step() {
     add_(first, inject_flag_);
   }
 
-  scaler_->unscale_(*opt_);
+  // Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of every
+  // gradient, checking them). Otherwise the scaler's step checks them read-only and the optimizer's
+  // pass unscales each as it reads it (GradScaler::step without unscale_).
+  if (cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm || cfg_.clip_grad_value > 0.0) scaler_->unscale_(*opt_);
   Tensor grad_norm;
   if (cfg_.clip_grad_norm > 0.0) {
     grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);

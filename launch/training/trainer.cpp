@@ -188,6 +188,9 @@ TrainResult Trainer::run() {
   if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies)
     opt_->keep_low_precision_copies(amp_dtype(cfg_.amp));
   set_fp32_weight_grads(!cfg_.bf16_rounded_weight_grads);
+  // Nothing reads a gradient after the step (the next backward overwrites them): a step that unscales
+  // them need not write them back.
+  opt_->set_keep_unscaled_grads(false);
   // Synthetic samples are made before the first step, as a file is read before it, so that no step
   // pays for data (nor counts it on the emulated GPU). This rank's rows repeat once the steps have
   // gone around the pool P: after P / gcd(E, P) steps, E the samples of a step.

@@ -10,14 +10,19 @@
 
 namespace amp {
 
+// keep_unscaled_grads: when a step is given grad_scale (the gradients still scaled), it writes the
+// unscaled gradients back, as PyTorch's fused step does; false skips that write, for a caller that
+// reads no gradient after the step (Optimizer::set_keep_unscaled_grads).
 struct SgdHyper {
   double lr, momentum, dampening, weight_decay;
   bool nesterov, maximize;
+  bool keep_unscaled_grads = true;
 };
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad, maximize;
+  bool keep_unscaled_grads = true;
 };
 
 namespace math {

@@ -34,7 +34,8 @@ void Adam::step_group(size_t group, const std::vector<size_t>& index, Tensor& st
   const AdamOptions& o = options_[group];
   std::vector<Tensor> grads;
   for (size_t i : index) grads.push_back(params_[i].grad());
-  const AdamHyper h{lr(group), o.beta1, o.beta2, o.eps, o.weight_decay, decoupled_, o.amsgrad, o.maximize};
+  const AdamHyper h{lr(group), o.beta1, o.beta2, o.eps, o.weight_decay, decoupled_, o.amsgrad, o.maximize,
+                    keep_unscaled_grads()};
   backend_for(params_[0].device())
       .adam_step(select(params_, index), grads, select(state_.at("exp_avg"), index), select(state_.at("exp_avg_sq"), index),
                  o.amsgrad ? select(state_.at("max_exp_avg_sq"), index) : std::vector<Tensor>(), steps, h, found_inf,

@@ -45,8 +45,13 @@ class Optimizer {
   // Updates every parameter that has a gradient. A defined, nonzero found_inf (1-element f32 on the
   // parameters' device) makes the step leave parameters and all state untouched. A defined
   // grad_scale means the gradients are still multiplied by it: the fused step unscales them in the
-  // same pass and writes them back (GradScaler::step uses this when unscale_ was not called).
+  // same pass and writes them back (GradScaler::step uses this when unscale_ was not called), unless
+  // set_keep_unscaled_grads(false).
   void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor());
+  // false: a step given grad_scale does not write the unscaled gradients back (they stay scaled): for
+  // a loop that reads no gradient after the step, one write of every gradient less. Default true.
+  void set_keep_unscaled_grads(bool keep) { keep_unscaled_grads_ = keep; }
+  bool keep_unscaled_grads() const { return keep_unscaled_grads_; }
   // set_to_none=true drops the gradients (PyTorch 2's default); false zeroes them in place.
   void zero_grad(bool set_to_none = true);
 
@@ -119,6 +124,7 @@ class Optimizer {
   std::vector<size_t> cohort_of_;     // per parameter
   std::vector<Tensor> cohort_steps_;  // per cohort: 1-element f32 step count on the device
   std::vector<Tensor> copies_;        // per parameter, or empty: keep_low_precision_copies
+  bool keep_unscaled_grads_ = true;
 };
 
 // Each group's parameters, and each group's lr, for the base constructor.

@@ -33,7 +33,7 @@ void SGD::step_group(size_t group, const std::vector<size_t>& index, Tensor& ste
   for (size_t i : index) grads.push_back(params_[i].grad());
   const bool momentum = o.momentum != 0.0;
   const std::vector<Tensor> bufs = momentum ? select(state_.at("momentum_buffer"), index) : std::vector<Tensor>();
-  const SgdHyper h{lr(group), o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
+  const SgdHyper h{lr(group), o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize, keep_unscaled_grads()};
   backend_for(params_[0].device()).sgd_step(select(params_, index), grads, bufs, steps, h, found_inf, grad_scale,
                                                   copies_of(index), lr_tensor(group));
 }

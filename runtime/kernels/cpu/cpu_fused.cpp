@@ -199,7 +199,7 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
   const math::SgdCoef c = math::sgd_coef(with_lr(h, lr));
   const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
   const bool decay = h.weight_decay != 0.0;
-  const bool store = grad_scale.defined();
+  const bool store = grad_scale.defined() && h.keep_unscaled_grads;
   auto range = [&](size_t t, long i, long n, auto* lp) {
     float* b = h.momentum != 0.0 ? bufs[t].data<float>() + i : nullptr;
     cpu::with_flags(
@@ -222,7 +222,7 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
   const float step = step_count.data<float>()[0] + 1.0f;
   const math::AdamCoef c = math::adam_coef(with_lr(h, lr), step);
-  const bool store = grad_scale.defined();
+  const bool store = grad_scale.defined() && h.keep_unscaled_grads;
   auto range = [&](size_t t, long i, long n, auto* lp) {
     float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() + i : nullptr;
     cpu::with_flags(

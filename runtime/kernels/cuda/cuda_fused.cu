@@ -82,7 +82,7 @@ struct SgdOp {
     float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
       const float g = math::unscale_element(grad[i], inv);
-      if (grad_scale != nullptr) grad[i] = g;  // the unscaled gradient is written back, as in PyTorch
+      if (grad_scale != nullptr && h.keep_unscaled_grads) grad[i] = g;  // written back, as in PyTorch
       math::sgd_update(&param[i], g, Momentum ? &buf[i] : nullptr, first, c);
       store_copy<L>(p, Momentum ? 3 : 2, i, param[i]);
     }
@@ -114,7 +114,7 @@ struct AdamOp {
     float* vmax = Amsgrad ? static_cast<float*>(p[Amsgrad ? 4 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
       const float g = math::unscale_element(grad[i], inv);
-      if (grad_scale != nullptr) grad[i] = g;
+      if (grad_scale != nullptr && h.keep_unscaled_grads) grad[i] = g;
       math::adam_update(&param[i], g, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
       store_copy<L>(p, Amsgrad ? 5 : 4, i, param[i]);
     }
@@ -237,8 +237,8 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
   using Lists2 = std::array<const std::vector<Tensor>*, 2>;
   using Lists3 = std::array<const std::vector<Tensor>*, 3>;
-  // float32 parameters, gradients (written back when still scaled) and momentum buffers.
-  const int64_t g_written = gs != nullptr ? 4 : 0;
+  // float32 parameters, gradients (written back when still scaled and kept) and momentum buffers.
+  const int64_t g_written = gs != nullptr && h.keep_unscaled_grads ? 4 : 0;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     if (h.momentum != 0.0f)
       apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at},
@@ -264,8 +264,8 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
   using Lists4 = std::array<const std::vector<Tensor>*, 4>;
   using Lists5 = std::array<const std::vector<Tensor>*, 5>;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
-    // float32 parameters, gradients (written back when still scaled), moments (and their maximum).
-    const int64_t g_written = gs != nullptr ? 4 : 0;
+    // float32 parameters, gradients (written back when still scaled and kept), moments (and their maximum).
+    const int64_t g_written = gs != nullptr && h.keep_unscaled_grads ? 4 : 0;
     if (h.amsgrad)
       apply_step<L>(Lists5{&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, copies,
                     AdamOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at}, MtCost{20, 16 + g_written, 16});
