@@ -147,6 +147,36 @@ TEST(CudaHost, MultiTensorPlanCoversEveryChunkOnceWithinLimits) {
   EXPECT_LE(cuda::plan_multi_tensor(model, 65536, 110, 320).size(), 1u);
 }
 
+// An element-wise call over small tensors (one chunk each, at most max_tensors a launch) takes smaller
+// chunks until every launch that moves more than 1 MB has a block per SM: GPT-2 small's parameters
+// without weight decay (its biases and LayerNorm weights: 98 tensors) under AdamW with bf16 copies
+// (30 bytes an element, 30 tensors a launch) on 132 SMs. A call that has the blocks keeps 65536; so
+// does a small one.
+TEST(CudaHost, ElementWiseCallsOverSmallTensorsTakeSmallerChunks) {
+  const int sms = 132;
+  std::vector<int64_t> no_decay;
+  for (int layer = 0; layer < 12; ++layer)
+    for (int64_t n : {768, 768, 2304, 768, 768, 768, 3072, 768}) no_decay.push_back(n);
+  no_decay.push_back(768);
+  no_decay.push_back(768);
+  const int64_t chunk = cuda::element_wise_chunk_size(no_decay, 30, sms, 65536, 128, 30, 320);
+  EXPECT_LT(chunk, 65536);
+  for (const auto& launch : cuda::plan_multi_tensor(no_decay, chunk, 30, 320)) {
+    int64_t elements = 0;
+    for (size_t b = 0; b < launch.block_slot.size(); ++b) {
+      const int64_t numel = no_decay[static_cast<size_t>(launch.tensors[static_cast<size_t>(launch.block_slot[b])])];
+      elements += std::min(chunk, numel - int64_t{launch.block_chunk[b]} * chunk);
+    }
+    if (elements * 30 > (int64_t{1} << 20)) {
+      EXPECT_GE(static_cast<int>(launch.block_slot.size()), sms) << chunk;
+    }
+  }
+  std::printf("GPT-2 small's no-decay parameters under AdamW: chunks of %lld elements\n", static_cast<long long>(chunk));
+  const std::vector<int64_t> matrices(48, 768 * 3072);
+  EXPECT_EQ(cuda::element_wise_chunk_size(matrices, 30, sms, 65536, 128, 30, 320), 65536);
+  EXPECT_EQ(cuda::element_wise_chunk_size({768, 768}, 30, sms, 65536, 128, 30, 320), 65536);
+}
+
 // BLAS semantics, column-major: C = alpha op(A) op(B) + beta C with leading dimensions.
 void reference_column_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
@@ -813,6 +843,26 @@ TEST_F(CudaVsCpu, AdamStepsAndSkips) {
       if (f) expect_state_matches(g, make_state(kCPU, &before), 0, "skipped adam step");
     }
   }
+}
+
+// One tensor of 50,000 elements moves 1.4 MB in one chunk of 65536, one block: on the emulated GPU's
+// 2 SMs the step takes chunks of 32768 (two blocks, the second a partial one). The same numbers as
+// the CPU's.
+TEST_F(CudaVsCpu, AStepInSmallerChunksMatchesTheCpu) {
+  ASSERT_EQ(cuda::element_wise_chunk_size({50000}, 28, 2, 65536, 128, 36, 320), 32768);
+  const Shape shape{50000};
+  std::vector<Tensor> cp{random_cpu(shape, DType::f32, 61)}, cg{random_cpu(shape, DType::f32, 62, -0.1, 0.1)};
+  std::vector<Tensor> cm{zeros(shape)}, cv{zeros(shape)};
+  std::vector<Tensor> gp{cp[0].to(kGPU)}, gg{cg[0].to(kGPU)}, gm{cm[0].to(kGPU)}, gv{cv[0].to(kGPU)};
+  Tensor cstep = zeros({1}), gstep = zeros({1}, DType::f32, kGPU);
+  const AdamHyper h{1e-3, 0.9, 0.999, 1e-8, 1e-2, true, false, false};
+  for (int i = 0; i < 3; ++i) {
+    cpu().adam_step(cp, cg, cm, cv, {}, cstep, h, Tensor(), Tensor(), {});
+    gpu().adam_step(gp, gg, gm, gv, {}, gstep, h, Tensor(), Tensor(), {});
+  }
+  EXPECT_TRUE(matches(gp[0], cp[0], 1e-7));
+  EXPECT_TRUE(matches(gm[0], cm[0], 1e-7));
+  EXPECT_TRUE(matches(gv[0], cv[0], 1e-7));
 }
 
 // The fused steps' low-precision copies are cast(parameter) to the bit on either backend (and the

@@ -179,6 +179,15 @@ def report(step, ops, peak, args):
           f"({100 * (graph - device) / graph:.1f} % in a CUDA graph; the host issues the step's {len(ops)} "
           f"operations in {len(ops) * LAUNCH_HOST_S * 1e3:.2f} ms, {len(ops) * LAUNCH_GRAPH_S * 1e3:.2f} ms)")
     print(f"  peak device memory {peak / 2**30:8.2f} GiB")
+    # Kernels that move more than 1 MB with fewer blocks than SMs (they cannot reach the bandwidth).
+    thin = {}
+    for op in ops:
+        if op["op"] == "kernel" and op["read"] + op["written"] > 1e6:
+            blocks = op["grid"][0] * op["grid"][1] * op["grid"][2]
+            if blocks < SMS:
+                thin.setdefault((label(op), blocks), []).append(op["read"] + op["written"])
+    print(f"  kernels moving > 1 MB on fewer than {SMS} blocks: {sum(len(v) for v in thin.values())}"
+          + "".join(f"\n    {len(v)} x {max(v) / 1e6:.1f} MB at most, {b} blocks: {k}" for (k, b), v in thin.items()))
     # The ten longest, operations of one name and geometry summed (a layer's kernels repeat).
     groups = {}
     for t, op in zip(times, ops):

@@ -15,6 +15,7 @@
 namespace amp::cuda {
 
 inline constexpr int64_t kChunkSize = 65536;
+inline constexpr int64_t kMinChunkSize = 128;  // element_wise_chunk_size's floor
 inline constexpr int kMaxBlocksPerLaunch = 320;
 // Chosen, as in apex, so that the metadata fits CUDA's classic 4 KB kernel-parameter limit.
 template <int Depth>
@@ -27,13 +28,14 @@ struct TensorListMeta {
   uint8_t block_slot[kMaxBlocksPerLaunch];
   int32_t block_chunk[kMaxBlocksPerLaunch];
   int64_t block_base;  // blocks of earlier launches of the same call
+  int64_t chunk;       // elements per chunk
 };
 
 template <int Depth, class Op>
 __global__ void __launch_bounds__(512) multi_tensor_kernel(TensorListMeta<Depth> meta, Op op) {
   const int slot = meta.block_slot[blockIdx.x];
-  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kChunkSize;
-  const int64_t end = begin + kChunkSize < meta.numel[slot] ? begin + kChunkSize : meta.numel[slot];
+  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * meta.chunk;
+  const int64_t end = begin + meta.chunk < meta.numel[slot] ? begin + meta.chunk : meta.numel[slot];
   void* ptrs[Depth];
 #pragma unroll
   for (int d = 0; d < Depth; ++d) ptrs[d] = meta.addr[d][slot];
@@ -48,13 +50,19 @@ struct MtCost {
 };
 
 // Launches op over the tensors described by ptrs (Depth pointers per tensor, same element count)
-// and numels, on the compute stream.
+// and numels, on the compute stream. An op with per-block results (cost.written_per_block) works in
+// chunks of kChunkSize, by which its caller sizes them (multi_tensor_block_count); an element-wise op
+// in element_wise_chunk_size's, so that small tensors spread over the SMs.
 template <int Depth, class Op>
 void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
                         const Op& op, const MtCost& cost) {
   static_assert(sizeof(TensorListMeta<Depth>) + sizeof(Op) <= 4000, "kernel parameters exceed 4 KB");
-  const auto plan = plan_multi_tensor(numels, kChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
   Context& ctx = context();
+  const int64_t chunk = cost.written_per_block > 0
+                            ? kChunkSize
+                            : element_wise_chunk_size(numels, cost.read + cost.written, ctx.sm_count(), kChunkSize,
+                                                      kMinChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
+  const auto plan = plan_multi_tensor(numels, chunk, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
   int64_t base = 0;
   for (const MultiTensorLaunch& launch : plan) {
     TensorListMeta<Depth> meta{};
@@ -67,11 +75,12 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
     for (size_t b = 0; b < launch.block_slot.size(); ++b) {
       meta.block_slot[b] = static_cast<uint8_t>(launch.block_slot[b]);
       meta.block_chunk[b] = launch.block_chunk[b];
-      const int64_t begin = static_cast<int64_t>(launch.block_chunk[b]) * kChunkSize;
+      const int64_t begin = static_cast<int64_t>(launch.block_chunk[b]) * chunk;
       const int64_t numel = meta.numel[launch.block_slot[b]];
-      elements += (numel - begin < kChunkSize ? numel - begin : kChunkSize);
+      elements += (numel - begin < chunk ? numel - begin : chunk);
     }
     meta.block_base = base;
+    meta.chunk = chunk;
     const auto blocks = static_cast<unsigned>(launch.block_slot.size());
     declare_launch_cost(elements * cost.read, elements * cost.written + blocks * cost.written_per_block,
                         elements * cost.flops);

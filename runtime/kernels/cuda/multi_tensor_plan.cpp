@@ -39,6 +39,25 @@ std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& num
   return plan;
 }
 
+int64_t element_wise_chunk_size(const std::vector<int64_t>& numels, int64_t bytes_per_element, int sms,
+                                int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks,
+                                int64_t min_bytes) {
+  for (;; chunk_size /= 2) {
+    if (chunk_size / 2 < min_chunk) return chunk_size;
+    bool thin = false;
+    for (const MultiTensorLaunch& launch : plan_multi_tensor(numels, chunk_size, max_tensors, max_blocks)) {
+      int64_t elements = 0;
+      for (size_t b = 0; b < launch.block_slot.size(); ++b) {
+        const int64_t numel = numels[static_cast<size_t>(launch.tensors[static_cast<size_t>(launch.block_slot[b])])];
+        const int64_t begin = static_cast<int64_t>(launch.block_chunk[b]) * chunk_size;
+        elements += numel - begin < chunk_size ? numel - begin : chunk_size;
+      }
+      if (elements * bytes_per_element > min_bytes && static_cast<int>(launch.block_slot.size()) < sms) thin = true;
+    }
+    if (!thin) return chunk_size;
+  }
+}
+
 int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int64_t chunk_size) {
   int64_t blocks = 0;
   for (int64_t n : numels) blocks += (n + chunk_size - 1) / chunk_size;

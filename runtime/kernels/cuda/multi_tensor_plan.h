@@ -26,4 +26,13 @@ std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& num
 // The number of blocks a plan has in total (the size of per-block partial results).
 int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int64_t chunk_size);
 
+// The chunk size for an element-wise call (one whose blocks leave no per-block results): chunk_size,
+// halved down to min_chunk while a launch of its plan moves more than min_bytes (at bytes_per_element)
+// on fewer blocks than the GPU has SMs. Small tensors take one chunk each and a launch at most
+// max_tensors of them (its parameter block's limit): such a launch would stream its bytes through
+// a few SMs. A call that has enough blocks keeps chunk_size.
+int64_t element_wise_chunk_size(const std::vector<int64_t>& numels, int64_t bytes_per_element, int sms,
+                                int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks,
+                                int64_t min_bytes = int64_t{1} << 20);
+
 }  // namespace amp::cuda
