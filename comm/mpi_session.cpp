@@ -24,7 +24,7 @@ int count_from_environment(const char* name, const char* value) {
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || errno != 0 || v < 0 || v > (1 << 20))
+  if (*value < '0' || *value > '9' || *end != '\0' || errno != 0 || v > (1 << 20))
     throw std::invalid_argument(std::string("the launcher's ") + name + "='" + value + "' is not a count");
   return static_cast<int>(v);
 }

@@ -120,7 +120,7 @@ TEST(NodePlace, ReadFromTheLaunchersEnvironment) {
   EXPECT_EQ(place()->local_rank, 1);
   EXPECT_EQ(place()->local_size, 2);
   EXPECT_EQ(place()->source, "OMPI_COMM_WORLD_LOCAL_RANK");
-  for (const char* bad : {"", "x", "1x", "-1", "99999999999999999999"}) {
+  for (const char* bad : {"", "x", "1x", "-1", "+1", " 1", "99999999999999999999"}) {
     setenv("OMPI_COMM_WORLD_LOCAL_RANK", bad, 1);
     try {
       place();

@@ -314,8 +314,9 @@ TEST_F(Emu, AMisalignedSixteenByteLoadIsAFault) {
 
 // cuBLASLt as the CUDA backend's linear layer calls it (bias epilogue), and what it refuses: the
 // heuristic offers no algorithm for a bias type other than D's or an epilogue the emulator lacks; an
-// algorithm chosen for 16-byte aligned operands refuses a 2-byte aligned one (a GPU may fault or read
-// the wrong elements); a bias outside device memory is refused.
+// algorithm chosen for 16-byte aligned operands refuses a 4-byte aligned one (a GPU may fault or read
+// the wrong elements), as it refuses a bias less aligned than the one it was chosen with; a bias
+// outside device memory is refused.
 TEST_F(Emu, CublasLtRunsTheBiasEpilogueAndRefusesWhatItWouldNotRun) {
   cublasLtHandle_t lt = nullptr;
   ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
@@ -366,7 +367,15 @@ TEST_F(Emu, CublasLtRunsTheBiasEpilogueAndRefusesWhatItWouldNotRun) {
   // A one float (4 bytes) into its allocation: less aligned than the algorithm was chosen for.
   EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a + 1, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
             CUBLAS_STATUS_NOT_SUPPORTED);
-  float on_host[m] = {};
+  // A bias one float into its allocation (4-byte aligned): refused by an algorithm chosen for a
+  // 256-byte aligned one (cuBLASLt's heuristic reads the bias pointer).
+  float* bias_big = device<float>(m + 1);
+  const void* shifted = bias_big + 1;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &shifted, sizeof(shifted)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  alignas(256) float on_host[m] = {};
   const void* host_bias = on_host;
   ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias, sizeof(host_bias)),
             CUBLAS_STATUS_SUCCESS);

@@ -583,6 +583,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   r.algo.data[0] = kLtAlgoMagic;
   for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->alignment[i];
   r.algo.data[5] = (pref->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0;
+  // As cuBLASLt's heuristic, it reads the bias pointer's alignment (the pointer is set before it).
+  r.algo.data[6] = op->epilogue == CUBLASLT_EPILOGUE_BIAS ? alignment_of(op->bias) : 1;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
   results[0] = r;
@@ -609,6 +611,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   if (g.beta != 0 && C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulator adds C in place only
   if (op->epilogue == CUBLASLT_EPILOGUE_BIAS) {
     if (op->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (alignment_of(op->bias) < algo->data[6]) {
+      std::fprintf(stderr, "cublasLtMatmul: the bias at %p is %u-byte aligned, but the algorithm was chosen for a %llu-byte "
+                   "aligned bias\n", op->bias, alignment_of(op->bias), static_cast<unsigned long long>(algo->data[6]));
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     g.bias = op->bias;
   }
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;

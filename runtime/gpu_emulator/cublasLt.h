@@ -7,9 +7,10 @@
 // - the heuristic answers NOT_SUPPORTED (no algorithm) for type combinations cuBLASLt lacks, an
 //   epilogue other than DEFAULT and BIAS, and a bias type other than D's;
 // - the algorithm it returns remembers the pointer alignments the preference declared
-//   (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, 256 when not set, as in cuBLASLt): cublasLtMatmul
-//   refuses (NOT_SUPPORTED, with a message on stderr) pointers less aligned than that, where a real
-//   GPU may fault or read the wrong elements;
+//   (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, 256 when not set, as in cuBLASLt) and the bias
+//   pointer's own (which cuBLASLt's heuristic reads): cublasLtMatmul refuses (NOT_SUPPORTED, with a
+//   message on stderr) pointers less aligned than that, where a real GPU may fault or read the wrong
+//   elements;
 // - A, B, C, D and the bias must lie inside device memory (INVALID_VALUE, naming the operand).
 // Split-K in D's type (INPLACE or OUTPUT_TYPE reductions, allowed unless the preference's
 // CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK excludes them) is emulated as cublasGemmEx's without

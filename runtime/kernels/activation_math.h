@@ -18,8 +18,8 @@ AMP_HD T relu_backward(T g, T x) { return x <= T(0) ? T(0) : g; }
 
 // GELU, exact form: x * Phi(x), Phi the normal CDF. fp64 computes it with std::erf. fp32 (and the
 // 16-bit types, computed in fp32) with the float overloads below, which use arithmetic only: the
-// CPU's loops vectorise them (no libm call per element) and the GPU's kernels round them the same,
-// bit for bit (no contraction into FMAs on either side).
+// CPU's loops vectorise them (no libm call per element), and the GPU's kernels, whose IEEE operations
+// are not contracted into FMAs either (nvcc --fmad=false), round them as the CPU does.
 template <class T>
 AMP_HD T gelu(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
 // GELU's derivative at x: the factor its backward multiplies the gradient by.
@@ -99,7 +99,7 @@ AMP_HD void normal_cdf_pdf(float x, float* cdf, float* pdf) {
   float hi, lo;
   square_exact(ac, &hi, &lo);
   const float gauss = a > 13.19f ? 0.0f : exp_bounded(-0.5f * hi) * (1.0f - 0.5f * lo);  // e^(-x^2 / 2)
-  const float erfc_z = t * gauss * exp_bounded(q);
+  const float erfc_z = gauss * (t * exp_bounded(q));  // gauss last: only the result may be subnormal
   const bool small = a < 0.70710678118654752440f;
   const float upper = small ? 0.5f + 0.5f * erf_small : 1.0f - 0.5f * erfc_z;  // Phi(|x|)
   const float lower = small ? 0.5f - 0.5f * erf_small : 0.5f * erfc_z;         // Phi(-|x|)

@@ -96,10 +96,10 @@ struct LtKey {
   int64_t m, n, k;
   cudaDataType_t in, out;
   cublasComputeType_t compute;
-  uint32_t align_a, align_b, align_d;
+  uint32_t align_a, align_b, align_d, align_bias;  // the heuristic reads the bias pointer's alignment too
   bool operator<(const LtKey& o) const {
-    return std::tie(m, n, k, in, out, compute, align_a, align_b, align_d) <
-           std::tie(o.m, o.n, o.k, o.in, o.out, o.compute, o.align_a, o.align_b, o.align_d);
+    return std::tie(m, n, k, in, out, compute, align_a, align_b, align_d, align_bias) <
+           std::tie(o.m, o.n, o.k, o.in, o.out, o.compute, o.align_a, o.align_b, o.align_d, o.align_bias);
   }
 };
 
@@ -139,7 +139,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.p, type, o, r, o));
 
   const LtKey key{o, r, in, type, type, compute, alignment_of(w.data_ptr()), alignment_of(x.data_ptr()),
-                  alignment_of(y.data_ptr())};
+                  alignment_of(y.data_ptr()), alignment_of(bias.data_ptr())};
   static std::mutex mutex;
   static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
   std::optional<cublasLtMatmulAlgo_t> algo;

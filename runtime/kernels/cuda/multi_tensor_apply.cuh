@@ -49,22 +49,14 @@ struct MtCost {
   int64_t read = 0, written = 0, flops = 0, written_per_block = 0;
 };
 
-// Launches op over the tensors described by ptrs (Depth pointers per tensor, same element count)
-// and numels, on the compute stream. An op with per-block results (cost.written_per_block) works in
-// chunks of kChunkSize, by which its caller sizes them (multi_tensor_block_count); an element-wise op
-// in element_wise_chunk_size's, so that small tensors spread over the SMs.
+// The launches of one plan, in chunks of `chunk` elements; base: blocks of earlier launches of the
+// same call (for per-block results).
 template <int Depth, class Op>
-void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
-                        const Op& op, const MtCost& cost) {
+void launch_plan(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
+                 const Op& op, const MtCost& cost, int64_t chunk, int64_t base) {
   static_assert(sizeof(TensorListMeta<Depth>) + sizeof(Op) <= 4000, "kernel parameters exceed 4 KB");
   Context& ctx = context();
-  const int64_t chunk = cost.written_per_block > 0
-                            ? kChunkSize
-                            : element_wise_chunk_size(numels, cost.read + cost.written, ctx.sm_count(), kChunkSize,
-                                                      kMinChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
-  const auto plan = plan_multi_tensor(numels, chunk, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch);
-  int64_t base = 0;
-  for (const MultiTensorLaunch& launch : plan) {
+  for (const MultiTensorLaunch& launch : plan_multi_tensor(numels, chunk, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch)) {
     TensorListMeta<Depth> meta{};
     for (size_t s = 0; s < launch.tensors.size(); ++s) {
       const auto t = static_cast<size_t>(launch.tensors[s]);
@@ -87,6 +79,26 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
     AMP_LAUNCH(blocks, 512, 0, ctx.stream(), multi_tensor_kernel<Depth, Op>)(meta, op);
     AMP_CUDA_CHECK_LAUNCH();
     base += blocks;
+  }
+}
+
+// Launches op over the tensors described by ptrs (Depth pointers per tensor, same element count)
+// and numels, on the compute stream. An op with per-block results (it uses its `block` argument and
+// must declare cost.written_per_block) works in chunks of kChunkSize, by which its caller sizes them
+// (multi_tensor_block_count); an element-wise op in element_wise_groups'.
+template <int Depth, class Op>
+void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
+                        const Op& op, const MtCost& cost) {
+  if (cost.written_per_block > 0) return launch_plan<Depth>(ptrs, numels, op, cost, kChunkSize, 0);
+  for (const ChunkedGroup& g : element_wise_groups(numels, cost.read + cost.written, context().sm_count(), kChunkSize,
+                                                   kMinChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch)) {
+    std::vector<std::array<void*, Depth>> group_ptrs;
+    std::vector<int64_t> group_numels;
+    for (int t : g.tensors) {
+      group_ptrs.push_back(ptrs[static_cast<size_t>(t)]);
+      group_numels.push_back(numels[static_cast<size_t>(t)]);
+    }
+    launch_plan<Depth>(group_ptrs, group_numels, op, cost, g.chunk_size, 0);
   }
 }
 

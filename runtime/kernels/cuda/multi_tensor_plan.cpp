@@ -42,6 +42,9 @@ std::vector<MultiTensorLaunch> plan_multi_tensor(const std::vector<int64_t>& num
 int64_t element_wise_chunk_size(const std::vector<int64_t>& numels, int64_t bytes_per_element, int sms,
                                 int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks,
                                 int64_t min_bytes) {
+  // A plan shares its blocks evenly among the launches it needs, so each has at least half the limit:
+  // asking for more SMs than that would shrink the chunks of a call that fills every launch.
+  if (sms > max_blocks / 2) sms = max_blocks / 2;
   for (;; chunk_size /= 2) {
     if (chunk_size / 2 < min_chunk) return chunk_size;
     bool thin = false;
@@ -56,6 +59,31 @@ int64_t element_wise_chunk_size(const std::vector<int64_t>& numels, int64_t byte
     }
     if (!thin) return chunk_size;
   }
+}
+
+std::vector<ChunkedGroup> element_wise_groups(const std::vector<int64_t>& numels, int64_t bytes_per_element, int sms,
+                                              int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks) {
+  ChunkedGroup large{{}, chunk_size}, small{{}, chunk_size};
+  std::vector<int64_t> small_numels;
+  for (size_t t = 0; t < numels.size(); ++t) {
+    if (numels[t] > chunk_size) {
+      large.tensors.push_back(static_cast<int>(t));
+    } else {
+      small.tensors.push_back(static_cast<int>(t));
+      small_numels.push_back(numels[t]);
+    }
+  }
+  small.chunk_size = element_wise_chunk_size(small_numels, bytes_per_element, sms, chunk_size, min_chunk, max_tensors,
+                                             max_blocks);
+  if (small.chunk_size == chunk_size) {  // nothing to spread: one plan, as the tensors came
+    ChunkedGroup all{{}, chunk_size};
+    for (size_t t = 0; t < numels.size(); ++t) all.tensors.push_back(static_cast<int>(t));
+    return all.tensors.empty() ? std::vector<ChunkedGroup>{} : std::vector<ChunkedGroup>{all};
+  }
+  std::vector<ChunkedGroup> groups;
+  for (ChunkedGroup* g : {&large, &small})
+    if (!g->tensors.empty()) groups.push_back(std::move(*g));
+  return groups;
 }
 
 int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int64_t chunk_size) {

@@ -35,4 +35,16 @@ int64_t element_wise_chunk_size(const std::vector<int64_t>& numels, int64_t byte
                                 int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks,
                                 int64_t min_bytes = int64_t{1} << 20);
 
+// An element-wise call's tensors in groups, each launched at its own chunk size: the tensors of more
+// than one chunk at chunk_size, the others (one chunk each: a model's biases and LayerNorm weights)
+// at element_wise_chunk_size's for them alone, so that they spread over the SMs without
+// multiplying the large tensors' launches; one group of all at chunk_size when the small ones need
+// no smaller chunk. Indices into numels; empty groups are left out.
+struct ChunkedGroup {
+  std::vector<int> tensors;
+  int64_t chunk_size;
+};
+std::vector<ChunkedGroup> element_wise_groups(const std::vector<int64_t>& numels, int64_t bytes_per_element, int sms,
+                                              int64_t chunk_size, int64_t min_chunk, int max_tensors, int max_blocks);
+
 }  // namespace amp::cuda
