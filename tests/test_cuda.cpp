@@ -672,6 +672,8 @@ TEST_F(CudaVsCpu, LinearBiasInTheGemmsEpilogueEqualsTheComposite) {
         EXPECT_GT(launches() - before1, 1) << "the composite";
       }
       EXPECT_TRUE(test::bitwise_equal(y1.to(kCPU), composite.to(kCPU))) << dtype_name(dt);
+      // A bias that does not fit is an error naming it, not a fallback.
+      EXPECT_THROW(gpu().linear_forward(x, w, empty({o + 1}, dt, kGPU), y1), std::invalid_argument);
     }
   }
 }

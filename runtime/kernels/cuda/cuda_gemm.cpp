@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -83,101 +84,108 @@ uint32_t alignment_of(const void* p) {
 }
 
 template <class T, cublasStatus_t (*Destroy)(T)>
-struct LtObject {  // a cuBLASLt descriptor, destroyed at scope exit
+struct LtObject {  // a cuBLASLt descriptor, destroyed with its owner
   T p = nullptr;
+  LtObject() = default;
+  LtObject(const LtObject&) = delete;
+  LtObject& operator=(const LtObject&) = delete;
   ~LtObject() {
     if (p != nullptr) (void)Destroy(p);
   }
 };
 
-// cuBLASLt's heuristic answer for one shape, types and alignments, asked once per process: nullopt
-// when it has no algorithm.
+// One shape, dtype and set of alignments: its descriptors and cuBLASLt's heuristic answer (none when
+// it has no algorithm), made once per process; a call sets only its bias pointer.
 struct LtKey {
   int64_t m, n, k;
-  cudaDataType_t in, out;
+  cudaDataType_t type;
   cublasComputeType_t compute;
   uint32_t align_a, align_b, align_d, align_bias;  // the heuristic reads the bias pointer's alignment too
   bool operator<(const LtKey& o) const {
-    return std::tie(m, n, k, in, out, compute, align_a, align_b, align_d, align_bias) <
-           std::tie(o.m, o.n, o.k, o.in, o.out, o.compute, o.align_a, o.align_b, o.align_d, o.align_bias);
+    return std::tie(m, n, k, type, compute, align_a, align_b, align_d, align_bias) <
+           std::tie(o.m, o.n, o.k, o.type, o.compute, o.align_a, o.align_b, o.align_d, o.align_bias);
   }
 };
+struct LtPlan {
+  LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
+  LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> a, b, d;
+  std::optional<cublasLtMatmulAlgo_t> algo;
+};
+
+// y = x w^T + bias as column-major D (o x r) = op(A) B + bias: A = w as stored (k x m, transposed),
+// B = x as stored (k x n), the bias one value per row of D.
+std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias) {
+  auto plan = std::make_unique<LtPlan>();
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op.p, key.compute, CUDA_R_32F));
+  const int32_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.k, key.m, key.k));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b.p, key.type, key.k, key.n, key.k));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d.p, key.type, key.m, key.n, key.m));
+  LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+  AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+  const uint64_t workspace = Context::kCublasWorkspaceBytes;
+  // Split-K partial sums in fp32 only (never in D's fp16/bf16): one rounding, as the cuBLAS handle's
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION.
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                        sizeof(workspace)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                        sizeof(reductions)));
+  const uint32_t align[4] = {key.align_a, key.align_b, key.align_d, key.align_d};  // C is D
+  for (int i = 0; i < 4; ++i)
+    AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, static_cast<cublasLtMatmulPreferenceAttributes_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
+        &align[i], sizeof(align[i])));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(context().cublas_lt(), plan->op.p, plan->a.p, plan->b.p,
+                                                           plan->d.p, plan->d.p, pref.p, 1, &result, &found);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) plan->algo = result.algo;
+  else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) AMP_CUBLAS_CHECK(st);
+  return plan;
+}
 
 }  // namespace
 
-// Row-major y [r, o] = x [r, i] w [o, i]^T + bias [o] is column-major D (o x r) = op(A) B + bias with
-// A = w as stored (i x o, transposed), B = x as stored (i x r), the bias one value per row of D.
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   require_cuda(x, "linear: x");
   require_cuda(w, "linear: w");
   require_cuda(bias, "linear: bias");
   require_cuda(y, "linear: y");
+  const auto [r, o, in] = check_gemm(false, true, x, w, y);
+  if (bias.dim() != 1 || bias.numel() != o || bias.dtype() != w.dtype())
+    throw std::invalid_argument("linear: bias " + shape_str(bias.shape()) + " " + dtype_name(bias.dtype()) +
+                                " does not match the weight's " + std::to_string(o) + " " + dtype_name(w.dtype()) +
+                                " rows");
+  // cuBLASLt where it takes the bias: fp16, bf16, fp32 with one output dtype, a 16-byte aligned bias,
+  // sizes within its 32-bit limits, no empty dimension. Otherwise Backend's broadcast and GEMM.
   const DType dt = x.dtype();
-  const int64_t r = x.dim() == 2 ? x.shape()[0] : -1, in = w.dim() == 2 ? w.shape()[1] : -1,
-                o = w.dim() == 2 ? w.shape()[0] : -1;
-  const bool usable = (dt == DType::f16 || dt == DType::bf16 || dt == DType::f32) && w.dtype() == dt &&
-                      bias.dtype() == dt && y.dtype() == dt && r > 0 && in > 0 && o > 0 &&
-                      x.shape()[1] == in && bias.numel() == o && y.dim() == 2 && y.shape()[0] == r &&
-                      y.shape()[1] == o && r <= INT_MAX && in <= INT_MAX && o <= INT_MAX &&
-                      reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
-  if (!usable) return Backend::linear_forward(x, w, bias, y);
-  const cudaDataType_t type = cuda_dtype(dt);
-  const cublasComputeType_t compute = dt == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                  : CUBLAS_COMPUTE_32F;
-  LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
-  LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> la, lb, ld;
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.p, compute, CUDA_R_32F));
-  const int32_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
-  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const bool lt = (dt == DType::f16 || dt == DType::bf16 || dt == DType::f32) && y.dtype() == dt && r > 0 && o > 0 &&
+                  in > 0 && r <= INT_MAX && o <= INT_MAX && in <= INT_MAX &&
+                  reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+  if (!lt) return Backend::linear_forward(x, w, bias, y);
+  const LtKey key{o, r, in, cuda_dtype(dt),
+                  dt == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                  alignment_of(w.data_ptr()), alignment_of(x.data_ptr()), alignment_of(y.data_ptr()),
+                  alignment_of(bias.data_ptr())};
+  static std::mutex mutex;  // guards the plans and each plan's bias pointer until its matmul is enqueued
+  static std::map<LtKey, std::unique_ptr<LtPlan>> plans;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<LtPlan>& plan = plans[key];
+  if (!plan) plan = make_lt_plan(key, bias.data_ptr());
+  if (!plan->algo) return Backend::linear_forward(x, w, bias, y);
   const void* bias_ptr = bias.data_ptr();
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.p, type, in, o, in));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.p, type, in, r, in));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.p, type, o, r, o));
-
-  const LtKey key{o, r, in, type, type, compute, alignment_of(w.data_ptr()), alignment_of(x.data_ptr()),
-                  alignment_of(y.data_ptr()), alignment_of(bias.data_ptr())};
-  static std::mutex mutex;
-  static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
-  std::optional<cublasLtMatmulAlgo_t> algo;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = algos.find(key);
-    if (it == algos.end()) {
-      LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
-      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
-      const uint64_t workspace = Context::kCublasWorkspaceBytes;
-      // Split-K partial sums in fp32 only (never in D's fp16/bf16): one rounding, as the cuBLAS
-      // handle's CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION.
-      const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &workspace, sizeof(workspace)));
-      AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                            &reductions, sizeof(reductions)));
-      const uint32_t align[4] = {key.align_a, key.align_b, key.align_d, key.align_d};  // C is D
-      for (int i = 0; i < 4; ++i)
-        AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref.p, static_cast<cublasLtMatmulPreferenceAttributes_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
-            &align[i], sizeof(align[i])));
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(context().cublas_lt(), op.p, la.p, lb.p, ld.p, ld.p,
-                                                               pref.p, 1, &result, &found);
-      if (st == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
-      else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) AMP_CUBLAS_CHECK(st);
-      algos.emplace(key, algo);
-    } else {
-      algo = it->second;
-    }
-  }
-  if (!algo) return Backend::linear_forward(x, w, bias, y);
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                                  sizeof(bias_ptr)));
   const float alpha = 1.0f, beta = 0.0f;
-  AMP_CUBLAS_CHECK(cublasLtMatmul(context().cublas_lt(), op.p, &alpha, w.data_ptr(), la.p, x.data_ptr(), lb.p, &beta,
-                                  y.data_ptr(), ld.p, y.data_ptr(), ld.p, &*algo, context().workspace(),
-                                  Context::kCublasWorkspaceBytes, context().stream()));
+  AMP_CUBLAS_CHECK(cublasLtMatmul(context().cublas_lt(), plan->op.p, &alpha, w.data_ptr(), plan->a.p, x.data_ptr(),
+                                  plan->b.p, &beta, y.data_ptr(), plan->d.p, y.data_ptr(), plan->d.p, &*plan->algo,
+                                  context().workspace(), Context::kCublasWorkspaceBytes, context().stream()));
 }
 
 void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {

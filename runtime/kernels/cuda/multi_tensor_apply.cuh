@@ -49,11 +49,12 @@ struct MtCost {
   int64_t read = 0, written = 0, flops = 0, written_per_block = 0;
 };
 
-// The launches of one plan, in chunks of `chunk` elements; base: blocks of earlier launches of the
-// same call (for per-block results).
+// The launches of one plan, in chunks of `chunk` elements; each block's index among all of them is
+// the op's `block`.
 template <int Depth, class Op>
 void launch_plan(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
-                 const Op& op, const MtCost& cost, int64_t chunk, int64_t base) {
+                 const Op& op, const MtCost& cost, int64_t chunk) {
+  int64_t base = 0;
   static_assert(sizeof(TensorListMeta<Depth>) + sizeof(Op) <= 4000, "kernel parameters exceed 4 KB");
   Context& ctx = context();
   for (const MultiTensorLaunch& launch : plan_multi_tensor(numels, chunk, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch)) {
@@ -89,7 +90,7 @@ void launch_plan(const std::vector<std::array<void*, Depth>>& ptrs, const std::v
 template <int Depth, class Op>
 void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const std::vector<int64_t>& numels,
                         const Op& op, const MtCost& cost) {
-  if (cost.written_per_block > 0) return launch_plan<Depth>(ptrs, numels, op, cost, kChunkSize, 0);
+  if (cost.written_per_block > 0) return launch_plan<Depth>(ptrs, numels, op, cost, kChunkSize);
   for (const ChunkedGroup& g : element_wise_groups(numels, cost.read + cost.written, context().sm_count(), kChunkSize,
                                                    kMinChunkSize, kMaxTensorsPerLaunch<Depth>, kMaxBlocksPerLaunch)) {
     std::vector<std::array<void*, Depth>> group_ptrs;
@@ -98,7 +99,7 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
       group_ptrs.push_back(ptrs[static_cast<size_t>(t)]);
       group_numels.push_back(numels[static_cast<size_t>(t)]);
     }
-    launch_plan<Depth>(group_ptrs, group_numels, op, cost, g.chunk_size, 0);
+    launch_plan<Depth>(group_ptrs, group_numels, op, cost, g.chunk_size);
   }
 }
 
