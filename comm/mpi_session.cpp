@@ -29,6 +29,47 @@ int count_from_environment(const char* name, const char* value) {
   return static_cast<int>(v);
 }
 
+// Slurm's srun: SLURM_LOCALID, and the node's task count from SLURM_STEP_TASKS_PER_NODE at index
+// SLURM_NODEID ("2(x3),1": 2 tasks on each of the step's first 3 nodes, then 1).
+std::optional<NodePlace> slurm_place() {
+  const char* id = std::getenv("SLURM_LOCALID");
+  const char* node = std::getenv("SLURM_NODEID");
+  const char* per_node = std::getenv("SLURM_STEP_TASKS_PER_NODE");
+  if (id == nullptr || node == nullptr || per_node == nullptr) return std::nullopt;
+  const int local = count_from_environment("SLURM_LOCALID", id);
+  const int index = count_from_environment("SLURM_NODEID", node);
+  const std::string list = per_node;
+  auto bad = [&] {
+    return std::invalid_argument(std::string("the launcher's SLURM_STEP_TASKS_PER_NODE='") + per_node +
+                                 "' does not give the tasks of node " + std::to_string(index) + " (SLURM_NODEID)");
+  };
+  int first = 0;  // the index of the entry's first node
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string entry = list.substr(at, comma - at);
+    const size_t paren = entry.find("(x");
+    if (paren != std::string::npos && entry.back() != ')') throw bad();
+    const std::string tasks = entry.substr(0, paren), repeat = paren == std::string::npos ? "1" : entry.substr(paren + 2, entry.size() - paren - 3);
+    int n = 0, times = 0;
+    try {
+      n = count_from_environment("SLURM_STEP_TASKS_PER_NODE", tasks.c_str());
+      times = count_from_environment("SLURM_STEP_TASKS_PER_NODE", repeat.c_str());
+    } catch (const std::invalid_argument&) {
+      throw bad();
+    }
+    if (index < first + times) {
+      if (local >= n)
+        throw std::invalid_argument(std::string("the launcher's SLURM_LOCALID=") + id + " is not below node " +
+                                    std::to_string(index) + "'s " + std::to_string(n) + " tasks (SLURM_STEP_TASKS_PER_NODE='" +
+                                    per_node + "')");
+      return NodePlace{local, n, "SLURM_LOCALID"};
+    }
+    first += times;
+    at = comma + 1;
+  }
+  throw bad();
+}
+
 }  // namespace
 
 std::optional<NodePlace> node_place_from_launcher() {
@@ -45,7 +86,9 @@ std::optional<NodePlace> node_place_from_launcher() {
                                   "=" + n);
     return p;
   }
-  return std::nullopt;
+  // After the MPI launchers' own: inside a Slurm allocation, mpirun's ranks inherit the batch step's
+  // SLURM_LOCALID (0 on every rank), which is not theirs.
+  return slurm_place();
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {

@@ -29,8 +29,10 @@ bool launched_by_mpi();
 
 // Where the launcher placed this process on its node, from its environment, before MPI_Init: Open
 // MPI's OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE, or MPICH's (Hydra) MPI_LOCALRANKID
-// and MPI_LOCALNRANKS. nullopt when the process was not launched by MPI or no pair is set; a value
-// that is not a count (or a rank outside [0, size)) throws std::invalid_argument naming the variable.
+// and MPI_LOCALNRANKS, or Slurm's srun: SLURM_LOCALID, and the node's count from
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID. nullopt when the process was not launched by MPI or no
+// launcher's variables are set; a value that is not a count (or a rank outside [0, size)) throws
+// std::invalid_argument naming the variable.
 struct NodePlace {
   int local_rank = 0, local_size = 1;
   std::string source;  // the rank's variable, to name in messages

@@ -5,6 +5,7 @@
 // one rank alone (device, files) runs first, the ranks agree on the outcome, and only then do the
 // collectives start (the NCCL communicator, the weight broadcast, the reducer's buffers).
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -27,6 +28,7 @@
 #include "launch/progress.h"
 #include "launch/training/interrupt.h"
 #include "launch/training/output_lock.h"
+#include "launch/training/output_overlap.h"
 #include "launch/training/output_path.h"
 #include "launch/training/device_comm.h"
 #include "launch/training/trainer.h"
@@ -95,6 +97,39 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
   return worst;
 }
 
+// Ranks that were given the same physical GPU (per-rank CUDA_VISIBLE_DEVICES naming one GPU twice, a
+// Slurm binding that shares one): found by the GPUs' UUIDs, over every rank, and named. "" when none.
+std::string ranks_sharing_a_gpu(comm::Communicator& c, const std::string& uuid) {
+  if (c.size() == 1) return "";
+  constexpr int64_t kChars = 48 + 1 + 64;  // the UUID, '@', the host's name
+  char host[65] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string mine_text = (uuid + "@" + host).substr(0, static_cast<size_t>(kChars));
+  Tensor mine = zeros({kChars}, DType::f64);
+  double* m = static_cast<double*>(mine.data_ptr());
+  for (size_t i = 0; i < mine_text.size(); ++i) m[i] = static_cast<unsigned char>(mine_text[i]);
+  const Tensor all = c.all_gather(mine);
+  const double* a = static_cast<const double*>(all.data_ptr());
+  std::vector<std::pair<std::string, std::vector<int>>> gpus;  // "uuid@host", its ranks
+  for (int r = 0; r < c.size(); ++r) {
+    std::string text;
+    for (int64_t i = 0; i < kChars && a[r * kChars + i] != 0; ++i) text.push_back(static_cast<char>(a[r * kChars + i]));
+    auto it = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first.substr(0, g.first.find('@')) == text.substr(0, text.find('@')); });
+    if (it == gpus.end()) gpus.push_back({text, {r}});
+    else it->second.push_back(r);
+  }
+  std::string clash;
+  for (const auto& [gpu, ranks] : gpus) {
+    if (ranks.size() < 2) continue;
+    std::string who;
+    for (size_t i = 0; i < ranks.size(); ++i) who += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+    clash += (clash.empty() ? "" : "; ") + std::string("ranks ") + who + " were given the same GPU, " +
+             gpu.substr(0, gpu.find('@')) + " (on " + gpu.substr(gpu.find('@') + 1) + ")";
+  }
+  return clash.empty() ? "" : clash + ": each rank needs a GPU of its own; give each rank its own CUDA_VISIBLE_DEVICES "
+                                      "(Slurm: --gpus-per-task=1), or let every rank see all of the node's GPUs";
+}
+
 // A message that already names its rank ("rank 1: NCCL ... did not complete") is not prefixed twice.
 void report_fatal(int rank, const std::string& what) {
   const std::string own = "rank " + std::to_string(rank) + ": ";
@@ -121,6 +156,23 @@ struct DebugStall {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 };
+
+// Every file the run reads and writes, for check_outputs_apart (launch/training/output_overlap.h).
+std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
+  using Role = launch::NamedFile::Role;
+  std::vector<launch::NamedFile> files = {
+      {"--data", cfg.data == "synthetic" ? "" : cfg.data, Role::input},
+      {"--init-weights", cfg.init_weights, Role::input},
+      {"--config", cfg.config_file, Role::input},
+      {"--resume-from", cfg.resume_from, Role::input_directory},
+      {"--checkpoint-dir", cfg.checkpoint_dir, Role::output_directory},
+      {"--metrics", cfg.metrics, Role::output},
+      {"--save-weights", cfg.save_weights, Role::output},
+  };
+  for (const auto& [flag, path] : {std::pair{"--metrics", cfg.metrics}, std::pair{"--save-weights", cfg.save_weights}})
+    if (!path.empty()) files.push_back({std::string("the lock file of ") + flag, launch::lock_path_of(path), Role::output});
+  return files;
+}
 
 int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, const std::string& gpu_chosen_from,
                         std::unique_ptr<comm::Communicator>& host_comm,
@@ -165,12 +217,15 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   launch::OutputLocks locks;  // held until training ends: another live run cannot write our outputs
   attempt([&] {  // rank 0 writes the outputs: check and lock them before anything runs
     if (!rank0) return;
+    // The checkpoint directory first (it is made when missing): the metrics may be written in it.
+    if (!cfg.checkpoint_dir.empty()) launch::check_checkpoint_dir(cfg.checkpoint_dir);
     launch::check_output_path("--save-weights", cfg.save_weights);
     launch::check_output_path("--metrics", cfg.metrics);
-    if (!cfg.checkpoint_dir.empty()) launch::check_checkpoint_dir(cfg.checkpoint_dir);
-    locks.acquire("--checkpoint-dir", cfg.checkpoint_dir, true);
-    locks.acquire("--metrics", cfg.metrics, false);
-    locks.acquire("--save-weights", cfg.save_weights, false);
+    launch::check_outputs_apart(files_of(cfg));
+    using Lock = launch::OutputLocks::Kind;
+    locks.acquire("--checkpoint-dir", cfg.checkpoint_dir, Lock::directory);
+    locks.acquire("--metrics", cfg.metrics, Lock::file_written_in_place);
+    locks.acquire("--save-weights", cfg.save_weights, Lock::replaced_file);
     for (const std::string& t : launch::remove_stale_temporaries(cfg.save_weights))
       std::printf("notice: removed '%s', a temporary file left by a run that was killed while saving\n", t.c_str());
   });
@@ -186,6 +241,13 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
     }
   });
   if (!agreed("agreeing on the device")) return code;
+  if (device.is_cuda()) {
+    attempt([&] {
+      const std::string clash = ranks_sharing_a_gpu(*host_comm, cuda_device_uuid());
+      if (!clash.empty()) throw std::invalid_argument(clash);
+    });
+    if (!agreed("checking that each rank has a GPU of its own")) return code;
+  }
   // 2. The collective set-up.
   comm::Communicator* c = host_comm.get();
   attempt([&] {

@@ -1,10 +1,12 @@
 #include "launch/cli.h"
 
+#include "comm/mpi_session.h"
 #include "launch/training/train_config.h"
 #include "models/model_spec.h"
 #include "runtime/ops/ops.h"
 #include "runtime/core/number_format.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -12,6 +14,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -71,13 +76,16 @@ void validate(boost::any& v, const std::vector<std::string>& values, LossScale*,
   else if (s == "dynamic") ls.kind = LossScale::Kind::dynamic;
   else if (s == "off") ls.kind = LossScale::Kind::off;
   else {
+    // Parsed as a double (stof refuses float32's subnormals as out of range): the bounds, which
+    // depend on --amp, are check_ranges()'s, the same as --init-scale's.
     size_t used = 0;
-    float f = 0.0f;
-    try { f = std::stof(s, &used); } catch (...) { used = 0; }
-    if (used != s.size() || !(f > 0.0f) || !std::isfinite(f) || !std::isfinite(static_cast<float>(1.0 / f)))
-      invalid_value(s, "auto, dynamic, off, or a positive number whose inverse is finite in float32 (>= about 2.9e-39)");
+    double d = 0.0;
+    try { d = std::stod(s, &used); } catch (...) { used = 0; }
+    if (used != s.size() || !(d > 0.0) || !std::isfinite(d))
+      invalid_value(s, "auto, dynamic, off, or a positive number");
     ls.kind = LossScale::Kind::constant;
-    ls.value = f;
+    ls.value = static_cast<float>(d);
+    ls.given = d;
   }
   v = ls;
 }
@@ -140,8 +148,15 @@ void check_model(const TrainConfig& c) {
   std::shared_ptr<const models::ModelSpec> spec;
   try {
     spec = models::configure_model(c.model, c.model_flags);
-    const long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
-    spec->check({c.data, c.batch_size}, ram > 0 ? ram : 0.0L);
+    // The node's memory is shared by its ranks: each may have its share (launchers name the count).
+    long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+    std::optional<comm::NodePlace> place;
+    try {
+      place = comm::node_place_from_launcher();
+    } catch (const std::invalid_argument&) {  // a launcher's variables that are not counts: said at GPU selection
+    }
+    if (place && place->local_size > 1) ram /= place->local_size;
+    spec->check(run_shape(c), ram > 0 ? ram : 0.0L);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -150,6 +165,35 @@ void check_model(const TrainConfig& c) {
   if (c.bf16_rounded_weight_grads && spec->aggregator(0) != nullptr)
     throw UsageError("--bf16-rounded-weight-grads: --model " + c.model + " takes its gradients by Jacobian descent "
                      "(grad()), which rounds them as PyTorch does already");
+}
+
+// A loss scale (--init-scale, --loss-scale N) that can train: a normal float32 (a subnormal's inverse
+// overflows near 2.9e-39, and every step would be skipped), and under fp16 at least 2^-24, fp16's
+// smallest subnormal: below it the scaled gradient of anything smaller than 1 is flushed to zero,
+// and the run would step with zero gradients, training nothing, without a single skip to say so.
+void check_scale(const char* flag, double scale, AmpMode amp) {
+  require(scale > 0.0 && std::isfinite(static_cast<float>(scale)), flag, scale, "must be a positive number within float32's range");
+  require(static_cast<float>(scale) >= std::numeric_limits<float>::min(), flag, scale,
+          "must be at least 1.18e-38, float32's smallest normal number (gradients are unscaled by its inverse, "
+          "which must be finite in float32)");
+  if (amp == AmpMode::fp16)
+    require(scale >= 0x1p-24, flag, scale,
+            "must be at least 2^-24 = 5.96e-08 with --amp fp16: below it every scaled fp16 gradient smaller than 1 "
+            "underflows to zero, and nothing would train (scales below 1 shrink the gradients; above 1 they are kept)");
+}
+
+// Each rank's threads: at most kMaxThreads, and what the process may create (RLIMIT_NPROC counts
+// threads, and libgomp fails, or crashes, past it).
+constexpr int kMaxThreads = 1024;
+int max_threads() {
+  long limit = kMaxThreads;
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    limit = std::min<long>(limit, static_cast<long>(r.rlim_cur) - 1);
+  std::ifstream threads_max("/proc/sys/kernel/threads-max");
+  long system = 0;
+  if (threads_max >> system && system > 0) limit = std::min(limit, system - 1);
+  return static_cast<int>(std::max(1L, limit));
 }
 
 void check_ranges(const TrainConfig& c, int world_size) {
@@ -164,6 +208,16 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
+  // Sample indices are int64: step i reads [(i - 1) E, i E), E = batch x micro-batches x ranks, and
+  // a checkpoint records --steps x E.
+  int64_t per_step = 0, total = 0;
+  const bool fits = !__builtin_mul_overflow(c.batch_size, c.micro_batches, &per_step) &&
+                    !__builtin_mul_overflow(per_step, static_cast<int64_t>(world_size), &per_step) &&
+                    !__builtin_mul_overflow(per_step, c.steps + 1, &total);
+  require(fits, "--micro-batches", c.micro_batches,
+          "is too large: --batch-size " + std::to_string(c.batch_size) + " x --micro-batches x " +
+              std::to_string(world_size) + " rank(s) x (--steps " + std::to_string(c.steps) +
+              " + 1) samples must count in 64 bits");
   require(c.lr >= 0.0 && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum", c.momentum, "must be in [0, 1)");
   if (c.weight_decay)
@@ -185,12 +239,8 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a finite number >= 0 (0 turns clipping off)");
   require(c.grad_penalty >= 0.0 && std::isfinite(c.grad_penalty), "--grad-penalty", c.grad_penalty,
           "must be a finite number >= 0");
-  require(c.init_scale > 0.0 && std::isfinite(static_cast<float>(c.init_scale)), "--init-scale", c.init_scale,
-          "must be a positive number within float32's range");
-  // Gradients are unscaled by (float)(1 / scale): below about 2.9e-39 that is infinite, and every
-  // step would be skipped.
-  require(std::isfinite(static_cast<float>(1.0 / static_cast<double>(static_cast<float>(c.init_scale)))), "--init-scale",
-          c.init_scale, "must be at least about 2.9e-39 (its inverse, which unscales the gradients, must be finite in float32)");
+  check_scale("--init-scale", c.init_scale, c.amp);
+  if (c.loss_scale.kind == LossScale::Kind::constant) check_scale("--loss-scale", c.loss_scale.given, c.amp);
   require(c.growth_factor > 1.0, "--growth-factor", c.growth_factor, "must be > 1");
   require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
@@ -200,6 +250,10 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.init_scale >= c.min_scale && c.init_scale <= c.max_scale, "--init-scale", c.init_scale,
           "must lie in [--min-scale, --max-scale]");
   require(c.threads >= 0, "--threads", c.threads, "must be >= 0 (0: cores / local ranks)");
+  require(c.threads <= max_threads(), "--threads", c.threads,
+          "must be at most " + std::to_string(max_threads()) + " (" + std::to_string(kMaxThreads) +
+              ", or fewer where ulimit -u or the kernel's threads-max allow fewer; this machine has " +
+              std::to_string(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))) + " cores)");
   require(c.comm_timeout > 0.0 && std::isfinite(c.comm_timeout), "--comm-timeout", c.comm_timeout,
           "must be a finite number of seconds > 0");
   require(c.check_every >= 0, "--check-every", c.check_every, "must be >= 0");
@@ -378,13 +432,23 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     }
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
+      c.config_file = file;
       std::error_code ec;
       if (!std::filesystem::is_regular_file(file, ec))  // a directory, FIFO or /dev/zero: never read
         throw UsageError("--config: '" + file + "' is not a regular file");
-      std::ifstream in(file);
-      if (!in) throw UsageError("--config: cannot open '" + file + "'");
+      std::ifstream raw(file, std::ios::binary);
+      if (!raw) throw UsageError("--config: cannot open '" + file + "'");
+      std::string text((std::istreambuf_iterator<char>(raw)), std::istreambuf_iterator<char>());
+      if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (Windows' editors)
+      std::istringstream in(text);
       try {
         const po::parsed_options from_file = po::parse_config_file(in, all);
+        // What only a command line can say: a file does not include another, nor asks for help.
+        for (const po::option& o : from_file.options)
+          if (o.string_key == "config" || o.string_key == "help")
+            throw UsageError("--config " + file + ": '" + o.string_key + "' cannot be set in a config file (" +
+                             (o.string_key == "config" ? "config files do not include others" : "give --help on the command line") +
+                             ")");
         // Every value of the file is checked, even one the command line overrides, and a key given
         // twice is an error: a typo in a config must not wait for the day the override goes.
         po::variables_map alone;

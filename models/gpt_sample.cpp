@@ -18,7 +18,7 @@ std::string sample(GptModel& model, const std::string& prompt, const SampleOptio
   for (unsigned char ch : prompt) context.push_back(ch);
   if (context.empty()) context.push_back('\n');
   std::string out;
-  for (int64_t n = 0; n < o.tokens; ++n) {
+  for (int64_t n = 0; n < o.tokens && !(o.stop && o.stop()); ++n) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), model.config().block_size);
     const std::vector<int64_t> window(context.end() - T, context.end());
     const Tensor logits = model.logits(from_int64(window, {1, T}, device));

@@ -4,6 +4,7 @@
 // draw n uses counter n of seed's stream, so a seed gives the same text on any device.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "models/gpt.h"
@@ -15,6 +16,7 @@ struct SampleOptions {
   double temperature = 0.8;
   int64_t top_k = 200;
   uint64_t seed = 0;
+  std::function<bool()> stop;  // checked before each token: true ends the sample there (none: never)
 };
 
 // Runs the model in evaluation mode without autograd, under whatever autocast the caller opened;

@@ -22,21 +22,33 @@ class GptSpec final : public ModelSpec {
       throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes); launch/scripts/run_example.sh makes one "
                                   "from the King James Bible (Debian's bible-kjv)");
     if (ram <= 0) return;
-    // Weights, gradients and AdamW's two moments in fp32; a micro-batch's activations saved for the
-    // backward (about 16 values of [B, T, C] a layer, and the attention weights [B, H, T, T] with
-    // their dropout mask) and the logits [B, T, 256].
-    const long double C = static_cast<long double>(c_.n_embd), L = static_cast<long double>(c_.n_layer);
-    const long double T = static_cast<long double>(c_.block_size), B = static_cast<long double>(run.batch_size);
-    const long double gpt = (12 * L * C * C + (256 + T) * C) * 4 * 4;
-    const long double acts = B * T * (16 * C * L + 2 * static_cast<long double>(c_.n_head) * T * L + 3 * 256) * 4;
-    if (gpt > ram)
+    const MemoryEstimate m = memory_estimate(run);
+    if (MemoryEstimate::kProcessBytes + m.model > ram)
       throw std::invalid_argument("--n-embd " + std::to_string(c_.n_embd) + ", --n-layer " + std::to_string(c_.n_layer) +
                                   " and --block-size " + std::to_string(c_.block_size) +
-                                  " (the position embedding): the model alone needs at least " + memory_needed(gpt, ram));
-    if (gpt + acts > ram)
+                                  " (the position embedding): the model alone needs at least " +
+                                  memory_needed(MemoryEstimate::kProcessBytes + m.model, ram));
+    if (m.total() > ram)
       throw std::invalid_argument("--batch-size " + std::to_string(run.batch_size) + " at --block-size " +
-                                  std::to_string(c_.block_size) + ": a micro-batch's activations and the model need at least " +
-                                  memory_needed(gpt + acts, ram) + "; use more --micro-batches of a smaller --batch-size");
+                                  std::to_string(c_.block_size) + " and --n-head " + std::to_string(c_.n_head) +
+                                  ": a micro-batch's activations (its attention weights grow as the block's square), "
+                                  "the model and the data need at least " + memory_needed(m.total(), ram) +
+                                  "; use more --micro-batches of a smaller --batch-size");
+  }
+  // Measured on the CPU (tests/test_memory_estimate.cpp): about 20 values of [B, T, C] a layer and
+  // the logits [B, T, 256] three times; the attention's [B, H, T, T] weights about 1.25 times a
+  // layer (saved for the backward) plus 2.75 in flight (scores, their gradient), more under autocast
+  // (16-bit copies beside fp32's softmax); the text held once.
+  MemoryEstimate memory_estimate(const RunShape& run) const override {
+    const long double C = static_cast<long double>(c_.n_embd), L = static_cast<long double>(c_.n_layer);
+    const long double T = static_cast<long double>(c_.block_size), B = static_cast<long double>(run.batch_size);
+    const long double H = static_cast<long double>(c_.n_head);
+    MemoryEstimate m;
+    m.model = parameter_bytes(12 * L * C * C + (256 + T) * C, run);
+    const long double attention = run.autocast ? 2 * L + 4.5L : 1.5L * L + 3;
+    m.activations = B * T * (20 * C * L + 3 * 256) * 4 + B * H * T * T * 4 * attention;
+    m.data = data_file_bytes(run);
+    return m;
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
     return make_gpt_model(c_, gen, device);
@@ -58,15 +70,22 @@ class GptSpec final : public ModelSpec {
   double tokens_per_sample() const override { return static_cast<double>(c_.block_size); }
   const char* unit() const override { return "tokens"; }
   bool double_backward() const override { return false; }
-  std::string after_training(TrainingModel& model, uint64_t seed) const override {
+  std::string after_training(TrainingModel& model, uint64_t seed, const std::function<bool()>& stop) const override {
     if (sample_.tokens == 0) return {};
     SampleOptions o = sample_;
     o.seed = math::mix64(seed ^ 0x73616d706c65ull);  // the sampler's own stream
+    o.stop = stop;
     const std::string text = sample(dynamic_cast<GptModel&>(model), prompt_, o);
     char head[160];
     std::snprintf(head, sizeof head, "--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n",
                   static_cast<long long>(o.tokens), o.temperature, static_cast<long long>(o.top_k));
-    return head + prompt_ + text + "\n---\n";
+    // The bytes as drawn (a NUL or an invalid UTF-8 sequence included), then a closing line that says
+    // how many there were when a stop cut the sample short.
+    const std::string tail = static_cast<int64_t>(text.size()) == o.tokens
+                                 ? "\n---\n"
+                                 : "\n--- interrupted: " + std::to_string(text.size()) + " of " + std::to_string(o.tokens) +
+                                       " bytes sampled\n";
+    return head + prompt_ + text + tail;
   }
 
  private:

@@ -14,19 +14,26 @@ class MlpSpec final : public ModelSpec {
   MlpSpec(int64_t width, int64_t layers) : width_(width), layers_(layers) {}
   void check(const RunShape& run, long double ram) const override {
     if (ram <= 0) return;
-    // A floor: fp32 weights, gradients, two optimizer slots and the reducer's buckets; a
-    // micro-batch's activations, saved for backward, with their gradients.
-    const long double w = static_cast<long double>(width_), layers = static_cast<long double>(layers_);
-    const long double model = layers * w * (w + 1) * 4 * 5;
-    const long double activations = static_cast<long double>(run.batch_size) * w * (layers + 2) * 4 * 4;
-    if (model > ram)
+    const MemoryEstimate m = memory_estimate(run);
+    if (MemoryEstimate::kProcessBytes + m.model > ram)
       throw std::invalid_argument("--width " + std::to_string(width_) + " with --layers " + std::to_string(layers_) +
-                                  ": the model alone needs at least " + memory_needed(model, ram));
-    if (model + activations > ram)
+                                  ": the model alone needs at least " +
+                                  memory_needed(MemoryEstimate::kProcessBytes + m.model, ram));
+    if (m.total() > ram)
       throw std::invalid_argument("--batch-size " + std::to_string(run.batch_size) + " at --width " +
-                                  std::to_string(width_) + ": a micro-batch's activations and the model need at least " +
-                                  memory_needed(model + activations, ram) +
+                                  std::to_string(width_) + ": a micro-batch's activations, the model and the data need "
+                                  "at least " + memory_needed(m.total(), ram) +
                                   "; use more --micro-batches of a smaller --batch-size");
+  }
+  // Measured on the CPU (tests/test_memory_estimate.cpp): each layer's output and ReLU saved for the
+  // backward, and about 8 [B, width] in flight; a data file read whole, then as tensors.
+  MemoryEstimate memory_estimate(const RunShape& run) const override {
+    const long double w = static_cast<long double>(width_), layers = static_cast<long double>(layers_);
+    MemoryEstimate m;
+    m.model = parameter_bytes(layers * w * (w + 1), run);
+    m.activations = static_cast<long double>(run.batch_size) * w * 4 * (2 * layers + 8);
+    m.data = 2 * data_file_bytes(run);
+    return m;
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
     return make_mlp_model({width_, width_, width_, layers_}, gen, device);

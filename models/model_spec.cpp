@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <deque>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -79,11 +80,22 @@ double FlagReader::number(const std::string& name) const {
   return v;
 }
 
+long double parameter_bytes(long double parameters, const RunShape& run) {
+  return parameters * (4.0L * (3 + run.optimizer_slots) + (run.autocast ? 2.0L : 0.0L));
+}
+
+long double data_file_bytes(const RunShape& run) {
+  std::error_code ec;
+  if (run.data == "synthetic" || !std::filesystem::is_regular_file(run.data, ec)) return 0;
+  const auto size = std::filesystem::file_size(run.data, ec);
+  return ec ? 0 : static_cast<long double>(size);
+}
+
 std::string memory_needed(long double bytes, long double physical_memory) {
   const long double gib = 1024.0L * 1024.0L * 1024.0L;
   std::ostringstream os;
   os.precision(3);
-  os << bytes / gib << " GiB, and this machine has " << physical_memory / gib << " GiB";
+  os << bytes / gib << " GiB, and this machine has " << physical_memory / gib << " GiB (for each of its ranks)";
   return os.str();
 }
 

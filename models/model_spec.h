@@ -32,7 +32,24 @@ using ModelFlagValues = std::map<std::string, std::string>;
 struct RunShape {
   std::string data;  // --data: "synthetic" or a file
   int64_t batch_size = 1;  // samples per rank per micro-batch
+  int optimizer_slots = 2;  // fp32 values the optimizer keeps per parameter (SGD 0, with momentum 1, AdamW 2)
+  bool autocast = false;  // --amp fp16|bf16: 16-bit copies of the parameters, and of activations
 };
+
+// What a run keeps resident at its peak on the CPU, in bytes: a bound, within 1.5x of what it uses
+// (tests/test_memory_estimate.cpp measures it). The process itself (libraries, MPI, threads' stacks)
+// is kProcessBytes; the model is its parameters with their gradients, reducer buckets and optimizer
+// state; the activations are a micro-batch's forward and backward; the data, what is read into memory.
+struct MemoryEstimate {
+  static constexpr long double kProcessBytes = 320.0L * 1024 * 1024;
+  long double model = 0, activations = 0, data = 0;
+  long double total() const { return kProcessBytes + model + activations + data; }
+};
+// The bytes of `parameters` fp32 parameters in a run: weights, gradients, the reducer's buckets, the
+// optimizer's slots, the 16-bit copies.
+long double parameter_bytes(long double parameters, const RunShape& run);
+// The size of --data's file (0 for synthetic data or a file that cannot be read: its reader says why).
+long double data_file_bytes(const RunShape& run);
 
 // One configured model of a kind: its flags' values parsed and checked.
 class ModelSpec {
@@ -41,6 +58,8 @@ class ModelSpec {
   // Checks the run against this model (data, sizes against physical_memory bytes: 0 skips that).
   // Throws std::invalid_argument naming the flag and what is wrong.
   virtual void check(const RunShape& run, long double physical_memory) const = 0;
+  // What the run needs in memory (none said: zeros).
+  virtual MemoryEstimate memory_estimate(const RunShape& /*run*/) const { return {}; }
   // A fresh model, initialised from gen.
   virtual std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const = 0;
   // Its data: "synthetic" or a file. Throws std::invalid_argument naming the file.
@@ -58,8 +77,12 @@ class ModelSpec {
   virtual std::unique_ptr<jd::Aggregator> aggregator(uint64_t /*seed*/) const { return nullptr; }
   // Whether the step may differentiate through its own gradients (--grad-penalty).
   virtual bool double_backward() const { return true; }
-  // After training (rank 0): text to print, e.g. a sample of a language model; empty: nothing.
-  virtual std::string after_training(TrainingModel& /*model*/, uint64_t /*seed*/) const { return {}; }
+  // After training (rank 0): text to print (any bytes), e.g. a sample of a language model; empty:
+  // nothing. Work that takes long checks stop() as it goes and ends early, saying so, when it is true.
+  virtual std::string after_training(TrainingModel& /*model*/, uint64_t /*seed*/,
+                                     const std::function<bool()>& /*stop*/) const {
+    return {};
+  }
 };
 
 // A kind of model: its name (--model NAME), a line for --help, its flags, and how to configure one.
@@ -94,7 +117,7 @@ class FlagReader {
   const ModelFlagValues& values_;
 };
 
-// "X GiB, and this machine has Y GiB": for the memory checks' messages.
+// "X GiB, and this machine has Y GiB (for each of its ranks)": for the memory checks' messages.
 std::string memory_needed(long double bytes, long double physical_memory);
 
 // The built-in kinds (each in its own file).

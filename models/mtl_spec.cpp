@@ -15,24 +15,18 @@ class MtlSpec final : public ModelSpec {
   MtlSpec(const MtlConfig& c, std::string aggregator) : c_(c), aggregator_(std::move(aggregator)) {}
   void check(const RunShape& run, long double ram) const override {
     if (ram <= 0) return try_aggregator();
-    // Weights, gradients, two optimizer slots and a spare copy in fp32; the trunk's Jacobian
-    // [tasks, trunk] and its all-reduced copy; a micro-batch's activations.
-    const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
-    const long double f = static_cast<long double>(c_.features), tasks = static_cast<long double>(c_.tasks);
-    const long double trunk = in * h + h + h * f + f;
-    // ... and the aggregator's Gramian [tasks, tasks] in fp64 with its working copies.
-    const long double model = (trunk + tasks * (f + 1)) * 4 * 5 + tasks * trunk * 4 * 2 + tasks * tasks * 8 * 4;
-    const long double acts = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 4 * 4;
-    if (model > ram)
+    const MemoryEstimate m = memory_estimate(run);
+    if (MemoryEstimate::kProcessBytes + m.model > ram)
       throw std::invalid_argument("--in-features " + std::to_string(c_.in_features) + ", --hidden " +
                                   std::to_string(c_.hidden) + ", --features " + std::to_string(c_.features) +
                                   " and --tasks " + std::to_string(c_.tasks) +
-                                  ": the model and its Jacobian alone need at least " + memory_needed(model, ram));
-    if (model + acts > ram)
+                                  ": the model and its Jacobian alone need at least " +
+                                  memory_needed(MemoryEstimate::kProcessBytes + m.model, ram));
+    if (m.total() > ram)
       throw std::invalid_argument("--batch-size " + std::to_string(run.batch_size) + " at --in-features " +
                                   std::to_string(c_.in_features) + " and --hidden " + std::to_string(c_.hidden) +
-                                  ": a micro-batch's activations and the model need at least " +
-                                  memory_needed(model + acts, ram) + "; use more --micro-batches of a smaller --batch-size");
+                                  ": a micro-batch's activations, the model and the data need at least " +
+                                  memory_needed(m.total(), ram) + "; use more --micro-batches of a smaller --batch-size");
     try_aggregator();
   }
   // Built and tried on a [tasks, 3] Jacobian (after the memory check: its Gramian is tasks x tasks):
@@ -45,6 +39,20 @@ class MtlSpec final : public ModelSpec {
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("--aggregator: ") + e.what());
     }
+  }
+  // Measured on the CPU (tests/test_memory_estimate.cpp): the trunk's Jacobian [tasks, trunk] about
+  // four times (the micro-batches' sum, the all-reduced copy, the Gramian's and the aggregation's
+  // working copies), the Gramian [tasks, tasks] in fp64 with its copies; about 9 bytes a value of a
+  // sample's layers.
+  MemoryEstimate memory_estimate(const RunShape& run) const override {
+    const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
+    const long double f = static_cast<long double>(c_.features), tasks = static_cast<long double>(c_.tasks);
+    const long double trunk = in * h + h + h * f + f;
+    MemoryEstimate m;
+    m.model = parameter_bytes(trunk + tasks * (f + 1), run) + tasks * trunk * 4 * 4 + tasks * tasks * 8 * 4;
+    m.activations = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 9;
+    m.data = 2 * data_file_bytes(run);
+    return m;
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {
     return make_mtl_model(c_, gen, device);

@@ -98,7 +98,8 @@ void expect_micro_batches_equal_one(TrainConfig k, int64_t K) {
 // count (or a rank not below the node's size) refused naming the variable.
 TEST(NodePlace, ReadFromTheLaunchersEnvironment) {
   const char* names[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                         "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+                         "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                         "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE"};
   std::vector<std::optional<std::string>> saved;
   for (const char* n : names) {
     const char* v = std::getenv(n);
@@ -132,6 +133,33 @@ TEST(NodePlace, ReadFromTheLaunchersEnvironment) {
   }
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);
   EXPECT_THROW(place(), std::invalid_argument);  // not below OMPI_COMM_WORLD_LOCAL_SIZE=2
+  // Slurm's srun (issue 42): after the MPI launchers' pairs, which win inside an allocation.
+  for (const char* n : {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
+    unsetenv(n);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_NODEID", "3", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2),2,3(x5)", 1);  // nodes 0-1: 4 tasks, node 2: 2, nodes 3-7: 3
+  ASSERT_TRUE(place().has_value());
+  EXPECT_EQ(place()->local_rank, 1);
+  EXPECT_EQ(place()->local_size, 3);
+  EXPECT_EQ(place()->source, "SLURM_LOCALID");
+  setenv("SLURM_NODEID", "2", 1);
+  EXPECT_EQ(place()->local_size, 2);
+  setenv("SLURM_NODEID", "0", 1);
+  EXPECT_EQ(place()->local_size, 4);
+  setenv("SLURM_NODEID", "8", 1);  // beyond the list
+  EXPECT_THROW(place(), std::invalid_argument);
+  setenv("SLURM_NODEID", "2", 1);
+  setenv("SLURM_LOCALID", "2", 1);  // node 2 has 2 tasks
+  EXPECT_THROW(place(), std::invalid_argument);
+  setenv("SLURM_LOCALID", "0", 1);
+  for (const char* bad : {"", "4(x2", "4(2)", "x", "4,,2", "4(x)"}) {
+    setenv("SLURM_STEP_TASKS_PER_NODE", bad, 1);
+    EXPECT_THROW(place(), std::invalid_argument) << "accepted SLURM_STEP_TASKS_PER_NODE='" << bad << "'";
+  }
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);  // mpirun inside an sbatch allocation: its own pair wins
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  EXPECT_EQ(place()->source, "OMPI_COMM_WORLD_LOCAL_RANK");
   for (size_t i = 0; i < saved.size(); ++i) {
     if (saved[i]) setenv(names[i], saved[i]->c_str(), 1);
     else unsetenv(names[i]);

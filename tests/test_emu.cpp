@@ -173,6 +173,49 @@ std::string fault_after_sync() {
   return emu::last_fault();
 }
 
+// --- devices: CUDA_VISIBLE_DEVICES as the driver reads it (issue 42), and each GPU's UUID
+
+TEST(EmuDevices, CudaVisibleDevicesSelectsAndOrdersTheNodesGpus) {
+  const char* saved_count = std::getenv("AMP_EMU_DEVICES");
+  const char* saved_visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string keep_count = saved_count ? saved_count : "", keep_visible = saved_visible ? saved_visible : "";
+  setenv("AMP_EMU_DEVICES", "4", 1);
+  auto count = [](const char* visible) {
+    if (visible) setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+    else unsetenv("CUDA_VISIBLE_DEVICES");
+    int n = -1;
+    EXPECT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+    return n;
+  };
+  auto uuid = [](int device) {
+    cudaDeviceProp prop{};
+    EXPECT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
+    return std::string(prop.uuid.bytes, sizeof prop.uuid.bytes);
+  };
+  EXPECT_EQ(count(nullptr), 4);
+  const std::string gpu2 = uuid(2), gpu0 = uuid(0);
+  EXPECT_NE(gpu2, gpu0);
+  EXPECT_EQ(count("2"), 1);
+  EXPECT_EQ(uuid(0), gpu2) << "device 0 of CUDA_VISIBLE_DEVICES=2 is the node's GPU 2";
+  EXPECT_EQ(count("3,0"), 2);
+  EXPECT_EQ(uuid(1), gpu0);
+  EXPECT_EQ(count("1,7,2"), 1) << "the list ends at the first entry that names no GPU";
+  EXPECT_EQ(count("1,1"), 1) << "a GPU listed twice ends the list";
+  EXPECT_EQ(count(""), 0);
+  EXPECT_EQ(count("GPU-e41a7ed0-0000-4e3a-8c6d-000000000003"), 1);
+  EXPECT_EQ(uuid(0), uuid(0));
+  EXPECT_EQ(count("GPU-e41a7ed0"), 1) << "a prefix of a UUID names it";
+  EXPECT_EQ(count("GPU-ffff"), 0);
+  cudaDeviceProp prop{};
+  count("0");
+  EXPECT_EQ(cudaGetDeviceProperties(&prop, 1), cudaErrorInvalidDevice);
+  (void)cudaGetLastError();
+  setenv("AMP_EMU_DEVICES", keep_count.c_str(), 1);
+  if (!saved_count) unsetenv("AMP_EMU_DEVICES");
+  if (saved_visible) setenv("CUDA_VISIBLE_DEVICES", keep_visible.c_str(), 1);
+  else unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
 // --- the execution model
 
 TEST_F(Emu, BlockReduceSumsEveryThreadsValueForAnyBlockSize) {

@@ -316,19 +316,48 @@ TEST(EmulatedTraining, MultiTaskJacobianDescentMatchesTheCpuBackend) {
 // The GPT on the emulated GPU: embedding, layer norm, attention (permutes, batched GEMMs, the causal
 // softmax), GELU, dropout and tied logits, in fp16 with dynamic scaling, against the CPU backend.
 // SGD with momentum, for the reason above.
-// More ranks on a node than GPUs: refused at start with what to do, on every rank, instead of two
-// ranks sharing a GPU (NCCL would refuse it later, less clearly).
+// amp_train on `ranks` ranks of one node with AMP_EMU_DEVICES GPUs, each rank's CUDA_VISIBLE_DEVICES
+// `visible` with $R its node-local rank ("" leaves it unset); its output, and its exit status.
+std::string run_with_gpus(int ranks, int gpus, const std::string& visible, const std::string& args, int* status) {
+  const std::string per_rank = visible.empty() ? "" : "CUDA_VISIBLE_DEVICES=" + visible + " ";
+  return cli::capture("env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=" + std::to_string(gpus) +
+                          " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 "
+                          "mpirun -np " + std::to_string(ranks) + " --oversubscribe -x AMP_EMU_DEVICES sh -c 'R=$OMPI_COMM_WORLD_LOCAL_RANK " +
+                          per_rank + "exec " + amp_train_bin() + " --device cuda --threads 1 --width 16 --layers 2 "
+                          "--batch-size 4 --comm-timeout 20 " + args + "' 2>&1",
+                      status);
+}
+
+// More ranks on a node than GPUs, each seeing them all: refused at start with what to do, on every
+// rank, instead of two ranks sharing a GPU (NCCL would refuse it later, less clearly).
 TEST(EmulatedTraining, MoreRanksThanGpusAreRefused) {
   if (!kEmulated) GTEST_SKIP() << "the emulated GPU's device count is set by AMP_EMU_DEVICES";
   int status = 0;
-  const std::string out = cli::capture(
-      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun -np 2 --oversubscribe -x AMP_EMU_DEVICES " + amp_train_bin() +
-          " --device cuda --threads 1 --steps 2 --width 16 --layers 2 --batch-size 4 --comm-timeout 20 2>&1",
-      &status);
+  const std::string out = run_with_gpus(3, 2, "", "--steps 2", &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124) << out;
-  EXPECT_NE(out.find("2 ranks on this node but 1 GPU(s) visible"), std::string::npos) << out;
-  EXPECT_NE(out.find("start at most 1 rank(s) per node"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 ranks on this node but 2 GPU(s) visible"), std::string::npos) << out;
+  EXPECT_NE(out.find("start at most 2 rank(s) per node"), std::string::npos) << out;
+}
+
+// Ranks that each see one GPU (per-rank CUDA_VISIBLE_DEVICES, as Slurm's --gpus-per-task=1 gives
+// them) train, bit for bit as one rank with the same micro-batches; ranks given the same GPU, by index
+// or by UUID, or all seeing the node's only GPU, are refused by the GPUs' UUIDs, naming them (issue 42).
+TEST(EmulatedTraining, OneGpuPerRankTrainsAndTwoRanksOnOneGpuAreRefused) {
+  if (!kEmulated) GTEST_SKIP() << "the emulated GPU honours CUDA_VISIBLE_DEVICES over AMP_EMU_DEVICES";
+  cli::TempDir d;
+  int status = 0;
+  std::string out = run_with_gpus(2, 2, "$R", "--steps 4 --metrics " + d.file("two.jsonl"), &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  out = run_with_gpus(1, 1, "", "--steps 4 --micro-batches 2 --metrics " + d.file("one.jsonl"), &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_EQ(cli::read_jsonl(d.file("two.jsonl")).back()["param_checksum"],
+            cli::read_jsonl(d.file("one.jsonl")).back()["param_checksum"]);
+  for (const std::string& visible : {std::string("1"), std::string("GPU-e41a7ed0-0000-4e3a-8c6d-000000000001"), std::string("")}) {
+    out = run_with_gpus(2, visible.empty() ? 1 : 2, visible, "--steps 2", &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << visible << ": " << out;
+    EXPECT_NE(out.find("ranks 0 and 1 were given the same GPU, GPU-e41a7ed0-0000-4e3a-8c6d-00000000000"), std::string::npos)
+        << visible << ": " << out;
+  }
 }
 
 // Each rank makes its GPU current before MPI_Init, from the launcher's node-local rank (a CUDA-aware

@@ -49,8 +49,10 @@ TEST(FailureModes, AScaleWithoutAFiniteInverseIsRefusedAtStart) {
     EXPECT_TRUE(has(r.out, flags.substr(flags.rfind("--"), flags.rfind(' ') - flags.rfind("--")))) << r.out;
     EXPECT_FALSE(fs::exists(d.file("w.safetensors"))) << flags;
   }
-  // The smallest scale that is still usable is not refused at start.
-  const RunResult ok = run(kMlp + "--steps 1 --amp fp16 --init-scale 3e-39 --save-weights " + d.file("w.safetensors"));
+  // The smallest scale that is still usable is not refused at start (float32's smallest normal
+  // number; under fp16, 2^-24: test_reliability).
+  const RunResult ok = run(kMlp + "--steps 1 --amp bf16 --loss-scale dynamic --init-scale 1.2e-38 --save-weights " +
+                           d.file("w.safetensors"));
   EXPECT_FALSE(has(ok.out, "--init-scale must")) << ok.out;
   if (fs::exists(d.file("w.safetensors"))) {
     EXPECT_TRUE(all_finite(d.file("w.safetensors"))) << ok.out;
@@ -61,7 +63,9 @@ TEST(FailureModes, AScaleWithoutAFiniteInverseIsRefusedAtStart) {
 TEST(FailureModes, AScaleThatCollapsesStopsTheRun) {
   for (const std::string& launcher : {std::string(""), std::string(kMpirun)}) {
     TempDir d;
-    const RunResult r = run(kMlp + "--steps 6 --amp fp16 --init-scale 4e-39 --inject-nonfinite 1 --metrics " +
+    // bf16 (fp32's range): 1.2e-38 halves to 6e-39, 3e-39, then 1.5e-39, whose inverse is infinite.
+    const RunResult r = run(kMlp + "--steps 6 --amp bf16 --loss-scale dynamic --init-scale 1.2e-38 --inject-nonfinite 1 "
+                                   "--inject-nonfinite 2 --inject-nonfinite 3 --metrics " +
                                 d.file("m.jsonl") + " --save-weights " + d.file("w.safetensors"),
                             launcher);
     EXPECT_EQ(r.code, 1) << launcher << r.out;
@@ -166,7 +170,7 @@ TEST(FailureModes, AnOutputInUseByALiveRunIsRefused) {
   // One run may not name one file twice either.
   const RunResult twice = run(kMlp + "--steps 2 --metrics " + d.file("x") + " --save-weights " + d.file("x"));
   EXPECT_EQ(twice.code, 2) << twice.out;
-  EXPECT_TRUE(has(twice.out, "name the same output")) << twice.out;
+  EXPECT_TRUE(has(twice.out, "are the same file: give each output its own")) << twice.out;
 }
 
 // --- 4. trainer.json is checked ----------------------------------------------------------------

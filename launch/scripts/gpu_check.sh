@@ -36,19 +36,26 @@
 #                      a stage's whole name is that stage only: bench_gpt2_small is not its _composite);
 #                      bundle and env always run. The others are listed as skipped, not failed.
 #   --plan             print which stages would run (with --stages) and stop: nothing is checked
-# Exit: 0 all passed; 1 a stage failed; 2 a prerequisite is missing (no NVIDIA driver, no visible GPU,
-# nvcc older than 12, a driver older than the build's CUDA, more --ranks than visible GPUs).
+# Exit: 0 all passed; 1 a stage failed; 2 bad usage (an unknown option, one without its value: nothing
+# runs) or a prerequisite is missing (no NVIDIA driver, no visible GPU, nvcc older than 12, a driver
+# older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
 bundle="" out="" ranks="" budget="" only="" plan=""
+# needs WHAT FLAG [VALUE...]: the flag's value is there, not empty and not another flag. A usage error
+# exits 2 (${2:?} would exit 1, which is a failed stage's), before anything is checked or written.
+needs() {
+  (($# >= 3)) && [[ -n $3 && $3 != -* ]] && return 0
+  echo "gpu_check: $2 needs $1${3:+, not $3} (see --help)" >&2; exit 2
+}
 while (($#)); do
   case $1 in
-    --bundle) bundle=${2:?--bundle needs an archive or a directory}; shift ;;
-    --out) out=${2:?--out needs a directory}; shift ;;
-    --ranks) ranks=${2:?--ranks needs a number}; shift ;;
-    --budget) budget=${2:?--budget needs seconds}; shift ;;
-    --stages) only=${2:?--stages needs a comma-separated list}; shift ;;
+    --bundle) needs "an archive or a directory" "$@"; bundle=$2; shift ;;
+    --out) needs "a directory" "$@"; out=$2; shift ;;
+    --ranks) needs "a number" "$@"; ranks=$2; shift ;;
+    --budget) needs "seconds" "$@"; budget=$2; shift ;;
+    --stages) needs "a comma-separated list" "$@"; only=$2; shift ;;
     --plan) plan=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -86,6 +93,8 @@ if [[ -n $plan ]]; then   # --plan: what --stages selects, and nothing else
   done
   exit 0
 fi
+# A missing --bundle is a usage error too: found before the output directory is made.
+[[ -z $bundle || -d $bundle || -f $bundle ]] || { echo "gpu_check: --bundle $bundle: no such file or directory" >&2; exit 2; }
 if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
 mkdir -p "$out/logs" || exit 2
 out=$(cd "$out" && pwd)
@@ -203,7 +212,6 @@ find_cuda_tool() {
 if [[ -n $bundle ]]; then
   if [[ -d $bundle ]]; then root=$(cd "$bundle" && pwd)
   else
-    [[ -f $bundle ]] || { echo "gpu_check: --bundle $bundle: no such file or directory" >&2; exit 2; }
     rm -rf "$out/bundle"; mkdir -p "$out/bundle"
     case $bundle in
       *.zst) zstd -dc "$bundle" | tar -x -C "$out/bundle" ;;

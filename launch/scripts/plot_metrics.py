@@ -14,7 +14,9 @@ record (its error), or neither (the run was still going, or died).
     python3 launch/scripts/plot_metrics.py run.jsonl                      # writes run.png beside it
     python3 launch/scripts/plot_metrics.py build/example/metrics.jsonl --samples-per-step 32 --tokens-per-sample 64
 
-Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
+A line that is not a JSON object, or whose fields have the wrong type, is skipped (one warning: how
+many, and the first); a file that cannot be read or leaves no step to draw exits 2, before matplotlib
+is needed. Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
 """
 import argparse
 import json
@@ -23,19 +25,48 @@ import os
 import sys
 
 
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def bad_fields(r):
+    """Why a record cannot be drawn (a field of the wrong type), or None. null stands for inf/NaN."""
+    if "step" in r and not (isinstance(r["step"], int) and not isinstance(r["step"], bool)):
+        return "'step' is not an integer"
+    if r.get("event") == "eval" and "step" not in r:
+        return "an eval record without 'step'"
+    for key in ("loss", "scale", "lr", "step_ms", "val_loss"):
+        if r.get(key) is not None and not is_number(r[key]):
+            return f"'{key}' is not a number or null"
+    if not isinstance(r.get("skipped", False), bool):
+        return "'skipped' is not true or false"
+    tl = r.get("task_losses")
+    if tl is not None and not (isinstance(tl, list) and all(v is None or is_number(v) for v in tl)):
+        return "'task_losses' is not a list of numbers"
+    return None
+
+
 def read_metrics(path):
-    """The step records, eval records and the last end/failed record of a metrics file."""
+    """The step records, eval records and the last end/failed record of a metrics file, and the lines
+    skipped: their count and the first one's number and reason."""
     steps, evals, ending = [], [], None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
+    skipped, first = 0, None
+    with open(path, "rb") as f:  # bytes: a stray non-UTF-8 byte spoils its line, not the file
+        for n, raw in enumerate(f, 1):
+            line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:
                 # A run killed mid-write leaves no partial line, but a file may be read while written.
-                print(f"plot_metrics: {path}:{n}: skipped, not JSON ({e.msg})", file=sys.stderr)
+                why = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else "not JSON"
+                r = None
+            else:
+                why = bad_fields(r) if isinstance(r, dict) else "not a JSON object"
+            if why:
+                skipped += 1
+                first = first or f"line {n}: {why}"
                 continue
             event = r.get("event")
             if event is None and "step" in r:
@@ -49,13 +80,16 @@ def read_metrics(path):
     steps = [by_step[s] for s in sorted(by_step)]
     by_step = {r["step"]: r for r in evals}
     evals = [by_step[s] for s in sorted(by_step)]
-    return steps, evals, ending
+    return steps, evals, ending, skipped, first
 
 
 def value(r, key):
     """A finite number, or None (JSON null stands for inf/NaN, and a key may be absent)."""
     v = r.get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    try:
+        return float(v) if is_number(v) and math.isfinite(v) else None
+    except OverflowError:  # an integer too large for a float
+        return None
 
 
 def title_for(path, steps, ending):
@@ -87,6 +121,20 @@ def main():
     if a.samples_per_step < 0 or a.tokens_per_sample < 0:
         ap.error("--samples-per-step and --tokens-per-sample must be positive")
 
+    # The file first: bad input exits 2 whether or not matplotlib is there.
+    try:
+        steps, evals, ending, skipped, first = read_metrics(a.metrics)
+    except OSError as e:
+        print(f"plot_metrics: {a.metrics}: cannot read: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
+    if skipped:
+        print(f"plot_metrics: {a.metrics}: skipped {skipped} line(s) that are not a JSON object or have a field "
+              f"of the wrong type (the first: {first})", file=sys.stderr)
+    if not steps:
+        print(f"plot_metrics: {a.metrics}: no step records to draw", file=sys.stderr)
+        sys.exit(2)
+    out = a.out or os.path.splitext(a.metrics)[0] + ".png"
+
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display needed
@@ -95,17 +143,12 @@ def main():
         sys.exit("plot_metrics: matplotlib is missing: install Debian's python3-matplotlib "
                  "(apt-get install python3-matplotlib, or launch/setup.sh --plot)")
 
-    try:
-        steps, evals, ending = read_metrics(a.metrics)
-    except OSError as e:
-        sys.exit(f"plot_metrics: {a.metrics}: {e.strerror}")
-    if not steps:
-        sys.exit(f"plot_metrics: {a.metrics}: no step records to draw")
-    out = a.out or os.path.splitext(a.metrics)[0] + ".png"
-
     x = [r["step"] for r in steps]
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
-    fig.suptitle(title_for(a.metrics, steps, ending), fontsize=10)
+    # The title holds the file's name and the run's error as they are: a '$' is no math, and what no
+    # font draws (a control character, a lone surrogate from a JSON escape) becomes a '?'.
+    title = "".join(c if c.isprintable() else "?" for c in title_for(a.metrics, steps, ending))
+    fig.suptitle(title.replace("$", r"\$"), fontsize=10)
 
     # --- loss and validation loss
     ax = axes[0]
@@ -174,6 +217,9 @@ def main():
         fig.savefig(out, dpi=100)
     except OSError as e:
         sys.exit(f"plot_metrics: {out}: {e.strerror}")
+    except ValueError as e:  # --out names a format matplotlib does not write
+        print(f"plot_metrics: --out {out}: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"plot_metrics: {out}")
 
 

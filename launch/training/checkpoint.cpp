@@ -220,6 +220,15 @@ Checkpoint load_checkpoint(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: " + e.what());
   }
+  // A newer version's checkpoint may hold state this one would drop: refused, not half-read.
+  if (c.meta.is_object() && c.meta.contains("format") &&
+      (!c.meta["format"].is_number_integer() || c.meta["format"].get<int64_t>() < 1 ||
+       c.meta["format"].get<int64_t>() > kCheckpointFormat))
+    throw std::invalid_argument((dir / kMeta).string() + ": format " + c.meta["format"].dump() +
+                                (c.meta["format"].is_number_integer() && c.meta["format"].get<int64_t>() > kCheckpointFormat
+                                     ? " was written by a newer amp_train (this one reads formats 1 to " +
+                                           std::to_string(kCheckpointFormat) + "): resume it with that version"
+                                     : " is not a checkpoint format"));
   const auto& files = c.meta.contains("files") ? c.meta["files"] : nlohmann::json();
   if (!c.meta.contains("step") || !c.meta["step"].is_number_integer() || !files.is_object() ||
       !c.meta.contains("optimizer_param_groups"))

@@ -20,6 +20,9 @@
 
 namespace amp::launch {
 
+// The version of trainer.json this build writes; it reads 1 to this, and refuses a newer one's.
+inline constexpr int kCheckpointFormat = 2;
+
 struct Checkpoint {
   std::string path;  // the step-NNNNNNNN directory
   int64_t step = 0;

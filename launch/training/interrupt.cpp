@@ -1,16 +1,45 @@
 #include "launch/training/interrupt.h"
 
+#include <time.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 namespace amp::launch {
 
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
+// When the first one came (CLOCK_MONOTONIC, whole milliseconds: a sig_atomic_t may be 32 bits, so
+// the handler keeps its own copy as a long long it alone writes before g_signal is set).
+long long g_first_ms = 0;
+
+long long monotonic_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+void say(const char* text) {  // write(2): the only output a handler may make
+  const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
 
 extern "C" void on_interrupt(int signum) {
-  if (g_signal == 0) g_signal = signum;
-  std::signal(signum, SIG_DFL);  // the second one is not caught
+  const long long now = monotonic_ms();
+  if (g_signal == 0) {
+    g_first_ms = now;
+    g_signal = signum;
+    return;
+  }
+  if (static_cast<double>(now - g_first_ms) < kDuplicateWindowSeconds * 1000.0) return;  // a copy of the first
+  if (signum == SIGINT) {  // Ctrl-C again: stop now, as the default would
+    std::signal(SIGINT, SIG_DFL);
+    ::raise(SIGINT);
+    return;
+  }
+  say("amp_train: SIGTERM again: already stopping after the step in flight (SIGKILL stops at once)\n");
 }
 }  // namespace
 
@@ -18,7 +47,10 @@ void install_interrupt_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time: the first-signal bookkeeping is not raced
+  sigaddset(&sa.sa_mask, SIGTERM);
   sa.sa_flags = SA_RESTART;  // a blocking read or collective goes on
+  g_signal = 0;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }

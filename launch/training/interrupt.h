@@ -1,11 +1,18 @@
 // SIGINT and SIGTERM during training: the first one asks the job to stop after the current step
 // (the trainer then saves what it would save at the end, and amp_train exits 128 + the signal's
-// number); a second one kills the process at once, as the signal's default would.
+// number). Copies of that request are the same request: `timeout`, Slurm and a terminal signal a
+// whole process group, and `mpirun` forwards what it gets, so one stop often arrives two or three
+// times within milliseconds. Only a second SIGINT more than kDuplicateWindowSeconds after the first (a
+// user pressing Ctrl-C again) stops the process at once, as the signal's default would; SIGTERM never
+// does (SIGKILL is the way to stop at once, and what Slurm sends after its grace period).
 #pragma once
 
 namespace amp::launch {
 
-// Installs the handlers for SIGINT and SIGTERM (idempotent).
+// Repeats of a stop signal within this many seconds of the first are copies of it.
+inline constexpr double kDuplicateWindowSeconds = 2.0;
+
+// Installs the handlers for SIGINT and SIGTERM (idempotent), and forgets any earlier request.
 void install_interrupt_handlers();
 // The number of the first signal received since install_interrupt_handlers(), or 0.
 int interrupt_signal();

@@ -17,6 +17,15 @@ namespace amp::launch {
 
 namespace fs = std::filesystem;
 
+namespace {
+// The fields of a schedule that change its rates: a constant schedule has no warmup, floor or decay.
+nlohmann::json schedule_of(nlohmann::json schedule) {
+  if (schedule.is_object() && schedule.value("lr_schedule", "") == "constant")
+    for (const char* unused : {"warmup_steps", "min_lr", "decay_steps"}) schedule.erase(unused);
+  return schedule;
+}
+}  // namespace
+
 nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
   // The model's identity ({"model": {...}, "dropout": ...}), then what every run must match.
   nlohmann::json must_match = spec_->checkpoint_identity();
@@ -28,7 +37,7 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
                      {"seed", cfg_.seed},
                      // The data's size, not its path: a moved file resumes.
                      {"data_samples", data_->resume_size()}});
-  return {{"format", 2},
+  return {{"format", kCheckpointFormat},
           {"must_match", must_match},
           {"data", cfg_.data},
           {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
@@ -97,9 +106,12 @@ void Trainer::resume() {
       throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
                                   was + hint);
     }
-    if (ck->step >= cfg_.steps)
+    // A requeued job reruns its command after the run ended: at --steps there is nothing left to do
+    // (run() says so and exits 0, the outputs untouched). Beyond it, the flags ask for another run.
+    if (ck->step > cfg_.steps)
       throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
-                                  ", and --steps " + std::to_string(cfg_.steps) + " asks for no more (--steps is the total)");
+                                  ", past --steps " + std::to_string(cfg_.steps) + " (--steps is the total)");
+    if (ck->step == cfg_.steps) nothing_left_ = ck->path;
     // A run that resumes into a directory holding checkpoints newer than the one it resumes from
     // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
     // K would delete its own: refused, naming them.
@@ -164,7 +176,7 @@ void Trainer::resume() {
         std::printf("amp_train: note: the loss scaler's %s: the steps from here use this run's flags\n", changed.c_str());
     }
     // Written by this version (format 2): the data position and the skipped steps, checked.
-    if (ck->meta.value("format", 0) >= 2) {
+    if (ck->meta.value("format", 0) >= 2) {  // formats above kCheckpointFormat were refused by load_checkpoint
       const int64_t E = now["must_match"]["effective_batch"].get<int64_t>();
       const nlohmann::json pos = ck->meta.at("data_position").at("next_sample");
       if (!pos.is_number_integer() || pos.get<int64_t>() != ck->step * E)
@@ -194,7 +206,19 @@ void Trainer::resume() {
                     static_cast<long long>(cfg_.micro_batches), layout.value("ranks", 0LL), layout.value("batch_size", 0LL),
                     layout.value("micro_batches", 0LL), static_cast<long long>(now["must_match"]["effective_batch"].get<int64_t>()));
       std::printf("\n");
-      if (ck->meta.value("schedule", nlohmann::json()) != now["schedule"])
+      // Bit for bit the uninterrupted run only when both splits of a step's micro-batches follow the
+      // sum tree's subtrees (comm/sum_tree.h): otherwise the steps before and after the resume sum in
+      // different orders, and the run is neither layout's.
+      const int64_t ranks_then = layout.value("ranks", int64_t{0}), micro_then = layout.value("micro_batches", int64_t{0});
+      if (layout != mine && ranks_then > 0 && micro_then > 0 &&
+          (!comm::split_is_subtrees(ranks_then, micro_then) || !comm::split_is_subtrees(comm_.size(), cfg_.micro_batches)))
+        std::printf("amp_train: note: %lld ranks x %lld micro-batches (the checkpoint's) and %d x %lld (this run's) sum a "
+                    "step's micro-batches in different orders (a count of micro-batches that is not a power of two): the "
+                    "resumed run is not bit for bit either layout's uninterrupted run; resume on the checkpoint's layout "
+                    "for that\n",
+                    static_cast<long long>(ranks_then), static_cast<long long>(micro_then), comm_.size(),
+                    static_cast<long long>(cfg_.micro_batches));
+      if (schedule_of(ck->meta.value("schedule", nlohmann::json())) != schedule_of(now["schedule"]))
         std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
                     "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "
                     "give it to keep the schedule of a run that trains longer)\n",

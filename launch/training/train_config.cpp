@@ -51,4 +51,13 @@ GradScalerOptions scaler_options(const TrainConfig& c) {
   return o;
 }
 
+models::RunShape run_shape(const TrainConfig& c) {
+  models::RunShape r;
+  r.data = c.data;
+  r.batch_size = c.batch_size;
+  r.optimizer_slots = c.optimizer == OptimizerKind::adamw ? 2 : c.momentum > 0.0 ? 1 : 0;
+  r.autocast = c.amp != AmpMode::off;
+  return r;
+}
+
 }  // namespace amp::launch

@@ -26,6 +26,7 @@ enum class CudaGraphs { auto_, on, off };
 struct LossScale {
   enum class Kind { auto_, dynamic, off, constant } kind = Kind::auto_;
   float value = 0.0f;
+  double given = 0.0;  // the number as written (checked against --amp's bounds), for a constant
 };
 
 struct Injection {
@@ -101,6 +102,7 @@ struct TrainConfig {
   CudaGraphs cuda_graphs = CudaGraphs::auto_;
   // Output
   std::string metrics;
+  std::string config_file;  // --config, an input the outputs must not overwrite
   int64_t log_every = 10;  // 0: no progress lines
 };
 
@@ -108,5 +110,8 @@ struct TrainConfig {
 GradScalerOptions scaler_options(const TrainConfig& c);
 // The --lr-schedule as PyTorch schedulers on opt (null for a constant lr).
 std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt);
+
+// The run as a model's checks see it (models::RunShape): data, batch, optimizer state, autocast.
+models::RunShape run_shape(const TrainConfig& c);
 
 }  // namespace amp::launch

@@ -32,7 +32,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     : cfg_(config), comm_(comm), device_(device) {
   Generator gen(cfg_.seed);
   spec_ = models::configure_model(cfg_.model, cfg_.model_flags);
-  spec_->check({cfg_.data, cfg_.batch_size}, 0.0L);
+  spec_->check(run_shape(cfg_), 0.0L);
   model_ = spec_->build(gen, device_);
   data_ = spec_->data(cfg_.data, cfg_.seed, device_);
   aggregator_ = spec_->aggregator(cfg_.seed);
@@ -128,9 +128,10 @@ void Trainer::connect() {
   reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
 }
 
-double Trainer::evaluate() {
+std::optional<double> Trainer::evaluate() {
   model_->train(false);
   std::vector<Tensor> batch_means;
+  bool stopped = false;
   {
     NoGradGuard no_grad;
     autocast ac = autocast_region();
@@ -148,7 +149,19 @@ double Trainer::evaluate() {
         tree.push(K * R > 1 ? div(l, static_cast<double>(K * R)) : l);
       }
       batch_means.push_back(tree.fold());
+      // A stop asked for on any rank ends the evaluation after this batch, on every rank (one small
+      // collective a batch: evaluation is not the step).
+      Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
+      if (comm_.size() > 1) comm::all_reduce_scalars(comm_, {stop}, comm::ReduceOp::max);
+      if (stop.item() != 0.0 && k + 1 < cfg_.eval_batches) {
+        stopped = true;
+        break;
+      }
     }
+  }
+  if (stopped) {
+    model_->train(true);
+    return std::nullopt;
   }
   comm::all_reduce_scalars(comm_, batch_means, comm::ReduceOp::sum);  // in the tree's order
   Tensor total = zeros({1}, DType::f32, device_);
@@ -161,7 +174,7 @@ double Trainer::evaluate() {
 std::string Trainer::after_training() {
   autocast ac = autocast_region();
   provide_casts();
-  return spec_->after_training(*model_, cfg_.seed);
+  return spec_->after_training(*model_, cfg_.seed, [] { return interrupt_signal() != 0; });
 }
 
 comm::ReplicaReport Trainer::check_replicas(TrainResult* result) {
@@ -181,6 +194,16 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 }
 
 TrainResult Trainer::run() {
+  if (!nothing_left_.empty()) {  // a requeued command after its run ended: nothing trained, nothing written
+    TrainResult done;
+    done.nothing_left = true;
+    done.steps_done = start_step_;
+    done.skipped_steps = skipped_steps_;
+    if (comm_.rank() == 0)
+      std::printf("amp_train: --resume: %s is at step %lld, which --steps asks for: nothing left to train; the "
+                  "outputs are left as that run wrote them\n", nothing_left_.c_str(), static_cast<long long>(start_step_));
+    return done;
+  }
   connect();
   // Under autocast the forward's casts of the parameters are the optimizer's low-precision copies,
   // which each step rewrites as it updates the parameters (Optimizer::keep_low_precision_copies):
@@ -251,8 +274,9 @@ TrainResult Trainer::run() {
     if (r.stop_requested && !stopping) {
       stopping = true;
       if (rank0)
-        std::printf("amp_train: interrupted (SIGINT or SIGTERM): finishing the step in flight%s; a second signal "
-                    "stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights");
+        std::printf("amp_train: interrupted (SIGINT or SIGTERM): finishing the step in flight%s; Ctrl-C again "
+                    "(after %g s) stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights",
+                    kDuplicateWindowSeconds);
     }
     if (rank0 && progress_) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -264,11 +288,19 @@ TrainResult Trainer::run() {
   std::unique_ptr<PendingStep> late;
   result.steps_done = start_step_;
   // The validation loss after `step` (collective), on the progress line and in the metrics.
+  // A stop asked for during it ends the run as a stop after a step does (no record of a partial loss).
   auto report_evaluation = [&](int64_t step) {
-    const double val = evaluate();
-    metrics.write(EvalRecord{step, val});
+    const std::optional<double> val = evaluate();
+    if (!val) {
+      if (!stopping && rank0)
+        std::printf("amp_train: interrupted (SIGINT or SIGTERM) during the evaluation after step %lld: stopping%s\n",
+                    static_cast<long long>(step), cfg_.save_weights.empty() ? "" : ", then saving the weights");
+      stopping = true;
+      return;
+    }
+    metrics.write(EvalRecord{step, *val});
     warn_once_about(metrics);
-    if (rank0 && progress_) progress_->validation(step, val);
+    if (rank0 && progress_) progress_->validation(step, *val);
   };
   // A step's figures still in flight, emitted now: before an evaluation's or checkpoint's lines.
   auto flush_late = [&] {
@@ -351,9 +383,10 @@ TrainResult Trainer::run() {
     metrics.close();
     if (!metrics.error().empty()) result.errors.push_back(metrics.error());
     if (rank0 && !stopping) {
-      const std::string text = after_training();  // a language model's sample, say
-      std::fputs(text.c_str(), stdout);
+      const std::string text = after_training();  // a language model's sample, say: any bytes, NUL too
+      std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
+      if (interrupt_signal() != 0) result.interrupted_by = interrupt_signal();  // the sample was cut short
     }
   } catch (const std::exception& e) {  // a JobError, or this rank's own failure (a timeout, the device)
     metrics.write(FailedRecord{result.steps_done, e.what()});

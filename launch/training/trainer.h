@@ -41,6 +41,7 @@ class JobError : public std::runtime_error {
 struct TrainResult {
   std::vector<StepRecord> records;  // every step's record (rank 0's view)
   int64_t steps_done = 0;           // cfg.steps, or fewer when interrupted
+  bool nothing_left = false;        // resumed at --steps: nothing trained, no output touched
   int interrupted_by = 0;           // the signal that stopped the run early (this rank's, else SIGTERM), or 0
   int64_t skipped_steps = 0;
   double final_scale = 1.0;
@@ -144,9 +145,11 @@ class Trainer {
     return autocast(device_.type, amp_dtype(cfg_.amp), cfg_.amp != AmpMode::off, true, CastLists::cuda);
   }
   void provide_casts() const;
-  // The validation loss over cfg_.eval_batches batches (collective: every rank, same step).
-  double evaluate();
-  // What the model prints after training, under the run's autocast (this rank alone; no collective).
+  // The validation loss over cfg_.eval_batches batches (collective: every rank, same step), or none
+  // when a stop was asked for (SIGINT/SIGTERM on any rank): the ranks agree after each batch.
+  std::optional<double> evaluate();
+  // What the model prints after training, under the run's autocast (this rank alone; no collective);
+  // it stops at the next token when a stop is asked for.
   std::string after_training();
   // Checkpoints (launch/training/checkpoint.h): the configuration a resume must match, restoring one (in the
   // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
@@ -156,6 +159,8 @@ class Trainer {
   // Throws JobError naming the parameters that hold inf or NaN (every rank reaches the same verdict).
   void require_finite_parameters(int64_t step);
   int64_t start_step_ = 0;  // the step the run continues from (0: a fresh run)
+  // Resumed from a checkpoint at --steps: nothing to train, and the outputs are left as they are.
+  std::string nothing_left_;
   int64_t skipped_steps_ = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }

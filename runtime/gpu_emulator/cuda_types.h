@@ -74,6 +74,18 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxThreadsPerMultiProcessor = 39,
 };
 
+// A device's identity: the driver's 16-byte UUID, printed as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+typedef struct CUuuid_st {
+  char bytes[16];
+} cudaUUID_t;
+
+// The subset of cudaDeviceProp the runtime reads (the real one has many more fields).
+struct cudaDeviceProp {
+  char name[256];
+  cudaUUID_t uuid;
+  int multiProcessorCount;
+};
+
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00

@@ -227,7 +227,57 @@ std::atomic<int64_t> g_launches{0}, g_host_syncs{0}, g_d2h{0}, g_graph_launches{
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
 
-int device_count() { return static_cast<int>(env_long("AMP_EMU_DEVICES", 8)); }
+// The node's emulated GPUs are AMP_EMU_DEVICES (8 by default); a process sees those that
+// CUDA_VISIBLE_DEVICES lists, as the driver reads it: indices or UUIDs (a prefix of one is enough),
+// separated by commas, up to the first entry that names no device (or one already listed), in the
+// order given; unset, all of them. Physical GPU p's UUID is the same in every process, so that two
+// processes given the same GPU can tell.
+cudaUUID_t physical_uuid(int p) {
+  cudaUUID_t u{};
+  const unsigned char pattern[16] = {0xe4, 0x1a, 0x7e, 0xd0, 0x00, 0x00, 0x4e, 0x3a, 0x8c, 0x6d, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  std::memcpy(u.bytes, pattern, sizeof pattern);
+  u.bytes[15] = static_cast<char>(p);
+  return u;
+}
+
+std::string uuid_text(const cudaUUID_t& u) {
+  char buf[48];
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return buf;
+}
+
+std::vector<int> visible_devices() {
+  const int physical = static_cast<int>(std::clamp(env_long("AMP_EMU_DEVICES", 8), 0L, 64L));
+  std::vector<int> visible;
+  const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (list == nullptr) {
+    for (int p = 0; p < physical; ++p) visible.push_back(p);
+    return visible;
+  }
+  const std::string text = list;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    std::string entry = text.substr(at, comma - at);
+    entry.erase(0, entry.find_first_not_of(' '));
+    entry.erase(entry.find_last_not_of(' ') + 1);
+    int found = -1;
+    if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos && entry.size() < 4) {
+      found = std::stoi(entry);
+      if (found >= physical) found = -1;
+    } else if (entry.rfind("GPU-", 0) == 0) {
+      for (int p = 0; p < physical && found < 0; ++p)
+        if (uuid_text(physical_uuid(p)).rfind(entry, 0) == 0) found = p;
+    }
+    if (found < 0 || std::find(visible.begin(), visible.end(), found) != visible.end()) break;
+    visible.push_back(found);
+    at = comma + 1;
+  }
+  return visible;
+}
+
+int device_count() { return static_cast<int>(visible_devices().size()); }
 
 // Every API call starts here: a sticky fault is returned by everything after it.
 cudaError_t result(cudaError_t err) {
@@ -362,6 +412,17 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return result(cudaErrorInvalidDevice);
   t_device = device;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return result(cudaErrorInvalidValue);
+  const std::vector<int> visible = visible_devices();
+  if (device < 0 || device >= static_cast<int>(visible.size())) return result(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "Emulated GPU %d", visible[static_cast<size_t>(device)]);
+  prop->uuid = physical_uuid(visible[static_cast<size_t>(device)]);
+  prop->multiProcessorCount = static_cast<int>(std::max(1L, env_long("AMP_EMU_SMS", 2)));
   return result(cudaSuccess);
 }
 

@@ -90,35 +90,59 @@ bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
 
 namespace {
 int g_selected_before_mpi = -1;  // the device cuda_select_device_before_mpi made current, or -1
+
+// The GPU of node-local rank local_rank among local_size, `visible` GPUs visible to it: its own index
+// when the node's GPUs are all visible to every rank; 0 when the launcher gave each rank one GPU of its
+// own (per-rank CUDA_VISIBLE_DEVICES, Slurm's --gpus-per-task=1 or --gpu-bind); else -1 (too few).
+// That two ranks given one GPU each were not given the same one is the caller's check (by UUID).
+int device_of(int local_rank, int local_size, int visible) {
+  if (visible >= local_size) return local_rank;
+  return visible == 1 ? 0 : -1;
+}
 }  // namespace
 
 bool cuda_select_device_before_mpi(int local_rank, int local_size) {
-  if (local_rank < 0 || local_rank >= local_size || device_count(nullptr) < local_size) {
+  const int device = local_rank < 0 || local_rank >= local_size ? -1 : device_of(local_rank, local_size, device_count(nullptr));
+  if (device < 0) {
     (void)cudaGetLastError();
     return false;
   }
-  AMP_CUDA_CHECK(cudaSetDevice(local_rank));
-  g_selected_before_mpi = local_rank;
+  AMP_CUDA_CHECK(cudaSetDevice(device));
+  g_selected_before_mpi = device;
   return true;
+}
+
+std::string cuda_device_uuid() {
+  int device = 0;
+  AMP_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  AMP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return text;
 }
 
 void cuda_init(int local_rank, int local_size) {
   if (local_rank < 0 || local_rank >= local_size)
     throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " of " +
                                 std::to_string(local_size));
-  if (g_selected_before_mpi >= 0 && g_selected_before_mpi != local_rank)
+  std::string reason;
+  const int count = device_count(&reason);
+  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
+  const int device = device_of(local_rank, local_size, count);
+  if (device < 0)
+    throw std::runtime_error(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
+                             " GPU(s) visible to this one (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own; "
+                             "start at most " + std::to_string(count) + " rank(s) per node, or give each rank one GPU "
+                             "(Slurm: --gpus-per-task=1)");
+  if (g_selected_before_mpi >= 0 && g_selected_before_mpi != device)
     throw std::runtime_error("GPU " + std::to_string(g_selected_before_mpi) +
                              " was selected before MPI_Init from the launcher's node-local rank, but MPI places this "
                              "process at node-local rank " + std::to_string(local_rank) + " of " +
                              std::to_string(local_size) + ": the launcher and MPI disagree on the node's ranks");
-  std::string reason;
-  const int count = device_count(&reason);
-  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
-  if (local_size > count)
-    throw std::runtime_error(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
-                             " GPU(s) visible (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own; start at most " +
-                             std::to_string(count) + " rank(s) per node");
-  cuda::init_context(local_rank);
+  cuda::init_context(device);
   register_backend(DeviceType::cuda, &cuda::cuda_backend());
   register_memory(DeviceType::cuda, &cuda::cuda_backend());
 }

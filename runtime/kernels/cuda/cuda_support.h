@@ -23,6 +23,10 @@ void cuda_init(int local_rank, int local_size = 1);
 // (cuda_init reports that). cuda_init then refuses any other device (the launcher's node-local rank
 // and MPI's must agree). Throws std::runtime_error when the device cannot be made current.
 bool cuda_select_device_before_mpi(int local_rank, int local_size);
+// A rank given a GPU of its own by the launcher (one visible GPU, however many ranks on the node) uses
+// device 0 in both. The current device's UUID ("GPU-xxxxxxxx-..."), by which ranks that were given
+// the same physical GPU are found; "" without CUDA.
+std::string cuda_device_uuid();
 
 // What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
 // (a GEMM and a collective count one each), host synchronisations (calls that made the host wait

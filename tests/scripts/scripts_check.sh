@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The launch scripts on bad input: a usage or input error is exit 2 with one message naming the flag
+# or the file, never a Python traceback, and nothing starts.
+#  1. launch/scripts/plot_metrics.py on a good metrics file (drawn where python3 has matplotlib, else
+#     its "matplotlib is missing", exit 1), and on files it must refuse or read in part: non-UTF-8
+#     bytes, a line that is JSON but no object, fields of the wrong type, empty, missing, a directory;
+#  2. launch/scripts/gpu_check.sh with each option that takes a value given none (or an empty one,
+#     or another flag), an unknown option and a missing --bundle: exit 2 before any stage, nothing
+#     written (no GPU or build needed).
+# Usage: tests/scripts/scripts_check.sh. Exit 1 naming each case that failed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+src=$PWD
+work=$(mktemp -d /tmp/scripts_check.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+failed=0
+fail() { echo "scripts_check: FAIL: $*" >&2; failed=1; }
+
+# expect NAME RC COMMAND... [-- TEXT...]: COMMAND (run in $work) exits RC, its stderr has no
+# traceback and has every TEXT.
+expect() {
+  local name=$1 rc=$2 got=0 cmd=() t; shift 2
+  while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
+  (($#)) && shift
+  (cd "$work" && timeout 60 "${cmd[@]}") >"$work/stdout" 2>"$work/stderr" || got=$?
+  ((got == rc)) || fail "$name: exit $got, expected $rc: $(head -c 600 "$work/stderr")"
+  ! grep -q Traceback "$work/stderr" || fail "$name: a traceback: $(tail -n 3 "$work/stderr")"
+  for t in "$@"; do grep -qF -- "$t" "$work/stderr" || fail "$name: stderr lacks '$t': $(head -c 600 "$work/stderr")"; done
+}
+
+# --- 1. plot_metrics.py
+py=${PYTHON:-python3}
+if ! command -v "$py" >/dev/null; then
+  echo "scripts_check: no $py: plot_metrics.py not checked"
+else
+  plot=("$py" "$src/launch/scripts/plot_metrics.py")
+  step='{"step": %d, "loss": 2.0, "scale": 65536, "skipped": false, "grad_norm": null, "lr": 0.001, "step_ms": 3.0}\n'
+  # shellcheck disable=SC2059  # the format is ours
+  { printf "$step" 1 2; echo '{"event": "eval", "step": 2, "val_loss": 1.5}'
+    echo '{"event": "end", "steps": 2, "skipped_steps": 0, "final_scale": 65536, "param_checksum": 1.0, "replicas_consistent": true}'
+  } >"$work/good.jsonl"
+  # shellcheck disable=SC2059
+  { printf "$step" 1; printf '{"step": 2, "loss": 1.0, "note": "\xff\xfe"}\n\xc3\x28\x80 not text\n'; } >"$work/nonutf8.jsonl"
+  printf '\xff\xfe\x80\x81\n\xc3\x28\n' >"$work/binary.jsonl"
+  echo 5 >"$work/five.jsonl"
+  # shellcheck disable=SC2059
+  { printf "$step" 1; echo '{"step": "2", "loss": 1.0}'; echo '{"step": 3, "loss": null}'
+    echo '{"step": 4, "loss": "x", "skipped": "no"}'; printf "$step" 5; } >"$work/mixed.jsonl"
+  printf '{"step": "1", "loss": 1.0}\n{"step": null, "loss": 1.0}\n{"step": 2.5}\n' >"$work/strings.jsonl"
+  : >"$work/empty.jsonl"
+  mkdir "$work/dir.jsonl"
+
+  if "$py" -c 'import matplotlib' 2>/dev/null; then
+    drawn=0 missing=()
+  else
+    echo "scripts_check: $py has no matplotlib: drawable files must exit 1 saying so"
+    drawn=1 missing=("matplotlib is missing")
+  fi
+  expect "plot good" "$drawn" "${plot[@]}" "$work/good.jsonl" --out "$work/good.png" --samples-per-step 32 -- "${missing[@]}"
+  ! grep -q skipped "$work/stderr" || fail "plot good: a line skipped: $(cat "$work/stderr")"
+  if ((drawn == 0)); then
+    [[ $(head -c 4 "$work/good.png" 2>/dev/null | od -An -c | tr -d ' ') == 211PNG ]] || fail "plot good: no PNG written"
+    expect "plot --out of no format" 2 "${plot[@]}" "$work/good.jsonl" --out "$work/good.notaformat" -- "good.notaformat"
+  fi
+  # What can be drawn is, with one warning line naming the file, the count and the first bad line.
+  expect "plot non-UTF-8" "$drawn" "${plot[@]}" "$work/nonutf8.jsonl" --out "$work/nonutf8.png" -- \
+    "$work/nonutf8.jsonl: skipped 1 line" "line 3" "${missing[@]}"
+  expect "plot mixed types" "$drawn" "${plot[@]}" "$work/mixed.jsonl" --out "$work/mixed.png" -- \
+    "$work/mixed.jsonl: skipped 2 line" "line 2" "${missing[@]}"
+  # Nothing to draw: exit 2 naming the file, matplotlib or not.
+  expect "plot binary" 2 "${plot[@]}" "$work/binary.jsonl" -- "$work/binary.jsonl: skipped 2 line" "no step records"
+  expect "plot a line 5" 2 "${plot[@]}" "$work/five.jsonl" -- "$work/five.jsonl: skipped 1 line" "line 1" "no step records"
+  expect "plot no integer step" 2 "${plot[@]}" "$work/strings.jsonl" -- "$work/strings.jsonl: skipped 3 line" "no step records"
+  expect "plot empty" 2 "${plot[@]}" "$work/empty.jsonl" -- "$work/empty.jsonl: no step records"
+  expect "plot missing" 2 "${plot[@]}" "$work/missing.jsonl" -- "$work/missing.jsonl"
+  expect "plot a directory" 2 "${plot[@]}" "$work/dir.jsonl" -- "$work/dir.jsonl"
+fi
+
+# --- 2. gpu_check.sh: usage errors stop before any stage and before its output directory is made
+gc=(bash "$src/launch/scripts/gpu_check.sh")
+for flag in --bundle --out --ranks --budget --stages; do
+  expect "gpu_check $flag" 2 "${gc[@]}" "$flag" -- "$flag"
+  expect "gpu_check $flag ''" 2 "${gc[@]}" "$flag" "" -- "$flag"
+  # --ranks 0 stops, at its parsing, a script that takes --plan for the value and goes on.
+  expect "gpu_check $flag --plan" 2 "${gc[@]}" "$flag" --plan --ranks 0 -- "$flag"
+  [[ ! -s $work/stdout ]] || fail "gpu_check $flag --plan: it ran: $(head -c 300 "$work/stdout")"
+done
+expect "gpu_check unknown" 2 "${gc[@]}" --frob -- "--frob"
+expect "gpu_check missing bundle" 2 "${gc[@]}" --bundle "$work/nope.tar.xz" -- "--bundle $work/nope.tar.xz"
+[[ ! -e $work/gpu_check_out ]] || fail "gpu_check: a usage error made gpu_check_out/"
+
+((failed == 0)) || exit 1
+echo "scripts_check: passed"

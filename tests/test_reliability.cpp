@@ -1,0 +1,320 @@
+// A third reliability probe (issue 41), each finding as a test that fails on the code it was found
+// in: outputs written over inputs or over each other under other names, lock files that follow links,
+// duplicate stop signals taken as "stop now", sampling and evaluation that ignore a stop, integer
+// flags whose products overflow, a newer checkpoint format read silently, resumes whose layout cannot
+// be bitwise said nothing of, config files that ignore keys, loss scales that train nothing, and a
+// requeued command that fails where nothing is left to do. (The memory estimates have their own
+// suite, test_memory_estimate; the scripts', tests/scripts/scripts_check.sh.)
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "cli_util.h"
+#include "runtime/core/fnv1a.h"
+#include "runtime/core/safetensors.h"
+
+namespace amp {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace cli;
+
+const std::string kMlpFlags = " --width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 ";
+const std::string kMlp = kMlpFlags + "--steps 2 ";
+
+bool has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
+
+size_t safetensors_size(const std::string& path) { return safetensors::load(path).size(); }
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// A text the GPT can train on: 40 KB of verses.
+std::string corpus(const TempDir& d) {
+  std::string text;
+  for (int i = 0; i < 600; ++i) text += "And God said, Let there be light: and there was light. ";
+  write(d.file("text.txt"), text);
+  return d.file("text.txt");
+}
+
+const std::string kGpt = " --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --log-every 0 "
+                         "--threads 1 ";
+
+// --- 1. and 5. An output over an input, or over another output, under any name ------------------
+
+TEST(Reliability, AnOutputThatIsAnInputIsRefusedAndTheInputKept) {
+  TempDir d;
+  const std::string text = corpus(d);
+  const std::string before = bytes_of(text);
+  RunResult r = run(kGpt + "--steps 1 --data " + text + " --metrics " + text);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--metrics") && has(r.out, "--data")) << r.out;
+  EXPECT_EQ(bytes_of(text), before) << "the corpus was overwritten";
+  r = run(kGpt + "--steps 1 --data " + text + " --save-weights " + text);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--save-weights") && has(r.out, "--data")) << r.out;
+  EXPECT_EQ(bytes_of(text), before);
+
+  ASSERT_EQ(run(kMlp + "--save-weights " + d.file("w.st")).code, 0);
+  const std::string weights = bytes_of(d.file("w.st"));
+  fs::create_symlink(d.file("w.st"), d.file("link.st"));
+  fs::create_hard_link(d.file("w.st"), d.file("hard.st"));
+  for (const std::string& name : std::vector<std::string>{d.file("w.st"), d.file("link.st"), d.file("hard.st"), d.path.string() + "/./w.st"}) {
+    r = run(kMlp + "--init-weights " + d.file("w.st") + " --metrics " + name);
+    EXPECT_EQ(r.code, 2) << name << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "--init-weights")) << r.out;
+    EXPECT_EQ(bytes_of(d.file("w.st")), weights) << "the pretrained weights were overwritten through " << name;
+  }
+  // The config file is an input too.
+  write(d.file("run.cfg"), "lr = 0.1\n");
+  r = run(kMlp + "--config " + d.file("run.cfg") + " --metrics " + d.file("run.cfg"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(bytes_of(d.file("run.cfg")), "lr = 0.1\n");
+}
+
+TEST(Reliability, OneFileUnderTwoNamesIsOneOutput) {
+  TempDir d;
+  fs::create_symlink("x.out", d.file("xl.out"));  // dangling: the file does not exist yet
+  RunResult r = run(kMlp + "--metrics " + d.file("x.out") + " --save-weights " + d.file("xl.out"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--metrics") && has(r.out, "--save-weights")) << r.out;
+  // A lock file named as an output: the run would delete it at its end.
+  r = run(kMlp + "--metrics " + d.file(".w.st.lock") + " --save-weights " + d.file("w.st"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "lock file of --save-weights")) << r.out;
+  // A metrics file of its own beside the checkpoints is fine ...
+  r = run(kMlp + "--checkpoint-dir " + d.file("cm") + " --metrics " + d.file("cm/metrics.jsonl"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_jsonl(d.file("cm/metrics.jsonl")).back()["event"], "end");
+  // ... but not the checkpoint directory's own entries, nor what is in them.
+  for (const std::string inside : {"cm/.lock", "cm/step-00000001", "cm/step-00000002/model.safetensors"}) {
+    r = run(kMlp + "--resume --checkpoint-dir " + d.file("cm") + " --metrics " + d.file(inside));
+    EXPECT_EQ(r.code, 2) << inside << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "--checkpoint-dir")) << r.out;
+  }
+  EXPECT_EQ(safetensors_size(d.file("cm/step-00000002/model.safetensors")), 4u);
+  // An output inside the checkpoint a run resumes from.
+  r = run(kMlpFlags + "--steps 3 --resume-from " + d.file("cm/step-00000002") + " --checkpoint-dir " + d.file("cm2") +
+          " --metrics " + d.file("cm/step-00000002/trainer.json"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--resume-from")) << r.out;
+}
+
+// Two live runs, one writing g1 and one given g2, a hard link to it: the second is refused.
+TEST(Reliability, AHardLinkToAnotherRunsMetricsIsRefused) {
+  TempDir d;
+  write(d.file("g1"), "");
+  fs::create_hard_link(d.file("g1"), d.file("g2"));
+  const std::string out = shell(
+      "$AMP --width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 100000000 --metrics g1 & p=$!; "
+      "while [ $(wc -l < g1) -lt 2 ]; do sleep 0.1; done; "
+      "$AMP --width 8 --layers 2 --batch-size 4 --threads 1 --steps 2 --metrics g2; echo second=$?; "
+      "kill -TERM $p; wait $p", d);
+  EXPECT_TRUE(has(out, "second=2")) << out;
+  EXPECT_TRUE(has(out, "hard link")) << out;
+  for (const auto& rec : read_jsonl(d.file("g1"))) EXPECT_TRUE(rec.is_object());  // no NUL-filled lines
+}
+
+// --- 2. Lock files are never followed, and only a run's own are removed ---------------------------
+
+TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
+  TempDir d;
+  write(d.file("victim"), "precious\n");
+  struct Case {
+    std::string lock, flags;
+  };
+  fs::create_directories(d.file("ck"));
+  for (const Case& c : {Case{".m.jsonl.lock", "--metrics " + d.file("m.jsonl")},
+                        Case{".w.st.lock", "--save-weights " + d.file("w.st")},
+                        Case{"ck/.lock", "--checkpoint-dir " + d.file("ck")}}) {
+    fs::create_symlink(d.file("victim"), d.file(c.lock));
+    const RunResult r = run(kMlp + c.flags);
+    EXPECT_EQ(r.code, 2) << c.lock << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "symbolic link")) << r.out;
+    EXPECT_EQ(bytes_of(d.file("victim")), "precious\n") << "written through " << c.lock;
+    EXPECT_TRUE(fs::is_symlink(d.file(c.lock))) << "the link was deleted";
+    fs::remove(d.file(c.lock));
+  }
+  // Not a regular file: refused, naming it.
+  fs::create_directories(d.file(".n.jsonl.lock"));
+  RunResult r = run(kMlp + "--metrics " + d.file("n.jsonl"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "not a regular file")) << r.out;
+  // A file this run did not make (not a lock's pid) is locked but kept; a lock left by a run that is
+  // gone is taken over and removed at the end.
+  write(d.file(".k.jsonl.lock"), "notes the user keeps here\n");
+  r = run(kMlp + "--metrics " + d.file("k.jsonl"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d.file(".k.jsonl.lock"))) << "a file the run did not create was deleted";
+  write(d.file(".s.jsonl.lock"), std::to_string(gone_pid()) + "\n");
+  r = run(kMlp + "--metrics " + d.file("s.jsonl"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(d.file(".s.jsonl.lock"))) << "a dead run's lock was left behind";
+}
+
+// --- 4. One stop request, however many copies arrive ----------------------------------------------
+
+// timeout(1), like Slurm, signals the child and its process group: two SIGTERMs within
+// milliseconds. They are one request: the step finishes, the weights and the checkpoint are saved,
+// the metrics end, nothing is left behind.
+TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
+  TempDir d;
+  const std::string out = shell(
+      "setsid $AMP --width 64 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 100000000 "
+      "--checkpoint-dir ck --checkpoint-every 1 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
+      "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
+      "kill -TERM -- -$p; kill -TERM $p; kill -TERM -- -$p; wait $p; echo exit=$?; cat out.txt", d);
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.back()["event"], "end") << out;
+  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM");
+  for (const auto& e : fs::directory_iterator(d.file("ck")))
+    EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << "left behind: " << e.path();
+  EXPECT_FALSE(fs::exists(d.file(".m.jsonl.lock")));
+  EXPECT_FALSE(fs::exists(d.file(".w.st.lock")));
+}
+
+// --- 7. Sampling prints every byte, and stops when asked ------------------------------------------
+
+TEST(Reliability, SamplingPrintsEveryByteAndItsClosingLine) {
+  TempDir d;
+  const RunResult r = run(kGpt + "--steps 1 --data " + corpus(d) + " --sample-tokens 3000 --temperature 5 --prompt x");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string head = "continuing the prompt:\nx";
+  const size_t from = r.out.find(head), to = r.out.rfind("\n---\n");
+  ASSERT_NE(from, std::string::npos) << r.out;
+  ASSERT_NE(to, std::string::npos) << "no closing line";
+  EXPECT_EQ(to - (from + head.size()), 3000u) << "bytes printed";
+}
+
+TEST(Reliability, SamplingAndEvaluationStopAtTheNextTokenOrBatch) {
+  TempDir d;
+  const std::string text = corpus(d);
+  // Sampling: a million bytes would take many minutes; the stop comes at the next one.
+  std::string out = shell("$AMP" + kGpt + "--steps 1 --data " + text +
+                              " --sample-tokens 1000000 --metrics m.jsonl > out.txt 2>&1 & p=$!; "
+                              "until grep -q end m.jsonl 2>/dev/null; do sleep 0.05; done; sleep 0.3; "
+                              "kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
+                          d);
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(has(out, "--- interrupted:")) << out;
+  // Evaluation: a million batches at step 0.
+  out = shell("$AMP" + kGpt + "--steps 5 --data " + text +
+                  " --eval-every 1 --eval-batches 1000000 --metrics e.jsonl > out.txt 2>&1 & p=$!; "
+                  "until grep -q scaling out.txt 2>/dev/null; do sleep 0.05; done; sleep 1; "
+                  "kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
+              d);
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(has(out, "during the evaluation")) << out;
+  const auto recs = read_jsonl(d.file("e.jsonl"));
+  ASSERT_FALSE(recs.empty()) << out;
+  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM") << out;
+}
+
+// --- 6. and 8. Integer flags against what their products need -------------------------------------
+
+TEST(Reliability, ThreadsAndMicroBatchesBeyondTheirLimitsAreUsageErrors) {
+  for (const std::string threads : {"40000", "70000"}) {
+    const RunResult r = run(kMlp + "--threads " + threads);
+    EXPECT_EQ(r.code, 2) << threads << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "--threads")) << r.out;
+  }
+  for (const std::string k : {"9223372036854775807", "4611686018427387904"}) {
+    const RunResult r = run(kMlp + "--micro-batches " + k);
+    EXPECT_EQ(r.code, 2) << k << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "--micro-batches")) << r.out;
+  }
+}
+
+// --- 9., 10. and 13. Checkpoints and resumes ---------------------------------------------------
+
+TEST(Reliability, ACheckpointOfANewerFormatIsRefused) {
+  TempDir d;
+  ASSERT_EQ(run(kMlp + "--checkpoint-dir " + d.file("ck")).code, 0);
+  const std::string meta_path = d.file("ck/step-00000002/trainer.json");
+  nlohmann::json meta = nlohmann::json::parse(bytes_of(meta_path));
+  meta["format"] = 3;
+  meta.erase("checksum");
+  const std::string compact = meta.dump();
+  meta["checksum"] = hex64(fnv1a(compact.data(), compact.size()));  // a valid checksum: only the format is new
+  write(meta_path, meta.dump(2));
+  const RunResult r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "format 3") && has(r.out, "newer")) << r.out;
+}
+
+TEST(Reliability, ARequeuedCommandWithNothingLeftExitsZeroAndTouchesNothing) {
+  TempDir d;
+  const std::string args = kMlp + "--checkpoint-dir " + d.file("ck") + " --metrics " + d.file("m.jsonl") +
+                           " --save-weights " + d.file("w.st") + " --resume";
+  ASSERT_EQ(run(args).code, 0);
+  const std::string metrics = bytes_of(d.file("m.jsonl")), weights = bytes_of(d.file("w.st"));
+  const RunResult again = run(args);  // the same command, as a requeue reruns it
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(has(again.out, "nothing left")) << again.out;
+  EXPECT_EQ(bytes_of(d.file("m.jsonl")), metrics);
+  EXPECT_EQ(bytes_of(d.file("w.st")), weights);
+  // Past it, the flags ask for fewer steps than were trained: still a usage error.
+  const RunResult fewer = run(kMlpFlags + "--steps 1 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(fewer.code, 2) << fewer.out;
+  // A constant schedule resumed for more steps is the same schedule: no note says it differs.
+  const RunResult longer = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(longer.code, 0) << longer.out;
+  EXPECT_FALSE(has(longer.out, "schedule differs")) << longer.out;
+}
+
+TEST(Reliability, AResumeThatCannotBeBitwiseSaysSo) {
+  TempDir d;
+  const std::string args = " --width 8 --layers 2 --batch-size 2 --log-every 0 --threads 1 --checkpoint-dir " + d.file("ck");
+  const RunResult first = run(args + " --micro-batches 3 --steps 2", kMpirun);
+  ASSERT_EQ(first.code, 0) << first.out;
+  const RunResult r = run(args + " --micro-batches 6 --steps 3 --resume");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "not bit for bit")) << r.out;
+}
+
+// --- 11. Config files -----------------------------------------------------------------------------
+
+TEST(Reliability, ConfigFilesRefuseWhatOnlyACommandLineSaysAndReadAByteOrderMark) {
+  TempDir d;
+  write(d.file("inc.cfg"), "config = /nonexistent\n");
+  RunResult r = run(kMlp + "--config " + d.file("inc.cfg"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "'config'")) << r.out;
+  write(d.file("help.cfg"), "help = 1\n");
+  r = run(kMlp + "--config " + d.file("help.cfg"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "'help'")) << r.out;
+  write(d.file("bom.cfg"), "\xEF\xBB\xBFlr = 0.5\n");
+  r = run(kMlp + "--config " + d.file("bom.cfg") + " --metrics " + d.file("m.jsonl"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_jsonl(d.file("m.jsonl")).front()["lr"], 0.5);
+}
+
+// --- 12. Loss scales that cannot train ------------------------------------------------------------
+
+TEST(Reliability, LossScalesThatCannotTrainAreRefusedAlike) {
+  for (const std::string flags : {"--amp fp16 --init-scale 1e-38", "--amp fp16 --loss-scale 1e-38",
+                                   "--amp fp16 --init-scale 1e-10", "--amp fp16 --loss-scale 1e-10",
+                                   "--amp bf16 --loss-scale 1e-39", "--amp bf16 --loss-scale dynamic --init-scale 1e-39"}) {
+    const RunResult r = run(kMlp + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    const std::string flag = has(flags, "--init-scale") ? "--init-scale" : "--loss-scale";
+    EXPECT_TRUE(has(r.out, flag)) << flags << ": " << r.out;
+  }
+  EXPECT_EQ(run(kMlp + "--amp bf16 --loss-scale 1e-10").code, 0) << "bf16 has fp32's range";
+}
+
+}  // namespace
+}  // namespace amp
