@@ -208,16 +208,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
-  // Sample indices are int64: step i reads [(i - 1) E, i E), E = batch x micro-batches x ranks, and
-  // a checkpoint records --steps x E.
-  int64_t per_step = 0, total = 0;
-  const bool fits = !__builtin_mul_overflow(c.batch_size, c.micro_batches, &per_step) &&
-                    !__builtin_mul_overflow(per_step, static_cast<int64_t>(world_size), &per_step) &&
-                    !__builtin_mul_overflow(per_step, c.steps + 1, &total);
-  require(fits, "--micro-batches", c.micro_batches,
-          "is too large: --batch-size " + std::to_string(c.batch_size) + " x --micro-batches x " +
-              std::to_string(world_size) + " rank(s) x (--steps " + std::to_string(c.steps) +
-              " + 1) samples must count in 64 bits");
+
   require(c.lr >= 0.0 && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum", c.momentum, "must be in [0, 1)");
   if (c.weight_decay)
@@ -268,6 +259,20 @@ void check_ranges(const TrainConfig& c, int world_size) {
     throw UsageError("--bf16-rounded-weight-grads: only --amp bf16 has bf16 weight gradients to round (fp16 keeps "
                      "PyTorch's rounding always)");
   check_model(c);
+  // Sample indices are int64: step i reads [(i - 1) E, i E), E = batch x micro-batches x ranks, a
+  // checkpoint records --steps x E, and an evaluation reads --eval-batches x E. After the memory
+  // check, which bounds --batch-size: what overflows is the count of steps or micro-batches.
+  int64_t per_step = 0, total = 0, evaluated = 0;
+  const bool fits = c.steps < std::numeric_limits<int64_t>::max() &&
+                    !__builtin_mul_overflow(c.batch_size, c.micro_batches, &per_step) &&
+                    !__builtin_mul_overflow(per_step, static_cast<int64_t>(world_size), &per_step) &&
+                    !__builtin_mul_overflow(per_step, c.steps + 1, &total);
+  const bool steps_larger = c.steps > c.micro_batches;
+  require(fits, steps_larger ? "--steps" : "--micro-batches", steps_larger ? c.steps : c.micro_batches,
+          "is too large: --batch-size " + std::to_string(c.batch_size) + " x --micro-batches x " +
+              std::to_string(world_size) + " rank(s) x (--steps + 1) samples must count in 64 bits");
+  require(!__builtin_mul_overflow(per_step, c.eval_batches, &evaluated), "--eval-batches", c.eval_batches,
+          "is too large: --eval-batches x --batch-size x --micro-batches x ranks samples must count in 64 bits");
   for (const Injection& inj : c.inject_nonfinite) {
     require(inj.step >= 1 && inj.step <= c.steps, "--inject-nonfinite", inj.step,
             "step must be in [1, --steps=" + std::to_string(c.steps) + "]");

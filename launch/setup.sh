@@ -2,7 +2,7 @@
 # Installs the Debian packages that a fresh machine lacks. Idempotent, and quiet when nothing is missing.
 # On another distribution (a user's Ubuntu 22.04/24.04 GPU box) a name may not exist: each package that
 # the distribution has is installed, the others are named at the end, with what they are for; the exit
-# status is 1 only when one of them is needed to build (the fuzz target, ccache and the corpus are not).
+# status is 1 only when one of them is needed to build (the fuzz target, ccache, the corpus and Slurm are not).
 # Everything the build, the tests and the main job read comes from this one list; check it with
 # the CI host's fresh-machine tools, outside this repository (docs/BUILD.md): ../shared/tools/fresh-machine-diff
 # (lists nothing) and ../shared/tools/fresh-machine-ci (a clean root). Those tools read this file's packages=(...)
@@ -17,12 +17,17 @@
 #   --plot              installs only python3-matplotlib, for launch/scripts/plot_metrics.py (launch/scripts/run_example.sh
 #                       draws its run with it): kept out of the list above, which the build, the tests and
 #                       CI install, so that nothing they check depends on it; optional (exit 0 without it).
+#   --slurm             installs only slurm-wlm and munge, for the slurm test (tests/scripts/slurm_check.sh: amp_train
+#                       under a real Slurm on this machine, on loopback; it skips without them): the test suite
+#                       (launch/scripts/run_tests.sh) asks for them, the build and the main job do not, since on a
+#                       machine with systemd installing them also enables Slurm's services. Optional (exit 0 without).
 set -euo pipefail
-plot=false
+plot=false slurm=false
 case ${1:-} in
   --plot) plot=true ;;
+  --slurm) slurm=true ;;
   "") ;;
-  *) echo "usage: launch/setup.sh [--plot]" >&2; exit 2 ;;
+  *) echo "usage: launch/setup.sh [--plot | --slurm]" >&2; exit 2 ;;
 esac
 packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
           ocl-icd-opencl-dev nlohmann-json3-dev cmake make g++ libgtest-dev libboost-context-dev libboost-fiber-dev
@@ -30,8 +35,10 @@ packages=(openmpi-bin libopenmpi-dev libboost-program-options-dev libdnnl-dev
 # What a package is for when it is not needed to build and test the project.
 declare -A optional=([clang]="the safetensors fuzz target" [libclang-rt-14-dev]="the safetensors fuzz target"
                      [ccache]="faster rebuilds" [bible-kjv]="the main job's corpus (launch/scripts/run_example.sh)"
+                     [slurm-wlm]="the slurm test (tests/scripts/slurm_check.sh)" [munge]="the slurm test (tests/scripts/slurm_check.sh)"
                      [python3-matplotlib]="drawing a metrics file (launch/scripts/plot_metrics.py)")
 $plot && packages=(python3-matplotlib)
+$slurm && packages=(slurm-wlm munge)
 # Other distributions' names for the same thing, tried when a name does not exist there.
 declare -A alternative=([libclang-rt-14-dev]="libclang-rt-dev libclang-common-14-dev")
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

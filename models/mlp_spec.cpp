@@ -26,13 +26,17 @@ class MlpSpec final : public ModelSpec {
                                   "; use more --micro-batches of a smaller --batch-size");
   }
   // Measured on the CPU (tests/test_memory_estimate.cpp): each layer's output and ReLU saved for the
-  // backward, and about 8 [B, width] in flight; a data file read whole, then as tensors.
+  // backward, and about 8 [B, width] in flight.
   MemoryEstimate memory_estimate(const RunShape& run) const override {
     const long double w = static_cast<long double>(width_), layers = static_cast<long double>(layers_);
     MemoryEstimate m;
     m.model = parameter_bytes(layers * w * (w + 1), run);
     m.activations = static_cast<long double>(run.batch_size) * w * 4 * (2 * layers + 8);
-    m.data = 2 * data_file_bytes(run);
+    // A file is read whole, then as tensors; synthetic data is its teacher and the pool it fills as
+    // the steps go (at most pool_samples() samples of x and y).
+    m.data = run.data == "synthetic"
+                 ? (2 * w * w + 2 * w + static_cast<long double>(pool_samples(2 * width_)) * 2 * w) * 4
+                 : 2 * data_file_bytes(run);
     return m;
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {

@@ -51,7 +51,10 @@ class MtlSpec final : public ModelSpec {
     MemoryEstimate m;
     m.model = parameter_bytes(trunk + tasks * (f + 1), run) + tasks * trunk * 4 * 4 + tasks * tasks * 8 * 4;
     m.activations = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 9;
-    m.data = 2 * data_file_bytes(run);
+    const long double sample = in + tasks;  // synthetic: a teacher per task, and the pool of samples
+    m.data = run.data == "synthetic"
+                 ? tasks * (in * h + 2 * h + 1) * 4 + static_cast<long double>(pool_samples(c_.in_features + c_.tasks)) * sample * 4
+                 : 2 * data_file_bytes(run);
     return m;
   }
   std::unique_ptr<TrainingModel> build(Generator& gen, Device device) const override {

@@ -230,6 +230,9 @@ TEST(Reliability, ThreadsAndMicroBatchesBeyondTheirLimitsAreUsageErrors) {
     EXPECT_EQ(r.code, 2) << threads << ": " << r.out;
     EXPECT_TRUE(has(r.out, "--threads")) << r.out;
   }
+  const RunResult eval = run(kMlp + "--eval-batches 4611686018427387904");
+  EXPECT_EQ(eval.code, 2) << eval.out;
+  EXPECT_TRUE(has(eval.out, "--eval-batches")) << eval.out;
   for (const std::string k : {"9223372036854775807", "4611686018427387904"}) {
     const RunResult r = run(kMlp + "--micro-batches " + k);
     EXPECT_EQ(r.code, 2) << k << ": " << r.out;

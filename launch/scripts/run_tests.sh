@@ -18,6 +18,8 @@ cd "$(dirname "$0")/../.."
 presets=(release cuda-emu)
 [[ ${1:-} == --asan ]] && presets=(asan)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The slurm test's packages (optional: it skips, saying why, where they cannot be installed).
+launch/setup.sh --slurm || echo "run_tests: slurm-wlm and munge could not be installed: the slurm test will skip"
 for preset in "${presets[@]}"; do
   echo "== run_tests: preset $preset"
   launch/scripts/build.sh "$preset"
