@@ -104,7 +104,9 @@ std::string ranks_sharing_a_gpu(comm::Communicator& c, const std::string& uuid) 
   constexpr int64_t kChars = 48 + 1 + 64;  // the UUID, '@', the host's name
   char host[65] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string mine_text = (uuid + "@" + host).substr(0, static_cast<size_t>(kChars));
+  // A GPU that could not be named is this rank's own, shared with nobody.
+  const std::string mine_gpu = uuid.empty() ? "an unnamed GPU of rank " + std::to_string(c.rank()) : uuid;
+  const std::string mine_text = (mine_gpu + "@" + host).substr(0, static_cast<size_t>(kChars));
   Tensor mine = zeros({kChars}, DType::f64);
   double* m = static_cast<double*>(mine.data_ptr());
   for (size_t i = 0; i < mine_text.size(); ++i) m[i] = static_cast<unsigned char>(mine_text[i]);
@@ -114,7 +116,7 @@ std::string ranks_sharing_a_gpu(comm::Communicator& c, const std::string& uuid) 
   for (int r = 0; r < c.size(); ++r) {
     std::string text;
     for (int64_t i = 0; i < kChars && a[r * kChars + i] != 0; ++i) text.push_back(static_cast<char>(a[r * kChars + i]));
-    auto it = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first.substr(0, g.first.find('@')) == text.substr(0, text.find('@')); });
+    auto it = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first == text; });
     if (it == gpus.end()) gpus.push_back({text, {r}});
     else it->second.push_back(r);
   }
@@ -126,8 +128,9 @@ std::string ranks_sharing_a_gpu(comm::Communicator& c, const std::string& uuid) 
     clash += (clash.empty() ? "" : "; ") + std::string("ranks ") + who + " were given the same GPU, " +
              gpu.substr(0, gpu.find('@')) + " (on " + gpu.substr(gpu.find('@') + 1) + ")";
   }
-  return clash.empty() ? "" : clash + ": each rank needs a GPU of its own; give each rank its own CUDA_VISIBLE_DEVICES "
-                                      "(Slurm: --gpus-per-task=1), or let every rank see all of the node's GPUs";
+  return clash.empty() ? "" : clash + ": each rank needs a GPU of its own; start at most as many ranks on a node as it "
+                                      "has GPUs, and give each rank its own CUDA_VISIBLE_DEVICES (Slurm: --gpus-per-task=1) "
+                                      "or let every rank see all of them";
 }
 
 // A message that already names its rank ("rank 1: NCCL ... did not complete") is not prefixed twice.
@@ -243,7 +246,12 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   if (!agreed("agreeing on the device")) return code;
   if (device.is_cuda()) {
     attempt([&] {
-      const std::string clash = ranks_sharing_a_gpu(*host_comm, cuda_device_uuid());
+      std::string uuid;  // "" when it cannot be read: this rank still joins the gather below
+      try {
+        uuid = cuda_device_uuid();
+      } catch (const std::exception&) {
+      }
+      const std::string clash = ranks_sharing_a_gpu(*host_comm, uuid);
       if (!clash.empty()) throw std::invalid_argument(clash);
     });
     if (!agreed("checking that each rank has a GPU of its own")) return code;

@@ -148,8 +148,11 @@ void check_model(const TrainConfig& c) {
   std::shared_ptr<const models::ModelSpec> spec;
   try {
     spec = models::configure_model(c.model, c.model_flags);
-    // The node's memory is shared by its ranks: each may have its share (launchers name the count).
-    long double ram = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+    // The host's memory, for a run on the host: shared by the node's ranks (launchers name the count).
+    // A GPU run keeps its model and activations in device memory, which this does not measure.
+    long double ram = c.device == DeviceKind::cuda
+                          ? 0.0L
+                          : static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
     std::optional<comm::NodePlace> place;
     try {
       place = comm::node_place_from_launcher();
@@ -262,10 +265,12 @@ void check_ranges(const TrainConfig& c, int world_size) {
   // Sample indices are int64: step i reads [(i - 1) E, i E), E = batch x micro-batches x ranks, a
   // checkpoint records --steps x E, and an evaluation reads --eval-batches x E. After the memory
   // check, which bounds --batch-size: what overflows is the count of steps or micro-batches.
+  // Before MPI_Init the world's size is not known (amp_train's early parse passes INT_MAX): one rank.
+  const int64_t ranks = world_size == std::numeric_limits<int>::max() ? 1 : world_size;
   int64_t per_step = 0, total = 0, evaluated = 0;
   const bool fits = c.steps < std::numeric_limits<int64_t>::max() &&
                     !__builtin_mul_overflow(c.batch_size, c.micro_batches, &per_step) &&
-                    !__builtin_mul_overflow(per_step, static_cast<int64_t>(world_size), &per_step) &&
+                    !__builtin_mul_overflow(per_step, ranks, &per_step) &&
                     !__builtin_mul_overflow(per_step, c.steps + 1, &total);
   const bool steps_larger = c.steps > c.micro_batches;
   require(fits, steps_larger ? "--steps" : "--micro-batches", steps_larger ? c.steps : c.micro_batches,

@@ -79,7 +79,9 @@ Run train(const std::string& device, const std::string& args) {
   const std::string cmd =
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "${CUDA_VISIBLE_DEVICES+CUDA_VISIBLE_DEVICES=\"$CUDA_VISIBLE_DEVICES\"} "
+      // The emulated GPU reads CUDA_VISIBLE_DEVICES as the driver does: a real GPU's value (a Slurm GPU
+      // job's) would hide its devices, so only a real GPU's run passes it on.
+      + std::string(kEmulated ? "" : "${CUDA_VISIBLE_DEVICES+CUDA_VISIBLE_DEVICES=\"$CUDA_VISIBLE_DEVICES\"} ") +
       "${OMPI_MCA_plm_rsh_agent+OMPI_MCA_plm_rsh_agent=\"$OMPI_MCA_plm_rsh_agent\"} "
       "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np " +
       std::to_string(ranks()) + " --oversubscribe " + amp_train_bin() + " --device " + device +

@@ -135,16 +135,18 @@ TEST(MemoryEstimate, SyntheticDataCountsItsTeacherAndItsPool) {
   EXPECT_LE(pool, 256.0L * 1024 * 1024) << "dataset.cpp's budget";
 }
 
+// A text for the GPT: a verse 4000 times.
+std::string text_file(const amp::cli::TempDir& d, const std::string& verse) {
+  std::ofstream out(d.file("text.txt"));
+  for (int i = 0; i < 4000; ++i) out << verse;
+  return d.file("text.txt");
+}
+
 // The attention weights [B, H, T, T]: what the probe's 17 GiB run underestimated (issue 41).
 TEST(MemoryEstimate, GptWithLongBlocks) {
   amp::cli::TempDir d;
-  const std::string text = d.file("text.txt");
-  {
-    std::ofstream out(text);
-    for (int i = 0; i < 4000; ++i) out << "In the beginning God created the heaven and the earth. ";
-  }
   RunShape run;
-  run.data = text;
+  run.data = text_file(d, "In the beginning God created the heaven and the earth. ");
   run.batch_size = 8;
   run.optimizer_slots = 0;
   expect_estimate_bounds_the_run(
@@ -153,13 +155,8 @@ TEST(MemoryEstimate, GptWithLongBlocks) {
 
 TEST(MemoryEstimate, GptUnderAutocast) {
   amp::cli::TempDir d;
-  const std::string text = d.file("text.txt");
-  {
-    std::ofstream out(text);
-    for (int i = 0; i < 4000; ++i) out << "And the earth was without form, and void. ";
-  }
   RunShape run;
-  run.data = text;
+  run.data = text_file(d, "And the earth was without form, and void. ");
   run.batch_size = 8;
   run.optimizer_slots = 2;
   run.autocast = true;

@@ -95,13 +95,15 @@ TEST(Reliability, OneFileUnderTwoNamesIsOneOutput) {
   r = run(kMlp + "--checkpoint-dir " + d.file("cm") + " --metrics " + d.file("cm/metrics.jsonl"));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(read_jsonl(d.file("cm/metrics.jsonl")).back()["event"], "end");
+  r = run(kMlpFlags + "--resume --steps 3 --checkpoint-dir " + d.file("cm") + " --metrics " + d.file("cm/step-size-sweep.jsonl"));
+  EXPECT_EQ(r.code, 0) << "not a checkpoint's name: " << r.out;
   // ... but not the checkpoint directory's own entries, nor what is in them.
-  for (const std::string inside : {"cm/.lock", "cm/step-00000001", "cm/step-00000002/model.safetensors"}) {
-    r = run(kMlp + "--resume --checkpoint-dir " + d.file("cm") + " --metrics " + d.file(inside));
+  for (const std::string inside : {"cm/.lock", "cm/step-00000001", "cm/step-00000003/model.safetensors"}) {
+    r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("cm") + " --metrics " + d.file(inside));
     EXPECT_EQ(r.code, 2) << inside << ": " << r.out;
     EXPECT_TRUE(has(r.out, "--checkpoint-dir")) << r.out;
   }
-  EXPECT_EQ(safetensors_size(d.file("cm/step-00000002/model.safetensors")), 4u);
+  EXPECT_EQ(safetensors_size(d.file("cm/step-00000003/model.safetensors")), 4u);
   // An output inside the checkpoint a run resumes from.
   r = run(kMlpFlags + "--steps 3 --resume-from " + d.file("cm/step-00000002") + " --checkpoint-dir " + d.file("cm2") +
           " --metrics " + d.file("cm/step-00000002/trainer.json"));
@@ -149,12 +151,17 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
   RunResult r = run(kMlp + "--metrics " + d.file("n.jsonl"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r.out, "not a regular file")) << r.out;
-  // A file this run did not make (not a lock's pid) is locked but kept; a lock left by a run that is
-  // gone is taken over and removed at the end.
+  // A file that is not a lock (it holds no process id) is the user's: refused, kept as it was; an
+  // empty one is used and kept; a lock left by a run that is gone is taken over and removed at the end.
   write(d.file(".k.jsonl.lock"), "notes the user keeps here\n");
   r = run(kMlp + "--metrics " + d.file("k.jsonl"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(bytes_of(d.file(".k.jsonl.lock")), "notes the user keeps here\n");
+  EXPECT_FALSE(fs::exists(d.file("k.jsonl"))) << "a refused run left its metrics file";
+  write(d.file(".e.jsonl.lock"), "");
+  r = run(kMlp + "--metrics " + d.file("e.jsonl"));
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(fs::exists(d.file(".k.jsonl.lock"))) << "a file the run did not create was deleted";
+  EXPECT_TRUE(fs::exists(d.file(".e.jsonl.lock"))) << "a file the run did not create was deleted";
   write(d.file(".s.jsonl.lock"), std::to_string(gone_pid()) + "\n");
   r = run(kMlp + "--metrics " + d.file("s.jsonl"));
   EXPECT_EQ(r.code, 0) << r.out;

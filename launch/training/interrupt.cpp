@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -10,10 +11,13 @@
 namespace amp::launch {
 
 namespace {
-volatile std::sig_atomic_t g_signal = 0;
-// When the first one came (CLOCK_MONOTONIC, whole milliseconds: a sig_atomic_t may be 32 bits, so
-// the handler keeps its own copy as a long long it alone writes before g_signal is set).
-long long g_first_ms = 0;
+// The first signal and when it came (CLOCK_MONOTONIC, milliseconds). Atomics, lock-free: the handler
+// may run in any thread (OpenMP's, MPI's), two at once for two copies of one signal; the first to
+// exchange g_signal from 0 is the request, and publishes its time before its number.
+std::atomic<int> g_signal{0};
+std::atomic<long long> g_first_ms{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
+              "signal handlers need lock-free atomics");
 
 long long monotonic_ms() {
   timespec ts{};
@@ -28,12 +32,13 @@ void say(const char* text) {  // write(2): the only output a handler may make
 
 extern "C" void on_interrupt(int signum) {
   const long long now = monotonic_ms();
-  if (g_signal == 0) {
-    g_first_ms = now;
-    g_signal = signum;
+  long long first = g_first_ms.load();
+  if (first == 0 && g_first_ms.compare_exchange_strong(first, now)) {  // the first: the request
+    g_signal.store(signum);
     return;
   }
-  if (static_cast<double>(now - g_first_ms) < kDuplicateWindowSeconds * 1000.0) return;  // a copy of the first
+  first = g_first_ms.load();
+  if (static_cast<double>(now - first) < kDuplicateWindowSeconds * 1000.0) return;  // a copy of the first
   if (signum == SIGINT) {  // Ctrl-C again: stop now, as the default would
     std::signal(SIGINT, SIG_DFL);
     ::raise(SIGINT);
@@ -50,12 +55,13 @@ void install_interrupt_handlers() {
   sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time: the first-signal bookkeeping is not raced
   sigaddset(&sa.sa_mask, SIGTERM);
   sa.sa_flags = SA_RESTART;  // a blocking read or collective goes on
-  g_signal = 0;
+  g_signal.store(0);
+  g_first_ms.store(0);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-int interrupt_signal() { return g_signal; }
+int interrupt_signal() { return g_signal.load(); }
 
 const char* signal_label(int signum) {
   if (signum == SIGINT) return "SIGINT";

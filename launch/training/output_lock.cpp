@@ -77,16 +77,23 @@ void OutputLocks::acquire(const char* flag, const std::string& path, Kind kind) 
       fail("its lock file '" + lock + "' is a symbolic link: a lock file is never followed; remove the link");
     if (fd < 0 && errno == EISDIR) fail("its lock file '" + lock + "' is not a regular file (a directory); remove it");
     if (fd < 0) fail("cannot create its lock file '" + lock + "': " + std::strerror(errno));
+    // A failure after this run made the file removes it again: nothing is left behind.
+    auto give_up = [&](const std::string& why) {
+      if (created) ::unlink(lock.c_str());
+      ::close(fd);
+      fail(why);
+    };
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      fail("its lock file '" + lock + "' is not a regular file; remove it");
-    }
-    if (st.st_uid != ::geteuid()) {
-      ::close(fd);
-      fail("its lock file '" + lock + "' belongs to another user (uid " + std::to_string(st.st_uid) +
-           "): remove it, or choose another path");
-    }
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) give_up("its lock file '" + lock + "' is not a regular file; remove it");
+    // (A file just made may belong to another uid: root's files on NFS with root_squash are nobody's.)
+    if (!created && st.st_uid != ::geteuid())
+      give_up("its lock file '" + lock + "' belongs to another user (uid " + std::to_string(st.st_uid) +
+              "): remove it, or choose another path");
+    // One that holds something else than a lock's process id is a file of the user's: not overwritten.
+    const std::string before = pid_in(fd);
+    if (!created && before.empty() && st.st_size > 0)
+      give_up("its lock file '" + lock + "' exists and holds something else than a run's process id: move it away, or "
+              "choose another path");
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       if (no_locks_here(err)) {  // a filesystem without locks (Lustre without -o flock)
@@ -97,11 +104,12 @@ void OutputLocks::acquire(const char* flag, const std::string& path, Kind kind) 
         return;
       }
       const std::string who = err == EWOULDBLOCK ? holder_of(fd) : "";
-      ::close(fd);
-      if (err == EWOULDBLOCK)
+      if (err == EWOULDBLOCK) {  // the holder's file: never removed here
+        ::close(fd);
         fail("in use by another run, " + who + ": two runs writing one output would overwrite each other; wait for "
              "it to end, or choose another path");
-      fail("cannot lock '" + lock + "': " + std::strerror(err));
+      }
+      give_up("cannot lock '" + lock + "': " + std::strerror(err));
     }
     // The previous holder removes its lock file as it ends: if it did so after our open(), our lock
     // is on a file nobody else will find. Lock the file that is there now instead.
@@ -110,42 +118,51 @@ void OutputLocks::acquire(const char* flag, const std::string& path, Kind kind) 
       continue;
     }
     // A lock file left by a run that is gone (kill -9) is taken over, and removed at the end like
-    // our own; anything else that was there is left as it was found.
-    const std::string before = pid_in(fd);
+    // our own; an empty one, or a live process's that no longer holds it, is used and left.
     const bool owned = created || (!before.empty() && writer_is_gone(before));
     const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-      ::close(fd);
-      fail("cannot write its lock file '" + lock + "': " + std::strerror(errno));
-    }
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+      give_up("cannot write its lock file '" + lock + "': " + std::strerror(errno));
     held_.push_back({flag, lock, fd, owned, false});
     break;
   }
-  if (kind == Kind::file_written_in_place) lock_in_place(flag, target.string());
+  if (kind == Kind::file_written_in_place) lock_in_place(flag, path);
 }
 
 // The output itself, by device and inode: a hard link to a file another run writes is refused.
-void OutputLocks::lock_in_place(const char* flag, const std::string& target) {
+void OutputLocks::lock_in_place(const char* flag, const std::string& path) {
+  // Where the writer's open() lands: through a dangling link too, to the file it names.
+  std::error_code ec;
+  fs::path target = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(target, ec); ++hops) {
+    const fs::path to = fs::read_symlink(target, ec);
+    if (ec) break;
+    target = to.is_absolute() ? to : target.parent_path() / to;
+  }
   struct stat st {};
-  const bool exists = ::stat(target.c_str(), &st) == 0;
-  if (exists && !S_ISREG(st.st_mode)) return;  // check_output_path refuses it
-  // Created when missing (through a dangling link too, as the writer would), so that it has an inode
-  // to lock from the start.
-  const int fd = exists ? ::open(target.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)
-                        : ::open(target.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::invalid_argument(std::string(flag) + ": '" + target + "': cannot open: " + std::strerror(errno));
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;  // check_output_path refuses it
+  // Created (O_EXCL: this run made it, and only then may remove it) when missing, so that it has an
+  // inode to lock from the start. Open for writing: NFS emulates flock with fcntl locks, which need it.
+  bool created = true;
+  int fd = ::open(target.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = ::open(target.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  }
+  const std::string name = target.string();
+  if (fd < 0) throw std::invalid_argument(std::string(flag) + ": '" + name + "': cannot open: " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    if (!exists) ::unlink(target.c_str());
+    if (created) ::unlink(name.c_str());
     ::close(fd);
-    if (no_locks_here(err)) return;  // said once, for its lock file
-    throw std::invalid_argument(std::string(flag) + ": '" + target + "': " +
+    if (no_locks_here(err) || err == EBADF) return;  // said once, for its lock file
+    throw std::invalid_argument(std::string(flag) + ": '" + name + "': " +
                                 (err == EWOULDBLOCK ? std::string("in use by another run under another name (a hard link to "
                                                                   "the same file): two runs writing one file would "
                                                                   "overwrite each other; choose another path")
                                                     : "cannot lock: " + std::string(std::strerror(err))));
   }
-  held_.push_back({flag, target, fd, !exists, true});
+  held_.push_back({flag, name, fd, created, true});
 }
 
 OutputLocks::~OutputLocks() {

@@ -6,8 +6,9 @@
 //
 // The lock of a file F is the file .F.lock beside it (beside the file a symbolic link names); the
 // lock of a directory is DIR/.lock. They hold the owner's process id. A lock file is never followed:
-// one that is a symbolic link, not a regular file, or another user's is refused, naming it. A run
-// removes, as it ends, only the lock files it created (or found left by a run that is gone).
+// one that is a symbolic link, not a regular file, another user's, or that holds something else than
+// a process id is refused, naming it. A run removes, as it ends, only the lock files it created (or
+// found left by a run that is gone).
 //
 // A file written in place (--metrics) is also locked itself, by device and inode: another name for
 // it (a hard link) is the same output. It is created empty at set-up when missing, and removed

@@ -50,10 +50,11 @@ std::vector<std::pair<fs::path, std::string>> ancestors(const fs::path& path) {
   return out;
 }
 
+// .lock, step-NNNNNNNN, and the temporaries .tmp-step-N.PID and .old-step-N.PID (checkpoint.cpp).
 bool checkpoint_entry(const std::string& name) {
-  for (const char* prefix : {"step-", ".tmp-step-", ".old-step-"})
-    if (name.rfind(prefix, 0) == 0) return true;
-  return name == ".lock";
+  const bool numbered = name.rfind("step-", 0) == 0 && name.size() > 5 &&
+                        name.find_first_not_of("0123456789", 5) == std::string::npos;
+  return numbered || name == ".lock" || name.rfind(".tmp-step-", 0) == 0 || name.rfind(".old-step-", 0) == 0;
 }
 
 }  // namespace

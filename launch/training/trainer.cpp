@@ -151,9 +151,13 @@ std::optional<double> Trainer::evaluate() {
       batch_means.push_back(tree.fold());
       // A stop asked for on any rank ends the evaluation after this batch, on every rank (one small
       // collective a batch: evaluation is not the step).
-      Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
-      if (comm_.size() > 1) comm::all_reduce_scalars(comm_, {stop}, comm::ReduceOp::max);
-      if (stop.item() != 0.0 && k + 1 < cfg_.eval_batches) {
+      bool stop = interrupt_signal() != 0;
+      if (comm_.size() > 1) {
+        Tensor any = full({1}, stop ? 1.0 : 0.0, DType::f32, device_);
+        comm::all_reduce_scalars(comm_, {any}, comm::ReduceOp::max);
+        stop = any.item() != 0.0;
+      }
+      if (stop && k + 1 < cfg_.eval_batches) {
         stopped = true;
         break;
       }

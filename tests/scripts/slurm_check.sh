@@ -35,6 +35,9 @@ done
 
 # A job of an outer Slurm or MPI launch must not leak into this cluster's commands.
 while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_|SALLOC_|PMIX_|PMI_)' || true)
+unset CUDA_VISIBLE_DEVICES  # the emulated GPU reads it: each task here sets its own
+# A sanitizer build (build/asan): Open MPI leaks by design, as the multi-rank suites say (tests/CMakeLists.txt).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 
 # Everything lives here. munged insists that every folder above its socket is searchable by all.
 tmp=$(mktemp -d /tmp/slurm_check.XXXXXX)
