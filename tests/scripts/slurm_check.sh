@@ -7,7 +7,9 @@
 #  2. an sbatch job that runs mpirun -np 2 inside its allocation (sbatch --wait): the same checksum;
 #  3. what a time limit does, without waiting for one: SIGTERM to a running job (scancel --signal=TERM),
 #     which stops after a step and says so; the same command again with --resume and 3 more steps
-#     ends with the checksum and the weights of an uninterrupted run, bit for bit.
+#     ends with the checksum and the weights of an uninterrupted run, bit for bit;
+#  4. a real time limit (--time=1: a minute or so; SLURM_CHECK_TIME_LIMIT=0 skips it): TIMEOUT after a
+#     step that is saved, and a requeue with --resume that ends as the uninterrupted run.
 # Without Slurm or munge installed (launch/setup.sh lists them as optional), or where a daemon cannot
 # start here (not root, a container without what it needs), it prints "slurm_check: skipped: REASON"
 # and exits 0. Usage: tests/scripts/slurm_check.sh BUILD_DIR. Exit 1 naming the first failure;
@@ -309,4 +311,37 @@ whole=$(checksum_of uninterrupted "$c/m.jsonl")
   fail "interrupted at $n and resumed to $((n + 3)): param_checksum $resumed; uninterrupted $((n + 3)) steps: $whole"
 cmp -s "$d/w.st" "$c/w.st" || fail "interrupted and resumed: the weights differ from the uninterrupted run's (cmp $d/w.st $c/w.st)"
 say "resumed to step $((n + 3)): param_checksum $resumed and the weights = an uninterrupted run's ($(since "$t"))"
+# 4. A real time limit (SLURM_CHECK_TIME_LIMIT=0 skips it: it waits a minute or so): a job of one
+# minute that runs mpirun. At the limit Slurm sends SIGTERM to every process of the job, mpirun and
+# its ranks (which then get it twice: one request), and SIGKILL KillWait (10 s) later: the ranks stop
+# after a step and save it; the same command with --resume continues to the uninterrupted run's bits.
+if [[ ${SLURM_CHECK_TIME_LIMIT:-1} != 0 ]]; then
+  d=$(run_dir time-limit)
+  t=$EPOCHREALTIME
+  job=$(sbatch --parsable -n 2 --overcommit --time=1 -J limit -D "$d" -o "$d/out" "$tmp/mpirun.sh" "${long[@]}" \
+        --steps 100000000) || fail "sbatch of the time-limited job"
+  job=${job%%;*}
+  for _ in $(seq 1800); do [[ -z $(active "$job") ]] && break; sleep 0.1; done
+  [[ -z $(active "$job") ]] || fail "the job with --time=1 ($job) still runs after 3 minutes"
+  state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)
+  [[ $state == TIMEOUT ]] || fail "the job with --time=1 ended $state, not TIMEOUT: $(tail -n 3 "$d/out")"
+  end=$(end_record "$d/m.jsonl")
+  [[ $end == *'"interrupted_by":"SIGTERM"'* ]] ||
+    fail "at its time limit, $d/m.jsonl ends without \"interrupted_by\":\"SIGTERM\": $(tail -n 1 "$d/m.jsonl" | cut -c1-300)"
+  n=$(field steps "$end")
+  for e in "$d"/ck/* "$d"/ck/.[!.]*; do
+    [[ -e $e && $(basename "$e") != step-* ]] && fail "left in the checkpoint directory at the time limit: $e"
+  done
+  mv "$d/out" "$d/out.limit"
+  rc=0
+  sbatch_wait requeued "$d" "$tmp/mpirun.sh" "${long[@]}" --resume --steps $((n + 3)) || rc=$?
+  ((rc == 0)) || fail "the requeued job: exit $rc: $(grep -v '^step \|checkpoint of' "$d/out" | tail -n 3)"
+  resumed=$(checksum_of requeued "$d/m.jsonl")
+  c=$(run_dir time-limit-control)
+  (cd "$c" && timeout 300 "$amp_train" "${small[@]}" --steps $((n + 3)) --micro-batches 2 --metrics m.jsonl >out 2>&1) ||
+    fail "the uninterrupted run: $(tail -n 3 "$c/out")"
+  [[ $resumed == $(checksum_of uninterrupted "$c/m.jsonl") ]] ||
+    fail "stopped by the time limit at step $n and requeued to $((n + 3)): not the uninterrupted run's param_checksum"
+  say "time limit (--time=1, mpirun): TIMEOUT after step $n with the step saved; requeued with --resume to step $((n + 3)) = the uninterrupted run ($(since "$t"))"
+fi
 say "passed ($(since "$t_all"))"
