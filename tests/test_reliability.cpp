@@ -31,6 +31,12 @@ bool has(const std::string& out, const std::string& what) { return out.find(what
 
 size_t safetensors_size(const std::string& path) { return safetensors::load(path).size(); }
 
+// A usage error (exit 2) whose message names `what`; context says which case it was.
+void expect_usage_error(const RunResult& r, const std::string& what, const std::string& context = "") {
+  EXPECT_EQ(r.code, 2) << context << ": " << r.out;
+  EXPECT_TRUE(r.out.find(what) != std::string::npos) << context << ": no '" << what << "' in: " << r.out;
+}
+
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -70,8 +76,7 @@ TEST(Reliability, AnOutputThatIsAnInputIsRefusedAndTheInputKept) {
   fs::create_hard_link(d.file("w.st"), d.file("hard.st"));
   for (const std::string& name : std::vector<std::string>{d.file("w.st"), d.file("link.st"), d.file("hard.st"), d.path.string() + "/./w.st"}) {
     r = run(kMlp + "--init-weights " + d.file("w.st") + " --metrics " + name);
-    EXPECT_EQ(r.code, 2) << name << ": " << r.out;
-    EXPECT_TRUE(has(r.out, "--init-weights")) << r.out;
+    expect_usage_error(r, "--init-weights", name);
     EXPECT_EQ(bytes_of(d.file("w.st")), weights) << "the pretrained weights were overwritten through " << name;
   }
   // The config file is an input too.
@@ -89,8 +94,7 @@ TEST(Reliability, OneFileUnderTwoNamesIsOneOutput) {
   EXPECT_TRUE(has(r.out, "--metrics") && has(r.out, "--save-weights")) << r.out;
   // A lock file named as an output: the run would delete it at its end.
   r = run(kMlp + "--metrics " + d.file(".w.st.lock") + " --save-weights " + d.file("w.st"));
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.out, "lock file of --save-weights")) << r.out;
+  expect_usage_error(r, "lock file of --save-weights");
   // A metrics file of its own beside the checkpoints is fine ...
   r = run(kMlp + "--checkpoint-dir " + d.file("cm") + " --metrics " + d.file("cm/metrics.jsonl"));
   EXPECT_EQ(r.code, 0) << r.out;
@@ -100,15 +104,13 @@ TEST(Reliability, OneFileUnderTwoNamesIsOneOutput) {
   // ... but not the checkpoint directory's own entries, nor what is in them.
   for (const std::string inside : {"cm/.lock", "cm/step-00000001", "cm/step-00000003/model.safetensors"}) {
     r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("cm") + " --metrics " + d.file(inside));
-    EXPECT_EQ(r.code, 2) << inside << ": " << r.out;
-    EXPECT_TRUE(has(r.out, "--checkpoint-dir")) << r.out;
+    expect_usage_error(r, "--checkpoint-dir", inside);
   }
   EXPECT_EQ(safetensors_size(d.file("cm/step-00000003/model.safetensors")), 4u);
   // An output inside the checkpoint a run resumes from.
   r = run(kMlpFlags + "--steps 3 --resume-from " + d.file("cm/step-00000002") + " --checkpoint-dir " + d.file("cm2") +
           " --metrics " + d.file("cm/step-00000002/trainer.json"));
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.out, "--resume-from")) << r.out;
+  expect_usage_error(r, "--resume-from");
 }
 
 // Two live runs, one writing g1 and one given g2, a hard link to it: the second is refused.
@@ -140,8 +142,7 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
                         Case{"ck/.lock", "--checkpoint-dir " + d.file("ck")}}) {
     fs::create_symlink(d.file("victim"), d.file(c.lock));
     const RunResult r = run(kMlp + c.flags);
-    EXPECT_EQ(r.code, 2) << c.lock << ": " << r.out;
-    EXPECT_TRUE(has(r.out, "symbolic link")) << r.out;
+    expect_usage_error(r, "symbolic link", c.lock);
     EXPECT_EQ(bytes_of(d.file("victim")), "precious\n") << "written through " << c.lock;
     EXPECT_TRUE(fs::is_symlink(d.file(c.lock))) << "the link was deleted";
     fs::remove(d.file(c.lock));
@@ -149,8 +150,7 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
   // Not a regular file: refused, naming it.
   fs::create_directories(d.file(".n.jsonl.lock"));
   RunResult r = run(kMlp + "--metrics " + d.file("n.jsonl"));
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.out, "not a regular file")) << r.out;
+  expect_usage_error(r, "not a regular file");
   // A file that is not a lock (it holds no process id) is the user's: refused, kept as it was; an
   // empty one is used and kept; a lock left by a run that is gone is taken over and removed at the end.
   write(d.file(".k.jsonl.lock"), "notes the user keeps here\n");
@@ -234,16 +234,13 @@ TEST(Reliability, SamplingAndEvaluationStopAtTheNextTokenOrBatch) {
 TEST(Reliability, ThreadsAndMicroBatchesBeyondTheirLimitsAreUsageErrors) {
   for (const std::string threads : {"40000", "70000"}) {
     const RunResult r = run(kMlp + "--threads " + threads);
-    EXPECT_EQ(r.code, 2) << threads << ": " << r.out;
-    EXPECT_TRUE(has(r.out, "--threads")) << r.out;
+    expect_usage_error(r, "--threads", threads);
   }
   const RunResult eval = run(kMlp + "--eval-batches 4611686018427387904");
-  EXPECT_EQ(eval.code, 2) << eval.out;
-  EXPECT_TRUE(has(eval.out, "--eval-batches")) << eval.out;
+  expect_usage_error(eval, "--eval-batches");
   for (const std::string k : {"9223372036854775807", "4611686018427387904"}) {
     const RunResult r = run(kMlp + "--micro-batches " + k);
-    EXPECT_EQ(r.code, 2) << k << ": " << r.out;
-    EXPECT_TRUE(has(r.out, "--micro-batches")) << r.out;
+    expect_usage_error(r, "--micro-batches", k);
   }
 }
 
@@ -300,12 +297,10 @@ TEST(Reliability, ConfigFilesRefuseWhatOnlyACommandLineSaysAndReadAByteOrderMark
   TempDir d;
   write(d.file("inc.cfg"), "config = /nonexistent\n");
   RunResult r = run(kMlp + "--config " + d.file("inc.cfg"));
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.out, "'config'")) << r.out;
+  expect_usage_error(r, "'config'");
   write(d.file("help.cfg"), "help = 1\n");
   r = run(kMlp + "--config " + d.file("help.cfg"));
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.out, "'help'")) << r.out;
+  expect_usage_error(r, "'help'");
   write(d.file("bom.cfg"), "\xEF\xBB\xBFlr = 0.5\n");
   r = run(kMlp + "--config " + d.file("bom.cfg") + " --metrics " + d.file("m.jsonl"));
   EXPECT_EQ(r.code, 0) << r.out;

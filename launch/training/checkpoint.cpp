@@ -111,6 +111,10 @@ optim::OptimizerStateDict optimizer_state(const safetensors::NamedTensors& tenso
 
 }  // namespace
 
+bool is_checkpoint_entry(const std::string& name) {
+  return step_of(name) >= 0 || name == ".lock" || name.rfind(kTempPrefix, 0) == 0 || name.rfind(kTrashPrefix, 0) == 0;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;

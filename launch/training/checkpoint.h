@@ -39,6 +39,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
 
 // The complete checkpoints under dir, oldest first (their step-NNNNNNNN paths).
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// Whether a name in DIR is one the checkpoints write there: step-NNNNNNNN, their temporaries
+// (.tmp-step-*, .old-step-*), and the directory's lock (.lock, output_lock.h).
+bool is_checkpoint_entry(const std::string& name);
 
 // Reads and verifies a checkpoint directory: every file present, of its recorded size and checksum.
 // Throws std::invalid_argument naming the file that is missing, partial or corrupt.

@@ -131,14 +131,7 @@ void OutputLocks::acquire(const char* flag, const std::string& path, Kind kind) 
 
 // The output itself, by device and inode: a hard link to a file another run writes is refused.
 void OutputLocks::lock_in_place(const char* flag, const std::string& path) {
-  // Where the writer's open() lands: through a dangling link too, to the file it names.
-  std::error_code ec;
-  fs::path target = path;
-  for (int hops = 0; hops < 40 && fs::is_symlink(target, ec); ++hops) {
-    const fs::path to = fs::read_symlink(target, ec);
-    if (ec) break;
-    target = to.is_absolute() ? to : target.parent_path() / to;
-  }
+  const fs::path target = written_through(path);  // through a dangling link too
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;  // check_output_path refuses it
   // Created (O_EXCL: this run made it, and only then may remove it) when missing, so that it has an

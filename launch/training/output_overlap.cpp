@@ -7,6 +7,9 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "launch/training/checkpoint.h"
+#include "launch/training/output_path.h"
+
 namespace amp::launch {
 
 namespace fs = std::filesystem;
@@ -25,13 +28,7 @@ struct FileId {
 std::optional<FileId> identify(const fs::path& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return FileId{st.st_dev, st.st_ino, ""};
-  std::error_code ec;
-  fs::path p = path;
-  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // a link to a file not yet written
-    const fs::path to = fs::read_symlink(p, ec);
-    if (ec) break;
-    p = to.is_absolute() ? to : p.parent_path() / to;
-  }
+  const fs::path p = written_through(path.string());  // a link to a file not yet written
   const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   if (::stat(dir.c_str(), &st) != 0) return std::nullopt;  // no such directory: check_output_path says so
   return FileId{st.st_dev, st.st_ino, p.filename().string()};
@@ -48,13 +45,6 @@ std::vector<std::pair<fs::path, std::string>> ancestors(const fs::path& path) {
     p = p.parent_path();
   }
   return out;
-}
-
-// .lock, step-NNNNNNNN, and the temporaries .tmp-step-N.PID and .old-step-N.PID (checkpoint.cpp).
-bool checkpoint_entry(const std::string& name) {
-  const bool numbered = name.rfind("step-", 0) == 0 && name.size() > 5 &&
-                        name.find_first_not_of("0123456789", 5) == std::string::npos;
-  return numbered || name == ".lock" || name.rfind(".tmp-step-", 0) == 0 || name.rfind(".old-step-", 0) == 0;
 }
 
 }  // namespace
@@ -91,7 +81,7 @@ void check_outputs_apart(const std::vector<NamedFile>& files) {
       for (const auto& [parent, name] : ancestors(out.path)) {
         if (other.role == Role::input_directory && identify(parent / name) == dir)
           refuse(out, other, "overlap: the output lies inside the directory the run reads; write it elsewhere");
-        if (other.role == Role::output_directory && identify(parent) == dir && checkpoint_entry(name))
+        if (other.role == Role::output_directory && identify(parent) == dir && is_checkpoint_entry(name))
           refuse(out, other,
                  "overlap: '" + name + "' is the checkpoint directory's own (its lock, or a checkpoint that "
                  "is pruned and replaced); write it beside them under another name");

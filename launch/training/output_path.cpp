@@ -38,6 +38,18 @@ void check_output_path(const char* flag, const std::string& path) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("the directory '" + dir.string() + "' is not writable");
 }
 
+std::filesystem::path written_through(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // 40: the kernel's own limit
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p;
+}
+
 bool writer_is_gone(const std::string& pid) {
   if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
   return ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;  // alive, or not ours: kept

@@ -2,10 +2,15 @@
 // seconds, not a whole run: the directory must exist and be writable, and the file, if it exists,
 // must be a regular file (a symlink is followed: the file it names is the one written).
 #pragma once
+#include <filesystem>
 #include <string>
 #include <vector>
 
 namespace amp::launch {
+
+// The file a writer's open() of path reaches: symbolic links followed, a dangling one to the file it
+// names (which the open would create). path itself when it is not a link.
+std::filesystem::path written_through(const std::string& path);
 
 // Throws std::invalid_argument naming flag and path when path cannot be written as a file.
 void check_output_path(const char* flag, const std::string& path);
