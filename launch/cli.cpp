@@ -275,7 +275,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   const bool steps_larger = c.steps > c.micro_batches;
   require(fits, steps_larger ? "--steps" : "--micro-batches", steps_larger ? c.steps : c.micro_batches,
           "is too large: --batch-size " + std::to_string(c.batch_size) + " x --micro-batches x " +
-              std::to_string(world_size) + " rank(s) x (--steps + 1) samples must count in 64 bits");
+              std::to_string(ranks) + " rank(s) x (--steps + 1) samples must count in 64 bits");
   require(!__builtin_mul_overflow(per_step, c.eval_batches, &evaluated), "--eval-batches", c.eval_batches,
           "is too large: --eval-batches x --batch-size x --micro-batches x ranks samples must count in 64 bits");
   for (const Injection& inj : c.inject_nonfinite) {

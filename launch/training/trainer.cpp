@@ -200,7 +200,6 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 TrainResult Trainer::run() {
   if (!nothing_left_.empty()) {  // a requeued command after its run ended: nothing trained, nothing written
     TrainResult done;
-    done.nothing_left = true;
     done.steps_done = start_step_;
     done.skipped_steps = skipped_steps_;
     if (comm_.rank() == 0)

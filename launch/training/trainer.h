@@ -41,7 +41,6 @@ class JobError : public std::runtime_error {
 struct TrainResult {
   std::vector<StepRecord> records;  // every step's record (rank 0's view)
   int64_t steps_done = 0;           // cfg.steps, or fewer when interrupted
-  bool nothing_left = false;        // resumed at --steps: nothing trained, no output touched
   int interrupted_by = 0;           // the signal that stopped the run early (this rank's, else SIGTERM), or 0
   int64_t skipped_steps = 0;
   double final_scale = 1.0;
