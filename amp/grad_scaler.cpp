@@ -55,6 +55,23 @@ std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimize
   return grads;
 }
 
+void GradScaler::unscale_grads_(optim::Optimizer& opt, const Tensor& scale, Tensor& found_inf, bool allow_fp16) {
+  const std::vector<Tensor> grads = opt.grads();
+  // One fused pass per dtype (a backend's call takes one dtype, as PyTorch's
+  // _amp_foreach_non_finite_check_and_unscale_ does).
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (const Tensor& g : grads) {
+    if (g.dtype() == DType::f16 && !allow_fp16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+    if (g.device() != found_inf.device())
+      throw std::invalid_argument("unscale_grads_: a gradient on " + g.device().str() + ", found_inf on " +
+                                  found_inf.device().str());
+    by_dtype[g.dtype()].push_back(g);
+  }
+  if (grads.empty()) return;
+  const Tensor s = scale.to(found_inf.device());
+  for (auto& [dt, group] : by_dtype) backend_for(found_inf.device()).unscale_and_check(group, s, found_inf);
+}
+
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!options_.enabled) return;
   require_state("unscale_");
@@ -62,37 +79,38 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   if (st.stage == Stage::unscaled)
     throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
   if (st.stage == Stage::stepped) throw std::runtime_error("unscale_() is being called after step().");
-  const std::vector<Tensor> grads = checked_grads(opt, &st);
-  if (!grads.empty()) {
-    // One fused pass per dtype group (the backend rejects mixed dtypes in one call).
-    std::map<DType, std::vector<Tensor>> by_dtype;
-    for (const Tensor& g : grads) by_dtype[g.dtype()].push_back(g);
-    const Tensor scale = scale_.to(grads[0].device());
-    for (auto& [dt, group] : by_dtype) backend_for(group[0].device()).unscale_and_check(group, scale, st.found_inf);
-  }
+  checked_grads(opt, &st);
+  if (st.found_inf.defined()) unscale_grads_(opt, scale_, st.found_inf, /*allow_fp16=*/false);
   st.stage = Stage::unscaled;
 }
-bool GradScaler::sum_with_found_inf(const Tensor& t) {
-  if (!options_.enabled || comm_ == nullptr || comm_->size() <= 1) return false;
-  require_state("sum_with_found_inf");
-  if (t.dtype() != DType::f32 || t.numel() != 1 || t.device() != scale_.device())
-    throw std::invalid_argument("GradScaler::sum_with_found_inf: expected a 1-element float32 tensor on " +
-                                scale_.device().str());
-  riders_.push_back(t);
-  return true;
+
+Tensor GradScaler::check_inf_(optim::Optimizer& opt) {
+  if (!options_.enabled) return Tensor();
+  require_state("check_inf_");
+  PerOptimizer& st = per_optimizer_[&opt];
+  if (st.stage != Stage::ready)
+    throw std::runtime_error("check_inf_() must come before unscale_() and step() in an iteration.");
+  // The unscaled values are checked (what the step will apply), without writing them.
+  const std::vector<Tensor> grads = checked_grads(opt, &st);
+  if (!grads.empty()) backend_for(grads[0].device()).check_finite(grads, scale_.to(grads[0].device()), st.found_inf);
+  st.stage = Stage::checked;
+  return st.found_inf;
+}
+
+Tensor GradScaler::found_inf_tensor(const optim::Optimizer& opt) const {
+  auto it = per_optimizer_.find(&opt);
+  return it == per_optimizer_.end() ? Tensor() : it->second.found_inf;
 }
 
 void GradScaler::agree_on_found_inf() {
-  std::vector<Tensor> slots;  // the found_infs still pending, then the riders
+  std::vector<Tensor> slots;  // the found_infs still pending
   for (auto& [opt, st] : per_optimizer_)
     if (st.found_inf.defined() && !st.agreed) slots.push_back(st.found_inf);
-  slots.insert(slots.end(), riders_.begin(), riders_.end());
   // Every rank must take the same decision: a SUM over ranks (non-zero if any rank overflowed), all
-  // optimizers and the riders in one collective.
+  // optimizers in one collective. Without a communicator the caller agreed (or there is one rank).
   if (comm_ != nullptr) comm::all_reduce_scalars(*comm_, slots, comm::ReduceOp::sum);
   for (auto& [opt, st] : per_optimizer_)
     if (st.found_inf.defined()) st.agreed = true;
-  riders_.clear();
 }
 
 void GradScaler::step(optim::Optimizer& opt) {
@@ -103,17 +121,12 @@ void GradScaler::step(optim::Optimizer& opt) {
   require_state("step");
   PerOptimizer& st = per_optimizer_[&opt];
   if (st.stage == Stage::stepped) throw std::runtime_error("step() has already been called since the last update().");
+  // Not unscaled yet: checked read-only (here, or by check_inf_), and the fused step then unscales
+  // them (and writes them back) in its own pass: one read pass instead of a separate read-write
+  // unscale pass.
+  if (st.stage == Stage::ready) check_inf_(opt);
   Tensor grad_scale;
-  if (st.stage == Stage::ready) {
-    // Check them read-only first; the fused step then unscales them (and writes them back) in its
-    // own pass: one read pass instead of a separate read-write unscale pass. The check looks at the
-    // unscaled values, which are what the step applies.
-    const std::vector<Tensor> grads = checked_grads(opt, &st);
-    if (!grads.empty()) {
-      grad_scale = scale_.to(grads[0].device());
-      backend_for(grads[0].device()).check_finite(grads, grad_scale, st.found_inf);
-    }
-  }
+  if (st.stage == Stage::checked && st.found_inf.defined()) grad_scale = scale_.to(st.found_inf.device());
   if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
   agree_on_found_inf();
   opt.step(st.found_inf, grad_scale);
@@ -229,17 +242,18 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     throw std::runtime_error("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.");
   for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
     if (!state.count(k)) throw std::invalid_argument(std::string("GradScaler state_dict is missing '") + k + "'");
-  // Counts must be whole numbers in range (a cast of 1e30 to int is undefined behaviour, and a
-  // tracker at or past the interval would never grow the scale again).
+  // PyTorch takes any number here (a tracker at or past the interval never grows the scale again, and
+  // a fraction is truncated as its integer tensor's fill_ truncates); only what an integer cannot
+  // hold is refused, its cast being undefined. A checkpoint's state is checked strictly by its reader.
   auto count_in = [&state](const char* key, double lo, double hi) {
     const double v = state.at(key);
-    if (!(v >= lo && v <= hi) || v != std::floor(v))
-      throw std::invalid_argument(std::string("GradScaler state_dict: '") + key + "' must be a whole number in [" +
-                                  float_repr(lo) + ", " + float_repr(hi) + "], got " + float_repr(v));
+    if (!(v >= lo && v <= hi))
+      throw std::invalid_argument(std::string("GradScaler state_dict: '") + key + "' must be in [" + float_repr(lo) +
+                                  ", " + float_repr(hi) + "], got " + float_repr(v));
   };
   constexpr double kIntMax = 2147483647.0;
   count_in("growth_interval", 1.0, kIntMax);
-  count_in("_growth_tracker", 0.0, state.at("growth_interval") - 1.0);
+  count_in("_growth_tracker", -kIntMax, kIntMax);
   if (state.count("_hysteresis_left")) count_in("_hysteresis_left", 0.0, kIntMax);
   GradScalerOptions o = options_;
   o.init_scale = state.at("scale");

@@ -1,6 +1,7 @@
 // GradScaler: dynamic loss scaling with PyTorch's semantics (torch.cuda.amp.GradScaler), plus the
-// peers' extensions (hysteresis, min/max scale, error at the minimum) and, with a communicator, a
-// found_inf that every rank agrees on.
+// peers' extensions (hysteresis, min/max scale, error at the minimum) and, for a library user who
+// gives it a communicator, a found_inf that every rank agrees on. A training loop that reduces its own
+// figures (launch/training) gives it none: it sums found_inf_tensor() with them, then calls step().
 //
 // As in PyTorch, the scale (0-dim float32) and the growth tracker (an integer) are created by the
 // first scale() call, on the device of the first output it scales; each optimizer's found_inf lives
@@ -40,6 +41,8 @@ class GradScaler {
  public:
   // comm: when given, found_inf is summed over its ranks before any step or update (every rank then
   // sees a non-zero total if any rank overflowed; PyTorch sums found_inf over devices the same way).
+  // Without one, the scaler runs no collective: a caller with several ranks sums found_inf_tensor()
+  // over them itself, between unscale_ (or check_inf_) and step.
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* comm = nullptr);
 
   // outputs * scale, by ordinary type promotion (a float16 [N] output stays float16; a 0-dim loss
@@ -53,8 +56,17 @@ class GradScaler {
     for (const T& o : outputs) out.push_back(scale(o));
     return out;
   }
-  // Multiplies opt's gradients by 1/scale (fp64 reciprocal) and records found_inf, in one fused pass.
+  // Multiplies opt's gradients by 1/scale (fp64 reciprocal) and records found_inf, in one fused pass
+  // per dtype. float16 gradients are refused, as PyTorch's unscale_ refuses them.
   void unscale_(optim::Optimizer& opt);
+  // PyTorch's _unscale_grads_: opt's gradients times 1/scale, grouped by dtype, found_inf set when any
+  // is not finite; allow_fp16 lets float16 gradients through (callers that keep fp16 gradients on
+  // purpose). Touches none of the scaler's state.
+  static void unscale_grads_(optim::Optimizer& opt, const Tensor& scale, Tensor& found_inf, bool allow_fp16);
+  // PyTorch's _check_inf_per_device (ours: one device per optimizer): records opt's found_inf by a
+  // read-only check of the scaled gradients, which step() then unscales in the optimizer's own pass.
+  // Returns found_inf_tensor(opt). Before step(), instead of unscale_.
+  Tensor check_inf_(optim::Optimizer& opt);
   // The optimizer's step, which skips itself when found_inf is set. Without an explicit unscale_
   // it checks the scaled gradients read-only and the fused step unscales them in its own pass
   // (writing them back unscaled, as PyTorch's fused optimizers do).
@@ -79,11 +91,11 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
   // The found_inf of opt's last unscale_ (after the cross-rank agreement once step/update ran).
   bool found_inf(const optim::Optimizer& opt) const;
-  // Sums t (1-element float32, on the scaler's device) over the ranks in the same collective as this
-  // iteration's found_inf agreement: one small collective a step where there would be two. Returns
-  // false when this scaler runs no collective (disabled, no communicator, or one rank): the caller
-  // reduces t itself. Call it before step() or update().
-  bool sum_with_found_inf(const Tensor& t);
+  // PyTorch's _found_inf_per_device (one device): the 1-element float32 found_inf that unscale_ or
+  // check_inf_ recorded for opt, on its gradients' device, which step() and update() read. A caller
+  // that runs its own collectives sums it over the ranks in place before step(). Undefined when
+  // none was recorded this iteration.
+  Tensor found_inf_tensor(const optim::Optimizer& opt) const;
 
   // Device-side values for logging without a host sync: a copy of the current scale (on `device`
   // before the first scale()), and the found_inf total that the last update() acted on (undefined
@@ -97,7 +109,7 @@ class GradScaler {
   void load_state_dict(const std::map<std::string, double>& state);
 
  private:
-  enum class Stage { ready, unscaled, stepped };
+  enum class Stage { ready, checked, unscaled, stepped };  // checked: check_inf_ ran
   struct PerOptimizer {
     Stage stage = Stage::ready;
     Tensor found_inf;  // 1-element f32 on the device; undefined until unscale_ saw a gradient
@@ -108,7 +120,7 @@ class GradScaler {
   void lazy_init(Device device);
   // opt's gradients, none of them fp16 (PyTorch's error otherwise), with a fresh found_inf for st.
   static std::vector<Tensor> checked_grads(optim::Optimizer& opt, PerOptimizer* st);
-  void agree_on_found_inf();  // one small collective for every optimizer still pending
+  void agree_on_found_inf();  // with a communicator: one small collective for every optimizer still pending
 
   GradScalerOptions options_;
   comm::Communicator* comm_;
@@ -118,7 +130,6 @@ class GradScaler {
   int64_t init_hysteresis_left_ = -1;  // likewise (-1: options_.hysteresis)
   int64_t hysteresis_left() const { return init_hysteresis_left_ < 0 ? options_.hysteresis : init_hysteresis_left_; }
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
-  std::vector<Tensor> riders_;  // summed with the next agreement (sum_with_found_inf)
   Tensor last_found_inf_;
 };
 

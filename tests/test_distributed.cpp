@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_session.h"
@@ -19,6 +20,7 @@
 #include "launch/training/trainer.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
+#include "runtime/optim/sgd.h"
 #include "test_util.h"
 
 namespace amp {
@@ -475,19 +477,40 @@ class CountingCommunicator final : public comm::Communicator {
 TEST(Distributed, AStepIsTheBucketsPlusOneSmallCollective) {
   comm::MpiCommunicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks: one rank runs no collective";
-  for (bool scaled : {true, false}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool scaled = variant != 1;
     TrainConfig c = base_config();
     c.steps = 3;
     c.check_every = 0;
     if (scaled) c.amp = launch::AmpMode::fp16;
+    if (variant == 2) c.clip_grad_norm = 1.0;  // unscale_ before the figures' collective, not the step's check
     CountingCommunicator counting(w);
     std::unique_ptr<launch::Trainer> t;
     train(c, counting, nullptr, &t);
     const int per_step_buckets = static_cast<int>(t->reducer().num_buckets());
     // The end-of-run replica check is an all-gather, not counted here; the end-of-run check that the
     // parameters are finite (every rank's verdict summed) is one more small all-reduce.
-    EXPECT_EQ(counting.all_reduces, c.steps * (per_step_buckets + 1) + 1) << (scaled ? "fp16 + scaler" : "no scaler");
+    EXPECT_EQ(counting.all_reduces, c.steps * (per_step_buckets + 1) + 1) << "variant " << variant;
   }
+}
+
+// The GradScaler of a library user who gives it a communicator agrees on found_inf itself: an
+// overflow on one rank skips the step on every rank, in one collective of the scaler's.
+TEST(Distributed, AScalerWithACommunicatorAgreesOnFoundInf) {
+  comm::MpiCommunicator& w = world();
+  CountingCommunicator counting(w);
+  Tensor p = zeros({4}).set_requires_grad(true);
+  optim::SGD opt({p}, optim::SgdOptions{.lr = 1.0});
+  GradScaler scaler(GradScalerOptions{.init_scale = 2.0}, &counting);
+  scaler.scale(zeros({}));
+  const bool mine = w.rank() == w.size() - 1;  // the last rank overflows
+  p.set_grad(from_vector({2.0, mine ? INFINITY : 2.0, 2.0, 2.0}, {4}));
+  scaler.step(opt);
+  EXPECT_TRUE(scaler.found_inf(opt)) << "rank " << w.rank();
+  EXPECT_EQ(p.to_vector(), std::vector<double>(4, 0.0)) << "skipped on every rank";
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1.0) << "backed off on every rank";
+  EXPECT_EQ(counting.all_reduces, w.size() > 1 ? 1 : 0) << "one collective for the step and the update";
 }
 
 // The shared-memory all-reduce (large buffers on one node): the average over ranks, equal on every

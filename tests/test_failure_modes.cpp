@@ -218,6 +218,9 @@ TEST(FailureModes, TrainerJsonIsCheckedLikeTheTensors) {
       {"step 5 in step-10, checksum fixed", [](nlohmann::json& j) { j["step"] = 5; }, true, "in a directory named"},
       {"scale 1e-45, checksum fixed", [](nlohmann::json& j) { j["scaler"]["scale"] = 1e-45; }, true, "not a usable loss scale"},
       {"tracker 1e300", [](nlohmann::json& j) { j["scaler"]["_growth_tracker"] = 1e300; }, true, "_growth_tracker"},
+      // What GradScaler::load_state_dict takes (as PyTorch's does) but this program never writes.
+      {"tracker 2 at interval 2", [](nlohmann::json& j) { j["scaler"]["_growth_tracker"] = 2; }, true, "_growth_tracker"},
+      {"tracker 0.5", [](nlohmann::json& j) { j["scaler"]["_growth_tracker"] = 0.5; }, true, "_growth_tracker"},
       {"interval 1e30", [](nlohmann::json& j) { j["scaler"]["growth_interval"] = 1e30; }, true, "growth_interval"},
       {"scaler an array", [](nlohmann::json& j) { j["scaler"] = {1, 2}; }, true, "scaler is not an object"},
       {"must_match an array", [](nlohmann::json& j) { j["must_match"] = {1, 2}; }, true, "corrupt"},

@@ -540,6 +540,71 @@ TEST_P(GradScaling, Unscale) {
   }
 }
 
+// The perfect storm of test_grad_scaling_unscale as PyTorch runs it: scaler._unscale_grads_(opt,
+// inv_scale, found_inf, allow_fp16=True) over float32 and float16 gradients of several shapes, grouped
+// by dtype, an inf injected into each in turn. Without allow_fp16 a float16 gradient is refused.
+TEST_P(GradScaling, UnscaleGradsOfMixedDtypesWithAllowFp16) {
+  const Tensor scale = full({1}, 4.0, DType::f32, dev());
+  auto storm = [&](int inject) {
+    std::vector<Tensor> grads = {full({20, 20}, 4.0, DType::f32, dev()), full({20, 5}, 4.0, DType::f16, dev()),
+                                 full({20, 20}, 4.0, DType::f16, dev()), full({20, 5}, 4.0, DType::f32, dev())};
+    if (inject >= 0) {
+      Tensor& g = grads[static_cast<size_t>(inject)];
+      std::vector<double> host = g.to_vector();
+      host[2 * static_cast<size_t>(g.shape()[1]) + 2] = INFINITY;
+      g = from_vector(host, g.shape(), g.dtype(), dev());
+    }
+    return grads;
+  };
+  std::vector<Tensor> params;
+  for (const Tensor& t : storm(-1)) params.push_back(zeros(t.shape(), t.dtype(), dev()).set_requires_grad(true));
+  for (int inject = -1; inject < static_cast<int>(params.size()); ++inject) {
+    optim::SGD opt(params, optim::SgdOptions{});
+    const std::vector<Tensor> grads = storm(inject);
+    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i]);
+    Tensor found_inf = zeros({1}, DType::f32, dev());
+    EXPECT_THROW(GradScaler::unscale_grads_(opt, scale, found_inf, /*allow_fp16=*/false), std::invalid_argument);
+    GradScaler::unscale_grads_(opt, scale, found_inf, /*allow_fp16=*/true);
+    EXPECT_EQ(found_inf.item(), inject >= 0 ? 1.0 : 0.0) << "inject " << inject;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_EQ(grads[i].dtype(), params[i].dtype()) << "unscaled in its own dtype";
+      if (static_cast<int>(i) == inject) continue;
+      EXPECT_TRUE(test::all_close(grads[i].to(kCPU).to(DType::f32), ones(grads[i].shape()), 1e-5, 1e-7))
+          << "inject " << inject << " grad " << i;
+    }
+  }
+}
+
+// check_inf_ then step: the read-only check records found_inf (a tensor a caller may sum over ranks
+// before the step), and the optimizer's pass unscales; the same update as unscale_ then step.
+TEST_P(GradScaling, CheckInfThenStepEqualsUnscaleThenStep) {
+  auto run = [&](bool check_first, double g1) {
+    Tensor p = full({3}, 1.0, DType::f32, dev()).set_requires_grad(true);
+    optim::SGD opt({p}, optim::SgdOptions{.lr = 0.5});
+    GradScaler scaler(GradScalerOptions{.init_scale = 8.0});
+    scaler.scale(zeros({}, DType::f32, dev()));
+    p.set_grad(from_vector({8.0, g1, -4.0}, {3}, DType::f32, dev()));
+    if (check_first) {
+      const Tensor found = scaler.check_inf_(opt);
+      EXPECT_TRUE(found.defined());
+      EXPECT_EQ(found.data_ptr(), scaler.found_inf_tensor(opt).data_ptr()) << "the tensor step() reads";
+      EXPECT_EQ(found.item(), std::isfinite(g1) ? 0.0 : 1.0);
+      EXPECT_THROW(scaler.check_inf_(opt), std::runtime_error) << "once an iteration";
+    } else {
+      scaler.unscale_(opt);
+    }
+    scaler.step(opt);
+    scaler.update();
+    return std::make_pair(p.to_vector(), scaler.get_scale());
+  };
+  for (double g1 : {16.0, double(INFINITY)}) {
+    const auto a = run(true, g1), b = run(false, g1);
+    EXPECT_EQ(a.first, b.first) << "g1 " << g1;
+    EXPECT_EQ(a.second, b.second) << "g1 " << g1;
+  }
+  EXPECT_EQ(run(true, 16.0).first, (std::vector<double>{0.5, 0.0, 1.25}));
+}
+
 // A float64 gradient is unscaled and checked in float64: 1e300 is finite, and 3 * 2^-1074 * 4 keeps
 // its last bits (float32 would call the first inf and flush the second to zero).
 TEST_P(GradScaling, Float64GradientsStayFloat64) {
@@ -580,6 +645,11 @@ TEST_P(GradScaling, StateDict) {
   for (bool lazy_init_scale : {true, false}) {
     GradScaler s0(GradScalerOptions{.init_scale = 3.0, .growth_factor = 4.0, .backoff_factor = 0.5, .growth_interval = 2});
     GradScaler s1(GradScalerOptions{.init_scale = 6.0, .growth_factor = 7.0, .backoff_factor = 0.8, .growth_interval = 1});
+    // PyTorch's test sets s1._init_growth_tracker = 7 "for load_state_dict to overwrite": a tracker
+    // past the interval (1) that PyTorch's load_state_dict takes, as ours does.
+    s1.load_state_dict({{"scale", 6.0}, {"growth_factor", 7.0}, {"backoff_factor", 0.8}, {"growth_interval", 1},
+                        {"_growth_tracker", 7}});
+    EXPECT_EQ(s1.get_growth_tracker(), 7);
     if (lazy_init_scale) s1.scale(full({1}, 4.0, DType::f32, dev()));
     s1.load_state_dict(s0.state_dict());
     EXPECT_EQ(s1.get_scale(), 3.0);

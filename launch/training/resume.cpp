@@ -1,6 +1,7 @@
 // Checkpoints of a run: what a resume must match, restoring one, writing one (collective), and the
 // check that nothing non-finite is ever saved.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -144,6 +145,22 @@ void Trainer::resume() {
       // The factors and the interval are hyperparameters: from this run's flags, as the optimizer's are.
       const GradScalerOptions mine = scaler_->options();  // this run's flags (the load below replaces them)
       try {
+        // What this program wrote: whole counts, the tracker below the interval (PyTorch's
+        // load_state_dict, and ours, take more).
+        auto whole_in = [&scaler_state](const char* key, double lo, double hi) {
+          const auto it = scaler_state.find(key);
+          if (it == scaler_state.end()) return;  // load_state_dict names a missing key
+          const double v = it->second;
+          if (!(v >= lo && v <= hi) || v != std::floor(v))
+            throw std::invalid_argument(std::string("scaler.") + key + " must be a whole number in [" +
+                                        std::to_string(static_cast<long long>(lo)) + ", " +
+                                        std::to_string(static_cast<long long>(hi)) + "], got " + number_str(v));
+        };
+        constexpr double kIntMax = 2147483647.0;
+        whole_in("growth_interval", 1.0, kIntMax);
+        const auto interval = scaler_state.find("growth_interval");
+        whole_in("_growth_tracker", 0.0, interval == scaler_state.end() ? kIntMax : interval->second - 1.0);
+        whole_in("_hysteresis_left", 0.0, kIntMax);
         scaler_->load_state_dict(scaler_state);  // checks the checkpoint's own state first
       } catch (const std::exception& e) {
         throw std::invalid_argument(meta_file + ": corrupt: " + e.what());

@@ -117,9 +117,8 @@ void Trainer::stage_inputs(int64_t step) {
       fill_(kept.first_index, static_cast<double>(kept.first));
     }
   }
-  // The stop flag (a rank got SIGINT/SIGTERM) travels with the loss, in the scaler's found_inf
-  // collective when there is one: every rank learns it from the same reduced figures, so every rank
-  // stops after the same step.
+  // The stop flag (a rank got SIGINT/SIGTERM) is summed over the ranks with the step's other figures:
+  // every rank learns it from the same reduced figures, so every rank stops after the same step.
   if (!stop_flag_.defined()) stop_flag_ = empty({1}, DType::f32, device_);
   fill_(stop_flag_, interrupt_signal() != 0 ? 1.0 : 0.0);
   if (!cfg_.inject_nonfinite.empty()) {
@@ -185,19 +184,26 @@ Trainer::StepFigures Trainer::device_step() {
   std::vector<Tensor> task_sums;  // this rank's, then (after the collective) the step's
   for (auto& tree : task_trees) task_sums.push_back(tree.fold());
 
-  const Tensor stop = stop_flag_;  // summed over ranks in place, with found_inf or below
-  bool figures_ride = scaler_->sum_with_found_inf(stop);
-  for (Tensor& t : task_sums) figures_ride = figures_ride && scaler_->sum_with_found_inf(t);
-
   if (inject_flag_.defined()) {  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others
     Tensor first = params[0].grad().view(0, {1});
     add_(first, inject_flag_);
   }
 
-  // Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of every
-  // gradient, checking them). Otherwise the scaler's step checks them read-only and the optimizer's
-  // pass unscales each as it reads it (GradScaler::step without unscale_).
+  // found_inf. Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of
+  // every gradient, checking them). Otherwise a read-only check, and the optimizer's pass unscales
+  // each gradient as it reads it (GradScaler::step after check_inf_).
   if (cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm || cfg_.clip_grad_value > 0.0) scaler_->unscale_(*opt_);
+  else scaler_->check_inf_(*opt_);
+  // The step's one small collective: found_inf, the stop flag (a rank got SIGINT/SIGTERM) and the
+  // losses, summed over the ranks in the tree's order, so that every rank takes the same decision
+  // (step or skip, stop or go on) from the same figures. The scaler's step then reads the agreed
+  // found_inf.
+  std::vector<Tensor> figures;
+  if (const Tensor found = scaler_->found_inf_tensor(*opt_); found.defined()) figures.push_back(found);
+  figures.push_back(stop_flag_);
+  figures.insert(figures.end(), task_sums.begin(), task_sums.end());
+  comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::sum);
+
   Tensor grad_norm;
   if (cfg_.clip_grad_norm > 0.0) {
     grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);
@@ -210,17 +216,12 @@ Trainer::StepFigures Trainer::device_step() {
   scaler_->step(*opt_);
   scaler_->update();
 
-  if (!figures_ride) {
-    std::vector<Tensor> figures = {stop};
-    figures.insert(figures.end(), task_sums.begin(), task_sums.end());
-    comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::sum);  // in the tree's order
-  }
   // The losses are means already (B / E each): summed over ranks, they are the step's mean.
   Tensor loss_sum = task_sums.at(0);
   for (size_t t = 1; t < task_sums.size(); ++t) loss_sum = add(loss_sum, task_sums[t]);
   if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  return StepFigures{loss_sum, scale_used, found, stop, grad_norm, task_sums};
+  return StepFigures{loss_sum, scale_used, found, stop_flag_, grad_norm, task_sums};
 }
 
 Trainer::PendingStep Trainer::train_step(int64_t step) {

@@ -72,7 +72,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     opt_ = std::make_unique<optim::AdamW>(groups(o));
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
-  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_), &comm_);
+  scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_));  // found_inf is summed with the step's figures
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
