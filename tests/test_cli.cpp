@@ -17,6 +17,7 @@
 #include "runtime/ops/random.h"
 #include "runtime/core/safetensors.h"
 #include "cli_util.h"
+#include "emulated_counters.h"
 #include "test_util.h"
 
 namespace amp {

@@ -1,4 +1,4 @@
-// Stream capture and CUDA graphs on the emulated GPU (preset cuda-emu; runtime/gpu_emulator/capture.h):
+// Stream capture and CUDA graphs on the emulated GPU (preset cuda-emu; tests/gpu_emulator/capture.h):
 // a captured sequence replays as its eager runs do, in dependency order under the emulator's
 // adversarial interleaving; everything CUDA forbids during a capture is the same error here, and
 // invalidates the capture as on a GPU; NCCL collectives are recorded and run at each replay.

@@ -229,11 +229,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   if (profiled) cuda_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   if (before_step_) before_step_(step);
-  const std::optional<DeviceCounters> counted_from = emulated_device_counters();
-  if (counted_from && device_.is_cuda()) {
-    memory_for(device_).reset_peak_bytes();  // the step's own peak, for the launch log
-    log_emulated_step_begin(step);
-  }
+  if (observer_) observer_->step_begin(step);
   if (use_graphs_ && !graph_ && step > start_step_ + kGraphWarmupSteps) {
     // Captured, not run: the replay below runs it. Its outputs live in the graph's own memory pool,
     // which takes the blocks the eager steps left in the allocator's cache; so the capture comes
@@ -262,11 +258,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), jd_weights_,
                 figures.grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
-  if (counted_from && device_.is_cuda()) {
-    p.counted = *emulated_device_counters() - *counted_from;
-    counted_ += *p.counted;
-    log_emulated_step(step, memory_for(device_).peak_bytes());
-  }
+  if (observer_) p.counted = observer_->step_end(step);
   if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
   return p;
 }

@@ -73,6 +73,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_));  // found_inf is summed with the step's figures
+  observer_ = make_step_observer(device_);
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
@@ -261,10 +262,10 @@ TrainResult Trainer::run() {
                                (std::isnan(r.loss) ? "NaN" : "infinite") +
                                " and no loss scaler skipped the step (non-finite data or weights, or a learning "
                                "rate that diverges); stopping before the weights are corrupted");
-    // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN: every step
-    // from here would be skipped. The same figure on every rank, so every rank stops here.
-    // (The emulated GPU's dry run reads back a scale of 0: it runs nothing, so nothing collapsed.)
-    if (scaler_->is_enabled() && scale_collapsed(r.scale) && !emulated_dry_run())
+    // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN, so the step
+    // was skipped, and every step from here would be. The same figures on every rank, so every rank
+    // stops here.
+    if (scaler_->is_enabled() && r.skipped && scale_collapsed(r.scale))
       throw JobError("step " + std::to_string(r.step) + ": the loss scale has collapsed to " + number_str(r.scale) +
                      ", whose inverse is not finite in float32: every step from here would be skipped. The "
                      "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
@@ -337,15 +338,7 @@ TrainResult Trainer::run() {
       }
     }
     flush_late();
-    if (emulated_device_counters() && device_.is_cuda()) {
-      // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
-      std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies, %lld "
-                  "CUDA graph launches (%lld operations) in %lld training steps\n",
-                  comm_.rank(), static_cast<long long>(counted_.host_syncs), static_cast<long long>(counted_.launches),
-                  static_cast<long long>(counted_.d2h_copies), static_cast<long long>(counted_.graph_launches),
-                  static_cast<long long>(counted_.graph_ops), static_cast<long long>(result.steps_done));
-      std::fflush(stdout);
-    }
+    if (observer_) observer_->run_end(comm_.rank(), result.steps_done);
     // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
     // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
     if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > start_step_)
@@ -354,7 +347,9 @@ TrainResult Trainer::run() {
                      number_str(scaler_->get_scale()) + ")");
     comm_.set_context("the end-of-run replica check");
     result.final_scale = scaler_->get_scale();
-    if (scaler_->is_enabled() && scale_collapsed(result.final_scale) && !emulated_dry_run())
+    // Only a skipped step backs the scale off: after one, the scale it left may have collapsed.
+    if (scaler_->is_enabled() && !result.records.empty() && result.records.back().skipped &&
+        scale_collapsed(result.final_scale))
       throw JobError("after step " + std::to_string(result.steps_done) + ": the loss scale has collapsed to " +
                      number_str(result.final_scale) + ", whose inverse is not finite in float32: nothing more can be "
                      "trained from this state, and it is not saved");

@@ -18,6 +18,7 @@
 #include "jd/aggregator.h"
 #include "launch/training/checkpoint.h"
 #include "launch/training/metrics.h"
+#include "launch/training/step_observer.h"
 #include "launch/training/train_config.h"
 #include "models/data/dataset.h"
 #include "models/model_spec.h"
@@ -101,7 +102,7 @@ class Trainer {
     int64_t step;
     std::chrono::steady_clock::time_point start;
     std::unique_ptr<Readback> figures;  // StepFigures::packed(), on its way to the host
-    std::optional<DeviceCounters> counted;  // on the emulated GPU: what the step issued
+    std::optional<DeviceCounts> counted;  // what the step issued, where a step observer counts
     double lr = 0.0;  // the learning rate this step used
     std::vector<double> weights;  // the aggregator's (multi-task)
     bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
@@ -174,7 +175,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
   std::unique_ptr<GradScaler> scaler_;
-  DeviceCounters counted_;  // the emulated GPU's counts over every train_step, this rank
+  std::unique_ptr<StepObserver> observer_;  // what a stand-in device counts per step (step_observer.h), or null
   std::unique_ptr<comm::GradientReducer> reducer_;
   std::function<void(int64_t)> before_step_;
   std::shared_ptr<ProgressSink> progress_;

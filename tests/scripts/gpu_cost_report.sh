@@ -18,7 +18,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # 2 MB of text for the GPT's byte-level data (its content does not matter: nothing runs).
 while [[ $(stat -c %s "$work/text" 2>/dev/null || echo 0) -lt 2000000 ]]; do cat README.md >>"$work/text"; done
-export AMP_EMU_DRY_RUN=1 AMP_EMU_SMS=132 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export AMP_EMU_DRY_RUN=1 AMP_CUDA_POISON_FREED=0 AMP_EMU_SMS=132 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 run() {  # name, cost-model shape flags, amp_train flags
   local name=$1 shape=$2

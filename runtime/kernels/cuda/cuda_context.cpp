@@ -23,12 +23,11 @@ Context::Context(int device) : device_(device) {
   AMP_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
   // Strict fp32 for fp32 GEMMs (no TF32), so fp32 results match the CPU backend's semantics; and
   // no reduced-precision (fp16/bf16) reductions in split-K: fp32 accumulation, one rounding.
-  // Freed blocks are filled with NaN on the emulated GPU (or with AMP_CUDA_POISON_FREED=1): a kernel
-  // that leaves part of its output unwritten then shows in every comparison. Not in its dry run,
-  // whose launch log shows what a real GPU would be given.
+  // Freed blocks are filled with NaN with AMP_CUDA_POISON_FREED=1 (the cuda-emu preset's tests and
+  // gpu_check.sh's test_cuda set it): a kernel that leaves part of its output unwritten then shows
+  // in every comparison.
   const char* poison = std::getenv("AMP_CUDA_POISON_FREED");
-  allocator_.set_poison_freed(
-      poison ? std::string(poison) == "1" : emulated_device_counters().has_value() && !emulated_dry_run(), stream_);
+  allocator_.set_poison_freed(poison != nullptr && std::string(poison) == "1", stream_);
   AMP_CUBLAS_CHECK(cublasSetMathMode(
       cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 }

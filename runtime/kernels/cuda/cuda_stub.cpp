@@ -12,10 +12,6 @@ bool cuda_usable(std::string* reason) {
   return false;
 }
 
-std::optional<DeviceCounters> emulated_device_counters() { return std::nullopt; }
-bool emulated_dry_run() { return false; }
-void log_emulated_step_begin(int64_t) {}
-void log_emulated_step(int64_t, size_t) {}
 void cuda_set_allow_tf32(bool) {}
 void cuda_profiler_start() {}
 void cuda_profiler_stop() {}

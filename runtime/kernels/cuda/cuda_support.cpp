@@ -13,9 +13,6 @@
 #include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 
-#if defined(AMP_CUDA_EMU)
-#include "emu.h"  // runtime/gpu_emulator: the emulated GPU's counters
-#endif
 
 namespace amp {
 
@@ -43,35 +40,6 @@ int device_count(std::string* reason) {
 }  // namespace
 
 bool cuda_built() { return true; }
-
-std::optional<DeviceCounters> emulated_device_counters() {
-#if defined(AMP_CUDA_EMU)
-  const emu::Counters c = emu::counters();
-  return DeviceCounters{c.launches, c.host_syncs, c.d2h_copies, c.graph_launches, c.graph_ops, c.allocations};
-#else
-  return std::nullopt;
-#endif
-}
-
-bool emulated_dry_run() {
-#if defined(AMP_CUDA_EMU)
-  return emu::dry_run();
-#else
-  return false;
-#endif
-}
-
-void log_emulated_step_begin([[maybe_unused]] int64_t step) {
-#if defined(AMP_CUDA_EMU)
-  emu::log_step_begin(step);
-#endif
-}
-
-void log_emulated_step([[maybe_unused]] int64_t step, [[maybe_unused]] size_t peak_bytes) {
-#if defined(AMP_CUDA_EMU)
-  emu::log_step(step, peak_bytes);
-#endif
-}
 
 void cuda_set_allow_tf32(bool on) { cuda::context().set_allow_tf32(on); }
 

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
 namespace amp {
@@ -28,33 +27,6 @@ bool cuda_select_device_before_mpi(int local_rank, int local_size);
 // the same physical GPU are found; "" without CUDA.
 std::string cuda_device_uuid();
 
-// What the emulated GPU (preset cuda-emu) has counted since the process started: kernels launched
-// (a GEMM and a collective count one each), host synchronisations (calls that made the host wait
-// for device work) and device-to-host copies. nullopt on a real GPU and in builds without CUDA.
-struct DeviceCounters {
-  int64_t launches = 0, host_syncs = 0, d2h_copies = 0;
-  int64_t graph_launches = 0, graph_ops = 0;  // CUDA graphs replayed, and the operations they ran
-  int64_t allocations = 0;                    // cudaMalloc and cudaMallocHost calls
-  DeviceCounters operator-(const DeviceCounters& o) const {
-    return {launches - o.launches,           host_syncs - o.host_syncs, d2h_copies - o.d2h_copies,
-            graph_launches - o.graph_launches, graph_ops - o.graph_ops,  allocations - o.allocations};
-  }
-  DeviceCounters& operator+=(const DeviceCounters& o) {
-    launches += o.launches, host_syncs += o.host_syncs, d2h_copies += o.d2h_copies;
-    graph_launches += o.graph_launches, graph_ops += o.graph_ops, allocations += o.allocations;
-    return *this;
-  }
-};
-std::optional<DeviceCounters> emulated_device_counters();
-
-// Whether this is the emulated GPU's dry run (AMP_EMU_DRY_RUN=1, runtime/gpu_emulator/emu.h): nothing runs
-// on the device and every read-back is zeros. False on a real GPU and in builds without CUDA.
-bool emulated_dry_run();
-// Mark the start and the end of training step `step` in the emulated GPU's launch log
-// (AMP_EMU_LAUNCH_LOG), the end with the device allocator's peak bytes during the step. Nothing on
-// a real GPU or without CUDA.
-void log_emulated_step_begin(int64_t step);
-void log_emulated_step(int64_t step, size_t peak_bytes);
 // A profiler's collection range (cudaProfilerStart, cudaProfilerStop): `ncu --profile-from-start off`
 // and `nsys --capture-range=cudaProfilerApi` record only what runs between them. Stop waits for the
 // device first, so that the range holds all the work issued inside it. Nothing without CUDA; in the

@@ -291,7 +291,7 @@ cudaError_t result(cudaError_t err) {
 }  // namespace
 
 cudaError_t enqueue(cudaStream_t s, Op op) {
-  if (capture_on())  // a capture records the work (graph.cpp)
+  if (capture_on())  // a capture records the work (capture.cpp)
     if (const auto captured = capture_enqueue(s, op.name, [op] { return op; })) return *captured;
   return engine().enqueue(s, std::move(op));
 }
@@ -875,7 +875,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
   Engine& e = engine();
   const auto latest = latest_record(ev);  // the most recent record at the call; 0: nothing to wait for
   if (!latest) return set_last_error(cudaErrorInvalidResourceHandle);
-  if (const auto captured = capture_stream_wait(s, ev, latest->record > 0)) return result(*captured);
+  const bool blocking = stream_is_blocking(s).value_or(false);
+  if (const auto captured = capture_stream_wait(s, ev, latest->record > 0, blocking)) return result(*captured);
   Event* event = latest->event;
   const uint64_t target = latest->record;
   return result(enqueue(s, Op{"cudaStreamWaitEvent", [&e, event, target] {

@@ -1,4 +1,4 @@
-// Stream capture on the emulated GPU (graph.cpp): the hooks through which the runtime, cuBLAS and
+// Stream capture on the emulated GPU (capture.cpp; the graph API is graph.cpp's): the hooks through which the runtime, cuBLAS and
 // NCCL parts of the emulator hand work and events to a capture in progress.
 //
 // Between cudaStreamBeginCapture and cudaStreamEndCapture, work enqueued on the capturing stream, and
@@ -15,12 +15,56 @@
 // thread; Relaxed: none; cudaThreadExchangeStreamCaptureMode sets a thread's own mode).
 #pragma once
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "device.h"
 
 namespace amp::emu {
+
+// --- the captures' state (capture.cpp), which graph.cpp's API begins, ends and instantiates.
+// A capture's graph: its nodes in capture order, each with the nodes it depends on.
+struct Node {
+  std::string name;
+  std::function<Op()> make;
+  std::vector<size_t> deps;
+};
+
+struct Graph {
+  std::vector<Node> nodes;
+};
+
+struct Capture {
+  cudaStream_t origin = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  bool invalidated = false, ended = false;
+  bool blocking = false;  // some stream of it orders against the legacy stream
+  std::shared_ptr<Graph> graph = std::make_shared<Graph>();
+  std::map<cudaStream_t, std::vector<size_t>> tips;  // the streams taking part
+};
+
+struct Captures {
+  std::mutex m;
+  std::map<cudaStream_t, std::shared_ptr<Capture>> by_stream;  // streams taking part in an active capture
+  std::map<cudaEvent_t, std::pair<std::shared_ptr<Capture>, std::vector<size_t>>> events;  // captured records
+};
+// The one set of captures (never destroyed, like the engine); m guards it.
+Captures& captures();
+// After a change to c.by_stream (m held): whether any stream captures, for capture_on().
+void update_on(const Captures& c);
+// The active captures (m held).
+std::set<std::shared_ptr<Capture>> active(const Captures& c);
+// The calling thread's capture mode (cudaThreadExchangeStreamCaptureMode).
+cudaStreamCaptureMode& thread_capture_mode();
+
+// --- the hooks
 
 // Work for stream s: recorded into s's capture when s takes part in one (returns that capture's
 // error, cudaSuccess when recorded); std::nullopt when s does not capture and the caller runs it.
@@ -52,17 +96,12 @@ std::optional<cudaError_t> capture_event_record(cudaEvent_t e, cudaStream_t s);
 
 // cudaStreamWaitEvent(s, e): a join when e was recorded in a capture, an error where CUDA has one;
 // std::nullopt when neither s captures nor e was captured (an eager wait). `recorded`: whether e has
-// ever been recorded (waiting on an empty event is no dependency).
-std::optional<cudaError_t> capture_stream_wait(cudaStream_t s, cudaEvent_t e, bool recorded);
+// ever been recorded (waiting on an empty event is no dependency); `blocking`: whether s orders
+// against the legacy stream (a capture it joins becomes blocking).
+std::optional<cudaError_t> capture_stream_wait(cudaStream_t s, cudaEvent_t e, bool recorded, bool blocking);
 
 // cudaEventQuery and cudaEventSynchronize of e: cudaErrorCapturedEvent when e was last recorded in a
 // capture (an active one is invalidated), else cudaSuccess.
 cudaError_t capture_check_event_use(cudaEvent_t e);
-
-// Whether stream s exists, and whether it orders against the legacy stream (runtime.cpp).
-std::optional<bool> stream_is_blocking(cudaStream_t s);
-
-// Counts one graph launch of `ops` operations (runtime.cpp, emu.h's counters).
-void count_graph_launch(int64_t ops);
 
 }  // namespace amp::emu

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "cuda_runtime.h"
@@ -58,5 +59,11 @@ uint64_t random_u64();
 
 // Sets the calling thread's last-error slot (as a failing API call does) and returns err.
 cudaError_t set_last_error(cudaError_t err);
+
+// Whether stream s exists, and whether it orders against the legacy stream.
+std::optional<bool> stream_is_blocking(cudaStream_t s);
+
+// Counts one graph launch of `ops` operations (emu.h's counters; graph.cpp).
+void count_graph_launch(int64_t ops);
 
 }  // namespace amp::emu

@@ -1,4 +1,5 @@
-// The emulated GPU's controls and counters, for tests and for amp_train's per-step figures.
+// The emulated GPU's controls and counters, for tests and for amp_train's per-step figures (through
+// tests/emulated_gpu_observer.cpp).
 // Environment: AMP_EMU_SEED (default 1) seeds the stream order and the delays; AMP_EMU_SMS (default 2)
 // is the multiprocessor count the device reports, small so that grid-stride loops iterate (132, an
 // H100's, for the cost model's dry runs).
@@ -14,13 +15,14 @@ namespace amp::emu {
 // byte copied or set, no collective's data moved (the ranks still meet, in order). Device memory is
 // reserved (mmap, MAP_NORESERVE) and never touched, so an 80 GB device costs no host memory; the
 // memory limit is 80 GB unless AMP_EMU_MEMORY_MB says otherwise. Every device-to-host copy delivers
-// zero bytes: a loss of 0 (finite), found_inf 0 (no step skipped), a stop flag of 0, a gradient norm
-// of 0, a loss scale of 0 (amp_train does not call it collapsed in a dry run). A program whose host
-// code branches on device values therefore sees zeros; a training step reads none.
+// zero bytes: a loss of 0 (finite), found_inf 0 (no step skipped, so no loss scale is judged
+// collapsed), a stop flag of 0, a gradient norm of 0, a loss scale of 0. A program whose host code
+// branches on device values therefore sees zeros; a training step reads none. (Poisoning freed
+// blocks, AMP_CUDA_POISON_FREED=1, would add fills a real GPU is not given: a dry run leaves it off.)
 bool dry_run();
 
 // Mark the start and the end of a training step in the launch log, the end with the device
-// allocator's peak bytes during the step (amp_train calls them once per step).
+// allocator's peak bytes during the step (the training library's step observer calls them once per step).
 void log_step_begin(int64_t step);
 void log_step(int64_t step, size_t peak_bytes);
 
