@@ -1,9 +1,12 @@
 #include "amp/autocast.h"
 
+#include <array>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
@@ -54,34 +57,56 @@ Tensor cast_to(const Tensor& t, DType dtype, DType region_dtype) {
   return c;
 }
 
-// PyTorch's promote_type: start from the region's dtype; fp32 wins; fp64 inputs are ignored (and
-// left as they are). A float16 input in a bfloat16 region (PyTorch raises) promotes to fp32.
-DType promoted(DType region_dtype, Tensor* const* inputs, size_t n, DeviceType device_type) {
-  DType to = region_dtype;
-  for (size_t i = 0; i < n; ++i)
-    if (eligible(*inputs[i], device_type)) to = promote_types(to, inputs[i]->dtype());
-  return to;
+// Floating, not float64 (PyTorch's is_autocast_eligible, for a dtype on the region's device type).
+bool eligible_dtype(DType dtype) { return is_floating(dtype) && dtype != DType::f64; }
+
+// What op casts its eligible inputs on device type t to, or nullopt when it leaves them (autocast off
+// there, or a passthrough op). A promote op (PyTorch's promote_type) starts from the region's dtype;
+// fp32 wins; fp64 inputs are ignored (and left as they are); a float16 input in a bfloat16 region
+// (PyTorch raises) promotes to fp32. dtypes: the op's inputs', eligible or not.
+std::optional<DType> target(OpKind op, DeviceType t, const DType* dtypes, size_t n) {
+  const DeviceState& st = t_state.of(t);
+  if (!st.enabled) return std::nullopt;
+  switch (cast_policy(op, st.lists == CastLists::cuda ? DeviceType::cuda : t)) {
+    case CastPolicy::lower_precision: return st.dtype;
+    case CastPolicy::fp32: return DType::f32;
+    case CastPolicy::promote: {
+      DType to = st.dtype;
+      for (size_t i = 0; i < n; ++i)
+        if (eligible_dtype(dtypes[i])) to = promote_types(to, dtypes[i]);
+      return to;
+    }
+    case CastPolicy::passthrough: return std::nullopt;
+  }
+  return std::nullopt;
 }
 
-void hook(OpKind op, Tensor* const* inputs, size_t n) {
+void cast_inputs(OpKind op, Tensor* const* inputs, size_t n) {
   // The op's device type is its inputs' (PyTorch dispatches on them the same way).
   const Tensor* first = nullptr;
   for (size_t i = 0; i < n && first == nullptr; ++i)
     if (inputs[i]->defined()) first = inputs[i];
   if (first == nullptr) return;
   const DeviceType device_type = first->device().type;
-  const DeviceState& st = t_state.of(device_type);
-  if (!st.enabled) return;
-  DType to;
-  switch (cast_policy(op, st.lists == CastLists::cuda ? DeviceType::cuda : device_type)) {
-    case CastPolicy::lower_precision: to = st.dtype; break;
-    case CastPolicy::fp32: to = DType::f32; break;
-    case CastPolicy::promote: to = promoted(st.dtype, inputs, n, device_type); break;
-    case CastPolicy::passthrough: return;
-  }
+  std::array<DType, 8> few;  // every op has fewer inputs: no allocation on the hot path
+  std::vector<DType> many;
+  DType* dtypes = n <= few.size() ? few.data() : (many.resize(n), many.data());
+  size_t m = 0;
   for (size_t i = 0; i < n; ++i)
-    if (eligible(*inputs[i], device_type)) *inputs[i] = cast_to(*inputs[i], to, st.dtype);
+    if (eligible(*inputs[i], device_type)) dtypes[m++] = inputs[i]->dtype();
+  const std::optional<DType> to = target(op, device_type, dtypes, m);
+  if (!to) return;
+  const DType region = t_state.of(device_type).dtype;
+  for (size_t i = 0; i < n; ++i)
+    if (eligible(*inputs[i], device_type)) *inputs[i] = cast_to(*inputs[i], *to, region);
 }
+
+DType cast_dtype(OpKind op, DType dtype, DeviceType t, const DType* dtypes, size_t n) {
+  if (!eligible_dtype(dtype)) return dtype;
+  return target(op, t, dtypes, n).value_or(dtype);
+}
+
+constexpr AutocastHooks kHooks{&cast_inputs, &cast_dtype};
 
 bool any_enabled() { return t_state.cuda.enabled || t_state.cpu.enabled; }
 
@@ -103,7 +128,7 @@ autocast::autocast(DeviceType device_type, std::optional<DType> dtype, bool enab
   st.lists = lists;
   t_state.cache_enabled = cache_enabled;
   ++t_state.depth;
-  set_autocast_hook(any_enabled() ? &hook : nullptr);
+  set_autocast_hook(any_enabled() ? &kHooks : nullptr);
 }
 
 autocast::~autocast() {
@@ -112,7 +137,7 @@ autocast::~autocast() {
   st.dtype = prev_dtype_;
   st.lists = prev_lists_;
   t_state.cache_enabled = prev_cache_enabled_;
-  set_autocast_hook(any_enabled() ? &hook : nullptr);
+  set_autocast_hook(any_enabled() ? &kHooks : nullptr);
   if (--t_state.depth == 0) t_state.cache.clear();
 }
 

@@ -31,10 +31,13 @@ struct DropoutState {
     return first_index.defined() ? 0 : static_cast<uint64_t>(first) * static_cast<uint64_t>(per_sample);
   }
   uint64_t per_base(int64_t per_sample) const { return first_index.defined() ? static_cast<uint64_t>(per_sample) : 0; }
+  // The counters of the batch's draw at a site with per_sample elements a sample.
+  RandomCounters counters(uint64_t site, int64_t per_sample) const {
+    return {site_seed(site), offset(per_sample), first_index, per_base(per_sample)};
+  }
   Tensor apply(const Tensor& x, uint64_t site) const {
     if (rate() == 0.0) return x;
-    const int64_t per_sample = x.numel() / batch;
-    return dropout(x, p, site_seed(site), offset(per_sample), first_index, per_base(per_sample));
+    return dropout(x, p, counters(site, x.numel() / batch));
   }
 };
 
@@ -50,9 +53,9 @@ class CausalSelfAttention final : public nn::Module {
   Tensor forward(const Tensor& x) override {
     // The attention weights, [H, T, T] a sample, drop by the site's counters as apply() would draw them.
     const int64_t T = x.size(1);
-    const Tensor y = causal_attention((*c_attn)(x), n_head_, drop_->rate(), drop_->site_seed(site_),
-                                      drop_->offset(n_head_ * T * T), fused_, drop_->first_index,
-                                      drop_->per_base(n_head_ * T * T));
+    const Tensor y = causal_attention(
+        (*c_attn)(x), n_head_,
+        {.dropout_p = drop_->rate(), .dropout = drop_->counters(site_, n_head_ * T * T), .fused = fused_});
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;

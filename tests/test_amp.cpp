@@ -93,6 +93,40 @@ TEST(Autocast, PromoteStartsFromTheRegionsDtypeAndIgnoresFloat64) {
   }
 }
 
+// autocast_dtype answers what autocast_inputs does, for every op, input dtype and region (the
+// question asked of the policy, the answer checked against real casts of real tensors), and outside
+// any region it answers the input's own dtype.
+TEST(Autocast, TheDtypeQueryAnswersWhatTheCastsDo) {
+  const std::vector<DType> dtypes = {DType::f16, DType::bf16, DType::f32, DType::f64};
+  auto check_all = [&](const char* region) {
+#define AMP_CHECK_OP(op, cuda_policy, cpu_policy)                                                              \
+    for (DType a : dtypes)                                                                                     \
+      for (DType b : dtypes) {                                                                                 \
+        Tensor x = zeros({2}, a), y = zeros({2}, b);                                                           \
+        autocast_inputs(OpKind::op, {&x, &y});                                                                 \
+        EXPECT_EQ(autocast_dtype(OpKind::op, a, DeviceType::cpu, {b}), x.dtype())                              \
+            << region << " " << #op << " " << dtype_name(a) << " with " << dtype_name(b);                      \
+        EXPECT_EQ(autocast_dtype(OpKind::op, b, DeviceType::cpu, {a}), y.dtype())                              \
+            << region << " " << #op << " " << dtype_name(b) << " with " << dtype_name(a);                      \
+      }
+    AMP_FOR_EACH_OP_POLICY(AMP_CHECK_OP)
+#undef AMP_CHECK_OP
+  };
+  check_all("no region");
+  EXPECT_EQ(autocast_dtype(OpKind::mm, DType::f32, DeviceType::cpu), DType::f32);
+  for (DType low : {DType::f16, DType::bf16}) {
+    {
+      autocast ac(DeviceType::cpu, low, true, true, CastLists::cuda);
+      check_all("cuda lists");
+      EXPECT_EQ(autocast_dtype(OpKind::mm, DType::f32, DeviceType::cpu), low);
+      EXPECT_EQ(autocast_dtype(OpKind::softmax, low, DeviceType::cpu), DType::f32);
+      EXPECT_EQ(autocast_dtype(OpKind::mm, DType::f32, DeviceType::cuda), DType::f32) << "another device type";
+    }
+    autocast ac(DeviceType::cpu, low);
+    check_all("cpu lists");
+  }
+}
+
 TEST(Autocast, CacheDisabledCastsEveryTime) {
   Generator gen(0);
   nn::Linear lin(4, 4, gen);

@@ -66,7 +66,8 @@ TEST(TransformerOps, GradientsAgainstFiniteDifferences) {
     }
   EXPECT_TRUE(gradcheck([](const V& v) { return dropout(v[0], 0.4, 11, 100); }, {rnd({4, 5}, 10)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], 2); }, {rnd({2, 5, 12}, 12, -2, 2)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], 3, 0.3, 7, 11); }, {rnd({2, 4, 18}, 13, -2, 2)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], 3, {.dropout_p = 0.3, .dropout = {7, 11, {}, 0}}); },
+                        {rnd({2, 4, 18}, 13, -2, 2)}));
 }
 
 // The fused attention gives the composed ops' numbers, forward and backward, with and without
@@ -79,7 +80,7 @@ TEST(TransformerOps, FusedAttentionIsTheComposedOps) {
       Tensor fused, composed;
       {
         autocast ac(DeviceType::cpu, mode == 2 ? DType::bf16 : DType::f16, mode > 0, true, CastLists::cuda);
-        fused = causal_attention(qkv, 4, p, 5, 1000);
+        fused = causal_attention(qkv, 4, {.dropout_p = p, .dropout = {5, 1000, {}, 0}});
         composed = composed_attention(qkv, 4, p, 5, 1000);
       }
       EXPECT_EQ(fused.dtype(), composed.dtype());

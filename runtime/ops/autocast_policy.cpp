@@ -26,7 +26,14 @@ const char* op_name(OpKind op) {
 void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs) {
   if (t_hook == nullptr) return;
   std::vector<Tensor*> v(inputs);
-  t_hook(op, v.data(), v.size());
+  t_hook->cast(op, v.data(), v.size());
+}
+
+DType autocast_dtype(OpKind op, DType dtype, DeviceType t, std::initializer_list<DType> others) {
+  if (t_hook == nullptr) return dtype;
+  std::vector<DType> all = {dtype};
+  all.insert(all.end(), others.begin(), others.end());
+  return t_hook->dtype(op, dtype, t, all.data(), all.size());
 }
 
 namespace {

@@ -64,14 +64,25 @@ constexpr CastPolicy cast_policy(OpKind op, DeviceType device_type) {
 }
 const char* op_name(OpKind op);
 
-// Casts the op's floating inputs in place per the policy of the device type they live on. Null when
-// autocast is off on every device type.
-using AutocastHook = void (*)(OpKind op, Tensor* const* inputs, size_t n);
-AutocastHook autocast_hook();           // this thread's hook
+// The current thread's autocast, installed by amp/autocast.cpp; null when autocast is off on every
+// device type. cast: casts the op's floating inputs in place per the policy of the device type they
+// live on. dtype: what an input of `dtype` on device type t becomes under that same rule (PyTorch's
+// get_autocast_dtype and promote_type, as a question: nothing is cast), `dtypes` the op's floating
+// inputs for a promote op.
+struct AutocastHooks {
+  void (*cast)(OpKind op, Tensor* const* inputs, size_t n);
+  DType (*dtype)(OpKind op, DType dtype, DeviceType t, const DType* dtypes, size_t n);
+};
+using AutocastHook = const AutocastHooks*;
+AutocastHook autocast_hook();           // this thread's hooks
 void set_autocast_hook(AutocastHook h);  // amp/autocast.cpp uses this
 
 // Applies the current thread's autocast to an op's inputs (no-op when autocast is off).
 void autocast_inputs(OpKind op, std::initializer_list<Tensor*> inputs);
+// The dtype autocast_inputs(op, ...) would give an input of `dtype` on device type t, found without
+// casting anything: `dtype` itself when autocast is off there, for passthrough ops and for inputs it
+// leaves (float64). others: the op's other floating inputs' dtypes, which a promote op widens with.
+DType autocast_dtype(OpKind op, DType dtype, DeviceType t, std::initializer_list<DType> others = {});
 
 // Backward runs with autocast off (docs/DESIGN.md §5): the engine holds one of these.
 class AutocastSuspend {

@@ -75,22 +75,37 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor select(const Tensor& x, int64_t index);
 // Batched op(a) @ op(b): [B, m, k] @ [B, k, n] -> [B, m, n] (autocast: lower precision).
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// Where a random draw starts (dropout's masks): element i takes counter offset + i of seed's
+// stream, so the same counters drop the same elements anywhere. With base (an int64 [1] tensor on the
+// device), the counters start at offset + base[0] * per_base, read by the kernel: a step captured in
+// a CUDA graph draws from the base written before each replay.
+struct RandomCounters {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  Tensor base;
+  uint64_t per_base = 0;
+};
+
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p), element i's draw
+// taken from counters (above).
+Tensor dropout(const Tensor& x, double p, const RandomCounters& counters);
+inline Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
+  return dropout(x, p, RandomCounters{seed, offset, Tensor(), 0});
+}
+
+struct AttentionOptions {
+  double dropout_p = 0.0;  // on the attention weights, in [0, 1)
+  RandomCounters dropout;  // the weights' mask, drawn as dropout() draws it
+  bool fused = true;       // the backend's fused kernels, where it has them and there is no dropout
+};
 // GPT's causal self-attention of qkv [B, T, 3C] (q, k and v side by side, as c_attn makes them)
 // with n_head heads, fused: the heads of causal_softmax(q k^T, 1/sqrt(C/n_head)), dropped out as
-// dropout(., p, seed, offset) would, times v, merged back to [B, T, C]. The same primitives, dtypes
+// dropout(., p, counters) would, times v, merged back to [B, T, C]. The same primitives, dtypes
 // (autocast: the products in lower precision, the softmax in float32) and numbers as composing those
 // ops, but the backward writes d(qkv) in one pass. First-order backward only. Without dropout, where
-// the backend has it (Backend::has_fused_attention) and `fused` allows it, the fused kernels instead:
-// the scores in fp32, never stored (the numbers of exact attention, rounded once).
-// base, per_base: as dropout's.
-Tensor causal_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0, uint64_t seed = 0,
-                        uint64_t offset = 0, bool fused = true, const Tensor& base = Tensor(), uint64_t per_base = 0);
-// Zeroes each element with probability p and scales the rest by 1 / (1 - p). Element i's draw is
-// counter offset + i of seed's stream, so the same offset drops the same elements anywhere. With
-// base (an int64 [1] tensor on x's device), the counters start at offset + base[0] * per_base, read
-// by the kernel: a step captured in a CUDA graph draws from the base written before each replay.
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& base = Tensor(),
-               uint64_t per_base = 0);
+// the backend has it (Backend::has_fused_attention) and options.fused allows it, the fused kernels
+// instead: the scores in fp32, never stored (the numbers of exact attention, rounded once).
+Tensor causal_attention(const Tensor& qkv, int64_t n_head, const AttentionOptions& options = {});
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

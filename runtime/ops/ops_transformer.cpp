@@ -128,8 +128,8 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   });
 }
 
-Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, uint64_t seed, uint64_t offset,
-                        bool fused, const Tensor& base, uint64_t per_base) {
+Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOptions& options) {
+  const double dropout_p = options.dropout_p;
   Tensor qkv = qkv_in;
   autocast_inputs(OpKind::bmm, {&qkv});  // the products' dtype, as the first bmm would cast
   if (qkv.dim() != 3 || n_head < 1 || qkv.size(2) % (3 * n_head) != 0)
@@ -140,7 +140,7 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Backend& be = backend_for(qkv.device());
-  if (fused && dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
+  if (options.fused && dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
     // Without dropout, where the backend has it: the scores stay on chip (attention_forward).
     Tensor out = empty({B, T, C}, qkv.dtype(), qkv.device()), lse = empty({B, H, T}, DType::f32, qkv.device());
     be.attention_forward(qkv, H, scale, out, lse);
@@ -166,22 +166,21 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
     Tensor scores = empty({BH, T, T}, qkv.dtype(), qkv.device());
     be.gemm_batched(false, true, 1.0f, q, k, 0.0f, scores);
     // Autocast's casts of the scores (to the softmax's dtype) and, without dropout, of its output
-    // (to the bmm's) happen inside the softmax's pass: the dtypes autocast gives are found on empty
-    // tensors of the same dtypes and device (no pass over the [BH, T, T] scores).
-    Tensor soft_in = empty({0}, scores.dtype(), scores.device());
-    autocast_inputs(OpKind::softmax, {&soft_in});
-    att = empty(scores.shape(), soft_in.dtype(), scores.device());
+    // (to the bmm's) happen inside the softmax's pass: the dtypes are autocast's answers (no pass
+    // over the [BH, T, T] scores).
+    const DeviceType dt = scores.device().type;
+    att = empty(scores.shape(), autocast_dtype(OpKind::softmax, scores.dtype(), dt), scores.device());
     Tensor low;  // att in the bmm's dtype, when that differs and nothing comes between
     if (dropout_p == 0.0) {
-      Tensor bmm_in = empty({0}, att.dtype(), att.device());
-      autocast_inputs(OpKind::bmm, {&bmm_in, &v});
-      if (bmm_in.dtype() != att.dtype()) low = empty(att.shape(), bmm_in.dtype(), att.device());
+      const DType bmm_in = autocast_dtype(OpKind::bmm, att.dtype(), dt, {v.dtype()});
+      if (bmm_in != att.dtype()) low = empty(att.shape(), bmm_in, att.device());
     }
     be.causal_softmax_cast(scores, att, low, scale);
     kept = low.defined() ? low : att;  // att stays the softmax's output (its backward needs it), kept what dropout keeps
     if (dropout_p > 0.0) {
       mask = empty_like(att);
-      be.dropout_mask(mask, seed, offset, dropout_p, base, per_base);
+      const RandomCounters& c = options.dropout;
+      be.dropout_mask(mask, c.seed, c.offset, dropout_p, c.base, c.per_base);
       kept = empty_like(att);
       be.binary(BinaryOp::mul, att, mask, kept);
       autocast_inputs(OpKind::bmm, {&kept, &v});
@@ -224,11 +223,11 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p, 
   });
 }
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& base, uint64_t per_base) {
+Tensor dropout(const Tensor& x, double p, const RandomCounters& c) {
   if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout: probability must be in [0, 1), got " + std::to_string(p));
   if (p == 0.0) return x;
   Tensor mask = empty(x.shape(), x.dtype(), x.device());
-  backend_for(x.device()).dropout_mask(mask, seed, offset, p, base, per_base);
+  backend_for(x.device()).dropout_mask(mask, c.seed, c.offset, p, c.base, c.per_base);
   return mul(x, mask);  // the backward is g * mask
 }
 
