@@ -6,6 +6,8 @@
 
 #include "jd/jac.h"
 #include "jd/mtl_backward.h"
+#include "jd/packed_jacobians.h"
+#include "jd/aggregator.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
@@ -112,6 +114,37 @@ TEST(JacToGrad, MeanIsTheGradientOfTheMeanLoss) {
   }
   // Heads: undivided gradients of their own loss, summed over the two micro-batches.
   EXPECT_TRUE(test::all_close(a.head1[0].grad(), mul(b.head1[0].grad(), 2.0), 1e-12, 1e-14));
+}
+
+// The trainer's layout (jd/packed_jacobians.h): each micro-batch's J and heads' gradients packed,
+// the packs summed, then unpacked and aggregated, give what accumulating the micro-batches' .jac and
+// .grad then jac_to_grad gives (within the pack's float32); a pack clears what it took.
+TEST(PackedJacobians, ASumOfPacksIsTheAccumulatedBackward) {
+  Net a(7), b(7);
+  jd::Packed sum;
+  for (int micro = 0; micro < 2; ++micro) {
+    const Tensor f = a.features();
+    jd::mtl_backward(a.losses(f), f);
+    jd::Packed one = jd::pack(a.shared, {a.head1, a.head2});
+    EXPECT_EQ(one.rows, 2);
+    for (const Tensor& p : a.shared) EXPECT_FALSE(jd::jac(p).defined()) << "the pack takes the .jac";
+    EXPECT_FALSE(a.head1[0].grad().defined()) << "the pack takes the heads' .grad";
+    if (micro == 0) sum = one;
+    else add_(sum.flat, one.flat);
+    const Tensor g = b.features();
+    jd::mtl_backward(b.losses(g), g);
+  }
+  jd::UPGrad upgrad_a, upgrad_b;
+  const std::vector<double> wa = jd::unpack_and_aggregate(sum, a.shared, {a.head1, a.head2}, upgrad_a);
+  const std::vector<double> wb = jd::jac_to_grad(b.shared, upgrad_b);
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) EXPECT_NEAR(wa[i], wb[i], 1e-5 * std::fabs(wb[i]) + 1e-7);
+  for (size_t j = 0; j < a.shared.size(); ++j)
+    EXPECT_TRUE(test::all_close(a.shared[j].grad().to(DType::f64), b.shared[j].grad(), 1e-5, 1e-6)) << "shared " << j;
+  for (size_t j = 0; j < a.head1.size(); ++j) {
+    EXPECT_TRUE(test::all_close(a.head1[j].grad().to(DType::f64), b.head1[j].grad(), 1e-5, 1e-6)) << "head1 " << j;
+    EXPECT_TRUE(test::all_close(a.head2[j].grad().to(DType::f64), b.head2[j].grad(), 1e-5, 1e-6)) << "head2 " << j;
+  }
 }
 
 // The hooks a data-parallel caller overlaps its reduction with: the heads' gradients are final

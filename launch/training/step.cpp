@@ -12,8 +12,8 @@
 #include "amp/overflow.h"
 #include "comm/coalesced.h"
 #include "comm/sum_tree.h"
-#include "jd/jac.h"
 #include "jd/mtl_backward.h"
+#include "jd/packed_jacobians.h"
 #include "launch/training/interrupt.h"
 #include "launch/training/trainer.h"
 #include "runtime/kernels/cuda/cuda_support.h"
@@ -41,53 +41,26 @@ void Trainer::StepFigures::unpack(const std::vector<double>& v, bool has_grad_no
   r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
 }
 
-void Trainer::multi_task_backward(const models::Losses& L, bool /*last*/) {
+void Trainer::multi_task_backward(const models::Losses& L) {
   jd::MtlBackwardOptions o;
   o.shared_params = model_->shared_parameters();
   o.tasks_params = model_->task_parameters();
   jd::mtl_backward(scaler_->scale(L.per_task), L.features, o);
-  // This micro-batch's trunk Jacobian and heads' gradients, flat, join the tree of the step's
-  // micro-batches (comm/sum_tree.h); aggregate_jacobians() sums them over ranks in the same order.
-  const Tensor J = jd::concatenated_jacobian(o.shared_params);
-  int64_t n = J.numel();
-  for (const auto& task : o.tasks_params)
-    for (const Tensor& p : task) n += p.numel();
-  Tensor leaf = empty({n}, DType::f32, device_);
-  Tensor part = leaf.view(0, {J.numel()});
-  copy_(part, J.reshape({J.numel()}));
-  int64_t off = J.numel();
-  for (const auto& task : o.tasks_params)
-    for (Tensor p : task) {
-      Tensor dst = leaf.view(off, {p.numel()});
-      if (p.grad().defined()) copy_(dst, p.grad().reshape({p.numel()}));
-      else fill_(dst, 0.0);
-      off += p.numel();
-      p.set_grad(Tensor());
-    }
-  for (Tensor p : o.shared_params) jd::set_jac(p, Tensor());
+  // This micro-batch's trunk Jacobian and heads' gradients, packed flat (jd/packed_jacobians.h), join
+  // the tree of the step's micro-batches (comm/sum_tree.h); aggregate_jacobians() sums them over
+  // ranks in the same order.
+  jd::Packed leaf = jd::pack(o.shared_params, o.tasks_params);
   if (!jacobian_tree_)
     jacobian_tree_ = std::make_unique<JacobianTree>([](Tensor& into, const Tensor& other) { add_(into, other); });
-  jacobian_tree_->push(leaf);
+  jacobian_tree_->push(leaf.flat);
   jacobian_tree_->take_released();
-  jacobian_rows_ = J.shape()[0];
+  jacobian_rows_ = leaf.rows;
 }
 
 std::vector<double> Trainer::aggregate_jacobians() {
-  const std::vector<Tensor> shared = model_->shared_parameters();
-  Tensor sum = jacobian_tree_->fold();
-  comm_.ordered_sum(sum);  // every rank's, in the tree's order
-  int64_t N = 0;
-  for (const Tensor& p : shared) N += p.numel();
-  const Tensor J = sum.view(0, {jacobian_rows_, N});
-  int64_t off = jacobian_rows_ * N;
-  for (const auto& task : model_->task_parameters())
-    for (Tensor p : task) {
-      p.set_grad(sum.view(off, p.shape()).clone());
-      off += p.numel();
-    }
-  for (Tensor p : shared) jd::set_jac(p, Tensor());
-  jd::aggregate_into_grads(shared, J, *aggregator_);
-  return aggregator_->last_weights();
+  jd::Packed sum{jacobian_tree_->fold(), jacobian_rows_};
+  comm_.ordered_sum(sum.flat);  // every rank's, in the tree's order
+  return jd::unpack_and_aggregate(sum, model_->shared_parameters(), model_->task_parameters(), *aggregator_);
 }
 
 void Trainer::provide_casts() const {
@@ -161,7 +134,7 @@ Trainer::StepFigures Trainer::device_step() {
     }
     if (multi_task()) {
       // Every head gets its own loss's gradient; the trunk a Jacobian, aggregated after the last one.
-      multi_task_backward(L, m == K - 1);
+      multi_task_backward(L);
       continue;
     }
     Tensor loss = L.per_task.at(0);

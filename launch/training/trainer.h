@@ -164,9 +164,10 @@ class Trainer {
   int64_t skipped_steps_ = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
   // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
   bool multi_task() const { return aggregator_ != nullptr; }
-  // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients join the
-  // step's tree (comm/sum_tree.h), summed over ranks in the same order by aggregate_jacobians().
-  void multi_task_backward(const models::Losses& L, bool last);
+  // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients, packed
+  // (jd/packed_jacobians.h), join the step's tree (comm/sum_tree.h), summed over ranks in the same
+  // order by aggregate_jacobians().
+  void multi_task_backward(const models::Losses& L);
   std::vector<double> aggregate_jacobians();  // sums over micro-batches and ranks, aggregates; the weights
   using JacobianTree = comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>;
   std::unique_ptr<JacobianTree> jacobian_tree_;  // this step's micro-batches, flat [J | heads' grads]
