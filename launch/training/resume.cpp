@@ -50,7 +50,7 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
           {"scaler", scaler_->state_dict()},
           // Skipped since step 1, so that a resumed run's count (and its all-skipped rule) is the
           // uninterrupted run's.
-          {"skipped_steps", skipped_steps_},
+          {"skipped_steps", position_.skipped_steps},
           // Seeded aggregators draw by call count (multi-task models).
           {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
           // Not required to match: a resumed run may train longer, or on another schedule (and says so).
@@ -112,7 +112,7 @@ void Trainer::resume() {
     if (ck->step > cfg_.steps)
       throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
                                   ", past --steps " + std::to_string(cfg_.steps) + " (--steps is the total)");
-    if (ck->step == cfg_.steps) nothing_left_ = ck->path;
+    if (ck->step == cfg_.steps) position_.nothing_left = ck->path;
     // A run that resumes into a directory holding checkpoints newer than the one it resumes from
     // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
     // K would delete its own: refused, naming them.
@@ -203,7 +203,7 @@ void Trainer::resume() {
       if (!skipped.is_number_integer() || skipped.get<int64_t>() < 0 || skipped.get<int64_t>() > ck->step)
         throw std::invalid_argument(meta_file + ": corrupt: skipped_steps " + skipped.dump() + " is not a count in [0, " +
                                     std::to_string(ck->step) + "]");
-      skipped_steps_ = skipped.get<int64_t>();
+      position_.skipped_steps = skipped.get<int64_t>();
     }
     if (aggregator_) {
       const nlohmann::json calls = ck->meta.value("aggregator_calls", nlohmann::json(0));
@@ -211,7 +211,7 @@ void Trainer::resume() {
         throw std::invalid_argument(meta_file + ": corrupt: aggregator_calls is not a count");
       aggregator_->set_calls(calls.get<uint64_t>());
     }
-    start_step_ = ck->step;
+    position_.start_step = ck->step;
     if (comm_.rank() == 0) {
       const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
       const nlohmann::json mine = now["batch_layout"];

@@ -50,15 +50,15 @@ void Trainer::multi_task_backward(const models::Losses& L) {
   // the tree of the step's micro-batches (comm/sum_tree.h); aggregate_jacobians() sums them over
   // ranks in the same order.
   jd::Packed leaf = jd::pack(o.shared_params, o.tasks_params);
-  if (!jacobian_tree_)
-    jacobian_tree_ = std::make_unique<JacobianTree>([](Tensor& into, const Tensor& other) { add_(into, other); });
-  jacobian_tree_->push(leaf.flat);
-  jacobian_tree_->take_released();
-  jacobian_rows_ = leaf.rows;
+  if (!step_.jacobian_tree)
+    step_.jacobian_tree = std::make_unique<JacobianTree>([](Tensor& into, const Tensor& other) { add_(into, other); });
+  step_.jacobian_tree->push(leaf.flat);
+  step_.jacobian_tree->take_released();
+  step_.jacobian_rows = leaf.rows;
 }
 
 std::vector<double> Trainer::aggregate_jacobians() {
-  jd::Packed sum{jacobian_tree_->fold(), jacobian_rows_};
+  jd::Packed sum{step_.jacobian_tree->fold(), step_.jacobian_rows};
   comm_.ordered_sum(sum.flat);  // every rank's, in the tree's order
   return jd::unpack_and_aggregate(sum, model_->shared_parameters(), model_->task_parameters(), *aggregator_);
 }
@@ -74,31 +74,31 @@ int64_t Trainer::first_sample(int64_t step) const {
 void Trainer::stage_inputs(int64_t step) {
   const int64_t B = cfg_.batch_size, K = cfg_.micro_batches;
   const int64_t first = first_sample(step);
-  batches_.resize(static_cast<size_t>(K));
+  step_.batches.resize(static_cast<size_t>(K));
   for (int64_t m = 0; m < K; ++m) {
     models::Batch b = data_->rows(first + m * B, B);
-    models::Batch& kept = batches_[static_cast<size_t>(m)];
-    if (use_graphs_ && kept.x.defined()) {  // the graph reads these very tensors: written, not replaced
+    models::Batch& kept = step_.batches[static_cast<size_t>(m)];
+    if (step_.use_graphs && kept.x.defined()) {  // the graph reads these very tensors: written, not replaced
       copy_(kept.x, b.x);
       for (size_t t = 0; t < b.targets.size(); ++t) copy_(kept.targets[t], b.targets[t]);
       kept.first = b.first;
     } else {
       kept = std::move(b);
     }
-    if (use_graphs_ && model_->reads_sample_index()) {  // dropout's counters, read by the replay's kernels
+    if (step_.use_graphs && model_->reads_sample_index()) {  // dropout's counters, read by the replay's kernels
       if (!kept.first_index.defined()) kept.first_index = empty({1}, DType::i64, device_);
       fill_(kept.first_index, static_cast<double>(kept.first));
     }
   }
   // The stop flag (a rank got SIGINT/SIGTERM) is summed over the ranks with the step's other figures:
   // every rank learns it from the same reduced figures, so every rank stops after the same step.
-  if (!stop_flag_.defined()) stop_flag_ = empty({1}, DType::f32, device_);
-  fill_(stop_flag_, interrupt_signal() != 0 ? 1.0 : 0.0);
+  if (!step_.stop_flag.defined()) step_.stop_flag = empty({1}, DType::f32, device_);
+  fill_(step_.stop_flag, interrupt_signal() != 0 ? 1.0 : 0.0);
   if (!cfg_.inject_nonfinite.empty()) {
-    if (!inject_flag_.defined()) inject_flag_ = empty({1}, DType::f32, device_);
+    if (!step_.inject_flag.defined()) step_.inject_flag = empty({1}, DType::f32, device_);
     bool here = false;
     for (const Injection& inj : cfg_.inject_nonfinite) here = here || (inj.step == step && inj.rank == comm_.rank());
-    fill_(inject_flag_, here ? std::numeric_limits<double>::infinity() : 0.0);
+    fill_(step_.inject_flag, here ? std::numeric_limits<double>::infinity() : 0.0);
   }
   opt_->write_lr();  // this step's learning rate, where the scheduler changed it
 }
@@ -114,7 +114,7 @@ Trainer::StepFigures Trainer::device_step() {
   std::vector<comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>> task_trees;
   for (int64_t m = 0; m < K; ++m) {
     if (!multi_task()) reducer_->prepare_for_backward(/*sync=*/m == K - 1);
-    const models::Batch& batch = batches_[static_cast<size_t>(m)];
+    const models::Batch& batch = step_.batches[static_cast<size_t>(m)];
     models::Losses L;
     {
       autocast ac = autocast_region();
@@ -150,16 +150,16 @@ Trainer::StepFigures Trainer::device_step() {
     scaler_->scale(loss).backward();
   }
   if (multi_task()) {
-    jd_weights_ = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
+    step_.jd_weights = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
   } else {
     reducer_->finish();  // gradients are now averaged over ranks (still scaled)
   }
   std::vector<Tensor> task_sums;  // this rank's, then (after the collective) the step's
   for (auto& tree : task_trees) task_sums.push_back(tree.fold());
 
-  if (inject_flag_.defined()) {  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others
+  if (step_.inject_flag.defined()) {  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others
     Tensor first = params[0].grad().view(0, {1});
-    add_(first, inject_flag_);
+    add_(first, step_.inject_flag);
   }
 
   // found_inf. Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of
@@ -173,7 +173,7 @@ Trainer::StepFigures Trainer::device_step() {
   // found_inf.
   std::vector<Tensor> figures;
   if (const Tensor found = scaler_->found_inf_tensor(*opt_); found.defined()) figures.push_back(found);
-  figures.push_back(stop_flag_);
+  figures.push_back(step_.stop_flag);
   figures.insert(figures.end(), task_sums.begin(), task_sums.end());
   comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::sum);
 
@@ -194,23 +194,23 @@ Trainer::StepFigures Trainer::device_step() {
   for (size_t t = 1; t < task_sums.size(); ++t) loss_sum = add(loss_sum, task_sums[t]);
   if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
-  return StepFigures{loss_sum, scale_used, found, stop_flag_, grad_norm, task_sums};
+  return StepFigures{loss_sum, scale_used, found, step_.stop_flag, grad_norm, task_sums};
 }
 
 Trainer::PendingStep Trainer::train_step(int64_t step) {
   const bool profiled = step == cfg_.profile_step && device_.is_cuda();
   if (profiled) cuda_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
-  if (before_step_) before_step_(step);
-  if (observer_) observer_->step_begin(step);
-  if (use_graphs_ && !graph_ && step > start_step_ + kGraphWarmupSteps) {
+  if (listeners_.before_step) listeners_.before_step(step);
+  if (listeners_.observer) listeners_.observer->step_begin(step);
+  if (step_.use_graphs && !step_.graph && step > position_.start_step + kGraphWarmupSteps) {
     // Captured, not run: the replay below runs it. Its outputs live in the graph's own memory pool,
     // which takes the blocks the eager steps left in the allocator's cache; so the capture comes
     // before this step's inputs are staged, whose temporaries are then allocated afresh once, here,
     // and not in the first replayed step. The lr first: the optimizer's step must not capture a write.
     opt_->write_lr();
-    graph_figures_ = std::make_unique<StepFigures>();
-    graph_ = capture_device_graph([&] { *graph_figures_ = device_step(); });
+    step_.graph_figures = std::make_unique<StepFigures>();
+    step_.graph = capture_device_graph([&] { *step_.graph_figures = device_step(); });
     if (comm_.rank() == 0) {
       std::printf("amp_train: step %lld captured in a CUDA graph; replayed from here on\n", static_cast<long long>(step));
       std::fflush(stdout);
@@ -218,20 +218,20 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   stage_inputs(step);
   StepFigures figures;
-  if (graph_) {
-    graph_->replay();
+  if (step_.graph) {
+    step_.graph->replay();
     comm_.watch_graph_launch("step " + std::to_string(step) + " (a CUDA graph's replay)");
-    figures = *graph_figures_;
+    figures = *step_.graph_figures;
   } else {
     figures = device_step();
   }
-  if (!use_graphs_) batches_.clear();  // their memory is the next step's
+  if (!step_.use_graphs) step_.batches.clear();  // their memory is the next step's
 
   // The figures travel to the host in the background: nothing here waits for the device.
-  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), jd_weights_,
+  PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), step_.jd_weights,
                 figures.grad_norm.defined()};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
-  if (observer_) p.counted = observer_->step_end(step);
+  if (listeners_.observer) p.counted = listeners_.observer->step_end(step);
   if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
   return p;
 }

@@ -73,7 +73,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_));  // found_inf is summed with the step's figures
-  observer_ = make_step_observer(device_);
+  listeners_.observer = make_step_observer(device_);
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.
   scaler_->scale(zeros({}, DType::f32, device_));
@@ -82,7 +82,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   if (cfg_.cuda_graphs == CudaGraphs::on && !blocker.empty())
     throw std::invalid_argument("--cuda-graphs on: the step cannot be captured: " + blocker +
                                 " (--cuda-graphs auto runs it eagerly)");
-  use_graphs_ = cfg_.cuda_graphs != CudaGraphs::off && blocker.empty();
+  step_.use_graphs = cfg_.cuda_graphs != CudaGraphs::off && blocker.empty();
   if (cfg_.resume || !cfg_.resume_from.empty()) {
     resume();
   } else if (!cfg_.checkpoint_dir.empty()) {
@@ -199,13 +199,13 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
 }
 
 TrainResult Trainer::run() {
-  if (!nothing_left_.empty()) {  // a requeued command after its run ended: nothing trained, nothing written
+  if (!position_.nothing_left.empty()) {  // a requeued command after its run ended: nothing trained, nothing written
     TrainResult done;
-    done.steps_done = start_step_;
-    done.skipped_steps = skipped_steps_;
+    done.steps_done = position_.start_step;
+    done.skipped_steps = position_.skipped_steps;
     if (comm_.rank() == 0)
       std::printf("amp_train: --resume: %s is at step %lld, which --steps asks for: nothing left to train; the "
-                  "outputs are left as that run wrote them\n", nothing_left_.c_str(), static_cast<long long>(start_step_));
+                  "outputs are left as that run wrote them\n", position_.nothing_left.c_str(), static_cast<long long>(position_.start_step));
     return done;
   }
   connect();
@@ -224,19 +224,19 @@ TrainResult Trainer::run() {
   if (const int64_t pool = data_->period(); pool > 0) {
     const int64_t per_step = samples_per_step();
     const int64_t cycle = pool / std::gcd(per_step, pool);
-    for (int64_t step = start_step_ + 1; step <= std::min(cfg_.steps, start_step_ + cycle); ++step)
+    for (int64_t step = position_.start_step + 1; step <= std::min(cfg_.steps, position_.start_step + cycle); ++step)
       data_->prepare(first_sample(step), cfg_.micro_batches * cfg_.batch_size);
   }
   TrainResult result;
-  result.skipped_steps = skipped_steps_;
+  result.skipped_steps = position_.skipped_steps;
   const bool rank0 = comm_.rank() == 0;
-  if (rank0 && device_.is_cuda() && cfg_.cuda_graphs == CudaGraphs::auto_ && !use_graphs_) {
+  if (rank0 && device_.is_cuda() && cfg_.cuda_graphs == CudaGraphs::auto_ && !step_.use_graphs) {
     std::printf("amp_train: note: each step is launched eagerly, not as a CUDA graph: %s\n", graph_blocker().c_str());
     std::fflush(stdout);
   }
   // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
   // appear again, from the resumed run).
-  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, start_step_ > 0) : MetricsWriter();
+  MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, position_.start_step > 0) : MetricsWriter();
   // A metrics file that cannot be written is said at once and at the end (exit 1), and costs
   // nothing else: training goes on, and the weights and checkpoints are saved.
   bool warned = false;
@@ -271,8 +271,8 @@ TrainResult Trainer::run() {
                      "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
                      "rate that diverges (--min-scale sets a floor for the scale)");
     result.records.push_back(r);
-    skipped_steps_ += r.skipped;
-    result.skipped_steps = skipped_steps_;
+    position_.skipped_steps += r.skipped;
+    result.skipped_steps = position_.skipped_steps;
     metrics.write(r);
     warn_once_about(metrics);
     if (r.stop_requested && !stopping) {
@@ -282,15 +282,15 @@ TrainResult Trainer::run() {
                     "(after %g s) stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights",
                     kDuplicateWindowSeconds);
     }
-    if (rank0 && progress_) {
+    if (rank0 && listeners_.progress) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      progress_->step(r, result.skipped_steps, elapsed, stopping);
+      listeners_.progress->step(r, result.skipped_steps, elapsed, stopping);
     }
   };
   // A step's figures are read once the next step's work is issued (one step late), unless they
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
-  result.steps_done = start_step_;
+  result.steps_done = position_.start_step;
   // The validation loss after `step` (collective), on the progress line and in the metrics.
   // A stop asked for during it ends the run as a stop after a step does (no record of a partial loss).
   auto report_evaluation = [&](int64_t step) {
@@ -304,7 +304,7 @@ TrainResult Trainer::run() {
     }
     metrics.write(EvalRecord{step, *val});
     warn_once_about(metrics);
-    if (rank0 && progress_) progress_->validation(step, *val);
+    if (rank0 && listeners_.progress) listeners_.progress->validation(step, *val);
   };
   // A step's figures still in flight, emitted now: before an evaluation's or checkpoint's lines.
   auto flush_late = [&] {
@@ -313,8 +313,8 @@ TrainResult Trainer::run() {
   };
   // A failure that ends the run is the metrics' last record (when they can still be written).
   try {
-    if (cfg_.eval_every > 0 && start_step_ == 0) report_evaluation(0);  // the untrained model's (about ln 256, for bytes)
-    for (int64_t step = start_step_ + 1; step <= cfg_.steps && !stopping; ++step) {
+    if (cfg_.eval_every > 0 && position_.start_step == 0) report_evaluation(0);  // the untrained model's (about ln 256, for bytes)
+    for (int64_t step = position_.start_step + 1; step <= cfg_.steps && !stopping; ++step) {
       result.steps_done = step;
       comm_.set_context("step " + std::to_string(step));
       PendingStep cur = train_step(step);
@@ -338,10 +338,10 @@ TrainResult Trainer::run() {
       }
     }
     flush_late();
-    if (observer_) observer_->run_end(comm_.rank(), result.steps_done);
+    if (listeners_.observer) listeners_.observer->run_end(comm_.rank(), result.steps_done);
     // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
     // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
-    if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > start_step_)
+    if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > position_.start_step)
       throw JobError("every one of the " + std::to_string(result.steps_done) +
                      " steps was skipped for non-finite gradients: nothing was trained (final scale " +
                      number_str(scaler_->get_scale()) + ")");
@@ -366,7 +366,7 @@ TrainResult Trainer::run() {
       }
     }
     // The last step's checkpoint: at the end, or where an interruption stopped the run.
-    if (!cfg_.checkpoint_dir.empty() && result.steps_done > start_step_) {
+    if (!cfg_.checkpoint_dir.empty() && result.steps_done > position_.start_step) {
       try {
         save_checkpoint_at(result.steps_done);
       } catch (const JobError& e) {  // every rank: the weights above are kept, and the job exits 1

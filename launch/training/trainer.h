@@ -76,16 +76,16 @@ class Trainer {
   const models::ModelSpec& spec() const { return *spec_; }
   const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
-  int64_t start_step() const { return start_step_; }
+  int64_t start_step() const { return position_.start_step; }
   // Samples per step over every rank: --batch-size x --micro-batches x ranks.
   int64_t samples_per_step() const { return cfg_.batch_size * cfg_.micro_batches * comm_.size(); }  // the step a resumed run continues from (0: fresh)
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
   // A hook called at the start of every step, before any work (fault tests make a rank stall there).
-  void set_before_step(std::function<void(int64_t step)> hook) { before_step_ = std::move(hook); }
+  void set_before_step(std::function<void(int64_t step)> hook) { listeners_.before_step = std::move(hook); }
   // Where rank 0 reports each step's figures and each validation loss as they reach the host (the
   // amp_train program prints a progress line: launch/progress.h). None: the run reports nothing but
   // its metrics, messages and result.
-  void set_progress(std::shared_ptr<ProgressSink> sink) { progress_ = std::move(sink); }
+  void set_progress(std::shared_ptr<ProgressSink> sink) { listeners_.progress = std::move(sink); }
 
  private:
   void connect();  // the collective part of the setup, once
@@ -107,37 +107,26 @@ class Trainer {
     std::vector<double> weights;  // the aggregator's (multi-task)
     bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
   };
-  PendingStep train_step(int64_t step);
-  // A step is its inputs, written eagerly before its device work (so that a CUDA graph's replay
-  // reads this step's), then the device work, which reads nothing else from the host: the
-  // micro-batches, the stop flag and an injected overflow are tensors here, the learning rate the
-  // optimizer's device scalar (Optimizer::write_lr).
-  void stage_inputs(int64_t step);
-  StepFigures device_step();
-  std::vector<models::Batch> batches_;  // this step's micro-batches (kept, as the graph's inputs, with graphs)
-  Tensor stop_flag_;    // [1] f32: 1 when this rank was asked to stop (SIGINT/SIGTERM)
-  Tensor inject_flag_;  // [1] f32: +inf on a step and rank of --inject-nonfinite, else 0 (defined with one)
-  std::vector<double> jd_weights_;  // the aggregator's weights of the last step (multi-task)
-  // CUDA graphs (--cuda-graphs): the step is captured once, after kGraphWarmupSteps eager steps (NCCL
-  // connects, the allocator's cache and every lazily made buffer are ready), and replayed from then on.
-  static constexpr int64_t kGraphWarmupSteps = 3;
-  static_assert(kGraphWarmupSteps >= 1, "the capture reads the micro-batch tensors an eager step made");
-  std::string graph_blocker() const;  // why this run's step cannot be captured ("" when it can)
-  bool use_graphs_ = false;
-  std::unique_ptr<DeviceGraph> graph_;
-  std::unique_ptr<StepFigures> graph_figures_;  // the captured step's outputs, rewritten by every replay
-  int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
-  StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
-  // Hashes and gathers the parameters (collective); records the result.
-  comm::ReplicaReport check_replicas(TrainResult* result);
-  static void require_consistent(const comm::ReplicaReport& rep, int64_t step);  // throws, naming the ranks
 
+  // --- the set-up (trainer.cpp's constructor; resume.cpp): what the run trains, and with what.
   TrainConfig cfg_;
   comm::Communicator& comm_;
   Device device_;
   std::shared_ptr<const models::ModelSpec> spec_;  // the configured kind of model (registry)
   std::unique_ptr<models::TrainingModel> model_;
   std::unique_ptr<models::Dataset> data_;
+  std::unique_ptr<jd::Aggregator> aggregator_;  // multi-task runs: Jacobian descent's aggregator
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<comm::GradientReducer> reducer_;  // made by connect()
+  // Where the run stands (resume.cpp sets it from a checkpoint; run() counts the skipped steps).
+  struct Position {
+    int64_t start_step = 0;     // the step the run continues from (0: a fresh run)
+    int64_t skipped_steps = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
+    // Resumed from a checkpoint at --steps: nothing to train, and the outputs are left as they are.
+    std::string nothing_left;
+  } position_;
   // The run's autocast region (disabled with --amp off), for the forward, evaluation and sampling;
   // inside it, provide_casts() gives the optimizer's low-precision copies, when kept, as the casts of
   // the parameters.
@@ -145,41 +134,64 @@ class Trainer {
     return autocast(device_.type, amp_dtype(cfg_.amp), cfg_.amp != AmpMode::off, true, CastLists::cuda);
   }
   void provide_casts() const;
+  // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
+  bool multi_task() const { return aggregator_ != nullptr; }
+  // Checkpoints (launch/training/checkpoint.h): the configuration a resume must match, restoring one (in the
+  // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
+  nlohmann::json checkpoint_meta(int64_t step) const;
+  void resume();
+  void save_checkpoint_at(int64_t step);
+
+  // --- the step (step.cpp). A step is its inputs, written eagerly before its device work (so that a
+  // CUDA graph's replay reads this step's), then the device work, which reads nothing else from the
+  // host: the micro-batches, the stop flag and an injected overflow are tensors here, the learning
+  // rate the optimizer's device scalar (Optimizer::write_lr).
+  PendingStep train_step(int64_t step);
+  void stage_inputs(int64_t step);
+  StepFigures device_step();
+  int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
+  StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
+  // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients, packed
+  // (jd/packed_jacobians.h), join the step's tree (comm/sum_tree.h), summed over ranks in the same
+  // order by aggregate_jacobians().
+  void multi_task_backward(const models::Losses& L);
+  std::vector<double> aggregate_jacobians();  // sums over micro-batches and ranks, aggregates; the weights
+  // CUDA graphs (--cuda-graphs): the step is captured once, after kGraphWarmupSteps eager steps (NCCL
+  // connects, the allocator's cache and every lazily made buffer are ready), and replayed from then on.
+  static constexpr int64_t kGraphWarmupSteps = 3;
+  static_assert(kGraphWarmupSteps >= 1, "the capture reads the micro-batch tensors an eager step made");
+  std::string graph_blocker() const;  // why this run's step cannot be captured ("" when it can)
+  using JacobianTree = comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>;
+  struct StepState {
+    std::vector<models::Batch> batches;  // this step's micro-batches (kept, as the graph's inputs, with graphs)
+    Tensor stop_flag;    // [1] f32: 1 when this rank was asked to stop (SIGINT/SIGTERM)
+    Tensor inject_flag;  // [1] f32: +inf on a step and rank of --inject-nonfinite, else 0 (defined with one)
+    std::vector<double> jd_weights;  // the aggregator's weights of the last step (multi-task)
+    bool use_graphs = false;
+    std::unique_ptr<DeviceGraph> graph;
+    std::unique_ptr<StepFigures> graph_figures;  // the captured step's outputs, rewritten by every replay
+    std::unique_ptr<JacobianTree> jacobian_tree;  // this step's micro-batches, flat [J | heads' grads]
+    int64_t jacobian_rows = 0;
+  } step_;
+
+  // --- what the loop (trainer.cpp's run) checks and reports besides the metrics and checkpoints.
   // The validation loss over cfg_.eval_batches batches (collective: every rank, same step), or none
   // when a stop was asked for (SIGINT/SIGTERM on any rank): the ranks agree after each batch.
   std::optional<double> evaluate();
   // What the model prints after training, under the run's autocast (this rank alone; no collective);
   // it stops at the next token when a stop is asked for.
   std::string after_training();
-  // Checkpoints (launch/training/checkpoint.h): the configuration a resume must match, restoring one (in the
-  // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
-  nlohmann::json checkpoint_meta(int64_t step) const;
-  void resume();
-  void save_checkpoint_at(int64_t step);
+  // Hashes and gathers the parameters (collective); records the result.
+  comm::ReplicaReport check_replicas(TrainResult* result);
+  static void require_consistent(const comm::ReplicaReport& rep, int64_t step);  // throws, naming the ranks
   // Throws JobError naming the parameters that hold inf or NaN (every rank reaches the same verdict).
   void require_finite_parameters(int64_t step);
-  int64_t start_step_ = 0;  // the step the run continues from (0: a fresh run)
-  // Resumed from a checkpoint at --steps: nothing to train, and the outputs are left as they are.
-  std::string nothing_left_;
-  int64_t skipped_steps_ = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
-  // The multi-task backward (mtl_backward, jac_to_grad) in place of backward and the reducer.
-  bool multi_task() const { return aggregator_ != nullptr; }
-  // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients, packed
-  // (jd/packed_jacobians.h), join the step's tree (comm/sum_tree.h), summed over ranks in the same
-  // order by aggregate_jacobians().
-  void multi_task_backward(const models::Losses& L);
-  std::vector<double> aggregate_jacobians();  // sums over micro-batches and ranks, aggregates; the weights
-  using JacobianTree = comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>;
-  std::unique_ptr<JacobianTree> jacobian_tree_;  // this step's micro-batches, flat [J | heads' grads]
-  int64_t jacobian_rows_ = 0;
-  std::unique_ptr<jd::Aggregator> aggregator_;
-  std::unique_ptr<optim::Optimizer> opt_;
-  std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
-  std::unique_ptr<GradScaler> scaler_;
-  std::unique_ptr<StepObserver> observer_;  // what a stand-in device counts per step (step_observer.h), or null
-  std::unique_ptr<comm::GradientReducer> reducer_;
-  std::function<void(int64_t)> before_step_;
-  std::shared_ptr<ProgressSink> progress_;
+  // Who hears of each step, besides the metrics.
+  struct Listeners {
+    std::function<void(int64_t)> before_step;  // set_before_step
+    std::shared_ptr<ProgressSink> progress;    // set_progress
+    std::unique_ptr<StepObserver> observer;    // what a stand-in device counts per step (step_observer.h), or null
+  } listeners_;
 };
 
 
