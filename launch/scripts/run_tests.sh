@@ -5,7 +5,8 @@
 #                   that --device cuda, test_cuda and test_nccl run without a GPU.
 # After the cuda-emu suite, the cost model's report of the GPU step (tests/scripts/gpu_cost_report.sh).
 # After the release suite, the installed package (tests/scripts/install_check.sh: examples/ built
-# against `cmake --install` alone). Then the CPU's hot-loop clones against a baseline-only build (tests/scripts/simd_clones_match.sh:
+# against `cmake --install` alone) and every C++ block of README.md and docs/ built against it, the
+# whole programs run (tests/scripts/docs_check.sh). Then the CPU's hot-loop clones against a baseline-only build (tests/scripts/simd_clones_match.sh:
 # training identical byte for byte), and the safetensors reader's fuzz target: its regression
 # corpus, and AMP_FUZZ_SECONDS (default 60) of fuzzing (tests/scripts/fuzz_safetensors.sh).
 # Where nvcc is installed, last: the GPU bundle for a node without our packages (launch/scripts/gpu_bundle.sh,
@@ -26,8 +27,11 @@ for preset in "${presets[@]}"; do
   ctest --preset "$preset" -j "${AMP_TEST_JOBS:-2}"
   # The GPU step's modeled H100 time from the emulated GPU's dry run: printed, never asserted.
   if [[ $preset == cuda-emu ]]; then tests/scripts/gpu_cost_report.sh build/cuda-emu; fi
-  # The installed package: examples/ built against it alone, trained on 2 ranks.
-  if [[ $preset == release ]]; then tests/scripts/install_check.sh build/release; fi
+  # The installed package: examples/ built against it alone, trained on 2 ranks; the docs' C++ blocks.
+  if [[ $preset == release ]]; then
+    tests/scripts/install_check.sh build/release
+    tests/scripts/docs_check.sh --build build/release
+  fi
 done
 if [[ ${1:-} != --asan ]]; then
   tests/scripts/simd_clones_match.sh
