@@ -1255,12 +1255,13 @@ TEST_F(CudaVsCpu, ACapturedOptimizerStepTakesEachReplaysLearningRate) {
   }
 }
 
-// With AMP_CUDA_POISON_FREED=1 (every test of the cuda-emu preset; test_cuda in gpu_check.sh) a
-// recycled block comes back as NaN bytes, so a kernel that skips part of its output cannot hide
-// behind the values a previous tensor left there.
+// With AMP_CUDA_POISON_FREED=1 (every test of the cuda-emu preset) a recycled block comes back as
+// NaN bytes, so a kernel that skips part of its output cannot hide behind the values a previous
+// tensor left there.
 TEST_F(CudaVsCpu, RecycledBlocksArePoisonedOnTheEmulatedGpu) {
   const char* poison = std::getenv("AMP_CUDA_POISON_FREED");
-  if (poison == nullptr || std::string(poison) != "1") GTEST_SKIP() << "poisoning is on with AMP_CUDA_POISON_FREED=1";
+  if (!emulated_device_counters() || poison == nullptr || std::string(poison) != "1")
+    GTEST_SKIP() << "on the emulated GPU with AMP_CUDA_POISON_FREED=1 (every cuda-emu test has it)";
   DeviceMemory& b = gpu_memory();
   void* p = b.allocate(4096);
   ASSERT_EQ(cudaMemsetAsync(p, 0, 4096, cuda::context().stream()), cudaSuccess);
