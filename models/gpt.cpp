@@ -69,16 +69,18 @@ class CausalSelfAttention final : public nn::Module {
 
 class Mlp final : public nn::Module {
  public:
-  Mlp(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site) : drop_(drop), site_(site) {
+  Mlp(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site)
+      : gelu_tanh_(c.gelu_tanh), drop_(drop), site_(site) {
     c_fc = std::make_shared<nn::Linear>(c.n_embd, 4 * c.n_embd, gen, true, device);
     c_proj = std::make_shared<nn::Linear>(4 * c.n_embd, c.n_embd, gen, true, device);
     register_module("c_fc", c_fc);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x) override { return drop_->apply((*c_proj)(gelu((*c_fc)(x))), site_); }
+  Tensor forward(const Tensor& x) override { return drop_->apply((*c_proj)(gelu((*c_fc)(x), gelu_tanh_)), site_); }
   std::shared_ptr<nn::Linear> c_fc, c_proj;
 
  private:
+  bool gelu_tanh_;
   const DropoutState* drop_;
   uint64_t site_;
 };

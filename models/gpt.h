@@ -23,6 +23,9 @@ struct GptConfig {
   int64_t n_embd = 128;
   double dropout = 0.0;
   bool fused_attention = true;  // where the backend has it (--attention auto); false: the composite
+  // The MLP's GELU: erf (nanoGPT's, PyTorch's F.gelu; the default), or the tanh form (--gelu tanh:
+  // GPT-2's own, Hugging Face's gelu_new), which GPT-2's published weights were trained with.
+  bool gelu_tanh = false;
 };
 
 // A language model: its batches are x (int64 tokens [B, T]) and one target [B, T] (the next tokens).

@@ -57,14 +57,19 @@ class GptSpec final : public ModelSpec {
     return load_text_dataset(data, c_.block_size, device);
   }
   nlohmann::json checkpoint_identity() const override {
-    return {{"model",
-             {{"model", "gpt"}, {"n_layer", c_.n_layer}, {"n_head", c_.n_head}, {"n_embd", c_.n_embd},
-              {"block_size", c_.block_size}, {"vocab_size", c_.vocab_size}}},
-            {"dropout", c_.dropout}};
+    nlohmann::json id = {{"model",
+                          {{"model", "gpt"}, {"n_layer", c_.n_layer}, {"n_head", c_.n_head}, {"n_embd", c_.n_embd},
+                           {"block_size", c_.block_size}, {"vocab_size", c_.vocab_size}}},
+                         {"dropout", c_.dropout}};
+    // The tanh GELU is another model: a checkpoint says so (an erf run's identity is as it always was,
+    // so that its checkpoints resume).
+    if (c_.gelu_tanh) id["model"]["gelu"] = "tanh";
+    return id;
   }
   std::string describe(const std::string& data) const override {
     return "gpt " + std::to_string(c_.n_layer) + " layers x " + std::to_string(c_.n_head) + " heads x " +
-           std::to_string(c_.n_embd) + " wide, block " + std::to_string(c_.block_size) + ", on " + data;
+           std::to_string(c_.n_embd) + " wide, block " + std::to_string(c_.block_size) +
+           (c_.gelu_tanh ? ", GELU tanh" : "") + ", on " + data;
   }
   std::string size_flags() const override { return "are --n-embd, --n-layer, --block-size or --batch-size"; }
   double tokens_per_sample() const override { return static_cast<double>(c_.block_size); }
@@ -107,6 +112,7 @@ ModelKind gpt_kind() {
              {"block-size", "64", "gpt: context length in bytes"},
              {"dropout", "0.0", "gpt: dropout probability (embeddings, attention, residuals)"},
              {"attention", "auto", "gpt: auto (the fused kernels where the device has them and dropout is 0) or composite"},
+             {"gelu", "erf", "gpt: the MLP's GELU: erf (nanoGPT's) or tanh (GPT-2's own, Hugging Face's gelu_new)"},
              {"sample-tokens", "0", "gpt: print N bytes sampled from the model at the end (0: none)"},
              {"temperature", "0.8", "gpt: sampling temperature"},
              {"top-k", "200", "gpt: sample among the K most likely bytes"},
@@ -123,6 +129,9 @@ ModelKind gpt_kind() {
     if (attention != "auto" && attention != "composite")
       throw std::invalid_argument("--attention must be auto or composite, got '" + attention + "'");
     c.fused_attention = attention == "auto";
+    const std::string gelu = r.text("gelu");
+    if (gelu != "erf" && gelu != "tanh") throw std::invalid_argument("--gelu must be erf or tanh, got '" + gelu + "'");
+    c.gelu_tanh = gelu == "tanh";
     if (c.n_embd % c.n_head != 0)
       throw std::invalid_argument("--n-embd must be a positive multiple of --n-head=" + std::to_string(c.n_head) +
                                   ", got " + std::to_string(c.n_embd));

@@ -132,6 +132,10 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
   RunResult r = run(deeper + " --steps 9 --resume");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("model"), std::string::npos) << r.out;
+  // Another GELU (--gelu tanh is another model; the erf run's checkpoint says nothing of it).
+  r = run(args + " --gelu tanh --steps 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("gelu"), std::string::npos) << r.out;
 
   // A truncated model file: refused by name, and the older complete one is offered, not taken.
   const std::string model = newest + "/model.safetensors";

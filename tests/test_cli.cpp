@@ -52,7 +52,7 @@ TEST(Cli, HelpListsEveryFlagWithDefaults) {
                            "--dropout arg (=0.0)", "--eval-every", "--eval-batches", "--sample-tokens",
                            "--temperature arg (=0.8)", "--top-k arg (=200)", "--prompt", "--checkpoint-dir",
                            "--checkpoint-every", "--keep-checkpoints arg (=3)", "--resume", "--resume-from",
-                           "--attention arg (=auto)", "--allow-tf32", "--profile-step arg (=0)", "--cuda-graphs arg (=auto)"})
+                           "--attention arg (=auto)", "--gelu arg (=erf)", "--allow-tf32", "--profile-step arg (=0)", "--cuda-graphs arg (=auto)"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -111,6 +111,7 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--eval-batches 0", "--eval-batches"}, {gpt + "--sample-tokens -1", "--sample-tokens"},
       {gpt + "--temperature 0", "--temperature"},   {gpt + "--top-k 0", "--top-k"},
       {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
+      {gpt + "--gelu new", "--gelu"},               {mlp + "--gelu tanh", "--gelu"},
       {gpt + "--checkpoint-every -1", "--checkpoint-every"},
       {gpt + "--checkpoint-dir ck --keep-checkpoints 0", "--keep-checkpoints"},
       {gpt + "--width 64", "--width"},              {mlp + "--n-layer 2", "--n-layer"},

@@ -35,9 +35,10 @@ models::GptConfig fixture_config() {
 }
 
 // The model with the fixture's weights (its parameter names are the state dict's).
-std::unique_ptr<models::GptModel> fixture_model(DType dtype = DType::f32, Device device = kCPU) {
+std::unique_ptr<models::GptModel> fixture_model(DType dtype = DType::f32, Device device = kCPU,
+                                                models::GptConfig config = fixture_config()) {
   Generator gen(1);
-  auto m = models::make_gpt_model(fixture_config(), gen, device);
+  auto m = models::make_gpt_model(config, gen, device);
   safetensors::NamedTensors weights;
   for (const auto& [name, p] : m->module().named_parameters()) weights.emplace_back(name, test::fixture_tensor(kFixture, name));
   nn::load_state_dict(m->module(), weights, kFixture);
@@ -85,6 +86,22 @@ TEST(Gpt, LogitsLossAndGradientsMatchPyTorch) {
     for (const auto& [name, p] : m->module().named_parameters())
       EXPECT_TRUE(test::all_close(p.grad(), test::fixture_tensor(kFixture, tag + "grad." + name), rtol, atol)) << tag << name;
   }
+}
+
+// --gelu tanh, GPT-2's own GELU (Hugging Face's gelu_new): the fixture's GPT with the tanh form
+// against a float64 reference written out in plain Python (tests/scripts/make_gpt_tanh_fixture.py),
+// whose erf form reproduces PyTorch's float64 logits of the same weights to 1e-16. The erf model's
+// logits are not the tanh model's (the test would see a GELU left as it was).
+TEST(Gpt, TheTanhGeluMatchesItsReference) {
+  models::GptConfig c = fixture_config();
+  c.gelu_tanh = true;
+  auto m = fixture_model(DType::f64, kCPU, c);
+  const models::Batch b = fixture_batch();
+  const char* ref = "gpt_tanh_reference.safetensors";
+  const Tensor logits = m->logits(b.x);
+  EXPECT_TRUE(test::all_close(logits, test::fixture_tensor(ref, "tanh.f64.logits"), 1e-10, 1e-12));
+  EXPECT_TRUE(test::all_close(m->losses(b).per_task.at(0), test::fixture_tensor(ref, "tanh.f64.loss"), 1e-10, 1e-12));
+  EXPECT_FALSE(test::all_close(logits, test::fixture_tensor(kFixture, "f64.logits"), 1e-7, 1e-9)) << "the erf model's";
 }
 
 TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {
