@@ -55,13 +55,12 @@ std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimize
   return grads;
 }
 
-void GradScaler::unscale_grads_(optim::Optimizer& opt, const Tensor& scale, Tensor& found_inf, bool allow_fp16) {
-  const std::vector<Tensor> grads = opt.grads();
-  // One fused pass per dtype (a backend's call takes one dtype, as PyTorch's
-  // _amp_foreach_non_finite_check_and_unscale_ does).
+namespace {
+// grads times 1/scale, found_inf set when any is not finite: one fused pass per dtype (a backend's
+// call takes one dtype, as PyTorch's _amp_foreach_non_finite_check_and_unscale_ does).
+void unscale_by_dtype(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
   std::map<DType, std::vector<Tensor>> by_dtype;
   for (const Tensor& g : grads) {
-    if (g.dtype() == DType::f16 && !allow_fp16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
     if (g.device() != found_inf.device())
       throw std::invalid_argument("unscale_grads_: a gradient on " + g.device().str() + ", found_inf on " +
                                   found_inf.device().str());
@@ -71,6 +70,15 @@ void GradScaler::unscale_grads_(optim::Optimizer& opt, const Tensor& scale, Tens
   const Tensor s = scale.to(found_inf.device());
   for (auto& [dt, group] : by_dtype) backend_for(found_inf.device()).unscale_and_check(group, s, found_inf);
 }
+}  // namespace
+
+void GradScaler::unscale_grads_(optim::Optimizer& opt, const Tensor& scale, Tensor& found_inf, bool allow_fp16) {
+  const std::vector<Tensor> grads = opt.grads();
+  if (!allow_fp16)
+    for (const Tensor& g : grads)
+      if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
+  unscale_by_dtype(grads, scale, found_inf);
+}
 
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!options_.enabled) return;
@@ -79,8 +87,8 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   if (st.stage == Stage::unscaled)
     throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
   if (st.stage == Stage::stepped) throw std::runtime_error("unscale_() is being called after step().");
-  checked_grads(opt, &st);
-  if (st.found_inf.defined()) unscale_grads_(opt, scale_, st.found_inf, /*allow_fp16=*/false);
+  const std::vector<Tensor> grads = checked_grads(opt, &st);  // refuses float16, as PyTorch's unscale_
+  if (!grads.empty()) unscale_by_dtype(grads, scale_, st.found_inf);
   st.stage = Stage::unscaled;
 }
 
