@@ -60,7 +60,8 @@ class Communicator {
   void all_reduce(Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
   // In-place sum in which every element adds the ranks' values in the fixed order of
   // comm/sum_tree.h's tree over ranks, whatever the transport or the buffer's size; nothing is
-  // divided. The default gathers and sums on every rank (comm/ordered_sum.cpp).
+  // divided. The default gathers and sums on every rank (comm/ordered_sum.cpp); MPI and NCCL send a
+  // ring all-reduce's bytes when the buffer splits into size() equal shards (ordered_sum.h).
   virtual std::unique_ptr<Work> ordered_sum_async(Tensor& t);
   void ordered_sum(Tensor& t) { ordered_sum_async(t)->wait(); }
   // Throws the failure a collective met in the background (a timeout, a dead peer), if any: values
@@ -79,6 +80,11 @@ class Communicator {
   // It must not outlive the communicator.
   virtual Tensor make_buffer(int64_t numel, DType dtype, Device device) { return zeros({numel}, dtype, device); }
 
+  // Bytes this rank has sent in collectives so far, counted from the sizes as a bandwidth-optimal
+  // algorithm sends them (comm_bytes.h), whatever the transport does underneath: the figure that
+  // the metrics' comm_bytes and the cost model compare.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
   double timeout() const { return timeout_s_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   // Describes where the program is, for error messages ("step 12").
@@ -86,8 +92,10 @@ class Communicator {
   void set_context(std::string c) { context_ = std::move(c); }
 
  protected:
+  void count_sent(uint64_t bytes) { bytes_sent_ += bytes; }
   double timeout_s_ = 300.0;
   std::string context_;
+  uint64_t bytes_sent_ = 0;
 };
 
 }  // namespace amp::comm

@@ -7,7 +7,9 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "comm/comm_bytes.h"
 #include "comm/ordered_sum.h"
 #include "runtime/ops/ops.h"
 
@@ -42,38 +44,55 @@ void mpi_check(int rc, const char* what) {
   throw CommError(std::string(what) + " failed: " + std::string(msg, static_cast<size_t>(len)));
 }
 
+// A collective of one or more MPI requests issued in turn: each stage's start() issues its request
+// once the previous stage's request has completed and its then() has run (an ordered sum's
+// all-to-all, its additions, its all-gather). A timeout names the stage that did not complete.
 class MpiWork final : public Work {
  public:
-  // then: what completes the operation once MPI's part has arrived (an average's division, an
-  // ordered sum's additions).
-  MpiWork(MpiCommunicator* c, Tensor t, std::function<void()> then, std::string what)
-      : comm_(c), tensor_(std::move(t)), then_(std::move(then)), what_(std::move(what)) {}
-  MPI_Request* request() { return &req_; }
+  struct Stage {
+    std::string what;
+    std::function<void(MPI_Request*)> start;
+    std::function<void()> then;  // may be empty
+  };
+  // keep: the buffers MPI owns until the last stage completes.
+  MpiWork(MpiCommunicator* c, std::vector<Tensor> keep, std::vector<Stage> stages)
+      : comm_(c), keep_(std::move(keep)), stages_(std::move(stages)) {
+    stages_[0].start(&req_);
+  }
   bool test() override {
-    if (done_) return true;
-    int flag = 0;
-    mpi_check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_.c_str());
-    if (flag) finish();
-    return done_;
+    while (!done()) {
+      int flag = 0;
+      mpi_check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), stages_[next_].what.c_str());
+      if (!flag) return false;
+      advance();
+    }
+    return true;
   }
   void wait() override {
-    if (done_) return;
-    comm_->wait_bounded(&req_, what_);
-    finish();
+    while (!done()) {
+      comm_->wait_bounded(&req_, stages_[next_].what);
+      advance();
+    }
   }
 
  private:
-  void finish() {
-    done_ = true;
-    if (then_) then_();
+  bool done() const { return next_ == stages_.size(); }
+  void advance() {
+    if (stages_[next_].then) stages_[next_].then();
+    if (++next_ < stages_.size()) stages_[next_].start(&req_);
   }
   MpiCommunicator* comm_;
-  Tensor tensor_;  // keeps the buffer alive while MPI owns it
-  std::function<void()> then_;
-  std::string what_;
+  std::vector<Tensor> keep_;
+  std::vector<Stage> stages_;
+  size_t next_ = 0;  // the stage in flight
   MPI_Request req_ = MPI_REQUEST_NULL;
-  bool done_ = false;
 };
+
+int mpi_count(size_t bytes, const std::string& what) {
+  if (bytes > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw std::invalid_argument(what + ": more bytes than one MPI call can carry; use smaller buckets");
+  return static_cast<int>(bytes);
+}
 
 }  // namespace
 
@@ -120,6 +139,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
   const MPI_Datatype type = mpi_type(t.dtype(), "all_reduce");
   const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ", " + std::to_string(t.numel()) +
                            " x " + dtype_name(t.dtype()) + ")";
+  count_sent(sent_bytes::all_reduce(t.nbytes(), size_));
   if (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
     // Synchronous: on one node the reduction is done by the ranks' own cores either way. Every
     // float all-reduce takes this path, so each element is summed in the same (rank) order.
@@ -139,11 +159,14 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) 
     throw std::invalid_argument(what + ": more elements than one MPI call can carry; use smaller buckets");
   std::function<void()> then;
   if (op == ReduceOp::avg) then = [t, n = size_]() mutable { mul_(t, 1.0 / n); };
-  auto work = std::make_unique<MpiWork>(this, t, std::move(then), what);
-  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
-                           op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, work->request()),
-            what.c_str());
-  return work;
+  MpiWork::Stage stage{what,
+                       [this, t, type, op, what](MPI_Request* req) mutable {
+                         mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
+                                                  op == ReduceOp::max ? MPI_MAX : MPI_SUM, comm_, req),
+                                   what.c_str());
+                       },
+                       std::move(then)};
+  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t}, std::vector<MpiWork::Stage>{std::move(stage)});
 }
 
 std::unique_ptr<Work> MpiCommunicator::ordered_sum_async(Tensor& t) {
@@ -152,26 +175,55 @@ std::unique_ptr<Work> MpiCommunicator::ordered_sum_async(Tensor& t) {
   // On one node the shared-memory sum adds in the tree's order already.
   if (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) return all_reduce_async(t, ReduceOp::sum);
   // Elsewhere MPI's all-reduce may add in any order (it differs with the algorithm, the message size
-  // and the number of ranks): gather every rank's buffer without blocking, and add the rows in the
-  // tree's order once they have arrived.
-  const std::string what = "ordered_sum(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
-  if (t.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
-    throw std::invalid_argument(what + ": more bytes than one MPI call can carry; use smaller buckets");
-  Shape s = t.shape();
-  s.insert(s.begin(), size_);
-  Tensor rows = empty(s, t.dtype(), kCPU);
-  auto work = std::make_unique<MpiWork>(
-      this, rows, [rows, t]() mutable { sum_rows_in_tree_order(rows, t); }, what);
-  mpi_check(MPI_Iallgather(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, rows.data_ptr(),
-                           static_cast<int>(t.nbytes()), MPI_BYTE, comm_, work->request()),
-            what.c_str());
-  return work;
+  // and the number of ranks): move the rows without blocking, and add them in the tree's order once
+  // they have arrived.
+  const std::string counts = "(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
+  const std::string what = "ordered_sum" + counts;
+  if (!splits_into_shards(t.numel(), size_)) {
+    // Every rank's whole buffer, summed on every rank.
+    const int bytes = mpi_count(t.nbytes(), what);
+    Shape s = t.shape();
+    s.insert(s.begin(), size_);
+    Tensor rows = empty(s, t.dtype(), kCPU);
+    count_sent(sent_bytes::all_gather(t.nbytes(), size_));
+    MpiWork::Stage gather{"ordered_sum/all_gather" + counts,
+                          [this, t, rows, bytes, what](MPI_Request* req) {
+                            mpi_check(MPI_Iallgather(t.data_ptr(), bytes, MPI_BYTE, rows.data_ptr(), bytes, MPI_BYTE,
+                                                     comm_, req),
+                                      what.c_str());
+                          },
+                          [rows, t]() mutable { sum_rows_in_tree_order(rows, t); }};
+    return std::make_unique<MpiWork>(this, std::vector<Tensor>{t, rows}, std::vector<MpiWork::Stage>{std::move(gather)});
+  }
+  // A ring's bytes: rank j receives every rank's shard j, sums it, and the shards are all-gathered.
+  const int64_t shard = t.numel() / size_;
+  const int bytes = mpi_count(static_cast<size_t>(shard) * dtype_size(t.dtype()), what);
+  Tensor rows = empty({size_, shard}, t.dtype(), kCPU);
+  Tensor flat = t.view(0, {t.numel()});
+  Tensor mine = flat.view(rank_ * shard, {shard});
+  count_sent(sent_bytes::all_to_all(t.nbytes(), size_) + sent_bytes::all_gather(mine.nbytes(), size_));
+  std::vector<MpiWork::Stage> stages;
+  stages.push_back({"ordered_sum/all_to_all" + counts,
+                    [this, t, rows, bytes, what](MPI_Request* req) {
+                      mpi_check(MPI_Ialltoall(t.data_ptr(), bytes, MPI_BYTE, rows.data_ptr(), bytes, MPI_BYTE, comm_, req),
+                                what.c_str());
+                    },
+                    [rows, mine]() mutable { sum_rows_in_tree_order(rows, mine); }});
+  stages.push_back({"ordered_sum/all_gather" + counts,
+                    [this, t, bytes, what](MPI_Request* req) {
+                      mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), bytes, MPI_BYTE,
+                                               comm_, req),
+                                what.c_str());
+                    },
+                    nullptr});
+  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t, rows}, std::move(stages));
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
   check_cpu(t, "broadcast");
   // MPI counts are ints: large tensors (a layer of 2 GiB) go in pieces.
   constexpr size_t kPiece = size_t{1} << 30;
+  count_sent(sent_bytes::broadcast(t.nbytes(), size_, rank_ == root));
   char* data = static_cast<char*>(t.data_ptr());
   for (size_t done = 0; done < t.nbytes(); done += kPiece) {
     const size_t n = std::min(kPiece, t.nbytes() - done);
@@ -188,6 +240,7 @@ Tensor MpiCommunicator::all_gather(const Tensor& t) {
   Shape s = t.shape();
   s.insert(s.begin(), size_);
   Tensor out = empty(s, t.dtype(), kCPU);
+  count_sent(sent_bytes::all_gather(t.nbytes(), size_));
   MPI_Request req;
   mpi_check(MPI_Iallgather(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, out.data_ptr(),
                            static_cast<int>(t.nbytes()), MPI_BYTE, comm_, &req),

@@ -1,6 +1,7 @@
 // NcclCommunicator: see nccl_communicator.h for the ordering and fault model.
 #include "comm/nccl_communicator.h"
 
+#include "comm/comm_bytes.h"
 #include "comm/ordered_sum.h"
 
 #include <cuda_runtime.h>
@@ -368,6 +369,7 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_async(Tensor& t, ReduceOp rop
   require_cuda_tensor(t, "all_reduce");
   State& s = *state_;
   const std::string op = describe((std::string("all_reduce/") + reduce_op_name(rop)).c_str(), t);
+  count_sent(sent_bytes::all_reduce(t.nbytes(), size()));
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclAllReduce, t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
@@ -381,6 +383,7 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_coalesced_async(std::vector<T
   for (const Tensor& t : ts) {
     require_cuda_tensor(t, "all_reduce_coalesced");
     total += t.numel();
+    count_sent(sent_bytes::all_reduce(t.nbytes(), size()));
   }
   State& s = *state_;
   const std::string op = std::string("all_reduce_coalesced/") + reduce_op_name(rop) + "(" + std::to_string(ts.size()) +
@@ -406,6 +409,7 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
   require_cuda_tensor(t, "broadcast");
   State& s = *state_;
   const std::string op = describe(("broadcast/root " + std::to_string(root)).c_str(), t);
+  count_sent(sent_bytes::broadcast(t.nbytes(), size(), rank() == root));
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclBroadcast, t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
@@ -421,6 +425,7 @@ Tensor NcclCommunicator::all_gather(const Tensor& t) {
   Tensor out = empty(shape, t.dtype(), t.device());
   State& s = *state_;
   const std::string op = describe("all_gather", t);
+  count_sent(sent_bytes::all_gather(t.nbytes(), size()));
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclAllGather, t.data_ptr(), out.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
@@ -430,15 +435,42 @@ Tensor NcclCommunicator::all_gather(const Tensor& t) {
   return out;
 }
 
-// The base's gather and tree-order sum (comm/ordered_sum.cpp), as a Work whose wait() raises what
-// the watchdog found, as every other collective's does.
+// A buffer that splits into size() equal shards: an all-to-all gives this rank every rank's shard,
+// the compute stream sums them in the tree's order into its own shard, and the shards are
+// all-gathered in place (ordered_sum.h). Others: the base's gather and sum. Either way a Work whose
+// wait() raises what the watchdog found, as every other collective's does.
 std::unique_ptr<Work> NcclCommunicator::ordered_sum_async(Tensor& t) {
   require_cuda_tensor(t, "ordered_sum");
   if (size() == 1) return Communicator::ordered_sum_async(t);
-  const Tensor rows = all_gather(t);
-  sum_rows_in_tree_order(rows, t);
-  auto done = std::make_shared<cuda::Event>();
-  done->record(cuda::context().stream());
+  if (!splits_into_shards(t.numel(), size())) {
+    const Tensor rows = all_gather(t);
+    sum_rows_in_tree_order(rows, t);
+    auto done = std::make_shared<cuda::Event>();
+    done->record(cuda::context().stream());
+    return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t, rows});
+  }
+  State& s = *state_;
+  const int64_t shard = t.numel() / size();
+  Tensor rows = empty({size(), shard}, t.dtype(), t.device());
+  Tensor flat = t.view(0, {t.numel()});
+  Tensor mine = flat.view(rank() * shard, {shard});
+  count_sent(sent_bytes::all_to_all(t.nbytes(), size()) + sent_bytes::all_gather(mine.nbytes(), size()));
+  {
+    const std::string op = describe("ordered_sum/all_to_all", t);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto received = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
+      AMP_NCCL_CALL(ncclAlltoAll, t.data_ptr(), rows.data_ptr(), static_cast<size_t>(shard), nccl_dtype(t.dtype()),
+                                  s.nccl, stream);
+    });
+    received->block(cuda::context().stream());
+  }
+  sum_rows_in_tree_order(rows, mine);  // on the compute stream
+  const std::string op = describe("ordered_sum/all_gather", t);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
+    AMP_NCCL_CALL(ncclAllGather, mine.data_ptr(), t.data_ptr(), static_cast<size_t>(shard), nccl_dtype(t.dtype()),
+                                s.nccl, stream);
+  });
   return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t, rows});
 }
 

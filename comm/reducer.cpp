@@ -161,8 +161,12 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
     b.pending += static_cast<size_t>(it->numel());  // counts elements while sizing
     ++b.members;
   }
+  // A bucket's length is a multiple of ranks x kSlotAlign: it splits into equal, aligned shards, so
+  // that its ordered sum moves a ring all-reduce's bytes (ordered_sum.h). The tail is zero padding.
+  const size_t unit = kSlotAlign * static_cast<size_t>(comm.size());
   for (Bucket& b : st.buckets) {
     if (!st.passthrough) {
+      b.pending = (b.pending + unit - 1) / unit * unit;
       b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
       fill_(b.buffer, 0.0);  // the padding (whatever make_buffer gives)
       for (size_t i = spares_needed(options.micro_batches); i > 0; --i)

@@ -174,7 +174,7 @@ TEST(Cli, MetricsHaveExactlyTheDesignedFields) {
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> keys;
     for (auto& [k, v] : recs[static_cast<size_t>(i)].items()) keys.push_back(k);
-    std::vector<std::string> want = {"step", "loss", "scale", "skipped", "grad_norm", "lr", "step_ms"};
+    std::vector<std::string> want = {"step", "loss", "scale", "skipped", "grad_norm", "lr", "step_ms", "comm_bytes"};
     if (emulated_device_counters() && cuda_usable(nullptr))  // --device auto trains on the emulated GPU
       for (const char* k : {"device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
                             "device_graph_ops", "device_allocations"})
@@ -571,6 +571,19 @@ TEST(Cli, AStalledRankMakesTheOthersExitWithinTheTimeout) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
   EXPECT_LT(secs, 60.0);
+  EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
+}
+
+// Over MPI's own transport (TCP, no shared memory), as over NCCL, the gradients' ordered sum is an
+// all-to-all then an all-gather: a rank that stops answering ends the job within the timeout, naming
+// the stage.
+TEST(Cli, AStalledRankInTheOrderedSumsAllToAllIsNamed) {
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3",
+                          std::string("AMP_DEBUG_STALL=1:3 ") + kMpirun +
+                              " --mca btl self,tcp --mca btl_tcp_if_include lo -x AMP_COMM_SHM=0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
+  EXPECT_NE(r.out.find("ordered_sum/all_to_all("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
 }
 

@@ -17,6 +17,7 @@
 #include "comm/mpi_session.h"
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
+#include "comm/sum_tree.h"
 #include "launch/training/trainer.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
@@ -551,6 +552,56 @@ TEST(Distributed, SharedMemoryAllReduceMatchesMpi) {
   w.all_reduce(mx, comm::ReduceOp::max);
   plain.all_reduce(mref, comm::ReduceOp::max);
   EXPECT_TRUE(test::bitwise_equal(mx, mref));
+}
+
+// The ordered sum over MPI's own transport (no shared memory: several nodes, TCP): a buffer that
+// splits into one shard per rank goes as an all-to-all and an all-gather, which sends a ring
+// all-reduce's bytes; its bits are the gather's, and both are the tree over ranks that this test
+// computes itself from every rank's numbers. The numbers span 2^-24 .. 2^24, so that another order
+// of the additions would give other bits (checked from 4 ranks: the left-to-right sum differs).
+TEST(Distributed, TheOrderedSumSendsARingsBytesWithTheGathersBits) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  setenv("AMP_COMM_SHM", "0", 1);
+  comm::MpiCommunicator plain(MPI_COMM_WORLD);
+  unsetenv("AMP_COMM_SHM");
+  plain.set_timeout(120);
+  const int R = w.size();
+  for (const int64_t n : {int64_t{R} * 4 * 1000, int64_t{R} * 4 * 1000 + 1}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    Generator g(31 + static_cast<uint64_t>(w.rank()));
+    Tensor mine = randn({n}, g);
+    for (int64_t j = 0; j < n; ++j) mine.data<float>()[j] *= std::ldexp(1.0f, static_cast<int>((j * 7 + w.rank() * 13) % 49) - 24);
+    Tensor ring = mine.clone();
+    const uint64_t before = plain.bytes_sent();
+    plain.ordered_sum(ring);
+    const uint64_t sent = plain.bytes_sent() - before;
+    Tensor gathered = mine.clone();
+    plain.comm::Communicator::ordered_sum_async(gathered)->wait();
+    EXPECT_TRUE(test::bitwise_equal(ring, gathered));
+    const Tensor rows = plain.all_gather(mine);  // [R, n]: every rank's numbers
+    const float* x = rows.data<float>();
+    std::vector<double> tree(static_cast<size_t>(n));
+    int64_t other_order_differs = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float t = comm::tree_sum<float>(R, [&](int64_t r) { return x[r * n + j]; });
+      float seq = x[j];
+      for (int r = 1; r < R; ++r) seq += x[r * n + j];
+      other_order_differs += seq != t;
+      tree[static_cast<size_t>(j)] = t;
+    }
+    EXPECT_TRUE(test::bitwise_equal(ring, from_vector(tree, {n})));
+    if (R >= 4) {  // with 3 ranks the tree is (a + b) + c, the left-to-right order
+      EXPECT_GT(other_order_differs, 0) << "the numbers cannot tell two orders apart";
+    }
+    const uint64_t B = static_cast<uint64_t>(n) * 4, ring_bytes = 2 * uint64_t(R - 1) * B / uint64_t(R);
+    if (n % R == 0) {
+      EXPECT_EQ(sent, ring_bytes) << "a ring all-reduce's bytes";
+      EXPECT_LE(static_cast<double>(sent), 1.05 * static_cast<double>(ring_bytes));
+    } else {
+      EXPECT_EQ(sent, uint64_t(R - 1) * B) << "a buffer that does not split is gathered whole";
+    }
+  }
 }
 
 TEST(Distributed, ReplicaCheckNamesTheRankThatDiffers) {

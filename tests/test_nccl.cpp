@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -19,6 +20,7 @@
 
 #include "comm/nccl_communicator.h"
 #include "runtime/kernels/backend.h"
+#include "runtime/ops/random.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/cuda_graph.h"
@@ -245,6 +247,34 @@ TEST_F(NcclTest, GroupedAllReduceBroadcastAndAllGather) {
   const std::vector<double> g = gathered.to_vector();
   for (int r = 0; r < n; ++r) EXPECT_EQ(g[static_cast<size_t>(2 * r + 1)], r * 10.0);
   comm_->barrier();
+}
+
+// The ordered sum of a buffer that splits into one shard per rank is an all-to-all, a sum on the
+// compute stream and an all-gather in place: a ring all-reduce's bytes, the gather's bits (the base
+// class's gather and tree sum is the control), larger than one of the emulator's chunks.
+TEST_F(NcclTest, TheOrderedSumSendsARingsBytesWithTheGathersBits) {
+  const int R = comm_->size();
+  for (const int64_t n : {int64_t{R} * 4 * 300000, int64_t{R} * 4 * 3 + 1}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    Generator g(11 + static_cast<uint64_t>(comm_->rank()));
+    std::vector<double> v = randn({n}, g).to_vector();
+    for (size_t j = 0; j < v.size(); ++j) v[j] = std::ldexp(v[j], static_cast<int>((j * 5 + comm_->rank() * 3) % 41) - 20);
+    Tensor ring = from_vector(v, {n}).to(kGPU), gathered = ring.clone();
+    const uint64_t before = comm_->bytes_sent();
+    comm_->ordered_sum(ring);
+    const uint64_t sent = comm_->bytes_sent() - before;
+    comm_->comm::Communicator::ordered_sum_async(gathered)->wait();
+    const std::vector<double> a = ring.to_vector(), b = gathered.to_vector();
+    int64_t differ = 0;
+    for (size_t j = 0; j < a.size(); ++j) differ += a[j] != b[j];
+    EXPECT_EQ(differ, 0);
+    double sum0 = 0;  // and it is a sum: element 0 against the ranks' own numbers
+    const std::vector<double> all = comm_->all_gather(from_vector({v[0]}, {1}).to(kGPU)).to_vector();
+    for (double x : all) sum0 += x;
+    EXPECT_NEAR(a[0], sum0, 1e-6 * std::fabs(sum0));
+    const uint64_t B = static_cast<uint64_t>(n) * 4;
+    EXPECT_EQ(sent, n % R == 0 ? 2 * uint64_t(R - 1) * B / uint64_t(R) : uint64_t(R - 1) * B);
+  }
 }
 
 TEST_F(NcclTest, AStuckCollectiveBecomesACommErrorNamingRankOpAndContext) {

@@ -32,12 +32,13 @@ std::string launcher(int ranks, bool tcp = false) {
          std::to_string(ranks) + (tcp ? " --mca btl self,tcp --mca btl_tcp_if_include lo -x AMP_COMM_SHM=0" : "");
 }
 
-// Every record of a metrics file without its timing and the emulated GPU's counts of work (a split
-// into more micro-batches launches more kernels): what must be identical.
+// Every record of a metrics file without its timing, the bytes sent (they grow with the ranks) and
+// the emulated GPU's counts of work (a split into more micro-batches launches more kernels): what
+// must be identical.
 std::vector<std::string> records_of(const std::string& metrics) {
   std::vector<std::string> out;
   for (auto r : read_jsonl(metrics)) {
-    for (const char* k : {"step_ms", "device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
+    for (const char* k : {"step_ms", "comm_bytes", "device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
                           "device_graph_ops", "device_allocations"})
       r.erase(k);
     out.push_back(r.dump());
@@ -150,6 +151,30 @@ TEST(RankInvariance, OverTcp) {
       EXPECT_EQ(shm.records, tcp.records);
       EXPECT_TRUE(shm.weights == tcp.weights) << "the saved weights differ";
     }
+  }
+}
+
+// What a rank sends per step over TCP is a ring all-reduce's bytes of the gradients (the metrics'
+// comm_bytes, counted from the collectives' sizes): within 5 % of 2 (R - 1)/R x G, where gathering
+// every rank's gradients would send (R - 1) x G. G from the model's shape: 3 Linear layers 32 x 32
+// with biases, float32.
+TEST(RankInvariance, AStepSendsARingAllReducesBytesOverTcp) {
+  const double G = 3 * (32 * 32 + 32) * 4;
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    TempDir d;
+    const RunResult r = run(kMlp + " --log-every 0 --threads 1 --metrics " + d.file("m.jsonl"), launcher(ranks, true));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const double ring = 2.0 * (ranks - 1) / ranks * G;
+    int steps = 0;
+    for (const auto& rec : read_jsonl(d.file("m.jsonl"))) {
+      if (!rec.contains("comm_bytes")) continue;
+      ++steps;
+      const double sent = rec["comm_bytes"].get<double>();
+      EXPECT_GE(sent, ring) << rec.dump();
+      EXPECT_LE(sent, 1.05 * ring) << rec.dump();
+    }
+    EXPECT_EQ(steps, 6);
   }
 }
 

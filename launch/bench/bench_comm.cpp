@@ -2,13 +2,19 @@
 //  1. The reference MLP's step (bench_mlp's) per rank: rank 0 alone without communication, then every rank with the
 //     bucketed all-reduce, overlap on and off. The gap is what communication adds.
 //  2. All-reduce bandwidth for one large buffer against a plain memcpy of the same size.
+//  3. The rank-invariant (ordered) sum of the same buffer over MPI's own transport, as between nodes
+//     (AMP_COMM_SHM=0's path): the all-to-all and all-gather (a ring all-reduce's bytes) against the
+//     gather of every rank's buffer that it replaced, and MPI's own all-reduce; bytes sent per rank
+//     from the communicator's counter (comm/comm_bytes.h).
 #include <mpi.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <sstream>
 #include <vector>
 
@@ -144,6 +150,36 @@ int main(int argc, char** argv) {
     std::printf("all-reduce of %.0f MiB: %.1f ms, algorithm bandwidth %.2f GB/s, bus bandwidth %.2f GB/s\n",
                 buffer_mb, t * 1e3, bytes / t / 1e9, 2 * (p - 1) / p * bytes / t / 1e9);
     std::printf("memcpy of the same:   %.1f ms, %.2f GB/s\n", median(cp) * 1e3, bytes / median(cp) / 1e9);
+  }
+
+  // 3. The ordered sum between nodes: a second communicator without the shared-memory path.
+  setenv("AMP_COMM_SHM", "0", 1);
+  comm::MpiCommunicator plain(MPI_COMM_WORLD);
+  unsetenv("AMP_COMM_SHM");
+  const int64_t m = n / (4 * world.size()) * (4 * world.size());  // splits into one shard per rank
+  Tensor sum_buf = full({m}, 1.0);
+  const auto timed = [&](auto&& run) {  // median seconds and bytes sent per call
+    std::vector<double> t;
+    const uint64_t before = plain.bytes_sent();
+    for (int i = 0; i < 5; ++i) {
+      fill_(sum_buf, 1.0);
+      world.barrier();
+      const auto t0 = Clock::now();
+      run();
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return std::pair{median(t), static_cast<double>(plain.bytes_sent() - before) / 5};
+  };
+  const auto [ring_s, ring_b] = timed([&] { plain.ordered_sum(sum_buf); });
+  const auto [gather_s, gather_b] = timed([&] { plain.comm::Communicator::ordered_sum_async(sum_buf)->wait(); });
+  const auto [mpi_s, mpi_b] = timed([&] { plain.all_reduce(sum_buf, comm::ReduceOp::sum); });
+  if (rank0) {
+    std::printf("ordered sum of %.0f MiB over MPI's transport (AMP_COMM_SHM=0), %d ranks, bytes sent per rank:\n",
+                static_cast<double>(sum_buf.nbytes()) / (1 << 20), world.size());
+    std::printf("  all-to-all + all-gather  %8.1f ms  %7.1f MiB  (%.3f x the gather's time)\n", ring_s * 1e3,
+                ring_b / (1 << 20), ring_s / gather_s);
+    std::printf("  gather every buffer      %8.1f ms  %7.1f MiB\n", gather_s * 1e3, gather_b / (1 << 20));
+    std::printf("  MPI's all-reduce (any order) %4.1f ms  %7.1f MiB\n", mpi_s * 1e3, mpi_b / (1 << 20));
   }
   return 0;
 }

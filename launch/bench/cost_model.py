@@ -18,7 +18,8 @@ How an operation is priced (seconds):
            GEMM_TILE x GEMM_TILE output tiles of all its batch: a small GEMM cannot fill the SMs.
   memset   bytes / (HBM_BW * HBM_REACHABLE); device-to-device copy twice its bytes (read + write);
            host<->device copy bytes / PCIE_BW.
-  all-reduce  bytes * 2 (n - 1) / n / NVLINK_BUS_BW (all-gather and broadcast (n - 1) / n); 0 for 1 rank.
+  collective  the bytes one rank sends / NVLINK_BUS_BW: all-reduce 2 (n - 1) / n of its buffer, all-gather
+           (n - 1) times its part, all-to-all (n - 1) / n of its send buffer, broadcast the buffer; 0 for 1 rank.
 Every operation costs at least KERNEL_MIN_S on the device. The host issues one operation every
 LAUNCH_HOST_S (LAUNCH_GRAPH_S inside a CUDA graph); an operation starts when it has been issued and
 the one before it has finished (one stream: overlap between streams is not modeled). The step's
@@ -86,13 +87,20 @@ def op_time(op):
         t = hbm(op["bytes"])
     elif kind == "memcpy":
         t = hbm(2 * op["bytes"]) if op["kind"] == "d2d" else op["bytes"] / PCIE_BW
-    elif kind in ("all_reduce", "all_gather", "broadcast"):
-        n = op["ranks"]
-        factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
-        t = op["bytes"] * factor / NVLINK_BUS_BW
+    elif kind in ("all_reduce", "all_gather", "all_to_all", "broadcast"):
+        t = sent_bytes(kind, op["bytes"], op["ranks"]) / NVLINK_BUS_BW
     else:
         return 0.0
     return max(t, KERNEL_MIN_S)
+
+
+def sent_bytes(kind, nbytes, n):
+    """What one rank sends, as comm/comm_bytes.h counts it: nbytes is the buffer this rank contributes
+    (an all-gather's one part, an all-to-all's whole send buffer)."""
+    if n <= 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1) * nbytes / n, "all_gather": (n - 1) * nbytes,
+            "all_to_all": (n - 1) * nbytes / n, "broadcast": nbytes}[kind]
 
 
 def simulate(times, per_launch):
@@ -150,6 +158,32 @@ def label(op):
     return f'{op["op"]} {op.get("bytes", 0)} B'
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "all_to_all", "broadcast")
+IB_BW = 50e9  # bytes/s a GPU over InfiniBand (one 400 Gb/s NIC per GPU)
+
+
+def communication(ops):
+    """What this rank sends in the step (comm/comm_bytes.h's count), the gradients' share of it against
+    a ring all-reduce and against the gather it replaced, and the time on 8 GPUs over NVLink and 64 over
+    InfiniBand. The buffers summed in order (the gradient buckets) are the all-to-alls (their whole send
+    buffers: G bytes)."""
+    comm = [op for op in ops if op["op"] in COLLECTIVES]
+    if not comm:
+        return
+    n = comm[0]["ranks"]
+    sent = sum(sent_bytes(op["op"], op["bytes"], n) for op in comm)
+    g = sum(op["bytes"] for op in comm if op["op"] == "all_to_all")
+    buckets = sum(op["op"] == "all_to_all" for op in comm)
+    ring = 2 * (n - 1) * g / n
+    print(f"  communication     {sent / 1e6:9.1f} MB sent by this rank of {n} in {len(comm)} collectives "
+          f"({sent / ring if ring else float('nan'):.3f} x a ring all-reduce of the {buckets} buffers summed in order, "
+          f"{g / 1e6:.1f} MB; gathering every buffer sends {(n - 1) * g / 1e6:.1f} MB)")
+    if g:
+        print(f"    their sum modeled: 8 GPUs on NVLink {2 * 7 / 8 * g / NVLINK_BUS_BW * 1e3:.2f} ms "
+              f"(gathered: {7 * g / NVLINK_BUS_BW * 1e3:.2f}), 64 GPUs on InfiniBand at {IB_BW / 1e9:.0f} GB/s a GPU "
+              f"{2 * 63 / 64 * g / IB_BW * 1e3:.1f} ms (gathered: {63 * g / IB_BW * 1e3:.1f})")
+
+
 def report(step, ops, peak, args):
     times = [op_time(op) for op in ops]
     device = sum(times)
@@ -179,6 +213,7 @@ def report(step, ops, peak, args):
           f"({100 * (graph - device) / graph:.1f} % in a CUDA graph; the host issues the step's {len(ops)} "
           f"operations in {len(ops) * LAUNCH_HOST_S * 1e3:.2f} ms, {len(ops) * LAUNCH_GRAPH_S * 1e3:.2f} ms)")
     print(f"  peak device memory {peak / 2**30:8.2f} GiB")
+    communication(ops)
     # Kernels that move more than 1 MB with fewer blocks than SMs (they cannot reach the bandwidth).
     thin = {}
     for op in ops:

@@ -51,7 +51,8 @@ void MetricsWriter::write(const StepRecord& r) {
   if (fd_ < 0) return;
   nlohmann::ordered_json j = {{"step", r.step},       {"loss", num(r.loss)}, {"scale", num(r.scale)},
                               {"skipped", r.skipped}, {"grad_norm", num(r.grad_norm)},
-                              {"lr", r.lr},           {"step_ms", r.step_ms}};
+                              {"lr", r.lr},           {"step_ms", r.step_ms},
+                              {"comm_bytes", r.comm_bytes}};
   if (!r.task_losses.empty()) {
     nlohmann::ordered_json tl = nlohmann::ordered_json::array();
     for (double v : r.task_losses) tl.push_back(num(v));

@@ -23,6 +23,8 @@ struct StepRecord {
   double lr;
   double step_ms;
   bool stop_requested = false;  // a rank got SIGINT/SIGTERM before this step's figures were reduced
+  // Bytes this rank sent in the step's collectives, counted from their sizes (comm/comm_bytes.h).
+  int64_t comm_bytes = 0;
   // Multi-task models: each task's unscaled mean loss (averaged over ranks; `loss` is their sum),
   // and the aggregator's weights when it has them. Empty otherwise, and then not written.
   std::vector<double> task_losses, weights;

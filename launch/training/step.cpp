@@ -210,7 +210,9 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     // and not in the first replayed step. The lr first: the optimizer's step must not capture a write.
     opt_->write_lr();
     step_.graph_figures = std::make_unique<StepFigures>();
+    const uint64_t before = comm_.bytes_sent();
     step_.graph = capture_device_graph([&] { *step_.graph_figures = device_step(); });
+    step_.graph_comm_bytes = comm_.bytes_sent() - before;
     if (comm_.rank() == 0) {
       std::printf("amp_train: step %lld captured in a CUDA graph; replayed from here on\n", static_cast<long long>(step));
       std::fflush(stdout);
@@ -218,6 +220,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   }
   stage_inputs(step);
   StepFigures figures;
+  const uint64_t sent_before = comm_.bytes_sent();
   if (step_.graph) {
     step_.graph->replay();
     comm_.watch_graph_launch("step " + std::to_string(step) + " (a CUDA graph's replay)");
@@ -229,7 +232,8 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
 
   // The figures travel to the host in the background: nothing here waits for the device.
   PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), step_.jd_weights,
-                figures.grad_norm.defined()};
+                figures.grad_norm.defined(),
+                step_.graph ? step_.graph_comm_bytes : comm_.bytes_sent() - sent_before};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (listeners_.observer) p.counted = listeners_.observer->step_end(step);
   if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
@@ -246,6 +250,7 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
   StepFigures::unpack(values, p.grad_norm, &r);
   r.weights = p.weights;
   r.lr = p.lr;
+  r.comm_bytes = static_cast<int64_t>(p.comm_bytes);
   // From this step's start to the next one's: the step's share of the wall time, whether or not
   // the device ran ahead of the host.
   r.step_ms = std::chrono::duration<double, std::milli>(next_start - p.start).count();

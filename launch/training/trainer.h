@@ -106,6 +106,7 @@ class Trainer {
     double lr = 0.0;  // the learning rate this step used
     std::vector<double> weights;  // the aggregator's (multi-task)
     bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
+    uint64_t comm_bytes = 0;  // what this rank sent in the step's collectives (Communicator::bytes_sent)
   };
 
   // --- the set-up (trainer.cpp's constructor; resume.cpp): what the run trains, and with what.
@@ -170,6 +171,7 @@ class Trainer {
     bool use_graphs = false;
     std::unique_ptr<DeviceGraph> graph;
     std::unique_ptr<StepFigures> graph_figures;  // the captured step's outputs, rewritten by every replay
+    uint64_t graph_comm_bytes = 0;  // what the captured step's collectives send: each replay sends it again
     std::unique_ptr<JacobianTree> jacobian_tree;  // this step's micro-batches, flat [J | heads' grads]
     int64_t jacobian_rows = 0;
   } step_;

@@ -50,9 +50,10 @@ constexpr int kMaxRanks = 16;
 constexpr size_t kSlotBytes = size_t{4} << 20;
 constexpr char kPrefix[] = "/amp_nccl_";
 
-enum Kind : uint64_t { kAllReduce = 1, kBroadcast = 2, kAllGather = 3 };
+enum Kind : uint64_t { kAllReduce = 1, kBroadcast = 2, kAllGather = 3, kAllToAll = 4 };
 
-// What a rank runs in a chunk; all ranks' must be equal.
+// What a rank runs in a chunk; all ranks' must be equal. An all-to-all's count is per peer; its
+// chunk is n elements for each peer, laid out peer by peer in the slot.
 struct Desc {
   uint64_t kind = 0, op = 0, dtype = 0, count = 0, root = 0;
   bool operator==(const Desc&) const = default;
@@ -197,7 +198,8 @@ std::string describe(const Desc& d) {
   static const char* const ops[] = {"sum", "prod", "max", "min", "avg"};
   std::string s = d.kind == kAllReduce ? std::string("all_reduce(") + (d.op < 5 ? ops[d.op] : "?") + ")"
                   : d.kind == kBroadcast ? "broadcast(root " + std::to_string(d.root) + ")"
-                                         : std::string("all_gather");
+                  : d.kind == kAllGather ? std::string("all_gather")
+                                         : std::string("all_to_all");
   return s + " " + std::to_string(d.count) + " x " + (d.dtype < 10 ? types[d.dtype] : "?");
 }
 
@@ -292,8 +294,12 @@ struct Coll {
       if (!published) {  // (1) my slot is free once everybody has read the previous chunk
         for (int r = 0; r < c.nranks; ++r)
           if (load(h.rank[r].depart) < seq - 1) return false;
-        if ((desc.kind != kBroadcast || me == static_cast<int>(desc.root)) && !dry_run())
+        if (desc.kind == kAllToAll && !dry_run()) {
+          for (int r = 0; r < c.nranks; ++r)
+            std::memcpy(c.slot(me) + r * n * esize, send + (r * desc.count + first) * esize, n * esize);
+        } else if ((desc.kind != kBroadcast || me == static_cast<int>(desc.root)) && !dry_run()) {
           std::memcpy(c.slot(me), send + first * esize, n * esize);
+        }
         h.rank[me].desc = desc;
         store(h.rank[me].arrive, seq);
         published = true;
@@ -315,9 +321,12 @@ struct Coll {
         reduce(desc, src, n, recv + first * esize);
       } else if (desc.kind == kBroadcast) {
         std::memcpy(recv + first * esize, c.slot(static_cast<int>(desc.root)), n * esize);
-      } else {
+      } else if (desc.kind == kAllGather) {
         for (int r = 0; r < c.nranks; ++r)
           std::memcpy(recv + (r * desc.count + first) * esize, c.slot(r), n * esize);
+      } else {
+        for (int r = 0; r < c.nranks; ++r)
+          std::memcpy(recv + (r * desc.count + first) * esize, c.slot(r) + me * n * esize, n * esize);
       }
       store(h.rank[me].depart, seq);
       c.seq = seq;
@@ -374,9 +383,14 @@ ncclResult_t launch(Pending p) {
   if (launch_log_on()) {
     const Desc& d = state->desc;
     static const char* const ops[] = {"sum", "prod", "max", "min", "avg"};
-    const char* kind = d.kind == kAllReduce ? "all_reduce" : d.kind == kBroadcast ? "broadcast" : "all_gather";
+    const char* kind = d.kind == kAllReduce   ? "all_reduce"
+                       : d.kind == kBroadcast ? "broadcast"
+                       : d.kind == kAllGather ? "all_gather"
+                                              : "all_to_all";
+    // bytes: the buffer this rank contributes (an all-to-all's whole send buffer).
+    const size_t bytes = d.count * state->esize * (d.kind == kAllToAll ? static_cast<size_t>(c.nranks) : 1);
     log_line(kind, std::string(",\"redop\":\"") + (d.kind == kAllReduce && d.op < 5 ? ops[d.op] : "none") +
-                       "\",\"bytes\":" + std::to_string(d.count * state->esize) + ",\"ranks\":" +
+                       "\",\"bytes\":" + std::to_string(bytes) + ",\"ranks\":" +
                        std::to_string(c.nranks), p.stream);
   }
   return ncclSuccess;
@@ -408,8 +422,11 @@ ncclResult_t collective(const char* fn, ncclComm_t handle, const Desc& d, const 
     return fail(ncclInvalidArgument, where + "root " + std::to_string(d.root) + " is not a rank");
   if (d.count > SIZE_MAX / es / kMaxRanks) return fail(ncclInvalidArgument, where + "count too large");
   const size_t bytes = d.count * es;
-  const size_t send_bytes = d.kind == kBroadcast && d.root != static_cast<uint64_t>(comm->rank) ? 0 : bytes;
-  const size_t recv_bytes = d.kind == kAllGather ? bytes * static_cast<size_t>(comm->nranks) : bytes;
+  const size_t send_bytes = d.kind == kBroadcast && d.root != static_cast<uint64_t>(comm->rank) ? 0
+                            : d.kind == kAllToAll ? bytes * static_cast<size_t>(comm->nranks)
+                                                  : bytes;
+  const size_t spread = d.kind == kAllToAll ? static_cast<size_t>(comm->nranks) : 1;  // sent: count per peer
+  const size_t recv_bytes = d.kind == kAllGather || d.kind == kAllToAll ? bytes * static_cast<size_t>(comm->nranks) : bytes;
   const auto check = [&](const void* p, size_t n, const char* what) {
     if (n == 0 || is_device_range(p, n)) return true;
     char text[256];
@@ -428,7 +445,7 @@ ncclResult_t collective(const char* fn, ncclComm_t handle, const Desc& d, const 
   coll.send_bytes = send_bytes;
   coll.recv_bytes = recv_bytes;
   coll.esize = es;
-  coll.per_chunk = kSlotBytes / es;
+  coll.per_chunk = kSlotBytes / es / spread;
   coll.nchunks = std::max<size_t>(1, (d.count + coll.per_chunk - 1) / coll.per_chunk);  // 1 even when empty
   if (!comm->connecting) {
     comm->connecting = true;
@@ -623,6 +640,12 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
   return collective("ncclAllGather", comm, Desc{kAllGather, 0, static_cast<uint64_t>(datatype), sendcount, 0}, sendbuff,
+                    recvbuff, stream);
+}
+
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream) {
+  return collective("ncclAlltoAll", comm, Desc{kAllToAll, 0, static_cast<uint64_t>(datatype), count, 0}, sendbuff,
                     recvbuff, stream);
 }
 

@@ -110,6 +110,10 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
+// NCCL 2.28's: count elements from sendbuff + j * count go to rank j; rank i's land at
+// recvbuff + i * count.
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream);
 
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
@@ -118,7 +122,7 @@ namespace amp::emu {
 // The calling thread's group depth (ncclGroupStart minus ncclGroupEnd): a test can prove that a
 // call that failed inside a group was still followed by ncclGroupEnd.
 int nccl_group_depth();
-// Makes the next collective call (ncclAllReduce, ncclBroadcast, ncclAllGather) of this process
+// Makes the next collective call (ncclAllReduce, ncclBroadcast, ncclAllGather, ncclAlltoAll) of this process
 // fail with r, as a real one can fail inside a group.
 void nccl_fail_next_call_for_testing(ncclResult_t r);
 }  // namespace amp::emu

@@ -6,6 +6,9 @@
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
 #   the main job's GPT (launch/scripts/run_example.sh's flags, one of its 2 ranks): 4 x 4 x 128, block 64, batch 16
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
+# Then the GPT-2 small step's communication on 2, 4 and 8 ranks (mpirun; the emulated GPU's NCCL): the
+# bytes each rank sends against a ring all-reduce's, and the buckets' sum modeled on 8 GPUs over NVLink
+# and 64 over InfiniBand.
 # It builds nothing (run launch/scripts/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
 set -euo pipefail
@@ -20,17 +23,19 @@ trap 'rm -rf "$work"' EXIT
 while [[ $(stat -c %s "$work/text" 2>/dev/null || echo 0) -lt 2000000 ]]; do cat README.md >>"$work/text"; done
 export AMP_EMU_DRY_RUN=1 AMP_CUDA_POISON_FREED=0 AMP_EMU_SMS=132 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-run() {  # name, cost-model shape flags, amp_train flags
+run() {  # name, cost-model shape flags, amp_train flags (RANKS=N: under mpirun -np N)
   local name=$1 shape=$2
   shift 2
-  local t0=$SECONDS
-  AMP_EMU_LAUNCH_LOG=$work/$name.jsonl "$bin" --device cuda --steps 2 --log-every 1 "$@" >"$work/$name.out" 2>&1 || {
+  local t0=$SECONDS launcher=()
+  [[ -n ${RANKS:-} ]] && launcher=(mpirun --oversubscribe -np "$RANKS")
+  AMP_EMU_LAUNCH_LOG=$work/$name.jsonl "${launcher[@]}" "$bin" --device cuda --steps 2 --log-every 1 "$@" >"$work/$name.out" 2>&1 || {
     echo "gpu_cost_report: $name: amp_train failed:" >&2
     cat "$work/$name.out" >&2
     exit 1
   }
   echo "== $name (dry run: $((SECONDS - t0)) s on this machine; modeled H100 SXM below)"
-  python3 launch/bench/cost_model.py "$work/$name.jsonl" --last $shape
+  python3 launch/bench/cost_model.py "$work/$name.jsonl" --last $shape >"$work/$name.report"
+  if [[ -n ${RANKS:-} ]]; then grep -A1 '^  communication' "$work/$name.report"; else cat "$work/$name.report"; fi
 }
 
 run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \
@@ -43,3 +48,6 @@ run mlp-4096x3-bf16 "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 
   --momentum 0.9
 run mlp-4096x3-fp16-scaler "--mlp 4096,3,512" --width 4096 --layers 3 --batch-size 512 --amp fp16 --loss-scale dynamic \
   --momentum 0.9
+gpt2_small=(--model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8
+  --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 --eval-every 0 --sample-tokens 0)
+for ranks in 2 4 8; do RANKS=$ranks run "gpt2-small-bf16-$ranks-ranks" "--gpt 12,768,8192" "${gpt2_small[@]}"; done
