@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -10,14 +11,12 @@
 
 namespace amp::models {
 
-std::string sample(GptModel& model, const std::string& prompt, const SampleOptions& o) {
+std::vector<int64_t> sample_tokens(GptModel& model, std::vector<int64_t> context, const SampleOptions& o) {
+  if (context.empty()) throw std::invalid_argument("sample_tokens: the prompt has no token");
   model.train(false);
   NoGradGuard no_grad;
   const Device device = model.module().parameters().at(0).device();
-  std::vector<int64_t> context;
-  for (unsigned char ch : prompt) context.push_back(ch);
-  if (context.empty()) context.push_back('\n');
-  std::string out;
+  std::vector<int64_t> out;
   for (int64_t n = 0; n < o.tokens && !(o.stop && o.stop()); ++n) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), model.config().block_size);
     const std::vector<int64_t> window(context.end() - T, context.end());
@@ -42,9 +41,18 @@ std::string sample(GptModel& model, const std::string& prompt, const SampleOptio
       }
     }
     context.push_back(next);
-    out.push_back(static_cast<char>(next));
+    out.push_back(next);
   }
   model.train(true);
+  return out;
+}
+
+std::string sample(GptModel& model, const std::string& prompt, const SampleOptions& o) {
+  std::vector<int64_t> context;
+  for (unsigned char ch : prompt) context.push_back(ch);
+  if (context.empty()) context.push_back('\n');
+  std::string out;
+  for (int64_t t : sample_tokens(model, std::move(context), o)) out.push_back(static_cast<char>(t));
   return out;
 }
 

@@ -1,4 +1,4 @@
-// Text from a GPT: bytes continuing a prompt, each drawn from the softmax of the last position's
+// Text from a GPT: tokens (bytes, for text) continuing a prompt, each drawn from the softmax of the last position's
 // logits divided by the temperature, among the top_k most likely (nanoGPT's sample.py), with the
 // context cropped to the last block_size bytes. The draws come from the counter-based generator:
 // draw n uses counter n of seed's stream, so a seed gives the same text on any device.
@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "models/gpt.h"
 
@@ -20,7 +21,9 @@ struct SampleOptions {
 };
 
 // Runs the model in evaluation mode without autograd, under whatever autocast the caller opened;
-// restores training mode. An empty prompt starts from a newline.
+// restores training mode. Returns the tokens drawn after the prompt's (at least one token).
+std::vector<int64_t> sample_tokens(GptModel& model, std::vector<int64_t> prompt, const SampleOptions& options);
+// The same on bytes (a model of text): an empty prompt starts from a newline.
 std::string sample(GptModel& model, const std::string& prompt, const SampleOptions& options);
 
 }  // namespace amp::models

@@ -1,9 +1,13 @@
-// --model gpt: nanoGPT's GPT-2 on the bytes of a text file (models/gpt.h), its validation split
-// evaluated by the trainer, and text sampled at the end (models/gpt_sample.h).
+// --model gpt: nanoGPT's GPT-2 (models/gpt.h) on the bytes of a text file or on token shards (llm.c's,
+// nanoGPT's uint16: models/data/token_dataset.h), its validation data evaluated by the trainer, and
+// text sampled at the end (models/gpt_sample.h).
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <stdexcept>
 
 #include "models/data/text_dataset.h"
+#include "models/data/token_dataset.h"
 #include "models/gpt.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
@@ -13,15 +17,72 @@ namespace amp::models {
 
 namespace {
 
+// Where the GPT's data comes from: --data-format, --val-data and whether --vocab-size was given.
+struct DataFlags {
+  std::string format = "auto";  // auto | text | llmc | u16
+  std::string validation;       // --val-data: token data only
+  bool vocab_given = false;
+  std::vector<int64_t> prompt_tokens;  // --prompt-tokens: the sample's prompt on token data
+};
+
+// "50256,464,3290" -> its ids, each below vocab_size.
+std::vector<int64_t> parse_token_list(const std::string& s, int64_t vocab_size) {
+  std::vector<int64_t> out;
+  if (s.empty()) return out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = s.find(',', at);
+    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v >= vocab_size)
+      throw std::invalid_argument("--prompt-tokens must be comma-separated token ids below --vocab-size " +
+                                  std::to_string(vocab_size) + ", got '" + item + "' in '" + s + "'");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 class GptSpec final : public ModelSpec {
  public:
-  GptSpec(const GptConfig& c, const SampleOptions& sample, std::string prompt)
-      : c_(c), sample_(sample), prompt_(std::move(prompt)) {}
+  GptSpec(const GptConfig& c, const SampleOptions& sample, std::string prompt, DataFlags data)
+      : c_(c), sample_(sample), prompt_(std::move(prompt)), data_(std::move(data)) {}
+  // Token data or text, from --data-format and (auto) the file itself; the flags checked against it.
+  bool token_data(const std::string& data) const {
+    const bool tokens = data_.format == "auto" ? is_token_data(data, "--data-format") : data_.format != "text";
+    if (tokens && !data_.vocab_given)
+      throw std::invalid_argument("--vocab-size: --data " + data + " holds tokens: give their vocabulary's size (50257 "
+                                  "for GPT-2's tokenizer)");
+    if (!tokens && c_.vocab_size < 256)
+      throw std::invalid_argument("--vocab-size: --data " + data + " is text (bytes): the vocabulary is 256, got " +
+                                  std::to_string(c_.vocab_size));
+    if (!tokens && !data_.validation.empty())
+      throw std::invalid_argument("--val-data: --data " + data +
+                                  " is text, whose last tenth is the validation split; --val-data is for token shards");
+    if (tokens && sample_.tokens > 0 && data_.prompt_tokens.empty())
+      throw std::invalid_argument("--prompt-tokens: --sample-tokens on token data samples token ids after a prompt of "
+                                  "ids: give one (50256 is GPT-2's <|endoftext|>)");
+    if (!tokens && !data_.prompt_tokens.empty())
+      throw std::invalid_argument("--prompt-tokens: --data " + data + " is text: its prompt is --prompt");
+    tokens_ = tokens;
+    return tokens;
+  }
   void check(const RunShape& run, long double ram) const override {
     if (run.data == "synthetic")
-      throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes); launch/scripts/run_example.sh makes one "
-                                  "from the King James Bible (Debian's bible-kjv)");
-    if (ram <= 0) return;
+      throw std::invalid_argument("--data: --model gpt trains on a text FILE (bytes) or token shards; "
+                                  "launch/scripts/run_example.sh makes a text file from the King James Bible (Debian's "
+                                  "bible-kjv)");
+    if (ram > 0) check_memory(run, ram);
+    (void)token_data(run.data);  // after the sizes: they are refused whatever the data
+  }
+  void check_memory(const RunShape& run, long double ram) const {
     const MemoryEstimate m = memory_estimate(run);
     if (MemoryEstimate::kProcessBytes + m.model > ram)
       throw std::invalid_argument("--n-embd " + std::to_string(c_.n_embd) + ", --n-layer " + std::to_string(c_.n_layer) +
@@ -44,9 +105,10 @@ class GptSpec final : public ModelSpec {
     const long double T = static_cast<long double>(c_.block_size), B = static_cast<long double>(run.batch_size);
     const long double H = static_cast<long double>(c_.n_head);
     MemoryEstimate m;
-    m.model = parameter_bytes(12 * L * C * C + (256 + T) * C, run);
+    const long double V = static_cast<long double>(c_.vocab_size);
+    m.model = parameter_bytes(12 * L * C * C + (V + T) * C, run);
     const long double attention = run.autocast ? 2 * L + 4.5L : 1.5L * L + 3;
-    m.activations = B * T * (20 * C * L + 3 * 256) * 4 + B * H * T * T * 4 * attention;
+    m.activations = B * T * (20 * C * L + 3 * V) * 4 + B * H * T * T * 4 * attention;
     m.data = data_file_bytes(run);
     return m;
   }
@@ -54,7 +116,14 @@ class GptSpec final : public ModelSpec {
     return make_gpt_model(c_, gen, device);
   }
   std::unique_ptr<Dataset> data(const std::string& data, uint64_t, Device device) const override {
-    return load_text_dataset(data, c_.block_size, device);
+    if (!token_data(data)) return load_text_dataset(data, c_.block_size, device);
+    TokenDataOptions o;
+    o.train = data;
+    o.validation = data_.validation;
+    o.format = data_.format == "u16" ? TokenFormat::u16 : TokenFormat::llmc;
+    o.vocab_size = c_.vocab_size;
+    o.block_size = c_.block_size;
+    return load_token_dataset(o, device);
   }
   nlohmann::json checkpoint_identity() const override {
     nlohmann::json id = {{"model",
@@ -80,6 +149,19 @@ class GptSpec final : public ModelSpec {
     SampleOptions o = sample_;
     o.seed = math::mix64(seed ^ 0x73616d706c65ull);  // the sampler's own stream
     o.stop = stop;
+    if (tokens_) {  // token ids, as the data holds them (no tokenizer here to decode them)
+      const std::vector<int64_t> ids = sample_tokens(dynamic_cast<GptModel&>(model), data_.prompt_tokens, o);
+      std::string list;
+      for (int64_t t : ids) list += (list.empty() ? "" : ",") + std::to_string(t);
+      char head[160];
+      std::snprintf(head, sizeof head, "--- %zu token ids sampled (temperature %g, top-k %lld) after the prompt's %zu:\n",
+                    ids.size(), o.temperature, static_cast<long long>(o.top_k), data_.prompt_tokens.size());
+      const std::string tail = static_cast<int64_t>(ids.size()) == o.tokens
+                                   ? "\n---\n"
+                                   : "\n--- interrupted: " + std::to_string(ids.size()) + " of " +
+                                         std::to_string(o.tokens) + " tokens sampled\n";
+      return head + list + tail;
+    }
     const std::string text = sample(dynamic_cast<GptModel&>(model), prompt_, o);
     char head[160];
     std::snprintf(head, sizeof head, "--- %lld bytes sampled (temperature %g, top-k %lld), continuing the prompt:\n",
@@ -97,6 +179,8 @@ class GptSpec final : public ModelSpec {
   GptConfig c_;
   SampleOptions sample_;
   std::string prompt_;
+  DataFlags data_;
+  mutable bool tokens_ = false;  // the data is tokens (check() and data() find out)
 };
 
 }  // namespace
@@ -104,19 +188,24 @@ class GptSpec final : public ModelSpec {
 ModelKind gpt_kind() {
   ModelKind k;
   k.name = "gpt";
-  k.summary = "GPT-2 on the bytes of a text file";
-  k.data_help = "any text (no synthetic data)";
+  k.summary = "GPT-2 on the bytes of a text file, or on token shards";
+  k.data_help = "any text, or token shards (llm.c's .bin, or nanoGPT's uint16 with --data-format u16; a glob in quotes)";
   k.flags = {{"n-layer", "4", "gpt: transformer blocks"},
              {"n-head", "4", "gpt: attention heads"},
              {"n-embd", "128", "gpt: embedding width (a multiple of --n-head)"},
              {"block-size", "64", "gpt: context length in bytes"},
              {"dropout", "0.0", "gpt: dropout probability (embeddings, attention, residuals)"},
+             {"data-format", "auto", "gpt: --data's format: auto (llm.c's token shards by their header, else text), text, "
+                                     "llmc, or u16 (nanoGPT's headerless uint16 train.bin)"},
+             {"val-data", "", "gpt: validation token shards (a file or a quoted glob); text keeps its last tenth"},
+             {"vocab-size", "auto", "gpt: the vocabulary: 256 for text (auto); token data needs it (50257: GPT-2's)"},
              {"attention", "auto", "gpt: auto (the fused kernels where the device has them and dropout is 0) or composite"},
              {"gelu", "erf", "gpt: the MLP's GELU: erf (nanoGPT's) or tanh (GPT-2's own, Hugging Face's gelu_new)"},
              {"sample-tokens", "0", "gpt: print N bytes sampled from the model at the end (0: none)"},
              {"temperature", "0.8", "gpt: sampling temperature"},
              {"top-k", "200", "gpt: sample among the K most likely bytes"},
-             {"prompt", "\n", "gpt: text the sample continues"}};
+             {"prompt", "\n", "gpt: text the sample continues"},
+             {"prompt-tokens", "", "gpt: on token data, the ids the sample continues (comma-separated)"}};
   k.configure = [flags = k.flags](const ModelFlagValues& v) -> std::shared_ptr<const ModelSpec> {
     const FlagReader r(flags, v);
     GptConfig c;
@@ -132,6 +221,17 @@ ModelKind gpt_kind() {
     const std::string gelu = r.text("gelu");
     if (gelu != "erf" && gelu != "tanh") throw std::invalid_argument("--gelu must be erf or tanh, got '" + gelu + "'");
     c.gelu_tanh = gelu == "tanh";
+    DataFlags d;
+    d.format = r.text("data-format");
+    if (d.format != "auto" && d.format != "text" && d.format != "llmc" && d.format != "u16")
+      throw std::invalid_argument("--data-format must be auto, text, llmc or u16, got '" + d.format + "'");
+    d.validation = r.text("val-data");
+    d.vocab_given = r.text("vocab-size") != "auto";
+    if (d.vocab_given) {
+      c.vocab_size = r.integer("vocab-size", 1);
+      if (c.vocab_size > 65536)
+        throw std::invalid_argument("--vocab-size must be at most 65536 (tokens are uint16), got " + r.text("vocab-size"));
+    }
     if (c.n_embd % c.n_head != 0)
       throw std::invalid_argument("--n-embd must be a positive multiple of --n-head=" + std::to_string(c.n_head) +
                                   ", got " + std::to_string(c.n_embd));
@@ -141,7 +241,8 @@ ModelKind gpt_kind() {
     s.temperature = r.number("temperature");
     if (!(s.temperature > 0.0)) throw std::invalid_argument("--temperature must be a finite number > 0, got " + r.text("temperature"));
     s.top_k = r.integer("top-k", 1);
-    return std::make_shared<GptSpec>(c, s, r.text("prompt"));
+    d.prompt_tokens = parse_token_list(r.text("prompt-tokens"), c.vocab_size);
+    return std::make_shared<GptSpec>(c, s, r.text("prompt"), std::move(d));
   };
   return k;
 }

@@ -82,6 +82,33 @@ TEST(Checkpoint, ResumedRunIsBitwiseTheUninterruptedOne) {
   }
 }
 
+// On token shards (llm.c's format) a run resumes bitwise where its data crosses from shard to shard
+// (5 shards of 150 tokens; a step reads 4 x 17 tokens), with the position in trainer.json; a resume on
+// another list of shards is refused, naming both lists.
+TEST(Checkpoint, ATokenRunResumesAcrossShardsAndRefusesOtherShards) {
+  const std::string shards = test::generated_token_shards("checkpoint", 5, 150);
+  const std::string args = "--model gpt --data '" + shards + "' --vocab-size 300 --n-layer 1 --n-head 2 --n-embd 16 "
+                           "--block-size 16 --batch-size 4 --optimizer adamw --lr 3e-3 --log-every 0 --threads 1";
+  TempDir d;
+  ASSERT_EQ(run(args + " --steps 12 --metrics " + d.file("full.jsonl") + " --save-weights " + d.file("full.safetensors")).code, 0);
+  const RunResult first = run(args + " --steps 6 --checkpoint-dir " + d.file("ck") + " --metrics " + d.file("res.jsonl"));
+  ASSERT_EQ(first.code, 0) << first.out;
+  const RunResult second = run(args + " --steps 12 --resume --checkpoint-dir " + d.file("ck") + " --metrics " +
+                               d.file("res.jsonl") + " --save-weights " + d.file("res.safetensors"));
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("res.safetensors"))) << "weights differ";
+  EXPECT_EQ(steps_of(d.file("full.jsonl")), steps_of(d.file("res.jsonl")));
+  // The same tokens in four shards: another list, refused with both named.
+  const std::string other = test::generated_token_shards("checkpoint_other", 4, 150);
+  std::string changed = args;
+  changed.replace(changed.find(shards), shards.size(), other);
+  const RunResult bad = run(changed + " --steps 12 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data_shards"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("train_003.bin (150 tokens)\"] does not match the checkpoint's"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("train_004.bin (150 tokens)"), std::string::npos) << bad.out;
+}
+
 // Every model resumes bitwise, and an aggregator that draws (Random) continues its stream.
 TEST(Checkpoint, MlpAndMultiTaskWithARandomAggregatorResumeBitwise) {
   for (const std::string& args : {std::string("--width 16 --amp fp16 --log-every 0 --threads 1"),

@@ -127,6 +127,39 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
   }
 }
 
+// Token data's flags and files: each mistake refused before any step with exit 2, naming the flag or
+// the file and what is wrong.
+TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
+  TempDir d;
+  const std::string shards = test::generated_token_shards("cli_tokens", 2, 200);
+  const std::string text = test::generated_text_file("cli_tokens_text", 4000);
+  const std::string gpt = " --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1 ";
+  std::ofstream(d.file("train.bin"), std::ios::binary) << std::string(400, '\1');  // headerless: nanoGPT's
+  const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
+      {gpt + "--data '" + shards + "'", {"--vocab-size", "holds tokens"}},
+      {gpt + "--data '" + shards + "' --vocab-size 100", {"train_000.bin: token 1", "is not below --vocab-size 100"}},
+      {gpt + "--data '" + shards + "' --vocab-size 70000", {"--vocab-size must be at most 65536"}},
+      {gpt + "--data '" + d.file("none_*.bin") + "' --vocab-size 300", {"--data", "matches no file"}},
+      {gpt + "--data " + d.file("train.bin") + " --vocab-size 300", {"train.bin has no llm.c header", "--data-format u16"}},
+      {gpt + "--data " + d.file("train.bin") + " --vocab-size 300 --data-format llmc", {"train.bin: not an llm.c token shard"}},
+      {gpt + "--data " + text + " --val-data '" + shards + "'", {"--val-data", "is text"}},
+      {gpt + "--data " + text + " --vocab-size 100", {"--vocab-size", "is text (bytes)"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 5", {"--prompt-tokens"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 5,x", {"--prompt-tokens", "'x'"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 300", {"--prompt-tokens", "below --vocab-size 300"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --data-format bytes", {"--data-format"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --val-data '" + d.file("val_*.bin") + "'", {"--val-data", "matches no file"}},
+      {" --steps 2 --batch-size 4 --threads 1 --data " + shards.substr(0, shards.size() - 9) + "train_000.bin",
+       {"train_000.bin"}},
+  };
+  for (const auto& [args, needles] : bad) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    for (const std::string& n : needles) EXPECT_NE(r.out.find(n), std::string::npos) << args << " -> " << r.out;
+    EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "trained: " << r.out;
+  }
+}
+
 // --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'
 // lr, step by step, equals the sequence PyTorch computed for the same chain (optim_pytorch.safetensors,
 // "sched.warmup_cosine_floor": lr 0.1, 3 warmup steps, cosine to 1e-3 at step 10, then 1e-3).

@@ -4,9 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "models/data/dataset.h"
 #include "models/data/text_dataset.h"
+#include "models/data/token_dataset.h"
 #include "runtime/ops/ops.h"
 #include "test_util.h"
 
@@ -47,6 +53,127 @@ TEST(TextData, RowsFollowTheLayoutToTheByte) {
     check(data->rows(first, 12), 0, 900, first, 12);
     check(data->validation_rows(first, 5), 900, 101, first, 5);
   }
+}
+
+// A fresh directory under the temporary one, removed at the end of the test.
+struct Dir {
+  explicit Dir(const std::string& name) : path(std::filesystem::temp_directory_path() / ("amp_test_tokens_" + name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~Dir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::filesystem::path path;
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// Token shards: the stream is their concatenation, laid out as text's bytes are (sample s starts at
+// token (s T) mod (N - T - 1)), sequences running from one shard into the next; the same tokens as one
+// headerless uint16 file (nanoGPT's) give the same rows; the glob's order is the names', not the
+// order the files were written in; the validation shards are a stream of their own.
+TEST(TokenData, RowsFollowTheLayoutAcrossShards) {
+  Dir d("layout");
+  const int64_t T = 8, V = 50257;
+  const std::vector<int64_t> sizes = {37, 0, 50, 13};  // an empty shard too
+  std::vector<uint16_t> all;
+  for (int64_t i = 0; i < 100; ++i) all.push_back(static_cast<uint16_t>((i * 7919 + 11) % V));
+  for (size_t s = sizes.size(); s-- > 0;) {  // written last to first
+    int64_t from = 0;
+    for (size_t k = 0; k < s; ++k) from += sizes[k];
+    test::write_llmc_shard(d.file("train_" + std::to_string(s) + ".bin"),
+                           std::vector<uint16_t>(all.begin() + from, all.begin() + from + sizes[s]));
+  }
+  std::string u16;
+  for (uint16_t t : all) u16 += std::string{static_cast<char>(t & 0xff), static_cast<char>(t >> 8)};
+  write_bytes(d.file("all.u16"), u16);
+  test::write_llmc_shard(d.file("val_0.bin"), std::vector<uint16_t>(all.rbegin(), all.rbegin() + 30));
+
+  models::TokenDataOptions o;
+  o.train = d.file("train_*.bin");
+  o.validation = d.file("val_0.bin");
+  o.vocab_size = V;
+  o.block_size = T;
+  auto shards = models::load_token_dataset(o, kCPU);
+  o.train = d.file("all.u16");
+  o.validation.clear();
+  o.format = models::TokenFormat::u16;
+  auto one_file = models::load_token_dataset(o, kCPU);
+  EXPECT_TRUE(shards->has_validation());
+  EXPECT_FALSE(one_file->has_validation());
+  auto check = [&](const models::Batch& b, const std::vector<uint16_t>& tokens, int64_t first, int64_t count) {
+    const auto x = b.x.to_vector(), y = b.targets.at(0).to_vector();
+    const int64_t span = static_cast<int64_t>(tokens.size()) - T - 1;
+    for (int64_t j = 0; j < count; ++j) {
+      int64_t start = 0;
+      for (int64_t k = 0; k < T; ++k) start = (start + (first + j) % span) % span;
+      for (int64_t t = 0; t < T; ++t) {
+        ASSERT_EQ(x[static_cast<size_t>(j * T + t)], tokens[static_cast<size_t>(start + t)]) << "sample " << first + j;
+        ASSERT_EQ(y[static_cast<size_t>(j * T + t)], tokens[static_cast<size_t>(start + t + 1)]) << "sample " << first + j;
+      }
+    }
+  };
+  const std::vector<uint16_t> val(all.rbegin(), all.rbegin() + 30);
+  for (const int64_t first : {int64_t{0}, int64_t{3}, int64_t{1} << 61}) {
+    check(shards->rows(first, 20), all, first, 20);  // 20 x 8 tokens: every boundary crossed
+    check(one_file->rows(first, 20), all, first, 20);
+    check(shards->validation_rows(first, 4), val, first, 4);
+  }
+  const auto id = shards->resume_identity();
+  EXPECT_EQ(id["data_tokens"], 100);
+  EXPECT_EQ(id["data_shards"].dump(),
+            R"j(["train_0.bin (37 tokens)","train_1.bin (0 tokens)","train_2.bin (50 tokens)","train_3.bin (13 tokens)"])j");
+}
+
+// Each bad file is refused at load with a message naming it and what is wrong.
+TEST(TokenData, BadFilesAreRefusedNamingTheFileAndTheProblem) {
+  Dir d("bad");
+  const std::vector<uint16_t> ok(40, 7);
+  test::write_llmc_shard(d.file("good.bin"), ok);
+  auto refused = [&](const std::string& path, models::TokenFormat format, int64_t vocab, const std::vector<std::string>& says) {
+    models::TokenDataOptions o;
+    o.train = path;
+    o.format = format;
+    o.vocab_size = vocab;
+    o.block_size = 8;
+    try {
+      models::load_token_dataset(o, kCPU);
+      ADD_FAILURE() << path << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      for (const std::string& s : says) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+    }
+  };
+  std::string bytes;
+  {
+    std::ifstream in(d.file("good.bin"), std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::string wrong = bytes;
+  wrong[0] = 1;
+  write_bytes(d.file("magic.bin"), wrong);
+  refused(d.file("magic.bin"), models::TokenFormat::llmc, 100, {d.file("magic.bin"), "magic", "--data-format u16"});
+  wrong = bytes;
+  wrong[4] = 2;
+  write_bytes(d.file("version.bin"), wrong);
+  refused(d.file("version.bin"), models::TokenFormat::llmc, 100, {"version 2, expected 1"});
+  write_bytes(d.file("short.bin"), bytes.substr(0, bytes.size() - 2));
+  refused(d.file("short.bin"), models::TokenFormat::llmc, 100, {"the header says 40 tokens but the file holds 39"});
+  write_bytes(d.file("odd.u16"), std::string(81, '\0'));
+  refused(d.file("odd.u16"), models::TokenFormat::u16, 100, {"81 bytes: not a whole number of uint16 tokens"});
+  std::vector<uint16_t> big = ok;
+  big[33] = 100;
+  test::write_llmc_shard(d.file("big.bin"), big);
+  refused(d.file("big.bin"), models::TokenFormat::llmc, 100,
+          {d.file("big.bin"), "token 100 at byte offset 1090 (token 33 of the file) is not below --vocab-size 100"});
+  refused(d.file("none_*.bin"), models::TokenFormat::llmc, 100, {"--data", "matches no file"});
+  test::write_llmc_shard(d.file("tiny.bin"), std::vector<uint16_t>(9, 1));
+  refused(d.file("tiny.bin"), models::TokenFormat::llmc, 100, {"9 tokens in all, fewer than --block-size + 2 = 10"});
+  // --data-format auto: llm.c's magic means tokens; a .bin without it is refused, other files are text.
+  EXPECT_TRUE(models::is_token_data(d.file("good.bin"), "--data-format"));
+  write_bytes(d.file("plain.txt"), "some text\n");
+  EXPECT_FALSE(models::is_token_data(d.file("plain.txt"), "--data-format"));
+  write_bytes(d.file("nano.bin"), std::string(64, '\1'));
+  EXPECT_THROW(models::is_token_data(d.file("nano.bin"), "--data-format"), std::invalid_argument);
 }
 
 TEST(SyntheticData, ASampleDependsOnItsIndexAloneAndThePoolRepeats) {

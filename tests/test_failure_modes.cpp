@@ -17,6 +17,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/core/safetensors.h"
 #include "test_util.h"
+#include "test_util.h"
 
 namespace amp {
 namespace {
@@ -369,6 +370,31 @@ TEST(FailureModes, TheBinaryLoadsNoSecondThreadPool) {
 
 // Under an address-space limit, threads that cannot be created are an error that ends the process,
 // never a hang at exit.
+// Token shards are read in place, two at a time: a dataset of 2 GiB (8 llm.c shards of 256 MiB,
+// sparse files: nothing on the disk) trains under an address-space limit of 1.4 GiB, which reading
+// it whole (or mapping every shard at once) would exceed. Every token is still checked at load.
+TEST(FailureModes, TokenShardsLargerThanTheAddressSpaceLimitTrain) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no ulimit -v applies";
+#endif
+  TempDir d;
+  const int64_t tokens = int64_t{128} << 20;
+  for (int i = 0; i < 8; ++i) {
+    const std::string path = d.file("train_" + std::to_string(i) + ".bin");
+    test::write_llmc_shard(path, {});
+    std::string header(1024, '\0');
+    std::ifstream(path, std::ios::binary).read(header.data(), 1024);
+    for (int b = 0; b < 4; ++b) header[8 + static_cast<size_t>(b)] = static_cast<char>((tokens >> (8 * b)) & 0xff);
+    std::ofstream(path, std::ios::binary | std::ios::in) << header;
+    std::filesystem::resize_file(path, static_cast<uintmax_t>(1024 + 2 * tokens));  // a hole of zeros: token 0
+  }
+  const std::string out = shell("ulimit -v 1500000; timeout -s KILL 120 $AMP --model gpt --data \"train_*.bin\" "
+                                "--vocab-size 50257 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 "
+                                "--steps 3 --log-every 1 --device cpu; echo exit=$?", d);
+  EXPECT_TRUE(has(out, "exit=0")) << out;
+  EXPECT_TRUE(has(out, "step 3/3")) << out;
+}
+
 TEST(FailureModes, AMemoryLimitEndsTheRunWithoutHanging) {
   TempDir d;
   const std::string out = shell("ulimit -v 1000000; timeout -s KILL 60 $AMP --width 2048 --layers 4 --steps 2 "

@@ -139,6 +139,16 @@ TEST(RankInvariance, GptWithDropoutAdamwClippingAndTheValidationLoss) {
   EXPECT_EQ(count(o.records, "val_loss"), 3);  // before training, after step 2 and step 4
 }
 
+// Token shards (llm.c's format, 6 shards of 100 tokens): sequences that run from one shard into the
+// next, and a stream that wraps around, on 1, 2 and 4 ranks.
+TEST(RankInvariance, GptOnTokenShards) {
+  const std::string shards = test::generated_token_shards("rank_invariance", 6, 100);
+  expect_invariant("--model gpt --data '" + shards + "' --vocab-size 300 --n-layer 1 --n-head 2 --n-embd 16 "
+                   "--block-size 16 --batch-size 2 --optimizer adamw --lr 3e-3 --clip-grad-norm 0.5 --amp bf16 "
+                   "--steps 6 --eval-every 3 --eval-batches 1 --val-data '" + shards + "'",
+                   4, {1, 2, 4});
+}
+
 TEST(RankInvariance, OverTcp) {
   // MPI's TCP transport, not the shared-memory sum: each case against the shared-memory run too.
   for (const std::string& args : {kMlpFp16Overflow, gpt_args() + " --steps 2"}) {

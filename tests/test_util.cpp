@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -197,6 +199,42 @@ std::string generated_text_file(const std::string& name, size_t bytes) {
   std::ofstream(tmp, std::ios::binary) << text;
   std::filesystem::rename(tmp, path);
   return path;
+}
+
+void write_llmc_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  std::string bytes(1024 + 2 * tokens.size(), '\0');
+  const auto put32 = [&](size_t at, uint32_t v) {
+    for (int b = 0; b < 4; ++b) bytes[at + static_cast<size_t>(b)] = static_cast<char>((v >> (8 * b)) & 0xff);
+  };
+  put32(0, 20240520u);
+  put32(4, 1u);
+  put32(8, static_cast<uint32_t>(tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    bytes[1024 + 2 * i] = static_cast<char>(tokens[i] & 0xff);
+    bytes[1024 + 2 * i + 1] = static_cast<char>(tokens[i] >> 8);
+  }
+  const std::string tmp = path + "." + std::to_string(::getpid()) + ".tmp";
+  std::ofstream(tmp, std::ios::binary) << bytes;
+  std::filesystem::rename(tmp, path);
+}
+
+std::string generated_token_shards(const std::string& name, int shards, int64_t tokens_each) {
+  std::ifstream in(generated_text_file(name + "_tokens", static_cast<size_t>(shards * tokens_each)), std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("amp_test_" + name + "_tokens");
+  std::filesystem::create_directories(dir);
+  for (int s = 0; s < shards; ++s) {
+    std::vector<uint16_t> tokens(static_cast<size_t>(tokens_each));
+    for (int64_t i = 0; i < tokens_each; ++i) {
+      const int64_t g = s * tokens_each + i;
+      tokens[static_cast<size_t>(i)] =
+          g % 7 == 6 ? 256 : static_cast<uint16_t>(static_cast<unsigned char>(text[static_cast<size_t>(g)]));
+    }
+    char file[32];
+    std::snprintf(file, sizeof file, "train_%03d.bin", s);
+    write_llmc_shard((dir / file).string(), tokens);
+  }
+  return (dir / "train_*.bin").string();
 }
 
 }  // namespace amp::test

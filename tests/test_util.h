@@ -1,5 +1,6 @@
 // Helpers shared by the test suites: fixtures, comparisons and the fp64 gradcheck.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +20,14 @@ std::shared_ptr<nn::Sequential> fixture_mlp();
 // A text file of `bytes` bytes of English-like words (seeded, the same every time) under the
 // system's temporary directory, named after `name`; its path.
 std::string generated_text_file(const std::string& name, size_t bytes);
+
+// llm.c's token shard, written from its documented layout: 256 little-endian int32 (magic 20240520,
+// version 1, the token count, zeros), then the tokens as little-endian uint16.
+void write_llmc_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+// `shards` llm.c shards of `tokens_each` tokens under the temporary directory: the bytes of
+// generated_text_file's words (so a model can learn them) as token ids, plus 256 every seventh token
+// (so ids above a byte's occur); the shards' glob pattern ("/tmp/amp_test_NAME_tokens/train_*.bin").
+std::string generated_token_shards(const std::string& name, int shards, int64_t tokens_each);
 
 // max |a - b| / (atol + rtol |b|) over elements; <= 1 means close. Non-finite mismatches give inf.
 double closeness(const Tensor& a, const Tensor& b, double rtol, double atol);

@@ -35,9 +35,9 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
                      {"optimizer", cfg_.optimizer == OptimizerKind::sgd ? "sgd" : "adamw"},
                      {"amp", cfg_.amp == AmpMode::off ? "off" : cfg_.amp == AmpMode::fp16 ? "fp16" : "bf16"},
                      {"loss_scaling", scaler_->is_enabled()},
-                     {"seed", cfg_.seed},
-                     // The data's size, not its path: a moved file resumes.
-                     {"data_samples", data_->resume_size()}});
+                     {"seed", cfg_.seed}});
+  // The data's size (and a token dataset's shards by name), not its path: a moved file resumes.
+  must_match.update(data_->resume_identity());
   return {{"format", kCheckpointFormat},
           {"must_match", must_match},
           {"data", cfg_.data},

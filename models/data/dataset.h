@@ -4,6 +4,7 @@
 // [m B, (m+1) B). So R ranks × batch B see exactly the samples of 1 rank × batch R·B.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
@@ -32,6 +33,9 @@ class Dataset {
   // What a resumed run's data must match: its size (the pool's samples, or the training bytes),
   // not its path, so that a moved file resumes.
   virtual int64_t resume_size() const { return period(); }
+  // What a checkpoint records of the data and a resumed run must match (trainer.json's must_match):
+  // {"data_samples": resume_size()} by default; token shards add their names and sizes.
+  virtual nlohmann::json resume_identity() const { return {{"data_samples", resume_size()}}; }
 };
 
 // x ~ N(0, 1) from a counter-based stream (pool sample j uses counters j·width...), y = teacher(x)
