@@ -163,6 +163,14 @@ void check_model(const TrainConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  if (c.save_weights_format != "native") {
+    const auto formats = spec->weight_formats();
+    if (std::find(formats.begin(), formats.end(), c.save_weights_format) == formats.end())
+      throw UsageError("--save-weights-format " + c.save_weights_format + ": --model " + c.model + " writes " +
+                       (formats.empty() ? std::string("only its own layout (native)") : "native or " + formats[0]));
+    if (c.save_weights.empty())
+      throw UsageError("--save-weights-format " + c.save_weights_format + ": no --save-weights FILE to write");
+  }
   if (c.grad_penalty > 0.0 && !spec->double_backward())
     throw UsageError("--grad-penalty: not available with --model " + c.model);
   if (c.bf16_rounded_weight_grads && spec->aggregator(0) != nullptr)
@@ -349,7 +357,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     }
   model.add_options()
     ("init-weights", po::value(&c.init_weights), "load parameters from a safetensors FILE (PyTorch names)")
-    ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end");
+    ("save-weights", po::value(&c.save_weights), "save parameters to a safetensors FILE at the end")
+    ("save-weights-format", with_default(&c.save_weights_format),
+     "native (the model's own names: PyTorch's, nanoGPT's for the GPT) or hf (gpt: Hugging Face's GPT-2)");
   std::string data_help = "synthetic, or a FILE:";
   for (const models::ModelKind& k : models::model_kinds()) data_help += " " + k.name + ": " + k.data_help + ";";
   data_help.pop_back();

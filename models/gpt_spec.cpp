@@ -9,6 +9,7 @@
 #include "models/data/text_dataset.h"
 #include "models/data/token_dataset.h"
 #include "models/gpt.h"
+#include "models/gpt_hf.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
 #include "runtime/kernels/rng_math.h"
@@ -141,6 +142,18 @@ class GptSpec final : public ModelSpec {
            (c_.gelu_tanh ? ", GELU tanh" : "") + ", on " + data;
   }
   std::string size_flags() const override { return "are --n-embd, --n-layer, --block-size or --batch-size"; }
+  // Hugging Face's GPT-2 layout (models/gpt_hf.h) in, recognised by its Conv1D shapes, and out as "hf".
+  safetensors::NamedTensors import_weights(safetensors::NamedTensors tensors, const std::string& source) const override {
+    if (!is_hf_gpt2(tensors)) return tensors;
+    if (!c_.gelu_tanh)
+      std::fprintf(stderr, "amp_train: note: %s holds Hugging Face's GPT-2 weights, trained with the tanh GELU: "
+                           "--gelu tanh computes what GPT-2 computes (this run uses erf)\n", source.c_str());
+    return gpt2_from_hf(tensors, source);
+  }
+  std::vector<std::string> weight_formats() const override { return {"hf"}; }
+  safetensors::NamedTensors export_weights(safetensors::NamedTensors tensors, const std::string& format) const override {
+    return format == "hf" ? gpt2_to_hf(tensors) : tensors;
+  }
   double tokens_per_sample() const override { return static_cast<double>(c_.block_size); }
   const char* unit() const override { return "tokens"; }
   bool double_backward() const override { return false; }

@@ -17,6 +17,7 @@
 #include "jd/aggregator.h"
 #include "models/data/dataset.h"
 #include "models/training_model.h"
+#include "runtime/core/safetensors.h"
 #include "runtime/ops/random.h"
 
 namespace amp::models {
@@ -82,6 +83,17 @@ class ModelSpec {
   virtual std::string after_training(TrainingModel& /*model*/, uint64_t /*seed*/,
                                      const std::function<bool()>& /*stop*/) const {
     return {};
+  }
+  // --init-weights: a file's tensors in this model's own names and layouts (the GPT also reads
+  // Hugging Face's GPT-2); as given by default. Throws std::invalid_argument naming the source.
+  virtual safetensors::NamedTensors import_weights(safetensors::NamedTensors tensors, const std::string& /*source*/) const {
+    return tensors;
+  }
+  // --save-weights-format: the layouts this model writes besides its own ("native"), and the
+  // conversion of its state dict into one of them.
+  virtual std::vector<std::string> weight_formats() const { return {}; }
+  virtual safetensors::NamedTensors export_weights(safetensors::NamedTensors tensors, const std::string& /*format*/) const {
+    return tensors;
   }
 };
 

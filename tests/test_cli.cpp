@@ -127,6 +127,33 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
   }
 }
 
+// --save-weights-format hf writes Hugging Face's GPT-2 layout, and --init-weights reads it back: a
+// run of lr 0 saves what it loaded, byte for byte, and says that GPT-2's GELU is --gelu tanh; the MLP
+// has no such format.
+TEST(Cli, HuggingFacesGpt2LayoutRoundTrips) {
+  TempDir d;
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("cli_hf", 4000) +
+                          " --n-layer 2 --n-head 2 --n-embd 16 --block-size 8 --batch-size 2 --threads 1 --log-every 0 ";
+  ASSERT_EQ(run(gpt + "--steps 2 --save-weights " + d.file("hf.safetensors") + " --save-weights-format hf").code, 0);
+  const auto hf = safetensors::load(d.file("hf.safetensors"));
+  EXPECT_EQ(hf.front().first, "h.0.attn.c_attn.bias") << "the hub's names, sorted";
+  EXPECT_EQ(safetensors::find(hf, "h.0.attn.c_attn.weight", "hf").shape(), (Shape{16, 48})) << "Conv1D's [in, out]";
+  const RunResult r = run(gpt + "--steps 1 --optimizer sgd --lr 0 --init-weights " + d.file("hf.safetensors") +
+                          " --save-weights " + d.file("back.safetensors") + " --save-weights-format hf");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--gelu tanh computes what GPT-2 computes"), std::string::npos) << r.out;
+  std::ifstream a(d.file("hf.safetensors"), std::ios::binary), b(d.file("back.safetensors"), std::ios::binary);
+  EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(a), {}) == std::string(std::istreambuf_iterator<char>(b), {}));
+  const RunResult wrong = run(" --model gpt --data " + test::generated_text_file("cli_hf", 4000) +
+                              " --n-layer 2 --n-head 2 --n-embd 32 --block-size 8 --steps 1 --init-weights " +
+                              d.file("hf.safetensors"));
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("transformer.wte.weight' has shape [256, 16], expected [256, 32]"), std::string::npos) << wrong.out;
+  const RunResult mlp = run(" --steps 1 --save-weights " + d.file("m.safetensors") + " --save-weights-format hf");
+  EXPECT_EQ(mlp.code, 2) << mlp.out;
+  EXPECT_NE(mlp.out.find("--save-weights-format hf: --model mlp writes only its own layout"), std::string::npos) << mlp.out;
+}
+
 // Token data's flags and files: each mistake refused before any step with exit 2, naming the flag or
 // the file and what is wrong.
 TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {

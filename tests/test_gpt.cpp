@@ -3,6 +3,7 @@
 // with nanoGPT's parameter groups; nanoGPT's initialisation; the tied lm_head; and, on a CUDA device
 // (real or emulated), the CUDA backend against the CPU on the whole model.
 #include <gtest/gtest.h>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
+#include "models/gpt_hf.h"
 #include "test_util.h"
 
 namespace amp {
@@ -102,6 +104,62 @@ TEST(Gpt, TheTanhGeluMatchesItsReference) {
   EXPECT_TRUE(test::all_close(logits, test::fixture_tensor(ref, "tanh.f64.logits"), 1e-10, 1e-12));
   EXPECT_TRUE(test::all_close(m->losses(b).per_task.at(0), test::fixture_tensor(ref, "tanh.f64.loss"), 1e-10, 1e-12));
   EXPECT_FALSE(test::all_close(logits, test::fixture_tensor(kFixture, "f64.logits"), 1e-7, 1e-9)) << "the erf model's";
+}
+
+// Hugging Face's GPT-2 layout, written here from its documented names and layouts (models/gpt_hf.h):
+// the fixture's PyTorch weights without the "transformer." prefix, the four Conv1D matrices [in, out]
+// (transposed here element by element), sorted by name. Loaded, the model computes PyTorch's logits
+// (float64, to 1e-10); saved back as "hf", the file is the same bytes. The prefix, a tied lm_head and
+// the attention's mask buffers load the same weights; an lm_head that differs from wte is refused.
+TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
+  const auto conv1d = [](const std::string& n) {
+    for (const char* tail : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+      if (n.size() > std::strlen(tail) && n.compare(n.size() - std::strlen(tail), std::strlen(tail), tail) == 0) return true;
+    return false;
+  };
+  safetensors::NamedTensors hf;
+  Generator gen(1);
+  for (const auto& [name, p] : models::make_gpt_model(fixture_config(), gen)->module().named_parameters()) {
+    const Tensor t = test::fixture_tensor(kFixture, name);
+    const std::string n = name.substr(std::string("transformer.").size());
+    if (!conv1d(n)) {
+      hf.emplace_back(n, t);
+      continue;
+    }
+    const int64_t out = t.size(0), in = t.size(1);
+    const std::vector<double> v = t.to_vector();
+    std::vector<double> w(v.size());
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) w[static_cast<size_t>(i * out + o)] = v[static_cast<size_t>(o * in + i)];
+    hf.emplace_back(n, from_vector(w, {in, out}));
+  }
+  std::sort(hf.begin(), hf.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  EXPECT_TRUE(models::is_hf_gpt2(hf));
+  EXPECT_FALSE(models::is_hf_gpt2(test::fixture(kFixture)));
+
+  auto loaded = [&](const safetensors::NamedTensors& file) {
+    Generator g(2);
+    auto m = models::make_gpt_model(fixture_config(), g);
+    nn::load_state_dict(m->module(), models::gpt2_from_hf(file, "hf.safetensors"), "hf.safetensors");
+    return m;
+  };
+  auto m = loaded(hf);
+  EXPECT_EQ(safetensors::serialize(models::gpt2_to_hf(nn::state_dict(m->module()))), safetensors::serialize(hf));
+  m->module().to(DType::f64);
+  EXPECT_TRUE(test::all_close(m->logits(fixture_batch().x), test::fixture_tensor(kFixture, "f64.logits"), 1e-10, 1e-12));
+
+  // save_pretrained's GPT2LMHeadModel: the prefix, lm_head tied, and older files' mask buffers.
+  safetensors::NamedTensors prefixed;
+  for (const auto& [n, t] : hf) prefixed.emplace_back("transformer." + n, t);
+  prefixed.emplace_back("lm_head.weight", safetensors::find(hf, "wte.weight", "hf"));
+  prefixed.emplace_back("transformer.h.0.attn.bias", ones({1, 1, 8, 8}));
+  prefixed.emplace_back("transformer.h.0.attn.masked_bias", full({}, -1e4));
+  EXPECT_TRUE(models::is_hf_gpt2(prefixed));
+  auto same = loaded(prefixed);
+  EXPECT_EQ(safetensors::serialize(nn::state_dict(same->module())),
+            safetensors::serialize(nn::state_dict(loaded(hf)->module())));
+  prefixed[prefixed.size() - 3].second = zeros({256, 16});
+  EXPECT_THROW(loaded(prefixed), std::invalid_argument) << "an lm_head that is not wte";
 }
 
 TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {

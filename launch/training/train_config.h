@@ -52,6 +52,7 @@ struct TrainConfig {
   // Data and weights
   std::string data = "synthetic";
   std::string init_weights, save_weights;
+  std::string save_weights_format = "native";  // or one of the model's weight_formats() (the GPT: hf)
   // Training
   int64_t steps = 100;
   int64_t batch_size = 32;  // per rank, per micro-batch

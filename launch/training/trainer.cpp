@@ -40,7 +40,8 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
                                 ") has no validation split");
   if (!cfg_.init_weights.empty()) {
-    nn::load_state_dict(model_->module(), safetensors::load(cfg_.init_weights), cfg_.init_weights);
+    nn::load_state_dict(model_->module(), spec_->import_weights(safetensors::load(cfg_.init_weights), cfg_.init_weights),
+                        cfg_.init_weights);
   }
   // Parameter groups: a model that names its decayed parameters (the GPT: tensors of 2+ dims, as
   // nanoGPT) gets weight decay on those only; otherwise every parameter decays.
@@ -360,7 +361,7 @@ TrainResult Trainer::run() {
     // The outputs, then the record that says the run finished: one output's failure costs no other.
     if (rank0 && !cfg_.save_weights.empty()) {
       try {
-        safetensors::save(cfg_.save_weights, nn::state_dict(model()));
+        safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
       } catch (const std::exception& e) {
         result.errors.push_back(std::string("--save-weights: ") + e.what());
       }

@@ -1,0 +1,69 @@
+#include "models/gpt_hf.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/ops/ops.h"
+
+namespace amp::models {
+
+namespace {
+
+const std::string kPrefix = "transformer.";
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string without_prefix(const std::string& name) {
+  return name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+}
+
+// The Conv1D weights (stored [in, out]), by their names without the prefix.
+bool is_conv1d_weight(const std::string& name) {
+  return name.rfind("h.", 0) == 0 && (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+                                      ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
+}
+
+}  // namespace
+
+bool is_hf_gpt2(const safetensors::NamedTensors& tensors) {
+  for (const auto& [name, t] : tensors)
+    if (without_prefix(name) == "h.0.attn.c_attn.weight") return t.dim() == 2 && t.size(1) == 3 * t.size(0);
+  return false;
+}
+
+safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source) {
+  safetensors::NamedTensors ours;
+  for (const auto& [name, t] : theirs) {
+    const std::string n = without_prefix(name);
+    if (n.rfind("h.", 0) == 0 && (ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias"))) continue;
+    if (n == "lm_head.weight" || name == "lm_head.weight") {
+      ours.emplace_back("lm_head.weight", t);  // checked against wte by load_state_dict (tied)
+      continue;
+    }
+    if (is_conv1d_weight(n)) {
+      if (t.dim() != 2)
+        throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + shape_str(t.shape()) +
+                                    ": a Conv1D weight is 2-dimensional [in, out]");
+      ours.emplace_back(kPrefix + n, transpose(t, 0, 1));
+    } else {
+      ours.emplace_back(kPrefix + n, t);
+    }
+  }
+  return ours;
+}
+
+safetensors::NamedTensors gpt2_to_hf(const safetensors::NamedTensors& ours) {
+  safetensors::NamedTensors theirs;
+  for (const auto& [name, t] : ours) {
+    if (name == "lm_head.weight") continue;
+    const std::string n = without_prefix(name);
+    theirs.emplace_back(n, is_conv1d_weight(n) ? transpose(t, 0, 1) : t);
+  }
+  std::sort(theirs.begin(), theirs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return theirs;
+}
+
+}  // namespace amp::models
