@@ -11,6 +11,7 @@
 #include <string>
 
 #include "amp/autocast.h"
+#include "amp/clip_grad.h"
 #include "models/gpt.h"
 #include "models/gpt_sample.h"
 #include "runtime/ops/autograd.h"
@@ -160,6 +161,65 @@ TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
             safetensors::serialize(nn::state_dict(loaded(hf)->module())));
   prefixed[prefixed.size() - 3].second = zeros({256, 16});
   EXPECT_THROW(loaded(prefixed), std::invalid_argument) << "an lm_head that is not wte";
+}
+
+// GPT-2's vocabulary (50257 tokens) trains like PyTorch step by step in float32: 5 AdamW steps with
+// nanoGPT's groups and clipping at 1.0 on random token ids (gpt_vocab50257_pytorch.safetensors, from
+// tests/scripts/make_gpt2_vocab_fixture.py), from initial weights both sides compute from one formula:
+// each step's loss agrees to 1e-5 and its gradient norm (before clipping) to 1e-3: Adam moves an
+// element by about lr whatever its gradient's size, so float32 noise in the many tiny gradients of a
+// large embedding grows to ~1e-4 of the norm in a few steps (as AdamWWithNanoGptsGroupsMatchesPyTorch).
+TEST(Gpt, GptTwosVocabularyTrainsLikePyTorchStepByStep) {
+  const std::string f = "gpt_vocab50257_pytorch.safetensors";
+  models::GptConfig c;
+  c.vocab_size = 50257;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  Generator gen(1);
+  auto m = models::make_gpt_model(c, gen);
+  int q = 0;
+  for (auto& [name, p] : m->module().named_parameters()) {
+    const bool ln_weight = name.find(".ln_") != std::string::npos && name.compare(name.size() - 6, 6, "weight") == 0;
+    std::vector<double> v(static_cast<size_t>(p.numel()));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(0.02 * std::sin(0.37 * static_cast<double>(i) + 1.3 * q) + (ln_weight ? 1.0 : 0.0));
+    Tensor dst = p.detach();
+    copy_(dst, from_vector(v, p.shape()));
+    ++q;
+  }
+  optim::AdamOptions o;
+  o.lr = 1e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  optim::AdamOptions no_decay = o;
+  no_decay.weight_decay = 0.0;
+  std::vector<Tensor> other;
+  for (const Tensor& p : m->module().parameters())
+    if (p.dim() < 2) other.push_back(p);
+  optim::AdamW opt({{m->decayed_parameters(), o}, {other, no_decay}});
+  const std::vector<double> tokens = test::fixture_tensor(f, "tokens").to_vector();  // [5, 2, 9]
+  const std::vector<double> losses = test::fixture_tensor(f, "losses").to_vector();
+  const std::vector<double> norms = test::fixture_tensor(f, "grad_norms").to_vector();
+  for (int s = 0; s < 5; ++s) {
+    std::vector<int64_t> x, y;
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < 8; ++t) {
+        x.push_back(static_cast<int64_t>(tokens[static_cast<size_t>((s * 2 + b) * 9 + t)]));
+        y.push_back(static_cast<int64_t>(tokens[static_cast<size_t>((s * 2 + b) * 9 + t + 1)]));
+      }
+    models::Batch batch;
+    batch.x = from_int64(x, {2, 8});
+    batch.targets = {from_int64(y, {2, 8})};
+    opt.zero_grad();
+    const Tensor loss = m->losses(batch).per_task.at(0);
+    loss.backward();
+    const double norm = clip_grad_norm_(m->module().parameters(), 1.0).to_vector().at(0);
+    opt.step();
+    EXPECT_NEAR(loss.to_vector().at(0), losses[static_cast<size_t>(s)], 1e-5 * losses[static_cast<size_t>(s)]) << "step " << s + 1;
+    EXPECT_NEAR(norm, norms[static_cast<size_t>(s)], 1e-3 * norms[static_cast<size_t>(s)]) << "step " << s + 1;
+  }
 }
 
 TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {
