@@ -2,6 +2,7 @@
 // nanoGPT's uint16: models/data/token_dataset.h), its validation data evaluated by the trainer, and
 // text sampled at the end (models/gpt_sample.h).
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 #include "models/data/text_dataset.h"
 #include "models/data/token_dataset.h"
 #include "models/gpt.h"
+#include "models/gpt2_vocab.h"
 #include "models/gpt_hf.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
@@ -24,6 +26,7 @@ struct DataFlags {
   std::string validation;       // --val-data: token data only
   bool vocab_given = false;
   std::vector<int64_t> prompt_tokens;  // --prompt-tokens: the sample's prompt on token data
+  std::string vocab_file;              // --vocab-file: GPT-2's vocab.json, to print samples as text
 };
 
 // "50256,464,3290" -> its ids, each below vocab_size.
@@ -72,6 +75,10 @@ class GptSpec final : public ModelSpec {
                                   "ids: give one (50256 is GPT-2's <|endoftext|>)");
     if (!tokens && !data_.prompt_tokens.empty())
       throw std::invalid_argument("--prompt-tokens: --data " + data + " is text: its prompt is --prompt");
+    if (!tokens && !data_.vocab_file.empty())
+      throw std::invalid_argument("--vocab-file: --data " + data + " is text (bytes): there are no token ids to decode");
+    if (!data_.vocab_file.empty() && !vocab_)
+      vocab_ = std::make_shared<Gpt2Vocab>(Gpt2Vocab::load(data_.vocab_file, c_.vocab_size));
     tokens_ = tokens;
     return tokens;
   }
@@ -166,9 +173,11 @@ class GptSpec final : public ModelSpec {
       const std::vector<int64_t> ids = sample_tokens(dynamic_cast<GptModel&>(model), data_.prompt_tokens, o);
       std::string list;
       for (int64_t t : ids) list += (list.empty() ? "" : ",") + std::to_string(t);
-      char head[160];
-      std::snprintf(head, sizeof head, "--- %zu token ids sampled (temperature %g, top-k %lld) after the prompt's %zu:\n",
-                    ids.size(), o.temperature, static_cast<long long>(o.top_k), data_.prompt_tokens.size());
+      if (vocab_) list = vocab_->decode(data_.prompt_tokens) + vocab_->decode(ids);  // the prompt, then the sample
+      char head[200];
+      std::snprintf(head, sizeof head, "--- %zu tokens sampled (temperature %g, top-k %lld) after the prompt's %zu%s:\n",
+                    ids.size(), o.temperature, static_cast<long long>(o.top_k), data_.prompt_tokens.size(),
+                    vocab_ ? ", decoded with --vocab-file" : " (token ids)");
       const std::string tail = static_cast<int64_t>(ids.size()) == o.tokens
                                    ? "\n---\n"
                                    : "\n--- interrupted: " + std::to_string(ids.size()) + " of " +
@@ -194,6 +203,7 @@ class GptSpec final : public ModelSpec {
   std::string prompt_;
   DataFlags data_;
   mutable bool tokens_ = false;  // the data is tokens (check() and data() find out)
+  mutable std::shared_ptr<const Gpt2Vocab> vocab_;  // --vocab-file, read by check()
 };
 
 }  // namespace
@@ -218,7 +228,8 @@ ModelKind gpt_kind() {
              {"temperature", "0.8", "gpt: sampling temperature"},
              {"top-k", "200", "gpt: sample among the K most likely bytes"},
              {"prompt", "\n", "gpt: text the sample continues"},
-             {"prompt-tokens", "", "gpt: on token data, the ids the sample continues (comma-separated)"}};
+             {"prompt-tokens", "", "gpt: on token data, the ids the sample continues (comma-separated)"},
+             {"vocab-file", "", "gpt: GPT-2's vocab.json, to print a sample of token data as text (decoding only)"}};
   k.configure = [flags = k.flags](const ModelFlagValues& v) -> std::shared_ptr<const ModelSpec> {
     const FlagReader r(flags, v);
     GptConfig c;
@@ -255,6 +266,7 @@ ModelKind gpt_kind() {
     if (!(s.temperature > 0.0)) throw std::invalid_argument("--temperature must be a finite number > 0, got " + r.text("temperature"));
     s.top_k = r.integer("top-k", 1);
     d.prompt_tokens = parse_token_list(r.text("prompt-tokens"), c.vocab_size);
+    d.vocab_file = r.text("vocab-file");
     return std::make_shared<GptSpec>(c, s, r.text("prompt"), std::move(d));
   };
   return k;

@@ -154,6 +154,46 @@ TEST(Cli, HuggingFacesGpt2LayoutRoundTrips) {
   EXPECT_NE(mlp.out.find("--save-weights-format hf: --model mlp writes only its own layout"), std::string::npos) << mlp.out;
 }
 
+// A sample of token data prints ids, or text with GPT-2's vocab.json (--vocab-file; here one written
+// from the byte map's definition for ids below 256, and names for the rest).
+TEST(Cli, ASampleOfTokenDataIsIdsOrTextWithTheVocabFile) {
+  TempDir d;
+  std::string json = "{";
+  for (int id = 0; id < 300; ++id) {
+    std::string token;
+    if (id >= 256) {
+      token = "<|t" + std::to_string(id) + "|>";
+    } else {
+      int cp = id;
+      const bool printable = (id >= 33 && id <= 126) || (id >= 161 && id <= 172) || (id >= 174 && id <= 255);
+      if (!printable) {
+        cp = 256;
+        for (int b = 0; b < id; ++b) cp += !((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255));
+      }
+      char esc[16];
+      std::snprintf(esc, sizeof esc, "\\u%04x", cp);
+      token = esc;
+    }
+    json += (id ? ", \"" : "\"") + token + "\": " + std::to_string(id);
+  }
+  std::ofstream(d.file("vocab.json")) << json << "}";
+  const std::string gpt = " --model gpt --data '" + test::generated_token_shards("cli_sample", 2, 300) +
+                          "' --vocab-size 300 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 "
+                          "--steps 2 --threads 1 --log-every 0 --sample-tokens 5 --prompt-tokens 72,105 ";
+  const RunResult ids = run(gpt);
+  ASSERT_EQ(ids.code, 0) << ids.out;
+  EXPECT_NE(ids.out.find("5 tokens sampled (temperature 0.8, top-k 200) after the prompt's 2 (token ids):\n"),
+            std::string::npos) << ids.out;
+  const RunResult text = run(gpt + "--vocab-file " + d.file("vocab.json"));
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("after the prompt's 2, decoded with --vocab-file:\nHi"), std::string::npos) << text.out;
+  std::string wider = gpt;
+  wider.replace(wider.find("--vocab-size 300"), 16, "--vocab-size 301");
+  const RunResult bad = run(wider + "--vocab-file " + d.file("vocab.json"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("no token has id 300, below --vocab-size 301"), std::string::npos) << bad.out;
+}
+
 // Token data's flags and files: each mistake refused before any step with exit 2, naming the flag or
 // the file and what is wrong.
 TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -19,6 +21,7 @@
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/adam.h"
+#include "models/gpt2_vocab.h"
 #include "models/gpt_hf.h"
 #include "test_util.h"
 
@@ -220,6 +223,28 @@ TEST(Gpt, GptTwosVocabularyTrainsLikePyTorchStepByStep) {
     EXPECT_NEAR(loss.to_vector().at(0), losses[static_cast<size_t>(s)], 1e-5 * losses[static_cast<size_t>(s)]) << "step " << s + 1;
     EXPECT_NEAR(norm, norms[static_cast<size_t>(s)], 1e-3 * norms[static_cast<size_t>(s)]) << "step " << s + 1;
   }
+}
+
+// GPT-2's vocab.json decodes through the byte map of its byte-level BPE, written out here from its
+// definition (the printable bytes as themselves, the other 68 as U+0100 onwards: "Ġ" U+0120 is byte 32,
+// a space; "Ċ" U+010A byte 10, a newline); bad files are refused naming the problem.
+TEST(Gpt, Gpt2VocabDecodesThroughTheByteMap) {
+  const std::string path = (std::filesystem::temp_directory_path() / "amp_test_vocab.json").string();
+  const auto write = [&](const std::string& json) { std::ofstream(path, std::ios::binary) << json; };
+  // U+00A0 is byte 160 (not printable): mapped to U+0100 + 34 (the bytes 0-32, 127-159 come first).
+  write(R"({"Hello": 0, "\u0120world": 1, "!": 2, "\u010a": 3, "<|endoftext|>": 4, "\u0142": 5, "\u00e9": 6})");
+  const models::Gpt2Vocab v = models::Gpt2Vocab::load(path, 5);
+  EXPECT_EQ(v.decode({0, 1, 2, 3, 4}), "Hello world!\n<|endoftext|>");
+  EXPECT_EQ(v.decode({5}), std::string(1, static_cast<char>(160)));
+  EXPECT_EQ(v.decode({6}), std::string(1, static_cast<char>(0xe9))) << "printable bytes map to themselves";
+  EXPECT_THROW(models::Gpt2Vocab::load(path, 8), std::invalid_argument) << "no token has id 7";
+  write(R"({"a": 0, "b": 0})");
+  EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument) << "two tokens, one id";
+  write(R"({"\u4e2d": 0})");
+  EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument) << "outside the byte map";
+  write("not json");
+  EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument);
+  std::filesystem::remove(path);
 }
 
 TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {
