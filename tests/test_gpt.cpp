@@ -174,12 +174,8 @@ TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
 // large embedding grows to ~1e-4 of the norm in a few steps (as AdamWWithNanoGptsGroupsMatchesPyTorch).
 TEST(Gpt, GptTwosVocabularyTrainsLikePyTorchStepByStep) {
   const std::string f = "gpt_vocab50257_pytorch.safetensors";
-  models::GptConfig c;
+  models::GptConfig c = fixture_config();  // 2 layers, 2 heads, 16 wide, block 8
   c.vocab_size = 50257;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
   Generator gen(1);
   auto m = models::make_gpt_model(c, gen);
   int q = 0;

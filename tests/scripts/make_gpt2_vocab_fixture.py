@@ -1,74 +1,23 @@
 #!/usr/bin/env python3
 """Writes tests/data/gpt_vocab50257_pytorch.safetensors: a 2-layer GPT (nanoGPT's architecture, as in
-make_gpt_fixture.py) with GPT-2's vocabulary of 50257 tokens, trained in float32 by PyTorch for 5
+nanogpt_model.py) with GPT-2's vocabulary of 50257 tokens, trained in float32 by PyTorch for 5
 AdamW steps (nanoGPT's groups: weight decay 0.1 on tensors of 2+ dims) on 5 batches of random token
 ids, with clipping at 1.0 as nanoGPT's loop does. The file holds the batches and each step's loss and
 gradient norm (before clipping); the initial weights are not stored but given by a formula the test
 computes too (init_value below): element i of parameter q (in named_parameters order) is
 0.02 sin(0.37 i + 1.3 q), LayerNorm weights 1 plus that. Run it with a Python that has torch; the
 build and the tests never run this:  python3 tests/scripts/make_gpt2_vocab_fixture.py OUT"""
-import math
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from nanogpt_model import gpt_class  # tests/scripts/nanogpt_model.py
 from safetensors_writer import save  # tests/scripts/safetensors_writer.py
 
 V, T, L, H, C = 50257, 8, 2, 2, 16  # vocab, block size, layers, heads, embedding
 B, STEPS = 2, 5
 
 
-class Attn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(C, 3 * C)
-        self.c_proj = nn.Linear(C, C)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
-        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.c_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), Attn(), nn.LayerNorm(C), Mlp()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
-                                              h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
-
-    def forward(self, idx, targets):
-        t = idx.size(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
-        for blk in self.transformer.h:
-            x = blk(x)
-        logits = F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)  # tied lm_head
-        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+GPT = gpt_class(V, T, L, H, C)
 
 
 def init_value(q, n, is_ln_weight):
@@ -91,7 +40,7 @@ opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": othe
 losses, norms = [], []
 for s in range(STEPS):
     opt.zero_grad()
-    loss = model(tokens[s, :, :T], tokens[s, :, 1:])
+    loss = model(tokens[s, :, :T], tokens[s, :, 1:])[1]
     loss.backward()
     norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
     opt.step()
