@@ -32,6 +32,7 @@
 #include "launch/training/output_path.h"
 #include "launch/training/device_comm.h"
 #include "launch/training/trainer.h"
+#include "models/data/token_dataset.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/cpu/threads.h"
 
@@ -163,8 +164,22 @@ struct DebugStall {
 // Every file the run reads and writes, for check_outputs_apart (launch/training/output_overlap.h).
 std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
   using Role = launch::NamedFile::Role;
-  std::vector<launch::NamedFile> files = {
-      {"--data", cfg.data == "synthetic" ? "" : cfg.data, Role::input},
+  std::vector<launch::NamedFile> files;
+  // Data given as a glob (token shards): each of its files, so that no output overwrites one. A
+  // pattern that matches nothing is the data loader's to refuse.
+  const auto data = [&](const std::string& flag, const std::string& pattern) {
+    std::vector<std::string> paths{pattern};
+    try {
+      paths = models::expand_data_pattern(pattern, flag);
+    } catch (const std::invalid_argument&) {
+    }
+    for (const std::string& p : paths) files.push_back({flag, p, Role::input});
+  };
+  if (cfg.data != "synthetic") data("--data", cfg.data);
+  for (const char* flag : {"val-data", "vocab-file"})
+    if (const auto it = cfg.model_flags.find(flag); it != cfg.model_flags.end() && !it->second.empty())
+      data(std::string("--") + flag, it->second);
+  std::vector<launch::NamedFile> named = {
       {"--init-weights", cfg.init_weights, Role::input},
       {"--config", cfg.config_file, Role::input},
       {"--resume-from", cfg.resume_from, Role::input_directory},
@@ -172,6 +187,7 @@ std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
       {"--metrics", cfg.metrics, Role::output},
       {"--save-weights", cfg.save_weights, Role::output},
   };
+  files.insert(files.end(), named.begin(), named.end());
   for (const auto& [flag, path] : {std::pair{"--metrics", cfg.metrics}, std::pair{"--save-weights", cfg.save_weights}})
     if (!path.empty()) files.push_back({std::string("the lock file of ") + flag, launch::lock_path_of(path), Role::output});
   return files;

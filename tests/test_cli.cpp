@@ -199,6 +199,7 @@ TEST(Cli, ASampleOfTokenDataIsIdsOrTextWithTheVocabFile) {
 TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
   TempDir d;
   const std::string shards = test::generated_token_shards("cli_tokens", 2, 200);
+  const std::string dir = shards.substr(0, shards.rfind('/') + 1);
   const std::string text = test::generated_text_file("cli_tokens_text", 4000);
   const std::string gpt = " --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1 ";
   std::ofstream(d.file("train.bin"), std::ios::binary) << std::string(400, '\1');  // headerless: nanoGPT's
@@ -216,8 +217,11 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
       {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 300", {"--prompt-tokens", "below --vocab-size 300"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --data-format bytes", {"--data-format"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --val-data '" + d.file("val_*.bin") + "'", {"--val-data", "matches no file"}},
-      {" --steps 2 --batch-size 4 --threads 1 --data " + shards.substr(0, shards.size() - 9) + "train_000.bin",
-       {"train_000.bin"}},
+      {" --steps 2 --batch-size 4 --threads 1 --data " + dir + "train_000.bin",
+       {dir + "train_000.bin: --data is llm.c token data, which --model gpt trains on"}},
+      // An output onto a file of the data's glob: refused before anything is written.
+      {gpt + "--data '" + shards + "' --vocab-size 300 --save-weights " + dir + "train_001.bin",
+       {"--save-weights", "train_001.bin", "--data"}},
   };
   for (const auto& [args, needles] : bad) {
     const RunResult r = run(args);

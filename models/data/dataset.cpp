@@ -1,4 +1,5 @@
 #include "models/data/dataset.h"
+#include "models/data/token_dataset.h"
 
 #include <algorithm>
 #include <cmath>
@@ -122,6 +123,9 @@ class FromFile final : public Dataset {
 // The named float32 tensors of a --data file, each [N, width_i] with one N, moved to device.
 std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& wanted,
                                  const std::string& expected, Device device) {
+  if (has_llmc_magic(path))
+    throw std::invalid_argument(path + ": --data is llm.c token data, which --model gpt trains on (with --vocab-size); "
+                                "this model's --data is a safetensors file of " + expected);
   const auto tensors = safetensors::load(path);
   // A tensor nobody reads means a file made for another model or task count: refused, not ignored.
   for (const auto& [n, v] : tensors)

@@ -47,12 +47,6 @@ int64_t file_size(const File& f, const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
-// The first 4 bytes as an int32, or a value that is no magic when the file is shorter.
-int32_t first_int32(const std::string& path) {
-  const File f(path);
-  int32_t v = 0;
-  return ::pread(f.fd, &v, sizeof v, 0) == static_cast<ssize_t>(sizeof v) ? v : 0;
-}
 
 // A whole file mapped read-only; unmapped with the object.
 class Mapping {
@@ -281,9 +275,18 @@ std::vector<std::string> expand_data_pattern(const std::string& pattern, const s
   return out;
 }
 
+bool has_llmc_magic(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  int32_t v = 0;
+  const bool read = ::pread(fd, &v, sizeof v, 0) == static_cast<ssize_t>(sizeof v);
+  ::close(fd);
+  return read && v == kLlmcMagic;
+}
+
 bool is_token_data(const std::string& pattern, const std::string& format_flag) {
   const std::vector<std::string> files = expand_data_pattern(pattern, "--data");
-  if (first_int32(files[0]) == kLlmcMagic) return true;
+  if (has_llmc_magic(files[0])) return true;
   for (const std::string& f : files)
     if (f.size() >= 4 && f.compare(f.size() - 4, 4, ".bin") == 0)
       throw std::invalid_argument("--data: " + f + " has no llm.c header (magic " + std::to_string(kLlmcMagic) +

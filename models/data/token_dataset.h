@@ -22,6 +22,9 @@ namespace amp::models {
 
 enum class TokenFormat { llmc, u16 };
 
+// Whether FILE begins with llm.c's magic (20240520): token shards, whatever the file is named.
+bool has_llmc_magic(const std::string& path);
+
 // What --data-format auto makes of FILE (the first match of a pattern): llm.c's magic means token
 // shards; other files are text, unless named *.bin (refused: a headerless uint16 file needs
 // --data-format u16). Throws std::invalid_argument naming the flag and the file.
