@@ -297,6 +297,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.micro_batches), mpi.size(),
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
+    if (cfg.data != "synthetic") std::printf("amp_train: data: %s\n", trainer->data().describe().c_str());
   }
   std::fflush(stdout);
 

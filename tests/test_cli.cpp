@@ -182,6 +182,7 @@ TEST(Cli, ASampleOfTokenDataIsIdsOrTextWithTheVocabFile) {
                           "--steps 2 --threads 1 --log-every 0 --sample-tokens 5 --prompt-tokens 72,105 ";
   const RunResult ids = run(gpt);
   ASSERT_EQ(ids.code, 0) << ids.out;
+  EXPECT_NE(ids.out.find("amp_train: data: 2 shard(s) of llm.c tokens (600 training tokens)"), std::string::npos) << ids.out;
   EXPECT_NE(ids.out.find("5 tokens sampled (temperature 0.8, top-k 200) after the prompt's 2 (token ids):\n"),
             std::string::npos) << ids.out;
   const RunResult text = run(gpt + "--vocab-file " + d.file("vocab.json"));

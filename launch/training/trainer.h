@@ -74,6 +74,7 @@ class Trainer {
   TrainResult run();
   nn::Module& model() { return model_->module(); }
   const models::ModelSpec& spec() const { return *spec_; }
+  const models::Dataset& data() const { return *data_; }
   const optim::Optimizer& optimizer() const { return *opt_; }
   bool scaling() const { return scaler_->is_enabled(); }
   int64_t start_step() const { return position_.start_step; }
