@@ -52,6 +52,21 @@ std::unique_ptr<models::GptModel> fixture_model(DType dtype = DType::f32, Device
   return m;
 }
 
+// AdamW(lr 1e-2, betas (0.9, 0.95)) with nanoGPT's groups, as the fixtures' PyTorch runs: weight
+// decay 0.1 on the model's decayed parameters (2 or more dims), none on the others.
+std::unique_ptr<optim::AdamW> nanogpt_adamw(models::GptModel& m) {
+  optim::AdamOptions o;
+  o.lr = 1e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  optim::AdamOptions no_decay = o;
+  no_decay.weight_decay = 0.0;
+  std::vector<Tensor> other;
+  for (const Tensor& p : m.module().parameters())
+    if (p.dim() < 2) other.push_back(p);
+  return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup<optim::AdamOptions>>{{m.decayed_parameters(), o}, {other, no_decay}});
+}
+
 models::Batch fixture_batch(Device device = kCPU) {
   models::Batch b;
   b.x = test::fixture_tensor(kFixture, "tokens").to(device);
@@ -188,16 +203,7 @@ TEST(Gpt, GptTwosVocabularyTrainsLikePyTorchStepByStep) {
     copy_(dst, from_vector(v, p.shape()));
     ++q;
   }
-  optim::AdamOptions o;
-  o.lr = 1e-2;
-  o.beta2 = 0.95;
-  o.weight_decay = 0.1;
-  optim::AdamOptions no_decay = o;
-  no_decay.weight_decay = 0.0;
-  std::vector<Tensor> other;
-  for (const Tensor& p : m->module().parameters())
-    if (p.dim() < 2) other.push_back(p);
-  optim::AdamW opt({{m->decayed_parameters(), o}, {other, no_decay}});
+  auto opt = nanogpt_adamw(*m);
   const std::vector<double> tokens = test::fixture_tensor(f, "tokens").to_vector();  // [5, 2, 9]
   const std::vector<double> losses = test::fixture_tensor(f, "losses").to_vector();
   const std::vector<double> norms = test::fixture_tensor(f, "grad_norms").to_vector();
@@ -211,11 +217,11 @@ TEST(Gpt, GptTwosVocabularyTrainsLikePyTorchStepByStep) {
     models::Batch batch;
     batch.x = from_int64(x, {2, 8});
     batch.targets = {from_int64(y, {2, 8})};
-    opt.zero_grad();
+    opt->zero_grad();
     const Tensor loss = m->losses(batch).per_task.at(0);
     loss.backward();
     const double norm = clip_grad_norm_(m->module().parameters(), 1.0).to_vector().at(0);
-    opt.step();
+    opt->step();
     EXPECT_NEAR(loss.to_vector().at(0), losses[static_cast<size_t>(s)], 1e-5 * losses[static_cast<size_t>(s)]) << "step " << s + 1;
     EXPECT_NEAR(norm, norms[static_cast<size_t>(s)], 1e-3 * norms[static_cast<size_t>(s)]) << "step " << s + 1;
   }
@@ -250,18 +256,12 @@ TEST(Gpt, AdamWWithNanoGptsGroupsMatchesPyTorch) {
   for (const Tensor& p : m->module().parameters())
     if (p.dim() < 2) other.push_back(p);
   EXPECT_EQ(decay.size() + other.size(), m->module().parameters().size());
-  optim::AdamOptions o;
-  o.lr = 1e-2;
-  o.beta2 = 0.95;
-  o.weight_decay = 0.1;
-  optim::AdamOptions no_decay = o;
-  no_decay.weight_decay = 0.0;
-  optim::AdamW opt({{decay, o}, {other, no_decay}});
+  auto opt = nanogpt_adamw(*m);
   const models::Batch b = fixture_batch();
   for (int i = 0; i < 3; ++i) {
-    opt.zero_grad();
+    opt->zero_grad();
     m->losses(b).per_task.at(0).backward();
-    opt.step();
+    opt->step();
   }
   // Adam moves each element by about lr per step whatever its gradient's size, so a gradient's float32
   // noise (1e-4 relative, as above) moves it by up to ~1e-4 of lr per step: 3 steps of lr 1e-2, 3e-6.
