@@ -235,16 +235,13 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
 
 Tensor MpiCommunicator::all_gather(const Tensor& t) {
   check_cpu(t, "all_gather");
-  if (t.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
-    throw std::invalid_argument("all_gather: tensors over 2 GiB are not supported");
+  const int bytes = mpi_count(t.nbytes(), "all_gather");
   Shape s = t.shape();
   s.insert(s.begin(), size_);
   Tensor out = empty(s, t.dtype(), kCPU);
   count_sent(sent_bytes::all_gather(t.nbytes(), size_));
   MPI_Request req;
-  mpi_check(MPI_Iallgather(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, out.data_ptr(),
-                           static_cast<int>(t.nbytes()), MPI_BYTE, comm_, &req),
-            "all_gather");
+  mpi_check(MPI_Iallgather(t.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, &req), "all_gather");
   wait_bounded(&req, "all_gather");
   return out;
 }

@@ -230,6 +230,10 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
     for (const std::string& n : needles) EXPECT_NE(r.out.find(n), std::string::npos) << args << " -> " << r.out;
     EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "trained: " << r.out;
   }
+  // The same headerless file with --data-format u16 is nanoGPT's train.bin: 200 tokens of id 257.
+  const RunResult u16 = run(gpt + "--data " + d.file("train.bin") + " --vocab-size 300 --data-format u16");
+  EXPECT_EQ(u16.code, 0) << u16.out;
+  EXPECT_NE(u16.out.find("1 shard(s) of uint16 tokens (200 training tokens)"), std::string::npos) << u16.out;
 }
 
 // --lr-schedule cosine is PyTorch's SequentialLR(LinearLR, CosineAnnealingLR, LambdaLR): the metrics'

@@ -8,41 +8,11 @@ description (pre-LayerNorm blocks, causal attention, a 4x MLP, the head tied to 
 the same code with the erf GELU is checked against PyTorch's own float64 logits in that file (to
 1e-12): the reference is PyTorch's GPT but for the GELU. The build and the tests never run this:
     python3 tests/scripts/make_gpt_tanh_fixture.py tests/data/gpt_pytorch.safetensors tests/data/gpt_tanh_reference.safetensors"""
-import json
 import math
-import struct
 import sys
 
-_FORMATS = {"F32": ("f", 4), "F64": ("d", 8), "I64": ("q", 8)}
-
-
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, h in header.items():
-        if name == "__metadata__" or h["dtype"] not in _FORMATS:
-            continue
-        code, size = _FORMATS[h["dtype"]]
-        b, e = h["data_offsets"]
-        flat = list(struct.unpack("<%d%s" % ((e - b) // size, code), raw[8 + n + b:8 + n + e]))
-        out[name] = (h["shape"], flat)
-    return out
-
-
-def save(tensors, path):  # name -> (shape, flat float64 values)
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        shape, flat = tensors[name]
-        blob = struct.pack("<%dd" % len(flat), *flat)
-        header[name] = {"dtype": "F64", "shape": shape, "data_offsets": [off, off + len(blob)]}
-        blobs.append(blob)
-        off += len(blob)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+from safetensors_reader import load_plain as load  # tests/scripts/safetensors_reader.py
+from safetensors_writer import save_plain as save  # tests/scripts/safetensors_writer.py
 
 
 def rows(t):  # (shape [r, c], flat) -> list of rows
