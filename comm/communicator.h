@@ -64,6 +64,13 @@ class Communicator {
   // ring all-reduce's bytes when the buffer splits into size() equal shards (ordered_sum.h).
   virtual std::unique_ptr<Work> ordered_sum_async(Tensor& t);
   void ordered_sum(Tensor& t) { ordered_sum_async(t)->wait(); }
+  // The ordered sum's two halves, for a buffer that splits into size() equal shards
+  // (splits_into_shards; ZeRO-1's gradients and parameters). ordered_reduce_scatter_async leaves in
+  // this rank's shard (shard rank() of t) the bits ordered_sum_async would, and the other shards
+  // unspecified; all_gather_shards_async copies every rank's shard into its place on every rank.
+  // The defaults sum the whole buffer, and gather the shards through all_gather().
+  virtual std::unique_ptr<Work> ordered_reduce_scatter_async(Tensor& t);
+  virtual std::unique_ptr<Work> all_gather_shards_async(Tensor& t);
   // Throws the failure a collective met in the background (a timeout, a dead peer), if any: values
   // read back after it are not the peers' and must not be acted on as if every rank saw them.
   virtual void raise_if_failed() {}

@@ -49,11 +49,7 @@ void mpi_check(int rc, const char* what) {
 // all-to-all, its additions, its all-gather). A timeout names the stage that did not complete.
 class MpiWork final : public Work {
  public:
-  struct Stage {
-    std::string what;
-    std::function<void(MPI_Request*)> start;
-    std::function<void()> then;  // may be empty
-  };
+  using Stage = MpiStage;
   // keep: the buffers MPI owns until the last stage completes.
   MpiWork(MpiCommunicator* c, std::vector<Tensor> keep, std::vector<Stage> stages)
       : comm_(c), keep_(std::move(keep)), stages_(std::move(stages)) {
@@ -196,27 +192,55 @@ std::unique_ptr<Work> MpiCommunicator::ordered_sum_async(Tensor& t) {
     return std::make_unique<MpiWork>(this, std::vector<Tensor>{t, rows}, std::vector<MpiWork::Stage>{std::move(gather)});
   }
   // A ring's bytes: rank j receives every rank's shard j, sums it, and the shards are all-gathered.
+  std::vector<MpiWork::Stage> stages = {reduce_scatter_stage(t, "ordered_sum"), all_gather_stage(t, "ordered_sum")};
+  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t}, std::move(stages));
+}
+
+// Rank j receives every rank's shard j of t (an all-to-all) and adds them in the tree's order into
+// its own; the rows live as long as the stage's functions.
+MpiStage MpiCommunicator::reduce_scatter_stage(const Tensor& t, const std::string& op) {
+  const std::string what = op + "/all_to_all(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
   const int64_t shard = t.numel() / size_;
   const int bytes = mpi_count(static_cast<size_t>(shard) * dtype_size(t.dtype()), what);
   Tensor rows = empty({size_, shard}, t.dtype(), kCPU);
-  Tensor flat = t.view(0, {t.numel()});
-  Tensor mine = flat.view(rank_ * shard, {shard});
-  count_sent(sent_bytes::all_to_all(t.nbytes(), size_) + sent_bytes::all_gather(mine.nbytes(), size_));
-  std::vector<MpiWork::Stage> stages;
-  stages.push_back({"ordered_sum/all_to_all" + counts,
-                    [this, t, rows, bytes, what](MPI_Request* req) {
-                      mpi_check(MPI_Ialltoall(t.data_ptr(), bytes, MPI_BYTE, rows.data_ptr(), bytes, MPI_BYTE, comm_, req),
-                                what.c_str());
-                    },
-                    [rows, mine]() mutable { sum_rows_in_tree_order(rows, mine); }});
-  stages.push_back({"ordered_sum/all_gather" + counts,
-                    [this, t, bytes, what](MPI_Request* req) {
-                      mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), bytes, MPI_BYTE,
-                                               comm_, req),
-                                what.c_str());
-                    },
-                    nullptr});
-  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t, rows}, std::move(stages));
+  Tensor mine = t.view(0, {t.numel()}).view(rank_ * shard, {shard});
+  count_sent(sent_bytes::all_to_all(t.nbytes(), size_));
+  return {what,
+          [this, t, rows, bytes, what](MPI_Request* req) {
+            mpi_check(MPI_Ialltoall(t.data_ptr(), bytes, MPI_BYTE, rows.data_ptr(), bytes, MPI_BYTE, comm_, req),
+                      what.c_str());
+          },
+          [rows, mine]() mutable { sum_rows_in_tree_order(rows, mine); }};
+}
+
+// Every rank's shard of t into its place, in place.
+MpiStage MpiCommunicator::all_gather_stage(const Tensor& t, const std::string& op) {
+  const std::string what = op + "/all_gather(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
+  const size_t shard_bytes = t.nbytes() / static_cast<size_t>(size_);
+  const int bytes = mpi_count(shard_bytes, what);
+  count_sent(sent_bytes::all_gather(shard_bytes, size_));
+  return {what,
+          [this, t, bytes, what](MPI_Request* req) {
+            mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), bytes, MPI_BYTE, comm_, req),
+                      what.c_str());
+          },
+          nullptr};
+}
+
+std::unique_ptr<Work> MpiCommunicator::ordered_reduce_scatter_async(Tensor& t) {
+  check_cpu(t, "ordered_reduce_scatter");
+  if (size_ == 1 || (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)))
+    return ordered_sum_async(t);  // one node: the shared-memory sum, every shard at once
+  if (!splits_into_shards(t.numel(), size_)) return Communicator::ordered_reduce_scatter_async(t);  // names the sizes
+  std::vector<MpiWork::Stage> stages = {reduce_scatter_stage(t, "ordered_reduce_scatter")};
+  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t}, std::move(stages));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_gather_shards_async(Tensor& t) {
+  check_cpu(t, "all_gather_shards");
+  if (size_ == 1 || !splits_into_shards(t.numel(), size_)) return Communicator::all_gather_shards_async(t);
+  std::vector<MpiWork::Stage> stages = {all_gather_stage(t, "all_gather_shards")};
+  return std::make_unique<MpiWork>(this, std::vector<Tensor>{t}, std::move(stages));
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {

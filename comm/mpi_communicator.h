@@ -14,6 +14,14 @@
 
 namespace amp::comm {
 
+// One request of a collective that MpiWork issues in turn (mpi_communicator.cpp): start() issues
+// it; then() runs once it has completed (may be empty); `what` names it in a timeout.
+struct MpiStage {
+  std::string what;
+  std::function<void(MPI_Request*)> start;
+  std::function<void()> then;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // comm is borrowed (usually MPI_COMM_WORLD); the node-local rank comes from a shared-memory split.
@@ -26,6 +34,8 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override;
   std::unique_ptr<Work> ordered_sum_async(Tensor& t) override;
+  std::unique_ptr<Work> ordered_reduce_scatter_async(Tensor& t) override;
+  std::unique_ptr<Work> all_gather_shards_async(Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
   Tensor all_gather(const Tensor& t) override;
   void barrier() override;
@@ -40,6 +50,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<ShmAllReduce> shm_;                   // staging slot; single-node jobs only
   std::vector<std::unique_ptr<ShmAllReduce>> buffers_;  // make_buffer()'s windows
   std::function<void()> bounded_barrier(const std::string& what);
+  // The ordered sum's halves on a buffer that splits into size_ shards; `op` prefixes their names.
+  MpiStage reduce_scatter_stage(const Tensor& t, const std::string& op);
+  MpiStage all_gather_stage(const Tensor& t, const std::string& op);
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 

@@ -449,14 +449,20 @@ std::unique_ptr<Work> NcclCommunicator::ordered_sum_async(Tensor& t) {
     done->record(cuda::context().stream());
     return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t, rows});
   }
+  reduce_scatter(t, "ordered_sum");
+  return all_gather_shards(t, "ordered_sum");
+}
+
+// Rank j receives every rank's shard j (an all-to-all) and the compute stream adds them in the
+// tree's order into its own shard.
+void NcclCommunicator::reduce_scatter(Tensor& t, const char* name) {
   State& s = *state_;
   const int64_t shard = t.numel() / size();
   Tensor rows = empty({size(), shard}, t.dtype(), t.device());
-  Tensor flat = t.view(0, {t.numel()});
-  Tensor mine = flat.view(rank() * shard, {shard});
-  count_sent(sent_bytes::all_to_all(t.nbytes(), size()) + sent_bytes::all_gather(mine.nbytes(), size()));
+  Tensor mine = t.view(0, {t.numel()}).view(rank() * shard, {shard});
+  count_sent(sent_bytes::all_to_all(t.nbytes(), size()));
   {
-    const std::string op = describe("ordered_sum/all_to_all", t);
+    const std::string op = describe((std::string(name) + "/all_to_all").c_str(), t);
     std::lock_guard<std::mutex> lock(s.mutex);
     auto received = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
       AMP_NCCL_CALL(ncclAlltoAll, t.data_ptr(), rows.data_ptr(), static_cast<size_t>(shard), nccl_dtype(t.dtype()),
@@ -464,14 +470,38 @@ std::unique_ptr<Work> NcclCommunicator::ordered_sum_async(Tensor& t) {
     });
     received->block(cuda::context().stream());
   }
-  sum_rows_in_tree_order(rows, mine);  // on the compute stream
-  const std::string op = describe("ordered_sum/all_gather", t);
+  sum_rows_in_tree_order(rows, mine);  // on the compute stream, which orders rows' reuse after it
+}
+
+// Every rank's shard into its place, in place (NCCL's in-place all-gather: the send buffer is this
+// rank's shard of the receive buffer).
+std::unique_ptr<Work> NcclCommunicator::all_gather_shards(Tensor& t, const char* name) {
+  State& s = *state_;
+  const int64_t shard = t.numel() / size();
+  Tensor mine = t.view(0, {t.numel()}).view(rank() * shard, {shard});
+  count_sent(sent_bytes::all_gather(mine.nbytes(), size()));
+  const std::string op = describe((std::string(name) + "/all_gather").c_str(), t);
   std::lock_guard<std::mutex> lock(s.mutex);
   auto done = enqueue(s, op, context(), timeout(), [&](cudaStream_t stream) {
     AMP_NCCL_CALL(ncclAllGather, mine.data_ptr(), t.data_ptr(), static_cast<size_t>(shard), nccl_dtype(t.dtype()),
                                 s.nccl, stream);
   });
-  return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t, rows});
+  return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t});
+}
+
+std::unique_ptr<Work> NcclCommunicator::ordered_reduce_scatter_async(Tensor& t) {
+  require_cuda_tensor(t, "ordered_reduce_scatter");
+  if (size() == 1 || !splits_into_shards(t.numel(), size())) return Communicator::ordered_reduce_scatter_async(t);
+  reduce_scatter(t, "ordered_reduce_scatter");
+  auto done = std::make_shared<cuda::Event>();
+  done->record(cuda::context().stream());
+  return std::make_unique<NcclWork>(state_, std::move(done), std::vector<Tensor>{t});
+}
+
+std::unique_ptr<Work> NcclCommunicator::all_gather_shards_async(Tensor& t) {
+  require_cuda_tensor(t, "all_gather_shards");
+  if (size() == 1 || !splits_into_shards(t.numel(), size())) return Communicator::all_gather_shards_async(t);
+  return all_gather_shards(t, "all_gather_shards");
 }
 
 void NcclCommunicator::raise_if_failed() {

@@ -47,6 +47,8 @@ class NcclCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   Tensor all_gather(const Tensor& t) override;
   std::unique_ptr<Work> ordered_sum_async(Tensor& t) override;
+  std::unique_ptr<Work> ordered_reduce_scatter_async(Tensor& t) override;
+  std::unique_ptr<Work> all_gather_shards_async(Tensor& t) override;
   void raise_if_failed() override;
   // Waits on the host (at most timeout()) until every rank has arrived.
   void barrier() override;
@@ -60,6 +62,9 @@ class NcclCommunicator final : public Communicator {
   struct State;  // NCCL handles, streams and the watchdog; shared with the Work objects
 
  private:
+  // The ordered sum's halves on a buffer that splits into size() shards; `name` prefixes their names.
+  void reduce_scatter(Tensor& t, const char* name);
+  std::unique_ptr<Work> all_gather_shards(Tensor& t, const char* name);
   std::shared_ptr<State> state_;
 };
 

@@ -1,6 +1,7 @@
 #include "comm/ordered_sum.h"
 
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -27,6 +28,29 @@ std::unique_ptr<Work> Communicator::ordered_sum_async(Tensor& t) {
   if (size() == 1) return std::make_unique<CompletedWork>();
   const Tensor rows = all_gather(t);
   sum_rows_in_tree_order(rows, t);
+  return std::make_unique<CompletedWork>();
+}
+
+namespace {
+void require_shards(const Tensor& t, int ranks, const char* what) {
+  if (ranks > 1 && !splits_into_shards(t.numel(), ranks))
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(t.numel()) + " elements do not split into " +
+                                std::to_string(ranks) + " equal shards");
+}
+}  // namespace
+
+std::unique_ptr<Work> Communicator::ordered_reduce_scatter_async(Tensor& t) {
+  require_shards(t, size(), "ordered_reduce_scatter");
+  return ordered_sum_async(t);  // every shard summed: this rank's among them
+}
+
+std::unique_ptr<Work> Communicator::all_gather_shards_async(Tensor& t) {
+  require_shards(t, size(), "all_gather_shards");
+  if (size() == 1) return std::make_unique<CompletedWork>();
+  const int64_t shard = t.numel() / size();
+  Tensor flat = t.view(0, {t.numel()});
+  const Tensor rows = all_gather(flat.view(rank() * shard, {shard}));  // [R, shard]: the buffer's layout
+  copy_(flat, rows.view(0, {t.numel()}));
   return std::make_unique<CompletedWork>();
 }
 

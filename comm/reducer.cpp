@@ -43,6 +43,7 @@ size_t spares_needed(int64_t micro_batches) {
 
 struct Bucket {
   Tensor buffer;  // flat f32: the last micro-batch's gradients land here, then the step's sum
+  int64_t used = 0;  // elements up to the end of the last slot, rounded up to kSlotAlign
   size_t pending = 0;
   size_t members = 0;
   std::unique_ptr<Work> work;
@@ -74,8 +75,9 @@ struct GradientReducer::State {
         b.tree.fold();  // into b.buffer, the leaf pushed last
         reuse(b);
       }
-      b.work =
-          options.ordered_sum ? comm->ordered_sum_async(b.buffer) : comm->all_reduce_async(b.buffer, ReduceOp::avg);
+      b.work = !options.ordered_sum ? comm->all_reduce_async(b.buffer, ReduceOp::avg)
+               : options.shard      ? comm->ordered_reduce_scatter_async(b.buffer)
+                                    : comm->ordered_sum_async(b.buffer);
       if (in_backward) ++launched_in_backward;
     }
     for (size_t i = 0; i < next_launch; ++i) buckets[i].work->test();  // lets MPI progress
@@ -140,36 +142,57 @@ struct GradientReducer::State {
   }
 };
 
+BucketLayout plan_buckets(const std::vector<Tensor>& params, const ReducerOptions& options, int ranks) {
+  if (options.shard_align == 0 || options.shard_align % kSlotAlign != 0)
+    throw std::invalid_argument("GradientReducer: shard_align must be a positive multiple of 4");
+  BucketLayout l;
+  std::vector<size_t> members;
+  // Reverse parameter order: the last layer's gradients are ready first.
+  size_t cap = options.first_bucket_bytes;
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    if (p.dtype() != DType::f32) throw std::invalid_argument("GradientReducer: parameters must be float32");
+    if (l.used.empty() || (members.back() > 0 && static_cast<size_t>(l.used.back()) * 4 + p.nbytes() > cap)) {
+      if (!l.used.empty()) cap = options.bucket_bytes;
+      l.used.push_back(0);
+      members.push_back(0);
+    }
+    int64_t& end = l.used.back();
+    end = (end + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    l.slots.push_back({k, l.used.size() - 1, end, p.numel()});
+    end += p.numel();
+    ++members.back();
+  }
+  // A bucket's length is a multiple of ranks x shard_align: it splits into equal, aligned shards, so
+  // that its ordered sum moves a ring all-reduce's bytes (ordered_sum.h). The tail is zero padding.
+  const int64_t unit = static_cast<int64_t>(options.shard_align) * ranks;
+  for (int64_t& used : l.used) {
+    used = (used + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    l.numel.push_back((used + unit - 1) / unit * unit);
+  }
+  return l;
+}
+
 GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm, ReducerOptions options)
     : state_(std::make_shared<State>()) {
   State& st = *state_;
   st.comm = &comm;
   st.options = options;
-  st.passthrough = comm.size() == 1 && options.micro_batches == 1;
-  // Reverse parameter order: the last layer's gradients are ready first.
-  size_t cap = options.first_bucket_bytes;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    if (it->dtype() != DType::f32) throw std::invalid_argument("GradientReducer: parameters must be float32");
-    const size_t bytes = it->nbytes();
-    if (st.buckets.empty() || (st.buckets.back().members > 0 && (st.buckets.back().pending * 4 + bytes > cap))) {
-      if (!st.buckets.empty()) cap = options.bucket_bytes;
-      st.buckets.emplace_back();
-    }
-    Bucket& b = st.buckets.back();
-    b.pending = (b.pending + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    st.slots.push_back(Slot{*it, st.buckets.size() - 1, b.pending, false});
-    b.pending += static_cast<size_t>(it->numel());  // counts elements while sizing
-    ++b.members;
+  if (options.shard && !options.ordered_sum) throw std::invalid_argument("GradientReducer: shard needs ordered_sum");
+  st.passthrough = options.passthrough && comm.size() == 1 && options.micro_batches == 1;
+  const BucketLayout plan = plan_buckets(params, options, comm.size());
+  st.buckets.resize(plan.numel.size());
+  for (const SlotLayout& s : plan.slots) {  // in slot order: reverse parameter order
+    st.slots.push_back(Slot{params[s.param], s.bucket, static_cast<size_t>(s.offset), false});
+    ++st.buckets[s.bucket].members;
   }
-  // A bucket's length is a multiple of ranks x kSlotAlign: it splits into equal, aligned shards, so
-  // that its ordered sum moves a ring all-reduce's bytes (ordered_sum.h). The tail is zero padding.
-  const size_t unit = kSlotAlign * static_cast<size_t>(comm.size());
-  for (Bucket& b : st.buckets) {
+  for (size_t i = 0; i < st.buckets.size(); ++i) {
+    Bucket& b = st.buckets[i];
+    b.used = plan.used[i];
     if (!st.passthrough) {
-      b.pending = (b.pending + unit - 1) / unit * unit;
-      b.buffer = comm.make_buffer(static_cast<int64_t>(b.pending), DType::f32, params[0].device());
+      b.buffer = comm.make_buffer(plan.numel[i], DType::f32, params[0].device());
       fill_(b.buffer, 0.0);  // the padding (whatever make_buffer gives)
-      for (size_t i = spares_needed(options.micro_batches); i > 0; --i)
+      for (size_t k = spares_needed(options.micro_batches); k > 0; --k)
         b.spares.push_back(zeros({b.buffer.numel()}, DType::f32, b.buffer.device()));
     }
     b.pending = b.members;
@@ -236,6 +259,30 @@ void GradientReducer::finish() {
 }
 
 size_t GradientReducer::num_buckets() const { return state_->buckets.size(); }
+
+BucketLayout GradientReducer::layout() const {
+  const State& st = *state_;
+  BucketLayout l;
+  if (st.passthrough) return l;
+  for (const Bucket& b : st.buckets) {
+    l.numel.push_back(b.buffer.numel());
+    l.used.push_back(b.used);
+  }
+  // Slots were made in reverse parameter order: slot i is parameter n - 1 - i.
+  const size_t n = st.slots.size();
+  for (size_t i = 0; i < n; ++i) {
+    const Slot& s = st.slots[i];
+    l.slots.push_back({n - 1 - i, s.bucket, static_cast<int64_t>(s.offset), s.param.numel()});
+  }
+  return l;
+}
+
+std::vector<Tensor> GradientReducer::buffers() const {
+  std::vector<Tensor> out;
+  for (const Bucket& b : state_->buckets) out.push_back(b.buffer);
+  return out;
+}
+
 size_t GradientReducer::launched_during_backward() const { return state_->launched_in_backward; }
 
 }  // namespace amp::comm

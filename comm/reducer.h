@@ -30,7 +30,38 @@ struct ReducerOptions {
   // tree's order (Communicator::ordered_sum_async) with nothing divided, for losses that carry
   // 1/(ranks x micro-batches) themselves: amp_train's rank-invariant step.
   bool ordered_sum = false;
+  // ZeRO-1 (with ordered_sum): each bucket is only reduce-scattered (Communicator::
+  // ordered_reduce_scatter_async): after finish() this rank's shard of every bucket holds the
+  // summed gradients, the rest of the bucket is unspecified. See shard() and gather_shards().
+  bool shard = false;
+  // Each bucket's shards are a whole number of this many elements (a multiple of 4), so that fixed
+  // chunks of the bucket (comm/chunked_norm.h) never straddle two ranks.
+  size_t shard_align = 4;
+  // false: buckets even for one rank and one micro-batch, where nothing is summed (the chunked norm
+  // reads the bucket layout).
+  bool passthrough = true;
 };
+
+// Where one parameter lies in the buckets: elements [offset, offset + numel) of bucket `bucket`,
+// a multiple of 4 from its start. `param` indexes the constructor's list.
+struct SlotLayout {
+  size_t param;
+  size_t bucket;
+  int64_t offset;
+  int64_t numel;
+};
+
+// The buckets' layout: bucket b holds numel[b] elements; used[b] is its extent over its slots, a
+// multiple of 4 that does not depend on the number of ranks (only the zero padding after it does).
+struct BucketLayout {
+  std::vector<int64_t> numel;
+  std::vector<int64_t> used;
+  std::vector<SlotLayout> slots;  // in bucket order (the parameters' reverse order)
+};
+
+// The layout a GradientReducer over params with these options makes on `ranks` ranks (no buffers,
+// no communication: ZeRO-1 plans its shards before the reducer exists).
+BucketLayout plan_buckets(const std::vector<Tensor>& params, const ReducerOptions& options, int ranks);
 
 class GradientReducer {
  public:
@@ -46,6 +77,10 @@ class GradientReducer {
   void finish();
 
   size_t num_buckets() const;
+  // Empty when the reducer passes gradients through (one rank, one micro-batch, passthrough).
+  BucketLayout layout() const;
+  std::vector<Tensor> buffers() const;  // the buckets, as layout() lists them
+
   // Buckets launched from inside backward (by the hooks) during the last synced backward.
   size_t launched_during_backward() const;
 

@@ -173,6 +173,9 @@ void check_model(const TrainConfig& c) {
   }
   if (c.grad_penalty > 0.0 && !spec->double_backward())
     throw UsageError("--grad-penalty: not available with --model " + c.model);
+  if (c.zero == 1 && spec->aggregator(0) != nullptr)
+    throw UsageError("--zero 1: --model " + c.model + " trains by Jacobian descent, whose trunk Jacobian is summed "
+                     "and aggregated whole on every rank: there is no gradient shard to step; use --zero 0");
   if (c.bf16_rounded_weight_grads && spec->aggregator(0) != nullptr)
     throw UsageError("--bf16-rounded-weight-grads: --model " + c.model + " takes its gradients by Jacobian descent "
                      "(grad()), which rounds them as PyTorch does already");
@@ -263,6 +266,8 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a step of the run: in [0, --steps] (0: none)");
   require(c.log_every >= 0, "--log-every", c.log_every, "must be >= 0");
   require(c.bucket_mb > 0.0 && c.bucket_mb <= 65536.0, "--bucket-mb", c.bucket_mb, "must be in (0, 65536]");
+  require(c.zero == 0 || c.zero == 1, "--zero", c.zero, "must be 0 (every rank holds the optimizer's state) or 1 "
+          "(ZeRO-1: each rank holds its shard of it)");
   if (!c.inject_nonfinite.empty() && !scaler_options(c).enabled)
     throw UsageError("--inject-nonfinite: without a loss scaler nothing skips the poisoned step, and the run would "
                    "stop at its non-finite loss; use it with --amp fp16 or --loss-scale dynamic|<number>");
@@ -426,6 +431,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("check-every", with_default(&c.check_every), "replica check every N steps (0: end only)")
     ("bucket-mb", with_default(&c.bucket_mb), "gradient bucket size in MiB")
     ("no-overlap", po::bool_switch(&no_overlap), "all-reduce after backward instead of during it")
+    ("zero", with_default(&c.zero),
+     "0|1: 1 is ZeRO-1: each rank keeps its shard of the summed gradients, steps the optimizer on it (AdamW's "
+     "moments divided over the ranks) and the parameters are all-gathered; bit for bit the run of --zero 0")
     ("cuda-graphs", po::value(&c.cuda_graphs)->default_value(c.cuda_graphs, "auto"),
      "auto|on|off: on a GPU, run 3 steps eagerly, then capture the step in a CUDA graph and replay it (the same "
      "numbers, one launch a step). auto: where the step can be captured (not the multi-task model, which says why); on: refuse to run where it cannot");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "comm/coalesced.h"
@@ -130,7 +131,9 @@ void Trainer::resume() {
     // hyperparameters from this run's flags and schedule (as the note below says), not the checkpoint's.
     if (scheduler_)
       for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
-    optim::OptimizerStateDict state = ck->optimizer;
+    // Under ZeRO-1, this rank's pieces of the unsharded state: a checkpoint of either kind, from any
+    // number of ranks, resumes either way.
+    optim::OptimizerStateDict state = zero_ ? zero_->shard_state_dict(ck->optimizer, *opt_) : ck->optimizer;
     state.param_groups = opt_->state_dict().param_groups;
     opt_->load_state_dict(state);
     std::map<std::string, double> scaler_state;
@@ -268,9 +271,13 @@ void Trainer::save_checkpoint_at(int64_t step) {
   require_finite_parameters(step);
   comm_.set_context("writing the checkpoint of step " + std::to_string(step));
   std::string error, path;
+  // Under ZeRO-1 the optimizer's state is gathered from every rank (a collective) into the file an
+  // unsharded run writes.
+  std::optional<optim::OptimizerStateDict> gathered;
+  if (zero_) gathered = zero_->full_state_dict(*opt_);
   if (comm_.rank() == 0) {
     try {
-      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), opt_->state_dict(),
+      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), gathered ? *gathered : opt_->state_dict(),
                              checkpoint_meta(step), cfg_.keep_checkpoints);
     } catch (const std::exception& e) {
       error = e.what();

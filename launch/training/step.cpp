@@ -10,6 +10,7 @@
 
 #include "amp/clip_grad.h"
 #include "amp/overflow.h"
+#include "comm/chunked_norm.h"
 #include "comm/coalesced.h"
 #include "comm/sum_tree.h"
 #include "jd/mtl_backward.h"
@@ -152,14 +153,23 @@ Trainer::StepFigures Trainer::device_step() {
   if (multi_task()) {
     step_.jd_weights = aggregate_jacobians();  // gradients are now averaged over ranks (still scaled)
   } else {
-    reducer_->finish();  // gradients are now averaged over ranks (still scaled)
+    reducer_->finish();  // gradients are now summed over ranks (still scaled); under ZeRO-1 this rank's shard
+    if (zero_) zero_->assign_grads();
   }
   std::vector<Tensor> task_sums;  // this rank's, then (after the collective) the step's
   for (auto& tree : task_trees) task_sums.push_back(tree.fold());
 
-  if (step_.inject_flag.defined()) {  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others
-    Tensor first = params[0].grad().view(0, {1});
-    add_(first, step_.inject_flag);
+  // --inject-nonfinite: + inf on its steps and ranks, + 0 on the others, into the first gradient
+  // element that this rank's optimizer reads (under ZeRO-1, of its shard; a rank with no element at
+  // all has it added to its found_inf below).
+  Tensor injected;
+  if (step_.inject_flag.defined()) {
+    for (const Tensor& p : opt_->params())
+      if (p.numel() > 0 && p.grad().defined()) {
+        injected = p.grad().view(0, {1});
+        break;
+      }
+    if (injected.defined()) add_(injected, step_.inject_flag);
   }
 
   // found_inf. Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of
@@ -172,22 +182,34 @@ Trainer::StepFigures Trainer::device_step() {
   // (step or skip, stop or go on) from the same figures. The scaler's step then reads the agreed
   // found_inf.
   std::vector<Tensor> figures;
-  if (const Tensor found = scaler_->found_inf_tensor(*opt_); found.defined()) figures.push_back(found);
+  if (Tensor found = scaler_->found_inf_tensor(*opt_); found.defined()) {
+    if (step_.inject_flag.defined() && !injected.defined()) add_(found, step_.inject_flag);
+    figures.push_back(found);
+  }
   figures.push_back(step_.stop_flag);
   figures.insert(figures.end(), task_sums.begin(), task_sums.end());
   comm::all_reduce_scalars(comm_, figures, comm::ReduceOp::sum);
 
+  if (zero_ && device_.is_cpu()) {
+    // On the CPU the figures are final at once: the names of this rank's pieces that were not
+    // finite, before the parameters' gathering reuses the buckets (finish() prints them).
+    step_.nonfinite.clear();
+    if (scaler_->is_enabled() && scaler_->found_inf_tensor(*opt_).item() != 0.0)
+      step_.nonfinite = nonfinite_gradients(zero_->named_pieces(model().named_parameters()));
+  }
+  // The norm (clipping, --log-grad-norm: a read of every gradient that PyTorch's loop does not pay
+  // for, asked only) over fixed chunks of the buckets, so that its bits depend neither on the ranks
+  // nor on ZeRO-1 (comm/chunked_norm.h); the multi-task model's, over its parameters, as PyTorch's.
   Tensor grad_norm;
-  if (cfg_.clip_grad_norm > 0.0) {
-    grad_norm = clip_grad_norm_(params, cfg_.clip_grad_norm);
-  } else if (cfg_.log_grad_norm) {  // a read of every gradient that PyTorch's loop does not pay for: asked only
-    Tensor acc = zeros({1}, DType::f32, device_);
-    backend_for(device_).norm_accumulate(opt_->grads(), 2.0, acc);
-    grad_norm = sqrt(acc);
+  if (needs_grad_norm()) {
+    if (reducer_) grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr));
+    else grad_norm = get_total_norm(opt_->grads(), 2.0, false);
+    if (cfg_.clip_grad_norm > 0.0) clip_grads_with_norm_(opt_->params(), cfg_.clip_grad_norm, grad_norm);
   }  // else: not computed, null in the metrics
-  if (cfg_.clip_grad_value > 0.0) clip_grad_value_(params, cfg_.clip_grad_value);
+  if (cfg_.clip_grad_value > 0.0) clip_grad_value_(opt_->params(), cfg_.clip_grad_value);
   scaler_->step(*opt_);
   scaler_->update();
+  if (zero_) zero_->gather_parameters();  // each rank's updated pieces, to every rank
 
   // The losses are means already (B / E each): summed over ranks, they are the step's mean.
   Tensor loss_sum = task_sums.at(0);
@@ -263,9 +285,11 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
     r.device_allocations = p.counted->allocations;
   }
   if (r.skipped && device_.is_cpu()) {
-    // On the CPU a step's figures are final at once, so its gradients are still there to inspect.
+    // On the CPU a step's figures are final at once, so its gradients are still there to inspect
+    // (under ZeRO-1, its pieces' were, before the parameters were gathered).
     std::string names;
-    for (const std::string& n : nonfinite_gradients(model().named_parameters())) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : zero_ ? step_.nonfinite : nonfinite_gradients(model().named_parameters()))
+      names += (names.empty() ? "" : ", ") + n;
     if (!names.empty())
       std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
                    static_cast<long long>(r.step), names.c_str());

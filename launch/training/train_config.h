@@ -100,6 +100,7 @@ struct TrainConfig {
   int64_t check_every = 0;  // 0: replica check at the end only
   double bucket_mb = 25.0;
   bool overlap = true;
+  int zero = 0;  // 1: ZeRO-1, the optimizer's state sharded over the ranks (comm/zero_shards.h)
   CudaGraphs cuda_graphs = CudaGraphs::auto_;
   // Output
   std::string metrics;

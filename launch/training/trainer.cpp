@@ -9,6 +9,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "comm/chunked_norm.h"
 #include "comm/coalesced.h"
 #include "comm/sum_tree.h"
 #include "comm/replica_check.h"
@@ -49,13 +50,25 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   std::vector<Tensor> not_decayed;
   for (const Tensor& p : model().parameters())
     if (std::none_of(decayed.begin(), decayed.end(), [&](const Tensor& d) { return d.same(p); })) not_decayed.push_back(p);
+  std::vector<std::vector<Tensor>> lists = {model().parameters()};
+  if (!decayed.empty()) {
+    lists = {decayed};
+    if (!not_decayed.empty()) lists.push_back(not_decayed);
+  }
+  if (cfg_.zero == 1) {
+    if (multi_task()) throw std::invalid_argument("--zero 1: not with Jacobian descent (its trunk Jacobian is summed whole)");
+    // ZeRO-1: the optimizer steps this rank's pieces of the parameters (its shard of the buckets,
+    // planned now; the reducer that makes them comes with connect()).
+    zero_ = std::make_unique<comm::ZeroShards>(comm::plan_buckets(model().parameters(), reducer_options(), comm_.size()),
+                                               model().parameters(), lists, comm_);
+    lists = zero_->piece_groups();
+  }
   auto groups = [&](auto options) {
     using O = decltype(options);
-    if (decayed.empty()) return optim::one_group(model().parameters(), options);
     O off = options;
     off.weight_decay = 0.0;
-    std::vector<optim::ParamGroup<O>> g{{decayed, options}};
-    if (!not_decayed.empty()) g.push_back({not_decayed, off});
+    std::vector<optim::ParamGroup<O>> g{{lists[0], options}};
+    if (lists.size() > 1) g.push_back({lists[1], off});
     return g;
   };
   if (cfg_.optimizer == OptimizerKind::sgd) {
@@ -121,13 +134,23 @@ void Trainer::connect() {
     std::fflush(stdout);
   }
   if (multi_task()) return;  // Jacobians and head gradients are summed in aggregate_jacobians()
+  reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, reducer_options());
+  if (zero_) zero_->attach(reducer_->buffers());
+}
+
+comm::ReducerOptions Trainer::reducer_options() const {
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<size_t>(cfg_.bucket_mb * 1024 * 1024);
   ro.first_bucket_bytes = std::min<size_t>(ro.bucket_bytes, 1u << 20);
   ro.overlap = cfg_.overlap;
   ro.micro_batches = cfg_.micro_batches;
   ro.ordered_sum = true;  // the losses carry B / E: summed in one order, the step is rank-invariant
-  reducer_ = std::make_unique<comm::GradientReducer>(model().parameters(), comm_, ro);
+  ro.shard = cfg_.zero == 1;
+  if (ro.shard) ro.shard_align = comm::kNormChunk;  // a norm chunk never straddles two shards
+  // The gradient norm is summed over fixed chunks of the buckets (comm/chunked_norm.h), whatever the
+  // ranks and sharding: it needs buckets even where nothing is summed.
+  ro.passthrough = !needs_grad_norm() && !ro.shard;
+  return ro;
 }
 
 std::optional<double> Trainer::evaluate() {
@@ -213,8 +236,16 @@ TrainResult Trainer::run() {
   // Under autocast the forward's casts of the parameters are the optimizer's low-precision copies,
   // which each step rewrites as it updates the parameters (Optimizer::keep_low_precision_copies):
   // made once, here, after the weights were loaded and broadcast, and outside any step's figures.
-  if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies)
+  // Not under ZeRO-1: this rank's optimizer holds pieces of the parameters, not their casts.
+  if (cfg_.amp != AmpMode::off && cfg_.low_precision_copies && !zero_)
     opt_->keep_low_precision_copies(amp_dtype(cfg_.amp));
+  if (zero_ && comm_.rank() == 0) {
+    std::printf("amp_train: --zero 1: rank 0 steps %lld of the %lld parameter elements, with %zu bytes of optimizer "
+                "state (%.1f MiB)\n",
+                static_cast<long long>(zero_->piece_elements()), static_cast<long long>(zero_->total_elements()),
+                opt_->state_bytes(), static_cast<double>(opt_->state_bytes()) / (1 << 20));
+    std::fflush(stdout);
+  }
   set_fp32_weight_grads(!cfg_.bf16_rounded_weight_grads);
   // Nothing reads a gradient after the step (the next backward overwrites them): a step that unscales
   // them need not write them back.

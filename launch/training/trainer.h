@@ -15,6 +15,7 @@
 #include "comm/reducer.h"
 #include "comm/replica_check.h"
 #include "comm/sum_tree.h"
+#include "comm/zero_shards.h"
 #include "jd/aggregator.h"
 #include "launch/training/checkpoint.h"
 #include "launch/training/metrics.h"
@@ -122,6 +123,9 @@ class Trainer {
   std::unique_ptr<optim::LRScheduler> scheduler_;  // null: a constant lr
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<comm::GradientReducer> reducer_;  // made by connect()
+  std::unique_ptr<comm::ZeroShards> zero_;          // --zero 1: this rank's pieces, which opt_ steps
+  comm::ReducerOptions reducer_options() const;
+  bool needs_grad_norm() const { return cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm; }
   // Where the run stands (resume.cpp sets it from a checkpoint; run() counts the skipped steps).
   struct Position {
     int64_t start_step = 0;     // the step the run continues from (0: a fresh run)
@@ -175,6 +179,7 @@ class Trainer {
     uint64_t graph_comm_bytes = 0;  // what the captured step's collectives send: each replay sends it again
     std::unique_ptr<JacobianTree> jacobian_tree;  // this step's micro-batches, flat [J | heads' grads]
     int64_t jacobian_rows = 0;
+    std::vector<std::string> nonfinite;  // --zero 1 on the CPU: this rank's pieces with non-finite gradients
   } step_;
 
   // --- what the loop (trainer.cpp's run) checks and reports besides the metrics and checkpoints.

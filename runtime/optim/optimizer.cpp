@@ -120,6 +120,14 @@ std::vector<Tensor>& Optimizer::add_state(const std::string& name, const std::ve
   return v;
 }
 
+size_t Optimizer::state_bytes() const {
+  size_t n = 0;
+  for (const auto& [name, tensors] : state_)
+    for (const Tensor& t : tensors)
+      if (t.defined()) n += t.nbytes();
+  return n;
+}
+
 OptimizerStateDict Optimizer::state_dict() const {
   OptimizerStateDict sd;
   std::map<size_t, double> count;  // cohort -> steps taken (one host read per cohort)

@@ -86,6 +86,9 @@ class Optimizer {
   // One per parameter, in params() order; empty when none are kept.
   const std::vector<Tensor>& low_precision_copies() const { return copies_; }
 
+  // Bytes of the per-element state (moments, momentum buffers) this optimizer holds.
+  size_t state_bytes() const;
+
   OptimizerStateDict state_dict() const;
   // Checks group sizes, names and shapes; takes the hyperparameters of the saved groups.
   void load_state_dict(const OptimizerStateDict& sd);

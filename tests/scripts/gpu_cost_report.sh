@@ -8,7 +8,7 @@
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
 # Then the GPT-2 small step's communication on 2, 4 and 8 ranks (mpirun; the emulated GPU's NCCL): the
 # bytes each rank sends against a ring all-reduce's, and the buckets' sum modeled on 8 GPUs over NVLink
-# and 64 over InfiniBand.
+# and 64 over InfiniBand; then the same with --zero 1, and each rank's bytes of optimizer state.
 # It builds nothing (run launch/scripts/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
 set -euo pipefail
@@ -36,6 +36,7 @@ run() {  # name, cost-model shape flags, amp_train flags (RANKS=N: under mpirun 
   echo "== $name (dry run: $((SECONDS - t0)) s on this machine; modeled H100 SXM below)"
   python3 launch/bench/cost_model.py "$work/$name.jsonl" --last $shape >"$work/$name.report"
   if [[ -n ${RANKS:-} ]]; then grep -A1 '^  communication' "$work/$name.report"; else cat "$work/$name.report"; fi
+  grep -o 'rank 0 steps .*' "$work/$name.out" | sed 's/^/  --zero 1: /' || true
 }
 
 run gpt2-small-bf16 "--gpt 12,768,8192" --model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 \
@@ -51,3 +52,8 @@ run mlp-4096x3-fp16-scaler "--mlp 4096,3,512" --width 4096 --layers 3 --batch-si
 gpt2_small=(--model gpt --data "$work/text" --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8
   --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 --eval-every 0 --sample-tokens 0)
 for ranks in 2 4 8; do RANKS=$ranks run "gpt2-small-bf16-$ranks-ranks" "--gpt 12,768,8192" "${gpt2_small[@]}"; done
+# ZeRO-1: the gradients reduce-scattered, the parameters all-gathered (a ring's bytes again), and each
+# rank's share of AdamW's state (unsharded: 8 bytes x 124M elements, 996 MB on every rank).
+for ranks in 2 4 8; do
+  RANKS=$ranks run "gpt2-small-bf16-$ranks-ranks-zero1" "--gpt 12,768,8192" "${gpt2_small[@]}" --zero 1
+done

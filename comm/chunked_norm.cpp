@@ -1,0 +1,47 @@
+#include "comm/chunked_norm.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/kernels/backend.h"
+#include "runtime/ops/ops.h"
+
+namespace amp::comm {
+
+Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
+                              bool sharded) {
+  if (buffers.empty() || buffers.size() != layout.used.size())
+    throw std::invalid_argument("chunked_sum_of_squares: no buckets, or not the layout's");
+  const Device device = buffers[0].device();
+  auto chunks_of = [](int64_t n) { return (n + kNormChunk - 1) / kNormChunk; };
+  int64_t total = 0;
+  for (int64_t used : layout.used) total += chunks_of(used);
+  Tensor partial = zeros({total}, DType::f32, device);  // chunk sums, in bucket then chunk order
+  Backend& be = backend_for(device);
+  const int64_t R = sharded ? comm.size() : 1, me = sharded ? comm.rank() : 0;
+  int64_t base = 0;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const Tensor& buf = buffers[b];
+    const int64_t n = chunks_of(layout.used[b]);
+    const int64_t shard = buf.numel() / R;  // a whole number of chunks when sharded
+    if (sharded && shard % kNormChunk != 0)
+      throw std::logic_error("chunked_sum_of_squares: a shard is not a whole number of chunks");
+    const int64_t first = sharded ? std::min(n, me * shard / kNormChunk) : 0;
+    const int64_t last = sharded ? std::min(n, (me + 1) * shard / kNormChunk) : n;
+    std::vector<Tensor> chunks;
+    for (int64_t k = first; k < last; ++k)
+      chunks.push_back(buf.view(k * kNormChunk, {std::min(kNormChunk, layout.used[b] - k * kNormChunk)}));
+    if (!chunks.empty()) {
+      Tensor out = partial.view(base + first, {last - first});
+      be.norm_accumulate_each(chunks, 2.0, out);
+    }
+    base += n;
+  }
+  if (R > 1) comm.ordered_sum(partial);  // each chunk's sum is nonzero on one rank only: exact
+  Tensor acc = zeros({1}, DType::f32, device);
+  be.norm_accumulate({partial}, 1.0, acc);  // the sums are >= 0 (or NaN): |x| is x
+  return acc;
+}
+
+}  // namespace amp::comm

@@ -1,0 +1,26 @@
+// The gradient norm whose bits depend neither on the number of ranks nor on ZeRO-1's sharding.
+// torch.nn.utils.clip_grad_norm_ takes each tensor's norm, then the norm of those: with sharded
+// gradients a tensor's elements are split between ranks at places that move with the number of
+// ranks, so that grouping cannot be kept. Here the unit is a fixed chunk of kNormChunk elements of a
+// gradient bucket (the buckets' layout does not depend on the ranks, comm/reducer.h): each chunk's
+// sum of squares, then the sum of the chunks' sums in bucket and chunk order. A chunk never
+// straddles two ranks' shards (ReducerOptions::shard_align = kNormChunk), so one rank computes
+// each chunk's sum, and the sum over ranks of the partial sums (zero on every other rank) is exact.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/reducer.h"
+
+namespace amp::comm {
+
+constexpr int64_t kNormChunk = 1024;
+
+// The sum of squares of every gradient in the buckets, as a 1-element float32 tensor on their
+// device (its square root is the L2 norm). sharded: this rank holds only its shard of each bucket
+// (ZeRO-1); a collective then. Otherwise each rank reads whole buckets, and nothing is sent.
+Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
+                              bool sharded);
+
+}  // namespace amp::comm

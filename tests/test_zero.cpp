@@ -1,0 +1,191 @@
+// ZeRO-1 (--zero 1, comm/zero_shards.h): each rank steps the optimizer on its shard of the summed
+// gradients and the parameters are all-gathered, and the run is the unsharded run's, bit for bit.
+// The control of every case is the run with --zero 0 on one rank: the sharded runs on 1, 2, 4 (and
+// 8) ranks, over shared memory, MPI's TCP transport and the emulated GPU's NCCL, give the same
+// metrics (the losses, the gradient norm, the scale, the skips), the same param_checksum and the
+// same saved weights; their checkpoints are the unsharded run's files byte for byte and resume
+// either way; and the optimizer's state on a rank is its share. Nothing is compared with a tolerance.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "invariance_util.h"
+#include "test_util.h"
+
+namespace amp {
+namespace {
+
+using namespace cli;
+using namespace invariance;
+
+// The sharded runs against the unsharded one on one rank.
+void expect_sharded_equals_unsharded(const std::string& args, int64_t M, const std::vector<int>& ranks, bool tcp = false) {
+  TempDir control_dir;
+  const Outcome control = train(control_dir, args + " --zero 0", 1, M);
+  ASSERT_GE(control.records.size(), 3u);
+  for (int r : ranks) {
+    SCOPED_TRACE("--zero 1 on " + std::to_string(r) + " ranks" + (tcp ? " over TCP" : ""));
+    TempDir d;
+    const Outcome sharded = train(d, args + " --zero 1", r, M, tcp);
+    EXPECT_EQ(control.records, sharded.records);
+    EXPECT_TRUE(control.weights == sharded.weights) << "the saved weights differ";
+  }
+}
+
+const std::string kMlp = "--width 32 --layers 3 --batch-size 4 --steps 6 --optimizer adamw --lr 0.01";
+// Growth every 2 steps from 2^10, an inf in step 3's gradients (on rank 1 where there is one): the
+// scale rises, the step is skipped everywhere and the scale backs off.
+const std::string kMlpFp16Overflow =
+    kMlp + " --amp fp16 --init-scale 1024 --growth-interval 2 --inject-nonfinite 3 --log-grad-norm";
+
+std::string gpt_args() {
+  return "--model gpt --data " + test::generated_text_file("zero", 30000) +
+         " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --dropout 0.1 --optimizer adamw --lr 3e-3"
+         " --weight-decay 0.1 --clip-grad-norm 0.5 --batch-size 2 --eval-every 2 --eval-batches 2";
+}
+
+int count(const std::vector<std::string>& records, const std::string& what) {
+  int n = 0;
+  for (const std::string& r : records) n += r.find(what) != std::string::npos;
+  return n;
+}
+
+TEST(Zero, MlpFp16WithAnOverflowAndAScaleChangeOnOneTwoFourAndEightRanks) {
+  expect_sharded_equals_unsharded(kMlpFp16Overflow, 8, {1, 2, 4, 8});
+  TempDir d;
+  const Outcome o = train(d, kMlpFp16Overflow + " --zero 1", 4, 8);
+  EXPECT_EQ(count(o.records, "\"skipped\":true"), 1);
+  EXPECT_GE(count(o.records, "\"scale\":2048.0"), 1);  // grown after steps 1 and 2, backed off by the skip
+}
+
+TEST(Zero, GptWithWeightDecayGroupsClippingAndTheValidationLoss) {
+  expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 4", 4, {1, 2, 4});
+}
+
+TEST(Zero, OverTcp) {
+  expect_sharded_equals_unsharded(kMlpFp16Overflow, 4, {2, 4}, true);
+  expect_sharded_equals_unsharded(gpt_args() + " --amp fp16 --steps 3", 4, {2, 4}, true);
+}
+
+TEST(Zero, EmulatedGpuOverNccl) {
+#ifndef AMP_TEST_EMULATED_GPU
+  GTEST_SKIP() << "the emulated GPU is built by the cuda-emu preset";
+#endif
+  expect_sharded_equals_unsharded(kMlpFp16Overflow + " --device cuda", 4, {1, 2, 4});
+  expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 2 --device cuda", 4, {2, 4});
+}
+
+// A checkpoint of a sharded run holds the unsharded run's files, byte for byte (the optimizer's
+// state gathered to the writer), and resumes unsharded on 1 rank and sharded on 4, ending where the
+// uninterrupted run ends; an unsharded checkpoint resumes sharded.
+TEST(Zero, CheckpointsAreTheUnshardedFilesAndResumeEitherWay) {
+  const std::string args = gpt_args() + " --amp fp16 --growth-interval 2 --log-every 0 --threads 1";
+  TempDir d;
+  const RunResult full = run(args + " --steps 6 --micro-batches 2 --zero 0 --metrics " + d.file("full.jsonl") +
+                                 " --save-weights " + d.file("full.safetensors"),
+                             launcher(2));
+  ASSERT_EQ(full.code, 0) << full.out;
+  for (int zero : {0, 1}) {
+    const RunResult first = run(args + " --steps 3 --micro-batches 2 --zero " + std::to_string(zero) +
+                                    " --checkpoint-dir " + d.file("ck" + std::to_string(zero)) + " --metrics " +
+                                    d.file("part" + std::to_string(zero) + ".jsonl"),
+                                launcher(2));
+    ASSERT_EQ(first.code, 0) << first.out;
+  }
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "trainer.json"}) {
+    SCOPED_TRACE(file);
+    const std::string unsharded = bytes_of(d.file("ck0/step-00000003/") + file);
+    EXPECT_FALSE(unsharded.empty());
+    EXPECT_TRUE(unsharded == bytes_of(d.file("ck1/step-00000003/") + file)) << "the files differ";
+  }
+  struct Resume {
+    int from_zero, ranks, zero;
+  };
+  for (const Resume c : {Resume{1, 1, 0}, Resume{1, 4, 1}, Resume{0, 4, 1}}) {
+    SCOPED_TRACE("the checkpoint of --zero " + std::to_string(c.from_zero) + " resumed on " + std::to_string(c.ranks) +
+                 " ranks with --zero " + std::to_string(c.zero));
+    const std::string tag = std::to_string(c.from_zero) + std::to_string(c.ranks) + std::to_string(c.zero);
+    const std::string ck = d.file("ck" + tag), metrics = d.file("res" + tag + ".jsonl");
+    std::filesystem::copy(d.file("ck" + std::to_string(c.from_zero)), ck, std::filesystem::copy_options::recursive);
+    std::filesystem::copy_file(d.file("part" + std::to_string(c.from_zero) + ".jsonl"), metrics);
+    const RunResult second = run(args + " --steps 6 --micro-batches " + std::to_string(4 / c.ranks) + " --zero " +
+                                     std::to_string(c.zero) + " --resume --checkpoint-dir " + ck + " --metrics " +
+                                     metrics + " --save-weights " + d.file("w" + tag + ".safetensors"),
+                                 launcher(c.ranks));
+    ASSERT_EQ(second.code, 0) << second.out;
+    EXPECT_EQ(steps_and_end(d.file("full.jsonl")), steps_and_end(metrics));
+    EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("w" + tag + ".safetensors")))
+        << "the weights differ";
+  }
+}
+
+// The optimizer's state on a rank is its share: AdamW's two moments (8 bytes) for each element of
+// its pieces, and the pieces about 1/R of the parameters (the shards are whole chunks of 1024
+// elements of each bucket, so a rank's share is at most one chunk per bucket above 1/R).
+TEST(Zero, EachRankHoldsItsShareOfTheOptimizersState) {
+  const std::string args = "--width 256 --layers 3 --batch-size 4 --steps 2 --optimizer adamw --log-every 0 --threads 1";
+  const std::regex said("rank 0 steps (\\d+) of the (\\d+) parameter elements, with (\\d+) bytes of optimizer state");
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const RunResult r = run(args + " --zero 1", launcher(ranks));
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, said)) << r.out;
+    const long long mine = std::stoll(m[1]), total = std::stoll(m[2]), bytes = std::stoll(m[3]);
+    EXPECT_EQ(total, 3 * (256 * 256 + 256));
+    EXPECT_EQ(bytes, 8 * mine);
+    EXPECT_GE(mine, total / ranks);
+    EXPECT_LE(mine, total / ranks + 1024);  // one bucket here
+  }
+}
+
+// Over TCP a sharded step sends a ring all-reduce's bytes: the all-to-all of the gradients and the
+// all-gather of the parameters, (R - 1)/R x G each (G the buckets' bytes, padded to R chunks of
+// 1024 elements), plus the step's few figures and the norm's chunk sums.
+TEST(Zero, AShardedStepSendsARingAllReducesBytesOverTcp) {
+  const double G = 3 * (256 * 256 + 256) * 4;
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    TempDir d;
+    const RunResult r = run("--width 256 --layers 3 --batch-size 4 --steps 3 --optimizer adamw --log-every 0 "
+                            "--threads 1 --zero 1 --metrics " + d.file("m.jsonl"),
+                            launcher(ranks, true));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const double ring = 2.0 * (ranks - 1) / ranks * G;
+    int steps = 0;
+    for (const auto& rec : read_jsonl(d.file("m.jsonl"))) {
+      if (!rec.contains("comm_bytes")) continue;
+      ++steps;
+      EXPECT_GE(rec["comm_bytes"].get<double>(), ring) << rec.dump();
+      EXPECT_LE(rec["comm_bytes"].get<double>(), 1.05 * ring) << rec.dump();
+    }
+    EXPECT_EQ(steps, 3);
+  }
+}
+
+// A rank that stops answering ends a sharded job within --comm-timeout, naming the collective.
+TEST(Zero, AStalledRankInTheReduceScatterIsNamed) {
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3 "
+                          "--zero 1",
+                          std::string("AMP_DEBUG_STALL=1:3 ") + launcher(2, true));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
+  EXPECT_NE(r.out.find("ordered_reduce_scatter/all_to_all("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
+}
+
+TEST(Zero, WhatCannotBeShardedIsRefused) {
+  RunResult r = run("--zero 2 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--zero must be 0"), std::string::npos) << r.out;
+  r = run("--model mtl --tasks 2 --aggregator upgrad --steps 1 --zero 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--zero 1: --model mtl trains by Jacobian descent"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace amp
