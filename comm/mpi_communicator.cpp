@@ -47,40 +47,52 @@ void mpi_check(int rc, const char* what) {
 // A collective of one or more MPI requests issued in turn: each stage's start() issues its request
 // once the previous stage's request has completed and its then() has run (an ordered sum's
 // all-to-all, its additions, its all-gather). A timeout names the stage that did not complete.
+//
+// Only the first stage is issued when the collective is; the later ones are issued by wait(), never
+// by test(). MPI matches a communicator's collectives by the order in which each rank issues them, so
+// every rank must issue them in the same order: a stage started by whichever test() first saw its
+// predecessor complete would go out between other buckets' first stages at a moment that differs
+// from rank to rank, and be matched with another collective.
 class MpiWork final : public Work {
  public:
   using Stage = MpiStage;
   // keep: the buffers MPI owns until the last stage completes.
   MpiWork(MpiCommunicator* c, std::vector<Tensor> keep, std::vector<Stage> stages)
       : comm_(c), keep_(std::move(keep)), stages_(std::move(stages)) {
-    stages_[0].start(&req_);
+    start();
   }
   bool test() override {
-    while (!done()) {
+    if (!done() && started_) {
       int flag = 0;
       mpi_check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), stages_[next_].what.c_str());
-      if (!flag) return false;
-      advance();
+      if (flag) complete();
     }
-    return true;
+    return done();
   }
   void wait() override {
     while (!done()) {
+      if (!started_) start();
       comm_->wait_bounded(&req_, stages_[next_].what);
-      advance();
+      complete();
     }
   }
 
  private:
   bool done() const { return next_ == stages_.size(); }
-  void advance() {
+  void start() {
+    stages_[next_].start(&req_);
+    started_ = true;
+  }
+  void complete() {  // the stage in flight has completed
     if (stages_[next_].then) stages_[next_].then();
-    if (++next_ < stages_.size()) stages_[next_].start(&req_);
+    ++next_;
+    started_ = false;
   }
   MpiCommunicator* comm_;
   std::vector<Tensor> keep_;
   std::vector<Stage> stages_;
-  size_t next_ = 0;  // the stage in flight
+  size_t next_ = 0;       // the stage in flight, or the next one to start
+  bool started_ = false;  // stages_[next_] has been issued
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 

@@ -96,6 +96,13 @@ TEST(RankInvariance, OverTcp) {
   }
 }
 
+// Many buckets in flight at once over TCP (one or two a layer here): each ordered sum's all-gather is issued
+// by the wait, in bucket order on every rank, not by whichever poll first sees its all-to-all done
+// (then ranks issued collectives in different orders and MPI matched the wrong ones: a crash).
+TEST(RankInvariance, ManyBucketsInFlightOverTcp) {
+  expect_invariant("--width 64 --layers 6 --batch-size 4 --steps 4 --bucket-mb 0.01", 4, {1, 2, 4}, true);
+}
+
 // What a rank sends per step over TCP is a ring all-reduce's bytes of the gradients (the metrics'
 // comm_bytes, counted from the collectives' sizes): within 5 % of 2 (R - 1)/R x G, where gathering
 // every rank's gradients would send (R - 1) x G. G from the model's shape: 3 Linear layers 32 x 32
