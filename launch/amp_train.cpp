@@ -143,20 +143,26 @@ void report_fatal(int rank, const std::string& what) {
 
 // Test hook for the fault tests, read once here: AMP_DEBUG_STALL=RANK:STEP makes that rank stop
 // answering, before the first collective of the set-up (STEP 0) or at the start of step STEP (the
-// trainer's before-step hook).
+// trainer's before-step hook); RANK:STEP:gather, in step STEP just before ZeRO-1's all-gather of the
+// parameters (its peers are then inside it).
 struct DebugStall {
   int rank = -1;
   long long step = -1;
+  bool in_gather = false;
   static DebugStall from_environment() {
     DebugStall d;
     const char* s = std::getenv("AMP_DEBUG_STALL");
-    if (s == nullptr || std::sscanf(s, "%d:%lld", &d.rank, &d.step) != 2) d = {};
+    char where[16] = {0};
+    const int n = s == nullptr ? 0 : std::sscanf(s, "%d:%lld:%15s", &d.rank, &d.step, where);
+    if (n < 2) return {};
+    d.in_gather = n == 3 && std::string(where) == "gather";
     return d;
   }
   void at(int rank_here, long long step_here) const {
     if (rank != rank_here || step != step_here) return;
-    std::fprintf(stderr, "amp_train: rank %d: stalling %s (AMP_DEBUG_STALL)\n", rank_here,
-                 step_here == 0 ? "in the set-up" : ("at step " + std::to_string(step_here)).c_str());
+    std::fprintf(stderr, "amp_train: rank %d: stalling %s%s (AMP_DEBUG_STALL)\n", rank_here,
+                 step_here == 0 ? "in the set-up" : ("at step " + std::to_string(step_here)).c_str(),
+                 in_gather ? ", before the parameters' all-gather" : "");
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 };
@@ -304,7 +310,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/training/interrupt.h).
   trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
                                                  trainer->samples_per_step()));
-  if (stall.rank >= 0 && stall.step > 0) trainer->set_before_step([stall, &mpi](int64_t step) { stall.at(mpi.rank(), step); });
+  if (stall.rank >= 0 && stall.step > 0) {
+    auto hook = [stall, &mpi](int64_t step) { stall.at(mpi.rank(), step); };
+    if (stall.in_gather) trainer->set_before_gather(hook);
+    else trainer->set_before_step(hook);
+  }
   launch::install_interrupt_handlers();
   const launch::TrainResult result = trainer->run();
   if (!result.errors.empty()) {  // trained, but an output was not saved: named, and exit 1 (no abort)

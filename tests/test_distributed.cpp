@@ -604,6 +604,53 @@ TEST(Distributed, TheOrderedSumSendsARingsBytesWithTheGathersBits) {
   }
 }
 
+// ZeRO-1's halves of the ordered sum (MPI's all-to-all stage alone, then its in-place all-gather)
+// against the base class's (the whole gather-and-sum, then the shards through all_gather()) and the
+// whole ordered sum, over MPI's own transport and over the shared-memory sum: this rank's shard is
+// the ordered sum's bits, the other shards untouched by the reduce-scatter; the all-gather puts every
+// rank's shard in its place; a buffer that does not split is refused, naming the sizes.
+TEST(Distributed, TheOrderedSumsHalvesAreItsBits) {
+  comm::MpiCommunicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  setenv("AMP_COMM_SHM", "0", 1);
+  comm::MpiCommunicator plain(MPI_COMM_WORLD);
+  unsetenv("AMP_COMM_SHM");
+  plain.set_timeout(120);
+  const int R = w.size();
+  const int64_t n = int64_t{R} * 4 * 500, shard = n / R, me = w.rank();
+  for (comm::MpiCommunicator* c : {&plain, &w}) {
+    SCOPED_TRACE(c == &plain ? "MPI's transport" : "shared memory");
+    Generator g(57 + static_cast<uint64_t>(me));
+    Tensor mine = randn({n}, g);
+    for (int64_t j = 0; j < n; ++j) mine.data<float>()[j] *= std::ldexp(1.0f, static_cast<int>((j * 5 + me * 11) % 41) - 20);
+    Tensor whole = mine.clone();
+    c->ordered_sum(whole);
+    Tensor scattered = mine.clone(), base = mine.clone();
+    c->ordered_reduce_scatter_async(scattered)->wait();
+    c->comm::Communicator::ordered_reduce_scatter_async(base)->wait();
+    EXPECT_TRUE(test::bitwise_equal(scattered.view(me * shard, {shard}), whole.view(me * shard, {shard})));
+    EXPECT_TRUE(test::bitwise_equal(base.view(me * shard, {shard}), whole.view(me * shard, {shard})));
+    // Each rank's own shard in place, the rest garbage: the all-gather makes every rank's buffer whole.
+    Tensor gathered = full({n}, std::nan("")), gathered_base = full({n}, std::nan(""));
+    for (Tensor* t : {&gathered, &gathered_base}) {
+      Tensor dst = t->view(me * shard, {shard});
+      copy_(dst, whole.view(me * shard, {shard}));
+    }
+    c->all_gather_shards_async(gathered)->wait();
+    c->comm::Communicator::all_gather_shards_async(gathered_base)->wait();
+    EXPECT_TRUE(test::bitwise_equal(gathered, whole));
+    EXPECT_TRUE(test::bitwise_equal(gathered_base, whole));
+  }
+  Tensor odd = zeros({n + 1});
+  try {
+    plain.ordered_reduce_scatter_async(odd)->wait();
+    ADD_FAILURE() << "a buffer that does not split was reduce-scattered";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("do not split into " + std::to_string(R) + " equal shards"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Distributed, ReplicaCheckNamesTheRankThatDiffers) {
   comm::MpiCommunicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";

@@ -1,7 +1,7 @@
 // ZeRO-1 (--zero 1, comm/zero_shards.h): each rank steps the optimizer on its shard of the summed
 // gradients and the parameters are all-gathered, and the run is the unsharded run's, bit for bit.
-// The control of every case is the run with --zero 0 on one rank: the sharded runs on 1, 2, 4 (and
-// 8) ranks, over shared memory, MPI's TCP transport and the emulated GPU's NCCL, give the same
+// The control of every case is the run with --zero 0 on one rank: the sharded runs on 1, 2, 4 and 8
+// ranks, over shared memory, MPI's TCP transport and the emulated GPU's NCCL, give the same
 // metrics (the losses, the gradient norm, the scale, the skips), the same param_checksum and the
 // same saved weights; their checkpoints are the unsharded run's files byte for byte and resume
 // either way; and the optimizer's state on a rank is its share. Nothing is compared with a tolerance.
@@ -67,7 +67,7 @@ TEST(Zero, GptWithWeightDecayGroupsClippingAndTheValidationLoss) {
 }
 
 TEST(Zero, OverTcp) {
-  expect_sharded_equals_unsharded(kMlpFp16Overflow + " --bucket-mb 0.002", 4, {2, 4}, true);  // a bucket a layer
+  expect_sharded_equals_unsharded(kMlpFp16Overflow + " --bucket-mb 0.002", 8, {2, 4, 8}, true);  // a bucket a layer
   expect_sharded_equals_unsharded(gpt_args() + " --amp fp16 --steps 3", 4, {2, 4}, true);
 }
 
@@ -75,7 +75,7 @@ TEST(Zero, EmulatedGpuOverNccl) {
 #ifndef AMP_TEST_EMULATED_GPU
   GTEST_SKIP() << "the emulated GPU is built by the cuda-emu preset";
 #endif
-  expect_sharded_equals_unsharded(kMlpFp16Overflow + " --device cuda", 4, {1, 2, 4});
+  expect_sharded_equals_unsharded(kMlpFp16Overflow + " --device cuda", 8, {1, 2, 4, 8});
   expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 2 --device cuda", 4, {2, 4});
 }
 
@@ -175,6 +175,17 @@ TEST(Zero, AStalledRankInTheReduceScatterIsNamed) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
   EXPECT_NE(r.out.find("ordered_reduce_scatter/all_to_all("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
+}
+
+// ... and inside the parameters' all-gather (the stalled rank stops just before it).
+TEST(Zero, AStalledRankInTheParametersAllGatherIsNamed) {
+  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3 "
+                          "--zero 1",
+                          std::string("AMP_DEBUG_STALL=1:3:gather ") + launcher(2, true));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
+  EXPECT_NE(r.out.find("all_gather_shards/all_gather("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
 }
 

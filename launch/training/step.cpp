@@ -209,7 +209,10 @@ Trainer::StepFigures Trainer::device_step() {
   if (cfg_.clip_grad_value > 0.0) clip_grad_value_(opt_->params(), cfg_.clip_grad_value);
   scaler_->step(*opt_);
   scaler_->update();
-  if (zero_) zero_->gather_parameters();  // each rank's updated pieces, to every rank
+  if (zero_) {
+    if (listeners_.before_gather) listeners_.before_gather(step_.number);
+    zero_->gather_parameters();  // each rank's updated pieces, to every rank
+  }
 
   // The losses are means already (B / E each): summed over ranks, they are the step's mean.
   Tensor loss_sum = task_sums.at(0);
@@ -223,6 +226,7 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   const bool profiled = step == cfg_.profile_step && device_.is_cuda();
   if (profiled) cuda_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
+  step_.number = step;
   if (listeners_.before_step) listeners_.before_step(step);
   if (listeners_.observer) listeners_.observer->step_begin(step);
   if (step_.use_graphs && !step_.graph && step > position_.start_step + kGraphWarmupSteps) {

@@ -84,6 +84,8 @@ class Trainer {
   const comm::GradientReducer& reducer() const { return *reducer_; }  // after run()
   // A hook called at the start of every step, before any work (fault tests make a rank stall there).
   void set_before_step(std::function<void(int64_t step)> hook) { listeners_.before_step = std::move(hook); }
+  // Under --zero 1, called in each step just before the parameters' all-gather (fault tests).
+  void set_before_gather(std::function<void(int64_t step)> hook) { listeners_.before_gather = std::move(hook); }
   // Where rank 0 reports each step's figures and each validation loss as they reach the host (the
   // amp_train program prints a progress line: launch/progress.h). None: the run reports nothing but
   // its metrics, messages and result.
@@ -180,6 +182,7 @@ class Trainer {
     std::unique_ptr<JacobianTree> jacobian_tree;  // this step's micro-batches, flat [J | heads' grads]
     int64_t jacobian_rows = 0;
     std::vector<std::string> nonfinite;  // --zero 1 on the CPU: this rank's pieces with non-finite gradients
+    int64_t number = 0;  // the step being issued (for the listeners)
   } step_;
 
   // --- what the loop (trainer.cpp's run) checks and reports besides the metrics and checkpoints.
@@ -197,6 +200,7 @@ class Trainer {
   // Who hears of each step, besides the metrics.
   struct Listeners {
     std::function<void(int64_t)> before_step;  // set_before_step
+    std::function<void(int64_t)> before_gather;  // set_before_gather
     std::shared_ptr<ProgressSink> progress;    // set_progress
     std::unique_ptr<StepObserver> observer;    // what a stand-in device counts per step (step_observer.h), or null
   } listeners_;
