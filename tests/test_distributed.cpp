@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mpi.h>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -554,6 +555,15 @@ TEST(Distributed, SharedMemoryAllReduceMatchesMpi) {
   EXPECT_TRUE(test::bitwise_equal(mx, mref));
 }
 
+// A communicator over MPI's own transport, the shared-memory sum off (AMP_COMM_SHM=0 while it is made).
+std::unique_ptr<comm::MpiCommunicator> over_mpis_transport() {
+  setenv("AMP_COMM_SHM", "0", 1);
+  auto c = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
+  unsetenv("AMP_COMM_SHM");
+  c->set_timeout(120);
+  return c;
+}
+
 // The ordered sum over MPI's own transport (no shared memory: several nodes, TCP): a buffer that
 // splits into one shard per rank goes as an all-to-all and an all-gather, which sends a ring
 // all-reduce's bytes; its bits are the gather's, and both are the tree over ranks that this test
@@ -562,10 +572,8 @@ TEST(Distributed, SharedMemoryAllReduceMatchesMpi) {
 TEST(Distributed, TheOrderedSumSendsARingsBytesWithTheGathersBits) {
   comm::MpiCommunicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  setenv("AMP_COMM_SHM", "0", 1);
-  comm::MpiCommunicator plain(MPI_COMM_WORLD);
-  unsetenv("AMP_COMM_SHM");
-  plain.set_timeout(120);
+  auto owned = over_mpis_transport();
+  comm::MpiCommunicator& plain = *owned;
   const int R = w.size();
   for (const int64_t n : {int64_t{R} * 4 * 1000, int64_t{R} * 4 * 1000 + 1}) {
     SCOPED_TRACE("n = " + std::to_string(n));
@@ -612,10 +620,8 @@ TEST(Distributed, TheOrderedSumSendsARingsBytesWithTheGathersBits) {
 TEST(Distributed, TheOrderedSumsHalvesAreItsBits) {
   comm::MpiCommunicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  setenv("AMP_COMM_SHM", "0", 1);
-  comm::MpiCommunicator plain(MPI_COMM_WORLD);
-  unsetenv("AMP_COMM_SHM");
-  plain.set_timeout(120);
+  auto owned = over_mpis_transport();
+  comm::MpiCommunicator& plain = *owned;
   const int R = w.size();
   const int64_t n = int64_t{R} * 4 * 500, shard = n / R, me = w.rank();
   for (comm::MpiCommunicator* c : {&plain, &w}) {

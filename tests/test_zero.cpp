@@ -167,27 +167,24 @@ TEST(Zero, AShardedStepSendsARingAllReducesBytesOverTcp) {
   }
 }
 
-// A rank that stops answering ends a sharded job within --comm-timeout, naming the collective.
-TEST(Zero, AStalledRankInTheReduceScatterIsNamed) {
+// A rank that stops answering (AMP_DEBUG_STALL=RANK:STEP[:gather]) ends a sharded job within
+// --comm-timeout, naming the collective its peers wait in.
+void expect_stall_named(const std::string& stall, const std::string& collective) {
+  SCOPED_TRACE("AMP_DEBUG_STALL=" + stall);
   const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3 "
                           "--zero 1",
-                          std::string("AMP_DEBUG_STALL=1:3 ") + launcher(2, true));
+                          "AMP_DEBUG_STALL=" + stall + " " + launcher(2, true));
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
-  EXPECT_NE(r.out.find("ordered_reduce_scatter/all_to_all("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(collective + "("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
 }
 
-// ... and inside the parameters' all-gather (the stalled rank stops just before it).
-TEST(Zero, AStalledRankInTheParametersAllGatherIsNamed) {
-  const RunResult r = run("--width 8 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 5 --comm-timeout 3 "
-                          "--zero 1",
-                          std::string("AMP_DEBUG_STALL=1:3:gather ") + launcher(2, true));
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.code, 124) << "mpirun hung until the outer timeout";
-  EXPECT_NE(r.out.find("all_gather_shards/all_gather("), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("did not complete within 3 s at step 3"), std::string::npos) << r.out;
-}
+// At the start of step 3: its peers wait in the gradients' reduce-scatter.
+TEST(Zero, AStalledRankInTheReduceScatterIsNamed) { expect_stall_named("1:3", "ordered_reduce_scatter/all_to_all"); }
+
+// Just before the parameters' all-gather: its peers wait inside it.
+TEST(Zero, AStalledRankInTheParametersAllGatherIsNamed) { expect_stall_named("1:3:gather", "all_gather_shards/all_gather"); }
 
 TEST(Zero, WhatCannotBeShardedIsRefused) {
   RunResult r = run("--zero 2 --steps 1");
