@@ -46,11 +46,14 @@ Tensor GradScaler::scale(const Tensor& outputs) {
   return mul(outputs, scale_.to(outputs.device()));
 }
 
-std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimizer* st) {
+std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimizer* st) const {
   std::vector<Tensor> grads = opt.grads();
   for (const Tensor& g : grads)
     if (g.dtype() == DType::f16) throw std::invalid_argument("Attempting to unscale FP16 gradients.");
   st->found_inf = grads.empty() ? Tensor() : zeros({1}, DType::f32, grads[0].device());
+  st->per_tensor = Tensor();
+  if (per_tensor_flags_ && !grads.empty())
+    st->per_tensor = zeros({static_cast<int64_t>(grads.size())}, DType::f32, grads[0].device());
   st->agreed = false;
   return grads;
 }
@@ -58,7 +61,8 @@ std::vector<Tensor> GradScaler::checked_grads(optim::Optimizer& opt, PerOptimize
 namespace {
 // grads times 1/scale, found_inf set when any is not finite: one fused pass per dtype (a backend's
 // call takes one dtype, as PyTorch's _amp_foreach_non_finite_check_and_unscale_ does).
-void unscale_by_dtype(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+void unscale_by_dtype(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                      Tensor* per_tensor = nullptr) {
   std::map<DType, std::vector<Tensor>> by_dtype;
   for (const Tensor& g : grads) {
     if (g.device() != found_inf.device())
@@ -68,7 +72,10 @@ void unscale_by_dtype(const std::vector<Tensor>& grads, const Tensor& scale, Ten
   }
   if (grads.empty()) return;
   const Tensor s = scale.to(found_inf.device());
-  for (auto& [dt, group] : by_dtype) backend_for(found_inf.device()).unscale_and_check(group, s, found_inf);
+  // Per-tensor flags where one call takes every gradient (one dtype); otherwise none.
+  if (per_tensor != nullptr && by_dtype.size() > 1) *per_tensor = Tensor();
+  const Tensor flags = per_tensor != nullptr ? *per_tensor : Tensor();
+  for (auto& [dt, group] : by_dtype) backend_for(found_inf.device()).unscale_and_check(group, s, found_inf, flags);
 }
 }  // namespace
 
@@ -88,7 +95,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
     throw std::runtime_error("unscale_() has already been called on this optimizer since the last update().");
   if (st.stage == Stage::stepped) throw std::runtime_error("unscale_() is being called after step().");
   const std::vector<Tensor> grads = checked_grads(opt, &st);  // refuses float16, as PyTorch's unscale_
-  if (!grads.empty()) unscale_by_dtype(grads, scale_, st.found_inf);
+  if (!grads.empty()) unscale_by_dtype(grads, scale_, st.found_inf, &st.per_tensor);
   st.stage = Stage::unscaled;
 }
 
@@ -100,9 +107,15 @@ Tensor GradScaler::check_inf_(optim::Optimizer& opt) {
     throw std::runtime_error("check_inf_() must come before unscale_() and step() in an iteration.");
   // The unscaled values are checked (what the step will apply), without writing them.
   const std::vector<Tensor> grads = checked_grads(opt, &st);
-  if (!grads.empty()) backend_for(grads[0].device()).check_finite(grads, scale_.to(grads[0].device()), st.found_inf);
+  if (!grads.empty())
+    backend_for(grads[0].device()).check_finite(grads, scale_.to(grads[0].device()), st.found_inf, st.per_tensor);
   st.stage = Stage::checked;
   return st.found_inf;
+}
+
+Tensor GradScaler::nonfinite_per_tensor(const optim::Optimizer& opt) const {
+  auto it = per_optimizer_.find(&opt);
+  return it == per_optimizer_.end() ? Tensor() : it->second.per_tensor;
 }
 
 Tensor GradScaler::found_inf_tensor(const optim::Optimizer& opt) const {

@@ -96,6 +96,13 @@ class GradScaler {
   // that runs its own collectives sums it over the ranks in place before step(). Undefined when
   // none was recorded this iteration.
   Tensor found_inf_tensor(const optim::Optimizer& opt) const;
+  // Ours: with per-tensor flags on, unscale_ and check_inf_ also say which gradients were not finite,
+  // in the same fused pass (Backend::unscale_and_check's per_tensor): a float32 [opt.grads().size()]
+  // on the gradients' device, 1 where that gradient held inf or NaN, for a caller to read back only
+  // after a skipped step (on a GPU the gradients themselves are gone by then). Undefined when off, or
+  // before a check this iteration, or where unscale_'s gradients have several dtypes.
+  void set_per_tensor_flags(bool on) { per_tensor_flags_ = on; }
+  Tensor nonfinite_per_tensor(const optim::Optimizer& opt) const;
 
   // Device-side values for logging without a host sync: a copy of the current scale (on `device`
   // before the first scale()), and the found_inf total that the last update() acted on (undefined
@@ -113,13 +120,14 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::ready;
     Tensor found_inf;  // 1-element f32 on the device; undefined until unscale_ saw a gradient
+    Tensor per_tensor;  // set_per_tensor_flags: [gradients] f32 on the device
     bool agreed = false;  // all-reduced over ranks
   };
   void validate() const;
   void require_state(const char* funcname) const;  // PyTorch's "Attempted step but _scale is None"
   void lazy_init(Device device);
   // opt's gradients, none of them fp16 (PyTorch's error otherwise), with a fresh found_inf for st.
-  static std::vector<Tensor> checked_grads(optim::Optimizer& opt, PerOptimizer* st);
+  std::vector<Tensor> checked_grads(optim::Optimizer& opt, PerOptimizer* st) const;
   void agree_on_found_inf();  // with a communicator: one small collective for every optimizer still pending
 
   GradScalerOptions options_;
@@ -131,6 +139,7 @@ class GradScaler {
   int64_t hysteresis_left() const { return init_hysteresis_left_ < 0 ? options_.hysteresis : init_hysteresis_left_; }
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
   Tensor last_found_inf_;
+  bool per_tensor_flags_ = false;
 };
 
 }  // namespace amp

@@ -106,7 +106,7 @@ int64_t ZeroShards::total_elements() const {
   return n;
 }
 
-optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& opt) {
+optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& opt, bool keep) {
   const optim::OptimizerStateDict local = opt.state_dict();  // keyed by piece: opt's parameters are pieces_
   optim::OptimizerStateDict full;
   // The unsharded optimizer's groups: the same hyperparameters, its parameters' ids.
@@ -129,7 +129,7 @@ optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& op
       if (name != "step") names.insert(name);
   }
   for (size_t i = 0; i < params_.size(); ++i)
-    if (const auto* r = rep[group_of[i]]; r && r->count("step")) full.state[full_id_[i]]["step"] = r->at("step").clone();
+    if (const auto* r = rep[group_of[i]]; keep && r && r->count("step")) full.state[full_id_[i]]["step"] = r->at("step").clone();
   // Each per-element state, bucket by bucket: every rank's pieces in place, the shards gathered.
   const Device device = params_[0].device();
   DeviceMemory& mem = memory_for(device);
@@ -146,7 +146,7 @@ optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& op
       comm_.all_gather_shards_async(staged)->wait();
       for (const SlotLayout& s : layout_.slots) {
         const auto* r = rep[group_of[s.param]];
-        if (s.bucket != b || !r || !r->count(name)) continue;
+        if (!keep || s.bucket != b || !r || !r->count(name)) continue;
         full.state[full_id_[s.param]][name] = staged.view(s.offset, params_[s.param].shape()).clone();
       }
     }

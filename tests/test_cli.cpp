@@ -274,6 +274,25 @@ TEST(Cli, ConfigFileLayersUnderTheCommandLine) {
   EXPECT_NE(b.out.find("bad.cfg"), std::string::npos) << b.out;
 }
 
+// A skipped step names the gradients that were not finite: on the CPU from the gradients themselves,
+// on a GPU (where the next step has run by the time the step's figures arrive) from the flags that
+// the scaler's fused check writes per gradient, read back after a skipped step only; under a CUDA
+// graph too (steps 6 and 7 are replays). The injection poisons the optimizer's first gradient.
+TEST(Cli, ASkippedStepNamesItsNonFiniteGradients) {
+  std::vector<std::string> devices = {"cpu"};
+  if (cuda_usable(nullptr)) devices.push_back("cuda");
+  for (const std::string& device : devices) {
+    SCOPED_TRACE(device);
+    const RunResult r = run(kNoSteps + "--steps 8 --amp fp16 --inject-nonfinite 2 --inject-nonfinite 6 --device " + device);
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const char* step : {"step 2", "step 6"})
+      EXPECT_NE(r.out.find(std::string("rank 0: ") + step + " skipped: non-finite gradients in 0.weight\n"),
+                std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 3 skipped"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 7 skipped"), std::string::npos) << r.out;
+  }
+}
+
 TEST(Cli, MetricsHaveExactlyTheDesignedFields) {
   TempDir d;
   const RunResult r = run(kSmall + "--amp fp16 --inject-nonfinite 2 --metrics " + d.file("m.jsonl"));

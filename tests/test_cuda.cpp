@@ -734,10 +734,19 @@ TEST_F(CudaVsCpu, UnscaleAndCheckWithInjectedNonFinites) {
       std::vector<Tensor> g = to_device(c, kGPU);
       const Tensor scale = from_vector({65536.0 * 3}, {1});
       Tensor cf = zeros({1}), gf = zeros({1}, DType::f32, kGPU);
-      cpu().unscale_and_check(c, scale, cf);
-      gpu().unscale_and_check(g, scale.to(kGPU), gf);
+      const int64_t n = static_cast<int64_t>(c.size());
+      Tensor cflags = zeros({n}), gflags = zeros({n}, DType::f32, kGPU);
+      cpu().unscale_and_check(c, scale, cf, cflags);
+      gpu().unscale_and_check(g, scale.to(kGPU), gf, gflags);
       EXPECT_EQ(gf.item(), inject == 0 ? 0.0 : 1.0) << dtype_name(dt) << " inject " << inject;
       EXPECT_EQ(gf.item(), cf.item());
+      // Which gradient: the one poked, and no other (the long one's NaN sits in its 321st chunk).
+      std::vector<double> want(static_cast<size_t>(n), 0.0);
+      if (inject == 1) want[77] = 1.0;
+      if (inject == 2) want.back() = 1.0;
+      if (inject == 3) want[0] = 1.0;
+      EXPECT_EQ(cflags.to_vector(), want) << dtype_name(dt) << " inject " << inject;
+      EXPECT_EQ(gflags.to(kCPU).to_vector(), want) << dtype_name(dt) << " inject " << inject;
       for (size_t i = 0; i < c.size(); ++i) ASSERT_TRUE(matches(g[i], c[i], 0)) << dtype_name(dt) << " grad " << i;
     }
   }
@@ -965,10 +974,15 @@ TEST_F(CudaVsCpu, CheckFiniteFindsInfAndNaN) {
     if (inject == 1) poke(c[1], 7, kNaN);
     if (inject == 2) poke(c[0], 69999, kInf);
     Tensor cf = zeros({1}), gf = zeros({1}).to(kGPU);
-    cpu().check_finite(c, Tensor(), cf);
-    gpu().check_finite(to_device(c, kGPU), Tensor(), gf);
+    Tensor cflags = zeros({2}), gflags = zeros({2}).to(kGPU);
+    cpu().check_finite(c, Tensor(), cf, cflags);
+    gpu().check_finite(to_device(c, kGPU), Tensor(), gf, gflags);
     EXPECT_EQ(cf.item(), inject == 0 ? 0.0 : 1.0);
     EXPECT_EQ(gf.item(), cf.item()) << "inject " << inject;
+    // Per tensor, with the dtypes launched apart (the bf16 tensor's blocks after the f32 one's).
+    const std::vector<double> want = {inject == 2 ? 1.0 : 0.0, inject == 1 ? 1.0 : 0.0};
+    EXPECT_EQ(cflags.to_vector(), want) << "inject " << inject;
+    EXPECT_EQ(gflags.to(kCPU).to_vector(), want) << "inject " << inject;
   }
 }
 

@@ -274,7 +274,7 @@ void Trainer::save_checkpoint_at(int64_t step) {
   // Under ZeRO-1 the optimizer's state is gathered from every rank (a collective) into the file an
   // unsharded run writes.
   std::optional<optim::OptimizerStateDict> gathered;
-  if (zero_) gathered = zero_->full_state_dict(*opt_);
+  if (zero_) gathered = zero_->full_state_dict(*opt_, comm_.rank() == 0);
   if (comm_.rank() == 0) {
     try {
       path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), gathered ? *gathered : opt_->state_dict(),

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -177,6 +179,8 @@ Trainer::StepFigures Trainer::device_step() {
   // each gradient as it reads it (GradScaler::step after check_inf_).
   if (cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm || cfg_.clip_grad_value > 0.0) scaler_->unscale_(*opt_);
   else scaler_->check_inf_(*opt_);
+  step_.flags = scaler_->nonfinite_per_tensor(*opt_);  // on a GPU: which gradients, for a skipped step's message
+  if (step_.flags.defined()) step_.flag_names = gradient_names();
   // The step's one small collective: found_inf, the stop flag (a rank got SIGINT/SIGTERM) and the
   // losses, summed over the ranks in the tree's order, so that every rank takes the same decision
   // (step or skip, stop or go on) from the same figures. The scaler's step then reads the agreed
@@ -222,6 +226,17 @@ Trainer::StepFigures Trainer::device_step() {
   return StepFigures{loss_sum, scale_used, found, step_.stop_flag, grad_norm, task_sums};
 }
 
+std::shared_ptr<const std::vector<std::string>> Trainer::gradient_names() {
+  std::map<const TensorImpl*, std::string> name_of;
+  for (const auto& [name, p] : model().named_parameters()) name_of[p.impl()] = name;
+  if (zero_)
+    for (const auto& [name, p] : zero_->named_pieces(model().named_parameters())) name_of[p.impl()] = name;
+  auto names = std::make_shared<std::vector<std::string>>();
+  for (const Tensor& p : opt_->params())  // in the order of opt_->grads(), which the scaler checked
+    if (p.grad().defined()) names->push_back(name_of.count(p.impl()) ? name_of[p.impl()] : "(unnamed)");
+  return names;
+}
+
 Trainer::PendingStep Trainer::train_step(int64_t step) {
   const bool profiled = step == cfg_.profile_step && device_.is_cuda();
   if (profiled) cuda_profiler_start();
@@ -255,11 +270,20 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
     figures = device_step();
   }
   if (!step_.use_graphs) step_.batches.clear();  // their memory is the next step's
+  // This step's per-gradient flags, aside from the next step's (which the same tensor receives under
+  // a CUDA graph): a device copy, read back only if the step turns out skipped.
+  Tensor flags;
+  if (step_.flags.defined()) {
+    Tensor& aside = step_.flag_copies[step % 2];
+    if (!aside.defined() || aside.numel() != step_.flags.numel()) aside = empty(step_.flags.shape(), DType::f32, device_);
+    copy_(aside, step_.flags);
+    flags = aside;
+  }
 
   // The figures travel to the host in the background: nothing here waits for the device.
   PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), step_.jd_weights,
                 figures.grad_norm.defined(),
-                step_.graph ? step_.graph_comm_bytes : comm_.bytes_sent() - sent_before};
+                step_.graph ? step_.graph_comm_bytes : comm_.bytes_sent() - sent_before, flags, step_.flag_names};
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (listeners_.observer) p.counted = listeners_.observer->step_end(step);
   if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
@@ -294,6 +318,16 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
     std::string names;
     for (const std::string& n : zero_ ? step_.nonfinite : nonfinite_gradients(model().named_parameters()))
       names += (names.empty() ? "" : ", ") + n;
+    if (!names.empty())
+      std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
+                   static_cast<long long>(r.step), names.c_str());
+  } else if (r.skipped && p.nonfinite_flags.defined() && p.flag_names) {
+    // On a GPU the step's gradients are gone (the next step ran): the scaler's check flagged them.
+    // One read of the flags, after a skipped step only.
+    const std::vector<double> flags = p.nonfinite_flags.to_vector();
+    std::string names;
+    for (size_t i = 0; i < flags.size() && i < p.flag_names->size(); ++i)
+      if (flags[i] != 0.0) names += (names.empty() ? "" : ", ") + (*p.flag_names)[i];
     if (!names.empty())
       std::fprintf(stderr, "amp_train: rank %d: step %lld skipped: non-finite gradients in %s\n", comm_.rank(),
                    static_cast<long long>(r.step), names.c_str());

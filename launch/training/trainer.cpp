@@ -87,6 +87,9 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   }
   scheduler_ = make_scheduler(cfg_, *opt_);
   scaler_ = std::make_unique<GradScaler>(scaler_options(cfg_));  // found_inf is summed with the step's figures
+  // On a GPU, the fused check says which gradients were not finite (read only after a skipped step);
+  // on the CPU the gradients are still there to inspect when the step's figures arrive.
+  scaler_->set_per_tensor_flags(device_.is_cuda());
   listeners_.observer = make_step_observer(device_);
   // The scaler's state is created by its first scale(), on that output's device: do it here, so that
   // the first counted step launches what every other step does.

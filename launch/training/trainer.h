@@ -111,6 +111,10 @@ class Trainer {
     std::vector<double> weights;  // the aggregator's (multi-task)
     bool grad_norm = false;  // computed this step (clipping or --log-grad-norm): in the figures
     uint64_t comm_bytes = 0;  // what this rank sent in the step's collectives (Communicator::bytes_sent)
+    // On a GPU: which gradients were not finite (GradScaler::nonfinite_per_tensor, copied aside for this
+    // step), read back only if the step was skipped, and their names.
+    Tensor nonfinite_flags;
+    std::shared_ptr<const std::vector<std::string>> flag_names;
   };
 
   // --- the set-up (trainer.cpp's constructor; resume.cpp): what the run trains, and with what.
@@ -157,6 +161,9 @@ class Trainer {
   PendingStep train_step(int64_t step);
   void stage_inputs(int64_t step);
   StepFigures device_step();
+  // The names of opt_'s parameters that have a gradient, in opt_->grads()' order (ZeRO-1's pieces by
+  // their parameters' names).
+  std::shared_ptr<const std::vector<std::string>> gradient_names();
   int64_t first_sample(int64_t step) const;  // this rank's first sample of a step (1-based)
   StepRecord finish(PendingStep& p, std::chrono::steady_clock::time_point next_start);
   // The multi-task backward of a micro-batch: its trunk Jacobian and heads' gradients, packed
@@ -183,6 +190,12 @@ class Trainer {
     int64_t jacobian_rows = 0;
     std::vector<std::string> nonfinite;  // --zero 1 on the CPU: this rank's pieces with non-finite gradients
     int64_t number = 0;  // the step being issued (for the listeners)
+    // On a GPU: the scaler's per-gradient flags of the step device_step issued (the same tensor in every
+    // replay of a CUDA graph), the names of those gradients, and two copies that alternate between steps,
+    // so that a step's flags outlive the next step until its figures are read.
+    Tensor flags;
+    std::shared_ptr<const std::vector<std::string>> flag_names;
+    Tensor flag_copies[2];
   } step_;
 
   // --- what the loop (trainer.cpp's run) checks and reports besides the metrics and checkpoints.

@@ -107,14 +107,18 @@ class Backend {
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any unscaled grad is inf or NaN (never
-  // reset here; amp_math.h unscaled_is_nonfinite).
-  virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) = 0;
+  // reset here; amp_math.h unscaled_is_nonfinite). per_tensor (optional: f32 [grads.size()] on the
+  // device) says which: per_tensor[i] = 1 where grads[i] has one (never reset here either), for a
+  // caller to read after a skipped step.
+  virtual void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                                 const Tensor& per_tensor = Tensor()) = 0;
   // scale: float32 (0-dim or 1 element); tracker: int64 [growth_tracker, hysteresis_left], both on
   // the device; see amp_math.h update_scale.
   virtual void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) = 0;
   // found_inf = 1 if any element of xs, times (float)(1.0 / (double)scale), is inf or NaN (never
-  // reset here): what unscale_and_check would find. Read-only. An undefined scale means 1.
-  virtual void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) = 0;
+  // reset here): what unscale_and_check would find, per_tensor too. Read-only. An undefined scale means 1.
+  virtual void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                            const Tensor& per_tensor = Tensor()) = 0;
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
   // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
   // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by

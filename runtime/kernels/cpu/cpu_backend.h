@@ -38,8 +38,10 @@ class CpuBackend final : public Backend {
                     Tensor& c) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
 
-  void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) override;
-  void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) override;
+  void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                         const Tensor& per_tensor = Tensor()) override;
+  void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                    const Tensor& per_tensor = Tensor()) override;
   void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) override;
   void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,

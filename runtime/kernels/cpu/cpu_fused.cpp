@@ -10,6 +10,7 @@
 #include "runtime/kernels/amp_math.h"
 #include "runtime/kernels/cpu/cpu_backend.h"
 #include "runtime/kernels/norm_check.h"
+#include "runtime/kernels/per_tensor_check.h"
 #include "runtime/kernels/cpu/dispatch.h"
 #include "runtime/kernels/cpu/stream_casts.h"
 #include "runtime/core/dtype_dispatch.h"
@@ -139,8 +140,10 @@ AMP_SIMD_CLONES double norm_range(const T* x, long n, double p) {
 }
 }  // namespace
 
-void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                                   const Tensor& per_tensor) {
   if (grads.empty()) return;
+  check_per_tensor(per_tensor, grads.size());
   const DType dt = grads[0].dtype();
   for (const Tensor& g : grads)
     if (g.dtype() != dt)
@@ -150,35 +153,41 @@ void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tenso
   bool any = false;
   cpu::dispatch_float(dt, [&](auto T_tag) {
     using T = decltype(T_tag);
-    for (const Tensor& g : grads) {
-      T* d = g.data<T>();
+    for (size_t i = 0; i < grads.size(); ++i) {
+      T* d = grads[i].data<T>();
       int bad = 0;
-      cpu::parallel_chunks(static_cast<long>(g.numel()), [&](long b, long e) {
+      cpu::parallel_chunks(static_cast<long>(grads[i].numel()), [&](long b, long e) {
         const int found = unscale_range(d + b, e - b, inv);
 #pragma omp atomic
         bad |= found;
       });
       any = any || bad != 0;
+      if (bad != 0 && per_tensor.defined()) per_tensor.data<float>()[i] = 1.0f;
     }
   });
   if (any) found_inf.data<float>()[0] = 1.0f;
 }
 
-void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
+void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                              const Tensor& per_tensor) {
+  check_per_tensor(per_tensor, xs.size());
   const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
-  int bad = 0;
-  for (const Tensor& x : xs) {
-    cpu::dispatch_float(x.dtype(), [&](auto T_tag) {
+  bool any = false;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    int bad = 0;
+    cpu::dispatch_float(xs[i].dtype(), [&](auto T_tag) {
       using T = decltype(T_tag);
-      const T* d = x.data<T>();
-      cpu::parallel_chunks(static_cast<long>(x.numel()), [&](long b, long e) {
+      const T* d = xs[i].data<T>();
+      cpu::parallel_chunks(static_cast<long>(xs[i].numel()), [&](long b, long e) {
         const int found = nonfinite_range(d + b, e - b, inv);
 #pragma omp atomic
         bad |= found;
       });
     });
+    any = any || bad != 0;
+    if (bad != 0 && per_tensor.defined()) per_tensor.data<float>()[i] = 1.0f;
   }
-  if (bad) found_inf.data<float>()[0] = 1.0f;
+  if (any) found_inf.data<float>()[0] = 1.0f;
 }
 
 void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {

@@ -67,8 +67,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
                     Tensor& c) override;
 
-  void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) override;
-  void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) override;
+  void unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                         const Tensor& per_tensor = Tensor()) override;
+  void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                    const Tensor& per_tensor = Tensor()) override;
   void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) override;
   void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
@@ -90,5 +92,11 @@ CudaBackend& cuda_backend();
 
 // Throws std::invalid_argument unless t lives on a CUDA device; what names the operand.
 void require_cuda(const Tensor& t, const char* what);
+
+// Per-tensor non-finite flags (unscale_and_check, check_finite with per_tensor): the per-block flags
+// of a multi-tensor op planned in kChunkSize chunks over xs (block_flag_count of them, xs in
+// dtype_group_order), folded into per_tensor[i] = max(per_tensor[i], tensor i's blocks' flags).
+int64_t block_flag_count(const std::vector<Tensor>& xs);
+void fold_block_flags(const std::vector<Tensor>& xs, const double* block_flags, float* per_tensor);
 
 }  // namespace amp::cuda

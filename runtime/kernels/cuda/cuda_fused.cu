@@ -1,7 +1,10 @@
 // CUDA backend: fused AMP and optimizer kernels. found_inf, the scale, the scaler state and the step
 // count stay on the device: the optimizer kernels read found_inf and return early, the scale update
 // is a one-thread kernel, and nothing here waits for the device.
+#include <algorithm>
 #include <array>
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -13,6 +16,7 @@
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/multi_tensor_apply.cuh"
 #include "runtime/kernels/optim_math.h"
+#include "runtime/kernels/per_tensor_check.h"
 
 namespace amp::cuda {
 
@@ -28,7 +32,8 @@ template <class T>
 struct UnscaleOp {
   const float* scale;
   float* found_inf;
-  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+  double* block_flags;  // null: not asked for; else 1 or 0 per block (fold_block_flags)
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t block) const {
     T* g = static_cast<T*>(p[0]);
     const float inv = math::inverse_scale(*scale);
     bool bad = false;
@@ -38,6 +43,7 @@ struct UnscaleOp {
       g[i] = DevElem<T>::store(u);
     }
     if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+    write_block_flag(block_flags, block, bad);
   }
 };
 
@@ -193,8 +199,10 @@ void apply_step(const std::array<const std::vector<Tensor>*, N>& lists, const st
 
 }  // namespace
 
-void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf) {
+void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
+                                    const Tensor& per_tensor) {
   if (grads.empty()) return;
+  check_per_tensor(per_tensor, grads.size());
   require_f32(scale, "scale");
   require_f32(found_inf, "found_inf");
   const DType dt = grads[0].dtype();
@@ -208,10 +216,18 @@ void CudaBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tens
     ptrs.push_back({g.data_ptr()});
     numels.push_back(g.numel());
   }
+  // With per_tensor: a flag per block (chunks of kChunkSize), folded per tensor (one dtype: in order).
+  std::optional<Scratch> flags;
+  if (per_tensor.defined()) {
+    require_cuda(per_tensor, "per-tensor flags");
+    flags.emplace(sizeof(double) * static_cast<size_t>(std::max<int64_t>(1, block_flag_count(grads))));
+  }
+  double* block_flags = flags ? flags->as<double>() : nullptr;
   dispatch_float(dt, [&](auto T_tag) { using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()},
-                          MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 2});
+    multi_tensor_apply<1>(ptrs, numels, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>(), block_flags},
+                          MtCost{static_cast<int64_t>(sizeof(T)), static_cast<int64_t>(sizeof(T)), 2, flags ? 8 : 0});
   });
+  if (flags) fold_block_flags(grads, block_flags, per_tensor.data<float>());
 }
 
 void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {

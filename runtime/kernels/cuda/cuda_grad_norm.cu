@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/multi_tensor_apply.cuh"
 #include "runtime/kernels/norm_check.h"
+#include "runtime/kernels/per_tensor_check.h"
 
 namespace amp::cuda {
 
@@ -112,17 +114,36 @@ struct ClampOp {
 template <class T>
 struct CheckFiniteOp {
   float* found_inf;
-  const float* scale;  // null: 1
-  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
+  const float* scale;    // null: 1
+  double* block_flags;   // null: not asked for; else 1 or 0 per block (fold_block_flags)
+  __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t block) const {
     const T* x = static_cast<const T*>(p[0]);
     const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
     bool bad = false;
     AMP_MT_LOOP(i, begin, end) { bad = bad || math::unscaled_is_nonfinite(DevElem<T>::load(x[i]), inv); }
     if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+    write_block_flag(block_flags, block, bad);
   }
 };
 
 // --- launchers
+
+void finish_ranges(const double* partial, const std::vector<std::pair<int64_t, int64_t>>& ranges, NormKind kind,
+                   float* out) {
+  for (size_t b = 0; b < ranges.size(); b += kFinishSlots) {
+    const size_t n = std::min(ranges.size() - b, static_cast<size_t>(kFinishSlots));
+    FinishRanges r{};
+    int64_t folded = 0;
+    for (size_t i = 0; i < n; ++i) {
+      r.begin[i] = static_cast<int32_t>(ranges[b + i].first);
+      r.end[i] = static_cast<int32_t>(ranges[b + i].second);
+      folded += ranges[b + i].second - ranges[b + i].first;
+    }
+    declare_launch_cost(8 * folded + 4 * static_cast<int64_t>(n), 4 * static_cast<int64_t>(n), folded);
+    AMP_LAUNCH(static_cast<unsigned>(n), 1024, 0, context().stream(), norm_finish_kernel)(partial, r, kind, out + b);
+    AMP_CUDA_CHECK_LAUNCH();
+  }
+}
 
 // The order in which the multi-tensor ops visit xs: grouped by dtype (f32, f64, f16, bf16), each
 // group in xs's order. A tensor of a non-floating dtype is refused (with the CPU backend's message)
@@ -173,22 +194,20 @@ void norm_partials_and_finish(const std::vector<Tensor>& xs, double p, double* p
     multi_tensor_apply<1>(ptrs, numels, NormOp<T>{p, kind, partial + offset}, MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, 8});
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
-  for (size_t b = 0; b < ranges.size(); b += kFinishSlots) {
-    const size_t n = std::min(ranges.size() - b, static_cast<size_t>(kFinishSlots));
-    FinishRanges r{};
-    int64_t folded = 0;
-    for (size_t i = 0; i < n; ++i) {
-      r.begin[i] = static_cast<int32_t>(ranges[b + i].first);
-      r.end[i] = static_cast<int32_t>(ranges[b + i].second);
-      folded += ranges[b + i].second - ranges[b + i].first;
-    }
-    declare_launch_cost(8 * folded + 4 * static_cast<int64_t>(n), 4 * static_cast<int64_t>(n), folded);
-    AMP_LAUNCH(static_cast<unsigned>(n), 1024, 0, context().stream(), norm_finish_kernel)(partial, r, kind, out + b);
-    AMP_CUDA_CHECK_LAUNCH();
-  }
+  finish_ranges(partial, ranges, kind, out);
 }
 
 }  // namespace
+
+void fold_block_flags(const std::vector<Tensor>& xs, const double* block_flags, float* per_tensor) {
+  std::vector<std::pair<int64_t, int64_t>> ranges(xs.size());
+  int64_t blocks = 0;
+  for (size_t i : dtype_group_order(xs)) {
+    ranges[i] = {blocks, blocks + chunks_of(xs[i])};
+    blocks += chunks_of(xs[i]);
+  }
+  finish_ranges(block_flags, ranges, NormKind::max, per_tensor);
+}
 
 void CudaBackend::norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) {
   require_cuda(out, "norm output");
@@ -231,19 +250,38 @@ void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
   });
 }
 
-void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf) {
+void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                               const Tensor& per_tensor) {
   if (xs.empty()) return;
+  check_per_tensor(per_tensor, xs.size());
   require_cuda(found_inf, "found_inf");
   if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
   if (scale.defined()) {
     require_cuda(scale, "scale");
     if (scale.dtype() != DType::f32 || scale.numel() != 1) throw std::invalid_argument("scale must be a 1-element float32 tensor");
   }
+  // With per_tensor: a flag per block (chunks of kChunkSize, as the norms' partials), folded per tensor.
+  std::optional<Scratch> flags;
+  if (per_tensor.defined()) {
+    require_cuda(per_tensor, "per-tensor flags");
+    flags.emplace(sizeof(double) * static_cast<size_t>(std::max<int64_t>(1, block_flag_count(xs))));
+  }
+  int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
-    multi_tensor_apply<1>(ptrs, numels, CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr},
-                          MtCost{static_cast<int64_t>(sizeof(T)), 0, 2});
+    double* block_flags = flags ? flags->as<double>() + offset : nullptr;
+    multi_tensor_apply<1>(ptrs, numels,
+                          CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr, block_flags},
+                          MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, flags ? 8 : 0});
+    offset += multi_tensor_block_count(numels, kChunkSize);
   });
+  if (flags) fold_block_flags(xs, flags->as<double>(), per_tensor.data<float>());
+}
+
+int64_t block_flag_count(const std::vector<Tensor>& xs) {
+  int64_t n = 0;
+  for (const Tensor& x : xs) n += chunks_of(x);
+  return n;
 }
 
 }  // namespace amp::cuda

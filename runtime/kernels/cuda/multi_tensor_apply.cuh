@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/kernels/cuda/block_reduce.cuh"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/launch.cuh"
@@ -101,6 +102,15 @@ void multi_tensor_apply(const std::vector<std::array<void*, Depth>>& ptrs, const
     }
     launch_plan<Depth>(group_ptrs, group_numels, op, cost, g.chunk_size);
   }
+}
+
+// An op's flag for its block (check_finite's and unscale_and_check's per-tensor flags, folded by
+// fold_block_flags): 1 where any thread of the block saw `flag`, else 0, written by thread 0. Every
+// thread of the block calls it; nothing is written where block_flags is null (the same for the block).
+__device__ __forceinline__ void write_block_flag(double* block_flags, int64_t block, bool flag) {
+  if (block_flags == nullptr) return;
+  const double any = block_reduce(flag ? 1.0 : 0.0, SumOp{});
+  if (threadIdx.x == 0) block_flags[block] = any > 0.0 ? 1.0 : 0.0;
 }
 
 // For ops whose tensors all have one storage type.
