@@ -180,7 +180,10 @@ Trainer::StepFigures Trainer::device_step() {
   if (cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm || cfg_.clip_grad_value > 0.0) scaler_->unscale_(*opt_);
   else scaler_->check_inf_(*opt_);
   step_.flags = scaler_->nonfinite_per_tensor(*opt_);  // on a GPU: which gradients, for a skipped step's message
-  if (step_.flags.defined()) step_.flag_names = gradient_names();
+  // The names, made once: the gradients checked are the same every step (in the same order), save
+  // where some parameter got none, which changes their count.
+  if (step_.flags.defined() && (!step_.flag_names || static_cast<int64_t>(step_.flag_names->size()) != step_.flags.numel()))
+    step_.flag_names = gradient_names();
   // The step's one small collective: found_inf, the stop flag (a rank got SIGINT/SIGTERM) and the
   // losses, summed over the ranks in the tree's order, so that every rank takes the same decision
   // (step or skip, stop or go on) from the same figures. The scaler's step then reads the agreed
