@@ -176,7 +176,8 @@ class Gpt final : public GptModel, public nn::Module {
     const Tensor lg = logits(batch.x);
     const int64_t n = lg.size(0) * lg.size(1);
     Losses out;
-    out.per_task.push_back(cross_entropy(lg.reshape({n, config_.vocab_size}), batch.targets[0].reshape({n})));
+    // The classifier's loss fused: the logits stay in autocast's dtype (no fp32 copy of [B T, V]).
+    out.per_task.push_back(fused_cross_entropy(lg.reshape({n, config_.vocab_size}), batch.targets[0].reshape({n})));
     return out;
   }
 

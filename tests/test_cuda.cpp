@@ -568,6 +568,75 @@ TEST_F(CudaVsCpu, NllLossAndBackward) {
   EXPECT_TRUE(std::isnan(g.item()));
 }
 
+// The classifier's fused cross-entropy against the CPU's, with padded columns past `classes` (which
+// hold the rows' largest values: in the softmax by mistake, they would move every number). Each
+// row's sum is in fp64 on both sides (in another order, the GPU's rescaled by the online maximum), so
+// lse differs by a few roundings of the compute type; the gradient is one rounding into the dtype
+// after an exp that carries lse's.
+TEST_F(CudaVsCpu, FusedCrossEntropyAndItsGradient) {
+  const int64_t rows = 300, cols = 1000;
+  for (DType dt : kFloatTypes) {
+    for (int64_t classes : {cols, int64_t{937}}) {
+      std::vector<double> v = random_cpu({rows, cols}, dt, 53, -8, 8).to_vector();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = classes; c < cols; ++c) v[static_cast<size_t>(r * cols + c)] = 40.0;
+      const Tensor x = from_vector(v, {rows, cols}, dt);
+      std::vector<int64_t> t(static_cast<size_t>(rows));
+      for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>((i * 13) % static_cast<size_t>(classes));
+      const Tensor target = from_int64(t, {rows});
+      const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
+      Tensor lc = empty({rows}, acc), c = empty({}, acc), lg = empty({rows}, acc, kGPU), g = empty({}, acc, kGPU);
+      cpu().cross_entropy(x, target, classes, lc, c);
+      const Tensor xg = x.to(kGPU), tg = target.to(kGPU);
+      gpu().cross_entropy(xg, tg, classes, lg, g);
+      const double u = acc == DType::f64 ? 0x1p-53 : 0x1p-24;
+      EXPECT_TRUE(matches(lg, lc, 16 * u)) << dtype_name(dt) << " " << classes;
+      EXPECT_TRUE(matches(g, c, 16 * u)) << dtype_name(dt) << " " << classes;
+
+      const Tensor grad = from_vector({0.75}, {}, acc);
+      Tensor bc = empty({rows, cols}, dt), bg = empty({rows, cols}, dt, kGPU);
+      cpu().cross_entropy_backward(x, target, lc, grad, classes, bc);
+      gpu().cross_entropy_backward(xg, tg, lc.to(kGPU), grad.to(kGPU), classes, bg);  // the same lse: the pass alone
+      // exp may differ by an ulp or two on a GPU; then one rounding into the dtype may land apart.
+      const double storage = dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0.0;
+      EXPECT_TRUE(matches(bg, bc, 8 * u + storage)) << dtype_name(dt) << " " << classes;
+      const std::vector<double> padded = bg.to(kCPU).to_vector();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t col = classes; col < cols; ++col) ASSERT_EQ(padded[static_cast<size_t>(r * cols + col)], 0.0);
+    }
+  }
+  // An out-of-range target cannot throw from the device: the loss is NaN.
+  Tensor lse = empty({2}, DType::f32, kGPU), g = empty({}, DType::f32, kGPU);
+  gpu().cross_entropy(zeros({2, 3}, DType::f32, kGPU), from_int64({0, 2}, {2}, kGPU), 2, lse, g);
+  EXPECT_TRUE(std::isnan(g.item()));
+}
+
+// The point of the fused loss: bf16 logits [N, V] go through the loss and its backward with no fp32
+// [N, V] tensor. The device's peak over the op and its backward is the gradient's N V 2 bytes and a
+// few small ones; cross_entropy (a fp32 copy, its log-softmax, nll's gradient, log-softmax's) is over
+// four times that.
+TEST_F(CudaVsCpu, FusedCrossEntropyNeverHoldsTheLogitsInFp32) {
+  const int64_t rows = 256, cols = 2048;
+  const Tensor x = random_cpu({rows, cols}, DType::bf16, 54, -4, 4).to(kGPU).set_requires_grad(true);
+  std::vector<int64_t> t(static_cast<size_t>(rows));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>(i * 7 % 2000);
+  const Tensor target = from_int64(t, {rows}, kGPU);
+  DeviceMemory& m = gpu_memory();
+  const auto peak_over = [&](auto&& fn) {
+    m.synchronize();
+    const size_t base = m.current_bytes();
+    m.reset_peak_bytes();
+    fn();
+    m.synchronize();
+    return static_cast<int64_t>(m.peak_bytes() - base);
+  };
+  const int64_t f32_logits = rows * cols * 4;
+  const int64_t fused = peak_over([&] { (void)grad({fused_cross_entropy(x, target, 2000)}, {x}); });
+  EXPECT_LT(fused, f32_logits) << "the fused loss's peak: " << fused << " bytes";
+  const int64_t composite = peak_over([&] { (void)grad({cross_entropy(x.to(DType::f32), target)}, {x}); });
+  EXPECT_GT(composite, 2 * f32_logits) << "the control: cross_entropy's peak " << composite << " bytes";
+}
+
 TEST_F(CudaVsCpu, RandomFillsUseTheSameCounterStream) {
   for (DType dt : kFloatTypes) {
     Tensor c = empty({5000}, dt), g = empty({5000}, dt, kGPU);

@@ -247,5 +247,82 @@ TEST(TransformerOps, ShapesAreChecked) {
   EXPECT_THROW(layer_norm(rnd({2, 3}, 1), rnd({4}, 2), rnd({4}, 3)), std::invalid_argument);
 }
 
+// The fused classifier loss against the loss and gradient written out in fp64 from the same stored
+// logits, in every float dtype, with padded columns (classes < V) that hold the row's largest
+// values: they must be in neither the softmax nor the loss, and get gradient exactly 0. Bounds: the
+// loss is an fp64 sum of rows, each lse rounded once to the compute type (fp32: 2^-24 relative,
+// times |lse| in the exponent); the gradient is rounded once into the logits' dtype, after an exp
+// of x - lse that carries lse's rounding.
+TEST(TransformerOps, FusedCrossEntropyIsTheLossAndGradientInFp64) {
+  const int64_t rows = 37, cols = 300;
+  for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t classes : {cols, int64_t{257}}) {
+      std::vector<double> v = rnd({rows, cols}, 71, -6, 6, dt).to_vector();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = classes; c < cols; ++c) v[static_cast<size_t>(r * cols + c)] = 30.0 + static_cast<double>(c % 7);
+      const Tensor x = from_vector(v, {rows, cols}, dt).set_requires_grad(true);
+      v = x.to_vector();  // the stored values
+      std::vector<int64_t> t(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(r)] = (r * 31 + 5) % classes;
+      const Tensor target = from_int64(t, {rows});
+      const double g = 0.75;
+      std::vector<double> lse(static_cast<size_t>(rows));
+      double want = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double s = 0.0;
+        for (int64_t c = 0; c < classes; ++c) s += std::exp(v[static_cast<size_t>(r * cols + c)]);
+        lse[static_cast<size_t>(r)] = std::log(s);
+        want += lse[static_cast<size_t>(r)] - v[static_cast<size_t>(r * cols + t[static_cast<size_t>(r)])];
+      }
+      want /= static_cast<double>(rows);
+      const Tensor loss = fused_cross_entropy(x, target, classes);
+      const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
+      EXPECT_EQ(loss.dtype(), acc);
+      const double u = dt == DType::f64 ? 0x1p-52 : 0x1p-23;
+      EXPECT_NEAR(loss.item(), want, 8.0 * u * (std::fabs(want) + 10.0)) << dtype_name(dt) << " " << classes;
+      const Tensor gx = grad({loss}, {x}, {from_vector({g}, {}, acc)})[0];
+      EXPECT_EQ(gx.dtype(), dt);
+      const std::vector<double> got = gx.to_vector();
+      const double storage = dt == DType::f64 ? 0x1p-52 : dt == DType::f32 ? 0x1p-23 : dt == DType::f16 ? 0x1p-10 : 0x1p-7;
+      const double tiny = dt == DType::f16 ? 0x1p-24 : 0.0;  // fp16's smallest subnormal: tinier values round to it or 0
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const size_t i = static_cast<size_t>(r * cols + c);
+          if (c >= classes) {
+            ASSERT_EQ(got[i], 0.0) << dtype_name(dt) << " padded column " << c;
+            continue;
+          }
+          const double p = std::exp(v[i] - lse[static_cast<size_t>(r)]);
+          const double ref = g / static_cast<double>(rows) * (p - (c == t[static_cast<size_t>(r)] ? 1.0 : 0.0));
+          const double bound = storage * std::fabs(ref) + 40.0 * u * g / static_cast<double>(rows) * p + tiny + 1e-300;
+          ASSERT_NEAR(got[i], ref, bound) << dtype_name(dt) << " classes " << classes << " at " << r << ", " << c;
+        }
+    }
+  }
+}
+
+// In fp64 the fused loss is cross_entropy's (log_softmax then nll_loss) on the classes' columns, and
+// so is its gradient; bad arguments are refused, and a target outside the classes throws.
+TEST(TransformerOps, FusedCrossEntropyIsTheCompositeAndChecksItsArguments) {
+  const Tensor x = rnd({9, 40}, 72, -4, 4).set_requires_grad(true);
+  const Tensor target = from_int64({0, 5, 31, 2, 30, 7, 8, 19, 1}, {9});
+  const Tensor fused = fused_cross_entropy(x, target, 32);
+  std::vector<double> xv = x.to_vector(), sv;
+  for (int64_t r = 0; r < 9; ++r)
+    for (int64_t c = 0; c < 32; ++c) sv.push_back(xv[static_cast<size_t>(r * 40 + c)]);
+  const Tensor sliced = from_vector(sv, {9, 32}, DType::f64).set_requires_grad(true);
+  const Tensor composite = cross_entropy(sliced, target);
+  EXPECT_NEAR(fused.item(), composite.item(), 1e-14);
+  const std::vector<double> gf = grad({fused}, {x})[0].to_vector(), gc = grad({composite}, {sliced})[0].to_vector();
+  for (int64_t r = 0; r < 9; ++r)
+    for (int64_t c = 0; c < 40; ++c)
+      EXPECT_NEAR(gf[static_cast<size_t>(r * 40 + c)], c < 32 ? gc[static_cast<size_t>(r * 32 + c)] : 0.0, 1e-15);
+  EXPECT_THROW(fused_cross_entropy(x, from_int64({0, 5, 31, 2, 32, 7, 8, 19, 1}, {9}), 32), std::out_of_range);
+  EXPECT_THROW(fused_cross_entropy(x, target, 41), std::invalid_argument);
+  EXPECT_THROW(fused_cross_entropy(x, target, 0), std::invalid_argument);
+  EXPECT_THROW(fused_cross_entropy(x, from_int64({0, 1}, {2}), 32), std::invalid_argument);
+  EXPECT_THROW(fused_cross_entropy(rnd({3, 4, 5}, 1), from_int64({0, 1, 2}, {3})), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace amp

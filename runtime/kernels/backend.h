@@ -42,6 +42,18 @@ class Backend {
   // loss = -mean_i logp[i, target[i]]; grad_logp[i, t_i] = -grad / N, zero elsewhere.
   virtual void nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) = 0;
   virtual void nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) = 0;
+  // The classifier's loss in one pass over its logits [N, V], read in their own dtype (16-bit under
+  // autocast: no copy in fp32): the softmax cross-entropy over the first `classes` columns (a padded
+  // vocabulary's columns past it are in neither the softmax nor the loss). lse[r] = log sum_{c <
+  // classes} e^x[r, c] (each row's sum in fp64), loss = mean_r (lse[r] - x[r, t_r]) (in fp64); lse [N]
+  // and loss [] fp32 (fp64 for fp64 logits). A target outside [0, classes) throws on the CPU and
+  // makes the loss NaN on CUDA, as nll_loss.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t classes, Tensor& lse,
+                             Tensor& loss) = 0;
+  // Its gradient, the other pass: gx[r, c] = (grad / N) (e^(x[r, c] - lse[r]) - [c == t_r]) for c <
+  // classes, 0 past it (math::cross_entropy_grad), in the logits' dtype; grad is the loss's [].
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                      const Tensor& grad, int64_t classes, Tensor& gx) = 0;
   // Fills with U[lo, hi) or N(mean, std) from a counter-based stream: element i uses counter offset + i.
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;

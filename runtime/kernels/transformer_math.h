@@ -32,6 +32,14 @@ AMP_HD C softmax_grad(C y, C g, C row_sum, C scale) { return scale * y * (g - ro
 template <class C>
 AMP_HD C log_softmax_grad(C y, C g, C row_sum) { return g - std::exp(y) * row_sum; }
 
+// The fused classifier's gradient at one logit x of a row whose log-sum-exp is lse: scale (e^(x - lse)
+// - 1 at the target, 0 elsewhere), scale = the loss's gradient / N (the mean's). The composite's
+// numbers (log-softmax, then nll_loss's and log-softmax's backward) up to rounding.
+template <class C>
+AMP_HD C cross_entropy_grad(C x, C lse, C scale, bool is_target) {
+  return scale * (std::exp(x - lse) - (is_target ? C(1) : C(0)));
+}
+
 // Dropout's mask from the counter-based stream: element i is kept (and scaled by 1 / (1 - p)) when
 // its uniform draw is at least p. The same counter gives the same decision on any backend, rank or
 // thread count.

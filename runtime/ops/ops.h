@@ -61,6 +61,13 @@ Tensor causal_softmax(const Tensor& x, double scale = 1.0);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
 Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+// A classifier's cross-entropy fused (Backend::cross_entropy): the logits [N, V] are read in their own
+// dtype (16-bit under autocast: no fp32 copy, no log-softmax in memory) and the backward writes their
+// gradient in that dtype in one pass. Only the first `classes` columns (-1: all V) are classes: a
+// padded vocabulary's columns past them are in neither the softmax nor the loss, and get gradient 0.
+// The loss is fp32 (fp64 for fp64 logits); cross_entropy's numbers up to rounding. First-order
+// backward only.
+Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t classes = -1);
 
 // --- transformer ops (ops_transformer.cpp)
 // Rows of weight [V, C] picked by int64 indices of any shape: [*indices.shape, C]. The backward

@@ -99,6 +99,31 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target) {
   return nll_loss(log_softmax(logits, -1), target);
 }
 
+Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t classes) {
+  if (logits.dim() != 2 || !is_floating(logits.dtype()))
+    throw std::invalid_argument("fused_cross_entropy: expected floating logits [N, V], got " +
+                                std::string(dtype_name(logits.dtype())) + " " + shape_str(logits.shape()));
+  const int64_t rows = logits.shape()[0], cols = logits.shape()[1];
+  if (classes == -1) classes = cols;
+  if (classes < 1 || classes > cols)
+    throw std::invalid_argument("fused_cross_entropy: " + std::to_string(classes) + " classes for logits of " +
+                                std::to_string(cols) + " columns");
+  if (target.dtype() != DType::i64 || target.dim() != 1 || target.shape()[0] != rows)
+    throw std::invalid_argument("fused_cross_entropy: expected int64 target [" + std::to_string(rows) + "], got " +
+                                dtype_name(target.dtype()) + " " + shape_str(target.shape()));
+  const DType acc = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lse = empty({rows}, acc, logits.device()), loss = empty({}, acc, logits.device());
+  backend_for(logits.device()).cross_entropy(logits, target, classes, lse, loss);
+  const Tensor saved = logits.detach();
+  return record("FusedCrossEntropyBackward", loss, {logits}, [saved, target, lse, classes](const Tensor& g) {
+    if (GradMode::enabled()) throw std::logic_error("fused_cross_entropy: double backward is not supported");
+    Tensor gx = empty_like(saved);
+    backend_for(saved.device()).cross_entropy_backward(saved, target, lse, g.dtype() == lse.dtype() ? g : g.to(lse.dtype()),
+                                                       classes, gx);
+    return std::vector<Tensor>{gx};
+  });
+}
+
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in) {
   Tensor input = input_in, target = target_in;
   autocast_inputs(OpKind::mse_loss, {&input, &target});

@@ -6,6 +6,7 @@
 #   GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16 autocast, AdamW, 1 rank
 #   the main job's GPT (launch/scripts/run_example.sh's flags, one of its 2 ranks): 4 x 4 x 128, block 64, batch 16
 #   the reference MLP (bench_mlp's): 3 x 4096, batch 512, bf16, and fp16 with dynamic loss scaling, SGD + momentum
+#   GPT-2 124M: the same shape with GPT-2's 50257 tokens (an llm.c shard) and its tanh GELU, at the end
 # Then the GPT-2 small step's communication on 2, 4 and 8 ranks (mpirun; the emulated GPU's NCCL): the
 # bytes each rank sends against a ring all-reduce's, and the buckets' sum modeled on 8 GPUs over NVLink
 # and 64 over InfiniBand; then the same with --zero 1, and each rank's bytes of optimizer state.
@@ -57,3 +58,17 @@ for ranks in 2 4 8; do RANKS=$ranks run "gpt2-small-bf16-$ranks-ranks" "--gpt 12
 for ranks in 2 4 8; do
   RANKS=$ranks run "gpt2-small-bf16-$ranks-ranks-zero1" "--gpt 12,768,8192" "${gpt2_small[@]}" --zero 1
 done
+# GPT-2 124M as its users train it (issue 39): GPT-2's 50257 tokens on an llm.c shard (generated
+# here: 300k random tokens; nothing runs, so their values do not matter), the tanh GELU, batch 8 x 1024.
+# The classifier's logits are [8192, V]: the report's peak device memory is where they show.
+python3 - "$work/tokens.bin" <<'PY'
+import struct, sys, random
+count = 300_000
+rng = random.Random(0)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, count, *([0] * 253)))
+    f.write(struct.pack(f"<{count}H", *(rng.randrange(50257) for _ in range(count))))
+PY
+run gpt2-124m-bf16 "--gpt 12,768,8192" --model gpt --data "$work/tokens.bin" --vocab-size 50257 --gelu tanh \
+  --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --lr 6e-4 \
+  --weight-decay 0.1 --clip-grad-norm 1 --eval-every 0 --sample-tokens 0

@@ -37,6 +37,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // loss NaN instead, which the scaler and the logs then report.
   void nll_loss(const Tensor& logp, const Tensor& target, Tensor& loss) override;
   void nll_loss_backward(const Tensor& grad, const Tensor& target, Tensor& grad_logp) override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t classes, Tensor& lse, Tensor& loss) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& grad,
+                              int64_t classes, Tensor& gx) override;
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void fill_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
 
