@@ -119,7 +119,7 @@ class Gpt final : public GptModel, public nn::Module {
     drop_.p = c.dropout;
     drop_.seed = gen.seed();
     auto transformer = std::make_shared<Container>();
-    wte_ = std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen, device);
+    wte_ = std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen, device, c.padded_vocab());
     wpe_ = std::make_shared<nn::Embedding>(c.block_size, c.n_embd, gen, device);
     transformer->register_module("wte", wte_);
     transformer->register_module("wpe", wpe_);
@@ -139,6 +139,7 @@ class Gpt final : public GptModel, public nn::Module {
       const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
       const bool is_ln = name.find(".ln_") != std::string::npos;
       if (is_ln) continue;  // ones and zeros
+      if (t.same(wte_->weight)) t = t.view(0, {c.vocab_size, c.n_embd});  // the padding rows stay zero
       if (is_bias) fill_(t, 0.0);
       else normal_(t, 0.0, name.find("c_proj.weight") != std::string::npos ? proj_std : 0.02, gen);
     }
@@ -150,6 +151,10 @@ class Gpt final : public GptModel, public nn::Module {
   bool reads_sample_index() const override { return drop_.p > 0.0; }
   std::vector<std::pair<std::string, std::string>> tied_aliases() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
+  }
+  std::vector<std::pair<std::string, int64_t>> saved_rows() const override {
+    if (config_.padded_vocab() == config_.vocab_size) return {};
+    return {{"transformer.wte.weight", config_.vocab_size}};
   }
 
   Tensor forward(const Tensor& tokens) override { return logits(tokens); }
@@ -176,8 +181,10 @@ class Gpt final : public GptModel, public nn::Module {
     const Tensor lg = logits(batch.x);
     const int64_t n = lg.size(0) * lg.size(1);
     Losses out;
-    // The classifier's loss fused: the logits stay in autocast's dtype (no fp32 copy of [B T, V]).
-    out.per_task.push_back(fused_cross_entropy(lg.reshape({n, config_.vocab_size}), batch.targets[0].reshape({n})));
+    // The classifier's loss fused: the logits stay in autocast's dtype (no fp32 copy of [B T, V]),
+    // and the padding's columns are in neither the softmax nor the loss.
+    out.per_task.push_back(fused_cross_entropy(lg.reshape({n, lg.size(2)}), batch.targets[0].reshape({n}),
+                                               config_.vocab_size));
     return out;
   }
 

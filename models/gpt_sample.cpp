@@ -21,8 +21,8 @@ std::vector<int64_t> sample_tokens(GptModel& model, std::vector<int64_t> context
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(context.size()), model.config().block_size);
     const std::vector<int64_t> window(context.end() - T, context.end());
     const Tensor logits = model.logits(from_int64(window, {1, T}, device));
-    const int64_t V = logits.size(2);
-    const std::vector<double> last = logits.view((T - 1) * V, {V}).to_vector();
+    const int64_t V = model.config().vocab_size;  // the padding's columns past it are never drawn
+    const std::vector<double> last = logits.view((T - 1) * logits.size(2), {V}).to_vector();
     // Top-k of logits / temperature (ties to the lower byte), then a draw from their softmax.
     std::vector<std::pair<double, int64_t>> ranked;
     for (int64_t v = 0; v < V; ++v) ranked.emplace_back(last[static_cast<size_t>(v)] / o.temperature, v);

@@ -113,7 +113,7 @@ class GptSpec final : public ModelSpec {
     const long double T = static_cast<long double>(c_.block_size), B = static_cast<long double>(run.batch_size);
     const long double H = static_cast<long double>(c_.n_head);
     MemoryEstimate m;
-    const long double V = static_cast<long double>(c_.vocab_size);
+    const long double V = static_cast<long double>(c_.padded_vocab());
     m.model = parameter_bytes(12 * L * C * C + (V + T) * C, run);
     const long double attention = run.autocast ? 2 * L + 4.5L : 1.5L * L + 3;
     m.activations = B * T * (20 * C * L + 3 * V) * 4 + B * H * T * T * 4 * attention;

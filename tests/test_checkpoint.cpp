@@ -93,6 +93,23 @@ TEST(Checkpoint, ATokenRunResumesAcrossShardsAndRefusesOtherShards) {
   ASSERT_EQ(run(args + " --steps 12 --metrics " + d.file("full.jsonl") + " --save-weights " + d.file("full.safetensors")).code, 0);
   const RunResult first = run(args + " --steps 6 --checkpoint-dir " + d.file("ck") + " --metrics " + d.file("res.jsonl"));
   ASSERT_EQ(first.code, 0) << first.out;
+  // The vocabulary of 300 is trained padded to 384 rows (a multiple of 128): the files hold the 300,
+  // the weights' and the optimizer's state's alike (its moments as PyTorch's AdamW has them).
+  const std::string ck6 = d.file("ck/step-00000006");
+  EXPECT_EQ(safetensors::find(safetensors::load(ck6 + "/model.safetensors"), "transformer.wte.weight", "model").shape(),
+            (Shape{300, 16}));
+  int with_vocab_rows = 0;
+  for (const auto& [name, t] : safetensors::load(ck6 + "/optimizer.safetensors")) {
+    EXPECT_FALSE(t.dim() > 0 && t.size(0) == 384) << name << " holds the padding";
+    with_vocab_rows += t.dim() == 2 && t.size(0) == 300;
+  }
+  EXPECT_EQ(with_vocab_rows, 2) << "wte's exp_avg and exp_avg_sq";
+  fs::copy(d.file("ck"), d.file("ck_zero"), fs::copy_options::recursive);
+  // ZeRO-1 resumes the same checkpoint (its pieces of the padded state) to the same weights.
+  const RunResult zero = run(args + " --steps 12 --resume --zero 1 --checkpoint-dir " + d.file("ck_zero") +
+                             " --save-weights " + d.file("zero.safetensors"));
+  ASSERT_EQ(zero.code, 0) << zero.out;
+  EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("zero.safetensors"))) << "weights differ";
   const RunResult second = run(args + " --steps 12 --resume --checkpoint-dir " + d.file("ck") + " --metrics " +
                                d.file("res.jsonl") + " --save-weights " + d.file("res.safetensors"));
   ASSERT_EQ(second.code, 0) << second.out;

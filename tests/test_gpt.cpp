@@ -292,6 +292,69 @@ TEST(Gpt, InitialisationIsNanoGpts) {
   }
 }
 
+// A vocabulary of 300 is trained padded to 384 rows (a multiple of 128, as llm.c pads 50257 to
+// 50304). The padding rows start at zero and are inert: given the largest logits of every row, they
+// change neither the loss nor any gradient, get gradient 0, and are never sampled; the state dict
+// holds the 300 rows, and loading it zeroes the padding.
+TEST(Gpt, ThePaddedVocabularysRowsAreInert) {
+  models::GptConfig c = fixture_config();
+  c.vocab_size = 300;
+  Generator gen(3);
+  auto m = models::make_gpt_model(c, gen);
+  Tensor wte = m->module().named_parameters().at(0).second;
+  ASSERT_EQ(wte.shape(), (Shape{384, 16}));
+  const std::vector<double> init = wte.to_vector();
+  for (size_t i = 300 * 16; i < init.size(); ++i) ASSERT_EQ(init[i], 0.0) << "padding element " << i;
+  EXPECT_EQ(nn::state_dict(m->module()).at(0).second.shape(), (Shape{300, 16}));
+
+  models::Batch batch;
+  std::vector<int64_t> x(16), y(16);
+  for (size_t i = 0; i < 16; ++i) x[i] = static_cast<int64_t>(i * 37 % 300), y[i] = static_cast<int64_t>(i * 53 % 300);
+  batch.x = from_int64(x, {2, 8});
+  batch.targets = {from_int64(y, {2, 8})};
+  auto loss_and_grads = [&] {
+    m->module().zero_grad();
+    const Tensor loss = m->losses(batch).per_task.at(0);
+    loss.backward();
+    std::vector<std::vector<double>> g;
+    for (const Tensor& p : m->module().parameters()) g.push_back(p.grad().to_vector());
+    return std::make_pair(loss.item(), g);
+  };
+  const auto [loss0, grads0] = loss_and_grads();
+  // Padding rows that would win every row's softmax: +-1000 times token 0's row.
+  float* w = wte.data<float>();
+  for (int64_t r = 300; r < 384; ++r)
+    for (int64_t k = 0; k < 16; ++k) w[r * 16 + k] = (r % 2 ? 1000.0f : -1000.0f) * w[k];
+  const auto [loss1, grads1] = loss_and_grads();
+  EXPECT_EQ(loss0, loss1);
+  ASSERT_EQ(grads0.size(), grads1.size());
+  for (size_t i = 0; i < grads0.size(); ++i) EXPECT_TRUE(grads0[i] == grads1[i]) << "gradient " << i;
+  for (size_t i = 300 * 16; i < grads1[0].size(); ++i) ASSERT_EQ(grads1[0][i], 0.0) << "padding's gradient " << i;
+
+  NoGradGuard ng;
+  const std::vector<double> logits = m->logits(batch.x).to_vector();  // [2, 8, 384]
+  const auto last = logits.begin() + 7 * 384;
+  EXPECT_GE(std::max_element(last, last + 384) - last, 300) << "the control: the padding holds the largest logit";
+  models::SampleOptions greedy;
+  greedy.tokens = 10;
+  greedy.top_k = 1;
+  for (int64_t t : models::sample_tokens(*m, x, greedy)) EXPECT_LT(t, 300);
+
+  // Loading the 300 rows zeroes the padding; 384 rows are refused, naming both shapes.
+  safetensors::NamedTensors sd = nn::state_dict(m->module());
+  for (auto& [name, t] : sd) t = t.clone();
+  nn::load_state_dict(m->module(), sd, "padded.safetensors");
+  const std::vector<double> loaded = wte.to_vector();
+  for (size_t i = 300 * 16; i < loaded.size(); ++i) ASSERT_EQ(loaded[i], 0.0) << "padding element " << i;
+  sd.at(0).second = zeros({384, 16});
+  try {
+    nn::load_state_dict(m->module(), sd, "padded.safetensors");
+    ADD_FAILURE() << "384 rows were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[384, 16], expected [300, 16]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Gpt, TiedLmHeadLoadsOnlyWhenIdentical) {
   auto m = fixture_model();
   safetensors::NamedTensors sd = nn::state_dict(m->module());

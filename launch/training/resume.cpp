@@ -133,7 +133,8 @@ void Trainer::resume() {
       for (int64_t i = 0; i < ck->step; ++i) scheduler_->step();
     // Under ZeRO-1, this rank's pieces of the unsharded state: a checkpoint of either kind, from any
     // number of ranks, resumes either way.
-    optim::OptimizerStateDict state = zero_ ? zero_->shard_state_dict(ck->optimizer, *opt_) : ck->optimizer;
+    const optim::OptimizerStateDict full = with_padding(ck->optimizer);
+    optim::OptimizerStateDict state = zero_ ? zero_->shard_state_dict(full, *opt_) : full;
     state.param_groups = opt_->state_dict().param_groups;
     opt_->load_state_dict(state);
     std::map<std::string, double> scaler_state;
@@ -267,6 +268,27 @@ void Trainer::require_finite_parameters(int64_t step) {
   }
 }
 
+optim::OptimizerStateDict Trainer::without_padding(optim::OptimizerStateDict s) const {
+  for (const auto& [id, pad] : padded_state_) {
+    const auto it = s.state.find(id);
+    if (it == s.state.end()) continue;
+    for (auto& [key, t] : it->second)
+      if (t.shape() == pad.shape) t = nn::first_rows(t, pad.rows);  // a view: no copy
+  }
+  return s;
+}
+
+optim::OptimizerStateDict Trainer::with_padding(optim::OptimizerStateDict s) const {
+  for (const auto& [id, pad] : padded_state_) {
+    const auto it = s.state.find(id);
+    if (it == s.state.end()) continue;
+    for (auto& [key, t] : it->second)
+      if (t.dim() == static_cast<int64_t>(pad.shape.size()) && t.size(0) == pad.rows && t.shape() != pad.shape)
+        t = nn::zero_padded_rows(t, pad.shape);  // other shapes: load_state_dict names them
+  }
+  return s;
+}
+
 void Trainer::save_checkpoint_at(int64_t step) {
   require_finite_parameters(step);
   comm_.set_context("writing the checkpoint of step " + std::to_string(step));
@@ -277,7 +299,8 @@ void Trainer::save_checkpoint_at(int64_t step) {
   if (zero_) gathered = zero_->full_state_dict(*opt_, comm_.rank() == 0);
   if (comm_.rank() == 0) {
     try {
-      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()), gathered ? *gathered : opt_->state_dict(),
+      path = save_checkpoint(cfg_.checkpoint_dir, step, nn::state_dict(model()),
+                             without_padding(gathered ? *gathered : opt_->state_dict()),
                              checkpoint_meta(step), cfg_.keep_checkpoints);
     } catch (const std::exception& e) {
       error = e.what();

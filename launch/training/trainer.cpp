@@ -55,6 +55,17 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     lists = {decayed};
     if (!not_decayed.empty()) lists.push_back(not_decayed);
   }
+  {
+    int64_t id = 0;  // PyTorch's ids: the groups' parameters in order
+    const auto named = model().named_parameters();
+    for (const auto& list : lists)
+      for (const Tensor& p : list) {
+        for (const auto& [name, rows] : model().saved_rows())
+          for (const auto& [n, q] : named)
+            if (n == name && q.same(p)) padded_state_[id] = {rows, p.shape()};
+        ++id;
+      }
+  }
   if (cfg_.zero == 1) {
     if (multi_task()) throw std::invalid_argument("--zero 1: not with Jacobian descent (its trunk Jacobian is summed whole)");
     // ZeRO-1: the optimizer steps this rank's pieces of the parameters (its shard of the buckets,

@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -153,6 +154,16 @@ class Trainer {
   nlohmann::json checkpoint_meta(int64_t step) const;
   void resume();
   void save_checkpoint_at(int64_t step);
+  // The optimizer's state of a parameter with padding rows (Module::saved_rows: GPT's vocabulary) is
+  // saved without them, as the parameter is, and given them back (zero) on resume: PyTorch's id ->
+  // {rows saved, the parameter's shape}.
+  struct PaddedState {
+    int64_t rows;
+    Shape shape;
+  };
+  std::map<int64_t, PaddedState> padded_state_;
+  optim::OptimizerStateDict without_padding(optim::OptimizerStateDict s) const;
+  optim::OptimizerStateDict with_padding(optim::OptimizerStateDict s) const;
 
   // --- the step (step.cpp). A step is its inputs, written eagerly before its device work (so that a
   // CUDA graph's replay reads this step's), then the device work, which reads nothing else from the

@@ -15,8 +15,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool w
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device) {
-  weight = register_parameter("weight", randn({num_embeddings, dim}, gen, DType::f32, device));
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device, int64_t rows) {
+  if (rows <= num_embeddings) {
+    weight = register_parameter("weight", randn({num_embeddings, dim}, gen, DType::f32, device));
+    return;
+  }
+  Tensor w = zeros({rows, dim}, DType::f32, device);
+  Tensor drawn = w.view(0, {num_embeddings, dim});
+  normal_(drawn, 0.0, 1.0, gen);
+  weight = register_parameter("weight", w);
 }
 
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }

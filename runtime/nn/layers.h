@@ -19,7 +19,9 @@ class Linear : public Module {
 // Rows of weight [num_embeddings, dim] picked by int64 indices. PyTorch's init: N(0, 1).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device = kCPU);
+  // N(0, 1) rows, as PyTorch's. rows > num_embeddings: the weight has `rows` rows, those past
+  // num_embeddings zero padding (the draws are the first num_embeddings rows' only).
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, Device device = kCPU, int64_t rows = 0);
   Tensor forward(const Tensor& indices) override;
   Tensor weight;
 };

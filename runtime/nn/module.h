@@ -30,6 +30,11 @@ class Module {
   // lm_head.weight is transformer.wte.weight): {alias, parameter}. Loading accepts the alias only
   // when it equals the parameter's tensor.
   virtual std::vector<std::pair<std::string, std::string>> tied_aliases() const { return {}; }
+  // Parameters trained with more rows than they are saved with (GPT's vocabulary padded to a multiple
+  // of 128 for the classifier's GEMMs): {name, rows saved}. The rows past those are padding, zero
+  // from the start and kept zero by training (no token reads them, no loss sees them): state_dict
+  // gives the saved rows, load_state_dict takes them and zeroes the rest.
+  virtual std::vector<std::pair<std::string, int64_t>> saved_rows() const { return {}; }
 
  protected:
   Tensor& register_parameter(std::string name, Tensor t);
