@@ -29,12 +29,10 @@ Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tens
       throw std::logic_error("chunked_sum_of_squares: a shard is not a whole number of chunks");
     const int64_t first = sharded ? std::min(n, me * shard / kNormChunk) : 0;
     const int64_t last = sharded ? std::min(n, (me + 1) * shard / kNormChunk) : n;
-    std::vector<Tensor> chunks;
-    for (int64_t k = first; k < last; ++k)
-      chunks.push_back(buf.view(k * kNormChunk, {std::min(kNormChunk, layout.used[b] - k * kNormChunk)}));
-    if (!chunks.empty()) {
+    if (last > first) {  // chunks [first, last): one launch
+      const int64_t begin = first * kNormChunk, end = std::min(layout.used[b], last * kNormChunk);
       Tensor out = partial.view(base + first, {last - first});
-      be.norm_accumulate_each(chunks, 2.0, out);
+      be.chunk_sums_of_squares(buf.view(begin, {end - begin}), kNormChunk, out);
     }
     base += n;
   }

@@ -1,14 +1,17 @@
 // Gradient clipping against PyTorch's clip_grad_norm_ on the MLP, and against closed forms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "amp/clip_grad.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {
@@ -60,6 +63,27 @@ TEST(ClipGradNorm, TensorNormsAreEachTensorsOwn) {
     const std::vector<double> cpu = tensor_norms({a, c}, p, kCPU).to_vector(), dev = tensor_norms({b.to(gpu), a.to(gpu)}, p, gpu).to_vector();
     EXPECT_EQ(mixed, (std::vector<double>{cpu[0], dev[0], cpu[1], dev[1]})) << "p " << p;
   }
+}
+
+// The gradient norm's fixed chunks (comm/chunked_norm.h) in one call: each chunk's sum of squares is
+// norm_accumulate_each's over the chunk's own view, bit for bit, a short last chunk included, in
+// every float dtype; out is added to.
+TEST(ClipGradNorm, ChunkSumsOfSquaresAreEachChunksOwn) {
+  Backend& be = backend_for(kCPU);
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    const int64_t n = 5 * 1024 + 77, chunks = 6;
+    Generator g(9);
+    const Tensor x = rand_uniform({n}, -3, 3, g, dt);
+    Tensor got = full({chunks}, 0.5, DType::f32), want = full({chunks}, 0.5, DType::f32);
+    be.chunk_sums_of_squares(x, 1024, got);
+    std::vector<Tensor> views;
+    for (int64_t k = 0; k < chunks; ++k) views.push_back(x.view(k * 1024, {std::min<int64_t>(1024, n - k * 1024)}));
+    be.norm_accumulate_each(views, 2.0, want);
+    EXPECT_EQ(got.to_vector(), want.to_vector()) << dtype_name(dt);
+    EXPECT_NEAR(got.to_vector()[5], 0.5 + 77 * 3.0, 77 * 3.0 * 0.5) << "the short chunk: 77 squares of about 3";
+  }
+  Tensor wrong = zeros({5}, DType::f32);
+  EXPECT_THROW(be.chunk_sums_of_squares(zeros({5 * 1024 + 1}), 1024, wrong), std::invalid_argument);
 }
 
 TEST(ClipGradNorm, InfNormAndNonFinite) {

@@ -1059,6 +1059,27 @@ TEST_F(CudaVsCpu, CheckFiniteFindsInfAndNaN) {
 // bit on the same backend: the same chunk partials folded the same way), on both devices, with the
 // dtypes interleaved (each dtype is launched apart, so a tensor's partials are not where its index
 // says), an empty tensor, a tensor of many chunks, and non-finite elements in one tensor only.
+// The gradient norm's chunks in one launch (one block per chunk): each chunk's sum of squares against
+// the CPU's, within the bound of fp64 sums in another order, a short last chunk included.
+TEST_F(CudaVsCpu, ChunkSumsOfSquaresInOneLaunch) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (DType dt : kFloatTypes) {
+    const int64_t n = 7 * 1024 + 300;
+    const Tensor x = random_cpu({n}, dt, 57, -3, 3);
+    Tensor c = full({8}, 0.25, DType::f32), g = full({8}, 0.25, DType::f32, kGPU);
+    cpu().chunk_sums_of_squares(x, 1024, c);
+    const Tensor xg = x.to(kGPU);
+    const int64_t before = launches();
+    gpu().chunk_sums_of_squares(xg, 1024, g);
+    if (emulated_device_counters()) {
+      EXPECT_EQ(launches() - before, 1) << dtype_name(dt);
+    }
+    std::vector<double> sq = x.to_vector(), a(8, 0.25);
+    for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i / 1024)] += sq[static_cast<size_t>(i)] * sq[static_cast<size_t>(i)];
+    EXPECT_TRUE(matches_sum(g, c, from_vector(a, {8}, DType::f64), 1024)) << dtype_name(dt);
+  }
+}
+
 TEST_F(CudaVsCpu, PerTensorNormsInOnePassAreEachTensorsOwnNorm) {
   for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
     for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf (in tensor 2 only)

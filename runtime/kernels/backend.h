@@ -155,6 +155,10 @@ class Backend {
   // The same for each tensor alone, in one pass over all of them: out (f32, one element per tensor)
   // gets at i what norm_accumulate({xs[i]}, p, out[i]) would (torch._foreach_norm's accumulations).
   virtual void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;
+  // The same with p = 2 over the chunks of a 1-D x: out[k] (f32) += the sum of squares of x[k chunk,
+  // min((k + 1) chunk, n)) for each of its ceil(n / chunk) chunks (comm/chunked_norm.h's unit): what
+  // norm_accumulate_each over the chunks' views gives, in one launch however many chunks there are.
+  virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) = 0;
   // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;

@@ -301,6 +301,22 @@ void CpuBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, T
   }
 }
 
+// Each chunk's sum is norm_accumulate_each's on the chunk's view, bit for bit: a chunk below the
+// parallel grain is one norm_range, added to 0.0 (and to the other threads' zero partials there).
+void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) {
+  if (chunk < 1 || chunk > cpu::kParallelGrain) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
+  const long n = static_cast<long>(x.numel()), c = static_cast<long>(chunk), chunks = (n + c - 1) / c;
+  if (out.dtype() != DType::f32 || out.numel() != chunks)
+    throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
+  float* o = out.data<float>();
+  cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    const T* d = x.data<T>();
+    cpu::parallel_chunks(chunks, [&](long b, long e) {
+      for (long k = b; k < e; ++k) o[k] += static_cast<float>(0.0 + norm_range(d + k * c, std::min(c, n - k * c), 2.0));
+    }, std::max(1L, cpu::kParallelGrain / c));
+  });
+}
+
 void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
   const float coef = math::clip_coefficient(total_norm.data<float>()[0], static_cast<float>(max_norm));
   for (const Tensor& x : xs) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -62,6 +63,20 @@ struct NormOp {
     if (threadIdx.x == 0) partial[block] = acc;
   }
 };
+
+// One block per chunk of x: out[k] += the sum of squares of x's chunk k, in double (the gradient
+// norm's fixed chunks, comm/chunked_norm.h).
+template <class T>
+__global__ void chunk_squares_kernel(const T* __restrict__ x, int64_t n, int64_t chunk, float* __restrict__ out) {
+  const int64_t k = blockIdx.x, begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
+  double acc = 0.0;
+  for (int64_t i = begin + static_cast<int64_t>(threadIdx.x); i < end; i += blockDim.x) {
+    const double a = static_cast<double>(DevElem<T>::load(x[i]));
+    acc += a * a;
+  }
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) out[k] += static_cast<float>(acc);
+}
 
 // Block b folds the partials [r.begin[b], r.end[b]) in a fixed order into out[b], as the CPU does:
 // out = max(out, norm) for the inf-norm (min for -inf), out += sum otherwise. One block for
@@ -231,6 +246,24 @@ void CudaBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, 
   }
   Scratch partial(sizeof(double) * static_cast<size_t>(blocks > 0 ? blocks : 1));
   norm_partials_and_finish(xs, p, partial.as<double>(), ranges, out.data<float>());
+}
+
+void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) {
+  require_cuda(x, "chunk_sums_of_squares: input");
+  require_cuda(out, "chunk_sums_of_squares: output");
+  if (chunk < 1) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
+  const int64_t n = x.numel(), chunks = (n + chunk - 1) / chunk;
+  if (out.dtype() != DType::f32 || out.numel() != chunks)
+    throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
+  if (chunks == 0) return;
+  if (chunks > 0x7fffffff) throw std::invalid_argument("chunk_sums_of_squares: more than 2^31-1 chunks");
+  Context& ctx = context();
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    declare_launch_cost(n * static_cast<int64_t>(sizeof(T)) + chunks * 4, chunks * 4, 2 * n);
+    AMP_LAUNCH(static_cast<unsigned>(chunks), 256, 0, ctx.stream(), chunk_squares_kernel<T>)(x.data<T>(), n, chunk,
+                                                                                           out.data<float>());
+    AMP_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
