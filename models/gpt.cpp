@@ -98,8 +98,10 @@ class Block final : public nn::Module {
     register_module("mlp", mlp);
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor h = add(x, (*attn)((*ln_1)(x)));
-    return add(h, (*mlp)((*ln_2)(h)));
+    // Each LayerNorm writes its output in the dtype of the linear layer it feeds (autocast's cast in
+    // its pass).
+    const Tensor h = add(x, (*attn)(ln_1->into_linear(x, attn->c_attn->weight)));
+    return add(h, (*mlp)(ln_2->into_linear(h, mlp->c_fc->weight)));
   }
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
@@ -170,8 +172,7 @@ class Gpt final : public GptModel, public nn::Module {
     Tensor x = add((*wte_)(tokens), (*wpe_)(positions(T)));  // [B, T, C] + [T, C]
     x = drop_.apply(x, 0);
     for (auto& b : blocks_) x = (*b)(x);
-    x = (*ln_f_)(x);
-    return linear(x, wte_->weight, Tensor());  // lm_head, tied to wte
+    return linear(ln_f_->into_linear(x, wte_->weight), wte_->weight, Tensor());  // lm_head, tied to wte
   }
 
   Losses losses(const Batch& batch) override {

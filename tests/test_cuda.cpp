@@ -1646,6 +1646,45 @@ TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
 
 // The shapes reach both kernels: rows of 16-byte packs where the innermost dims stay (a run of 8 or
 // 16 elements, or 20 for 4- and 8-byte types, or the whole tensor), element by element elsewhere.
+// LayerNorm with autocast's casts in its passes: the output written straight in the next linear's
+// dtype, the backward reading the gradient in it. Bit for bit the separate passes on the same device
+// (layer_norm then cast; cast then layer_norm_backward), in one launch forward; fp64 into fp32
+// included, whose output is rounded twice (to fp64, then fp32) as the passes do.
+TEST_F(CudaVsCpu, LayerNormCastsInItsPassesBitForBit) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (const auto& [dt, low] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::f32, DType::f16},
+                                std::pair{DType::f64, DType::f32}}) {
+    for (const Shape& s : {Shape{33, 48}, Shape{1001, 45}, Shape{3, 7, 300}}) {
+      const int64_t C = s.back(), rows = shape_numel(s) / C;
+      const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor x = random_cpu(s, dt, 75, -3, 5).to(kGPU), w = random_cpu({C}, dt, 76).to(kGPU);
+      const Tensor b = random_cpu({C}, dt, 77).to(kGPU);
+      Tensor wide = empty(s, dt, kGPU), want = empty(s, low, kGPU), got = empty(s, low, kGPU);
+      Tensor m1 = empty({rows}, st, kGPU), r1 = empty({rows}, st, kGPU), m2 = empty({rows}, st, kGPU), r2 = empty({rows}, st, kGPU);
+      gpu().layer_norm(x, w, b, 1e-5, wide, m1, r1);
+      gpu().cast(wide, want);
+      const int64_t before = launches();
+      gpu().layer_norm_cast(x, w, b, 1e-5, got, m2, r2);
+      if (emulated_device_counters()) {
+        EXPECT_EQ(launches() - before, 1) << "one pass";
+      }
+      EXPECT_TRUE(matches(got, want, 0)) << dtype_name(dt) << " into " << dtype_name(low) << shape_str(s);
+      EXPECT_TRUE(matches(m2, m1, 0) && matches(r2, r1, 0));
+
+      const Tensor g = random_cpu(s, low, 78).to(kGPU);
+      Tensor g_wide = empty(s, dt, kGPU);
+      gpu().cast(g, g_wide);
+      Tensor gx1 = empty(s, dt, kGPU), gw1 = empty({C}, dt, kGPU), gb1 = empty({C}, dt, kGPU);
+      Tensor gx2 = empty(s, dt, kGPU), gw2 = empty({C}, dt, kGPU), gb2 = empty({C}, dt, kGPU);
+      gpu().layer_norm_backward(g_wide, x, w, m1, r1, gx1, gw1, gb1);
+      gpu().layer_norm_backward_cast(g, x, w, m1, r1, gx2, gw2, gb2);
+      EXPECT_TRUE(matches(gx2, gx1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
+      EXPECT_TRUE(matches(gw2, gw1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
+      EXPECT_TRUE(matches(gb2, gb1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
   for (const Shape& s : {Shape{2, 3, 4, 5}, Shape{2, 3, 5, 8}, Shape{3, 2, 4, 16}})
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {

@@ -93,6 +93,32 @@ TEST(TransformerOps, FusedAttentionIsTheComposedOps) {
   EXPECT_THROW(causal_attention(rnd({2, 3, 10}, 1), 4), std::invalid_argument);
 }
 
+// A LayerNorm feeding a linear layer writes its output in the linear's autocast dtype: the same
+// numbers as layer_norm then autocast's cast, forward and backward (every gradient bit for bit), with
+// no cast between them in the graph; outside autocast it is layer_norm.
+TEST(TransformerOps, LayerNormIntoLinearIsLayerNormThenTheCast) {
+  for (int mode = 0; mode < 3; ++mode) {
+    const Tensor x = rnd({3, 5, 24}, 81, -3, 3, DType::f32).set_requires_grad(true);
+    const Tensor w = rnd({24}, 82, 0.5, 1.5, DType::f32).set_requires_grad(true);
+    const Tensor b = rnd({24}, 83, -1, 1, DType::f32).set_requires_grad(true);
+    const Tensor lw = rnd({16, 24}, 84, -0.3, 0.3, DType::f32).set_requires_grad(true);
+    const Tensor lb = rnd({16}, 85, -0.3, 0.3, DType::f32).set_requires_grad(true);
+    const Tensor probe = rnd({3, 5, 16}, 86, -1, 1, DType::f32);
+    Tensor fused, composite, normed;
+    {
+      autocast ac(DeviceType::cpu, mode == 2 ? DType::bf16 : DType::f16, mode > 0, true, CastLists::cuda);
+      normed = layer_norm_into_linear(x, w, b, 1e-5, lw);
+      fused = linear(normed, lw, lb);
+      composite = linear(layer_norm(x, w, b, 1e-5), lw, lb);
+    }
+    EXPECT_EQ(normed.dtype(), mode == 0 ? DType::f32 : mode == 1 ? DType::f16 : DType::bf16);
+    EXPECT_TRUE(test::bitwise_equal(fused, composite)) << "mode " << mode;
+    const std::vector<Tensor> gf = grad({sum(mul(fused.to(DType::f32), probe))}, {x, w, b, lw, lb});
+    const std::vector<Tensor> gc = grad({sum(mul(composite.to(DType::f32), probe))}, {x, w, b, lw, lb});
+    for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(test::bitwise_equal(gf[i], gc[i])) << "mode " << mode << " input " << i;
+  }
+}
+
 TEST(TransformerOps, CausalSoftmaxIsTheMaskedSoftmaxFused) {
   const Tensor x = rnd({2, 3, 5, 5}, 51, -3, 3).set_requires_grad(true);
   const Tensor w = rnd({2, 3, 5, 5}, 52);

@@ -56,6 +56,27 @@ void Backend::softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx
   cast(wide, gx);
 }
 
+void Backend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                              Tensor& rstd) {
+  if (y.dtype() == x.dtype()) {
+    layer_norm(x, w, b, eps, y, mean, rstd);
+    return;
+  }
+  Tensor wide = empty(y.shape(), x.dtype(), y.device());
+  layer_norm(x, w, b, eps, wide, mean, rstd);
+  cast(wide, y);
+}
+
+void Backend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+  Tensor gs = g;
+  if (g.dtype() != x.dtype()) {
+    gs = empty(g.shape(), x.dtype(), g.device());
+    cast(g, gs);
+  }
+  layer_norm_backward(gs, x, w, mean, rstd, gx, gw, gb);
+}
+
 void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }
 
 bool backend_available(DeviceType t) { return t == DeviceType::cpu || registry()[static_cast<size_t>(t)] != nullptr; }

@@ -72,6 +72,14 @@ class Backend {
   // in double, in a fixed order).
   virtual void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
                                    const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) = 0;
+  // layer_norm with y in another float dtype than x (autocast's cast to the next op's dtype folded
+  // in: the numbers of layer_norm, then cast), and layer_norm_backward with g in another dtype than x
+  // (read as its cast to x's dtype: the numbers of cast, then layer_norm_backward). These defaults make
+  // the passes apart; a backend may make one.
+  virtual void layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                               Tensor& rstd);
+  virtual void layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                        const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb);
   // out = x with its dims permuted: out.shape[d] = x.shape[perm[d]] (at most 8 dims).
   virtual void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) = 0;
   // Attention's softmax over [.., T, T] score rows: row r is query i = r mod T, and

@@ -34,6 +34,9 @@ LayerNorm::LayerNorm(int64_t dim, double eps, Device device) : eps_(eps) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps_); }
+Tensor LayerNorm::into_linear(const Tensor& x, const Tensor& linear_weight) const {
+  return layer_norm_into_linear(x, weight, bias, eps_, linear_weight);
+}
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 

@@ -31,6 +31,9 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, Device device = kCPU);
   Tensor forward(const Tensor& x) override;
+  // forward, for a linear layer of weight linear_weight that reads the output: written in the dtype
+  // autocast casts that layer's input to, in the same pass (layer_norm_into_linear).
+  Tensor into_linear(const Tensor& x, const Tensor& linear_weight) const;
   Tensor weight;
   Tensor bias;
 

@@ -75,6 +75,12 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t c
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // LayerNorm over the last dim, weight and bias [C] (autocast: fp32 on CUDA's list).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// layer_norm whose output goes straight into a linear layer of weight `linear_weight`: written in the
+// dtype autocast casts the linear's input to (bf16 or fp16 under autocast; otherwise layer_norm's own)
+// in the same pass, and its backward reads the gradient in that dtype. The numbers of layer_norm, then
+// autocast's cast (forward), and of the cast's backward, then layer_norm's (backward), bit for bit.
+Tensor layer_norm_into_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                              const Tensor& linear_weight);
 // A copy with dims permuted: out.shape[i] = x.shape[dims[i]].
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);

@@ -36,7 +36,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   });
 }
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
+namespace {
+// layer_norm with its output in x's dtype after autocast, or (next_linear_weight) in the dtype
+// autocast gives the linear layer it feeds: the cast folded into the pass, and into the backward's.
+Tensor layer_norm_to(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps,
+                     const Tensor* next_linear_weight) {
   Tensor x = x_in, w = w_in, b = b_in;
   autocast_inputs(OpKind::layer_norm, {&x, &w, &b});
   if (x.dim() < 1 || w.dim() != 1 || b.dim() != 1 || w.shape()[0] != x.size(-1) || b.shape()[0] != x.size(-1))
@@ -46,16 +50,28 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   // Outside an fp32 region the affine parameters take the input's dtype (PyTorch keeps them wider).
   if (w.dtype() != x.dtype()) w = w.to(x.dtype());
   if (b.dtype() != x.dtype()) b = b.to(x.dtype());
+  const DType out = next_linear_weight == nullptr
+                        ? x.dtype()
+                        : autocast_dtype(OpKind::linear, x.dtype(), x.device().type, {next_linear_weight->dtype()});
   const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
-  Tensor y = empty_like(x);
+  Tensor y = empty(x.shape(), out, x.device());
   Tensor mean = empty({rows}, stat_dtype(x.dtype()), x.device());
   Tensor rstd = empty({rows}, stat_dtype(x.dtype()), x.device());
-  backend_for(x.device()).layer_norm(x, w, b, eps, y, mean, rstd);
+  backend_for(x.device()).layer_norm_cast(x, w, b, eps, y, mean, rstd);
   return record("LayerNormBackward", y, {x, w, b}, [x, w, mean, rstd](const Tensor& g) {
     Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(w);
-    backend_for(g.device()).layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb);
+    backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb);
     return std::vector<Tensor>{gx, gw, gb};
   });
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return layer_norm_to(x, w, b, eps, nullptr);
+}
+
+Tensor layer_norm_into_linear(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& linear_weight) {
+  return layer_norm_to(x, w, b, eps, &linear_weight);
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {

@@ -23,9 +23,18 @@ namespace amp::cuda {
 
 namespace {
 
-// One block per row.
-template <class T>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, T* y,
+// v of dtype G as its cast to T would read (the identity where G is T): the gradient of
+// layer_norm_backward_cast, in T's compute type.
+template <class T, class G>
+__device__ __forceinline__ typename DevElem<T>::Compute as_cast_to(G v) {
+  using C = typename DevElem<T>::Compute;
+  if constexpr (std::is_same_v<G, T>) return static_cast<C>(DevElem<T>::load(v));
+  else return static_cast<C>(DevElem<T>::load(DevElem<T>::store(static_cast<C>(DevElem<G>::load(v)))));
+}
+
+// One block per row. y in O: the row rounded to T, then cast to O (layer_norm_cast).
+template <class T, class O>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, O* y,
                                   typename DevElem<T>::Compute* mean, typename DevElem<T>::Compute* rstd) {
   using C = typename DevElem<T>::Compute;
   const int64_t r = blockIdx.x;
@@ -45,15 +54,18 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t co
     mean[r] = mu;
     rstd[r] = rs;
   }
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    y[r * cols + c] = DevElem<T>::store(math::layer_norm_apply<C>(
-        static_cast<C>(DevElem<T>::load(xr[c])), mu, rs, static_cast<C>(DevElem<T>::load(w[c])),
-        static_cast<C>(DevElem<T>::load(b[c]))));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const T out = DevElem<T>::store(math::layer_norm_apply<C>(static_cast<C>(DevElem<T>::load(xr[c])), mu, rs,
+                                                              static_cast<C>(DevElem<T>::load(w[c])),
+                                                              static_cast<C>(DevElem<T>::load(b[c]))));
+    if constexpr (std::is_same_v<O, T>) y[r * cols + c] = out;
+    else y[r * cols + c] = DevElem<O>::store(static_cast<typename DevElem<O>::Compute>(DevElem<T>::load(out)));
+  }
 }
 
-// One block per row: the input's gradient.
-template <class T>
-__global__ void layer_norm_backward_input_kernel(const T* g, const T* x, const T* w,
+// One block per row: the input's gradient (g in G, read as its cast to T).
+template <class T, class G>
+__global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T* w,
                                                  const typename DevElem<T>::Compute* mean,
                                                  const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx) {
   using C = typename DevElem<T>::Compute;
@@ -61,7 +73,7 @@ __global__ void layer_norm_backward_input_kernel(const T* g, const T* x, const T
   const C mu = mean[r], rs = rstd[r];
   double a = 0.0, bsum = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const C d = static_cast<C>(DevElem<T>::load(g[r * cols + c])) * static_cast<C>(DevElem<T>::load(w[c]));
+    const C d = as_cast_to<T>(g[r * cols + c]) * static_cast<C>(DevElem<T>::load(w[c]));
     const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
     a += static_cast<double>(d);
     bsum += static_cast<double>(d) * static_cast<double>(xhat);
@@ -73,7 +85,7 @@ __global__ void layer_norm_backward_input_kernel(const T* g, const T* x, const T
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
     gx[r * cols + c] = DevElem<T>::store(math::layer_norm_grad_input<C>(
-        static_cast<C>(DevElem<T>::load(g[r * cols + c])), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
+        as_cast_to<T>(g[r * cols + c]), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
   }
 }
 
@@ -85,9 +97,9 @@ __global__ void layer_norm_backward_input_kernel(const T* g, const T* x, const T
 // [cols], and layer_norm_param_sums_kernel adds them in split order. Every addition happens in a
 // fixed order: deterministic run to run (not the CPU's fp64 row order: the two differ within the
 // bound test_cuda states).
-template <class T>
+template <class T, class G>
 __global__ void __launch_bounds__(kColTile * kRowLanes)
-    layer_norm_param_partials_kernel(const T* __restrict__ g, const T* __restrict__ x,
+    layer_norm_param_partials_kernel(const G* __restrict__ g, const T* __restrict__ x,
                                      const typename DevElem<T>::Compute* __restrict__ mean,
                                      const typename DevElem<T>::Compute* __restrict__ rstd, int64_t rows, int64_t cols,
                                      int64_t rows_per_split, T* __restrict__ gw, T* __restrict__ gb,
@@ -101,7 +113,7 @@ __global__ void __launch_bounds__(kColTile * kRowLanes)
   C sw = 0, sb = 0;
   if (col < cols)
     for (int64_t r = first + ty; r < last; r += kRowLanes) {
-      const C gv = static_cast<C>(DevElem<T>::load(g[r * cols + col]));
+      const C gv = as_cast_to<T>(g[r * cols + col]);
       sw += gv * ((static_cast<C>(DevElem<T>::load(x[r * cols + col])) - mean[r]) * rstd[r]);
       sb += gv;
     }
@@ -142,63 +154,104 @@ __global__ void layer_norm_param_sums_kernel(const typename DevElem<T>::Compute*
 
 }  // namespace
 
-void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
-                             Tensor& rstd) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &b, &y, &mean, &rstd}) require_cuda(*t, "layer_norm: operand");
+namespace {
+
+template <class T, class O>
+void launch_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                       Tensor& rstd) {
+  using C = typename DevElem<T>::Compute;
   const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
   if (rows == 0) return;
   Context& ctx = context();
-  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    using C = typename DevElem<T>::Compute;
-    declare_launch_cost((rows + 2) * cols * static_cast<int64_t>(sizeof(T)), rows * cols * static_cast<int64_t>(sizeof(T)) + 2 * rows * static_cast<int64_t>(sizeof(C)), 8 * rows * cols);
-    AMP_LAUNCH(rows_grid(rows, "layer_norm"), row_threads(cols), 0, ctx.stream(), layer_norm_kernel<T>)(
-        x.data<T>(), w.data<T>(), b.data<T>(), cols, eps, y.data<T>(), mean.data<C>(), rstd.data<C>());
+  declare_launch_cost((rows + 2) * cols * static_cast<int64_t>(sizeof(T)),
+                      rows * cols * static_cast<int64_t>(sizeof(O)) + 2 * rows * static_cast<int64_t>(sizeof(C)), 8 * rows * cols);
+  AMP_LAUNCH(rows_grid(rows, "layer_norm"), row_threads(cols), 0, ctx.stream(), layer_norm_kernel<T, O>)(
+      x.data<T>(), w.data<T>(), b.data<T>(), cols, eps, y.data<O>(), mean.data<C>(), rstd.data<C>());
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, class G>
+void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
+  const int64_t g_bytes = rows * cols * static_cast<int64_t>(sizeof(G));
+  declare_launch_cost(g_bytes + gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats, gx_bytes, 10 * rows * cols);
+  AMP_LAUNCH(rows_grid(rows, "layer_norm_backward"), row_threads(cols), 0, ctx.stream(),
+             layer_norm_backward_input_kernel<T, G>)(g.data<G>(), x.data<T>(), w.data<T>(), mean.data<C>(),
+                                                     rstd.data<C>(), cols, gx.data<T>());
+  AMP_CUDA_CHECK_LAUNCH();
+  // Enough blocks to fill the GPU 4 times over (at least one per SM), each split at least 64 rows.
+  const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
+  const int64_t wanted = (4 * static_cast<int64_t>(ctx.sm_count()) + col_tiles - 1) / col_tiles;
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, (rows + 63) / 64, 65535}));
+  const int64_t rows_per_split = (rows + splits - 1) / splits;
+  if (col_tiles > 0x7fffffff) throw std::invalid_argument("layer_norm_backward: more than 2^36 columns");
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)), block(kColTile, kRowLanes);
+  const int64_t param_bytes = 2 * cols * static_cast<int64_t>(sizeof(T));
+  if (splits == 1) {
+    declare_launch_cost(g_bytes + gx_bytes + stats, param_bytes, 4 * rows * cols);
+    AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T, G>)(
+        g.data<G>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
+        gb.data<T>(), nullptr);
     AMP_CUDA_CHECK_LAUNCH();
+  } else {
+    const int64_t partial_bytes = 2 * splits * cols * static_cast<int64_t>(sizeof(C));
+    Scratch partials(static_cast<size_t>(partial_bytes));
+    declare_launch_cost(g_bytes + gx_bytes + stats, partial_bytes, 4 * rows * cols);
+    AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T, G>)(
+        g.data<G>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
+        gb.data<T>(), partials.as<C>());
+    AMP_CUDA_CHECK_LAUNCH();
+    declare_launch_cost(partial_bytes, param_bytes, 2 * splits * cols);
+    AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
+        partials.as<C>(), splits, cols, gw.data<T>(), gb.data<T>());
+    AMP_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void require_layer_norm_operands(std::initializer_list<const Tensor*> ts, const char* op) {
+  for (const Tensor* t : ts) require_cuda(*t, op);
+}
+
+}  // namespace
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
+                             Tensor& rstd) {
+  require_layer_norm_operands({&x, &w, &b, &y, &mean, &rstd}, "layer_norm: operand");
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    launch_layer_norm<T, T>(x, w, b, eps, y, mean, rstd);
+  });
+}
+
+// One pass: each element rounded to x's dtype, then cast to y's (the numbers of layer_norm, then cast).
+void CudaBackend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                                  Tensor& mean, Tensor& rstd) {
+  require_layer_norm_operands({&x, &w, &b, &y, &mean, &rstd}, "layer_norm_cast: operand");
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    dispatch_float(y.dtype(), [&](auto O_tag) { launch_layer_norm<T, decltype(O_tag)>(x, w, b, eps, y, mean, rstd); });
   });
 }
 
 void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&g, &x, &w, &mean, &rstd, &gx, &gw, &gb})
-    require_cuda(*t, "layer_norm_backward: operand");
-  const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
-  if (rows == 0) return;
-  Context& ctx = context();
+  require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward: operand");
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    using C = typename DevElem<T>::Compute;
-    const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
-    declare_launch_cost(2 * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats, gx_bytes, 10 * rows * cols);
-    AMP_LAUNCH(rows_grid(rows, "layer_norm_backward"), row_threads(cols), 0, ctx.stream(),
-               layer_norm_backward_input_kernel<T>)(g.data<T>(), x.data<T>(), w.data<T>(), mean.data<C>(),
-                                                    rstd.data<C>(), cols, gx.data<T>());
-    AMP_CUDA_CHECK_LAUNCH();
-    // Enough blocks to fill the GPU 4 times over (at least one per SM), each split at least 64 rows.
-    const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
-    const int64_t wanted = (4 * static_cast<int64_t>(ctx.sm_count()) + col_tiles - 1) / col_tiles;
-    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, (rows + 63) / 64, 65535}));
-    const int64_t rows_per_split = (rows + splits - 1) / splits;
-    if (col_tiles > 0x7fffffff) throw std::invalid_argument("layer_norm_backward: more than 2^36 columns");
-    const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)), block(kColTile, kRowLanes);
-    const int64_t param_bytes = 2 * cols * static_cast<int64_t>(sizeof(T));
-    if (splits == 1) {
-      declare_launch_cost(2 * gx_bytes + stats, param_bytes, 4 * rows * cols);
-      AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T>)(
-          g.data<T>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
-          gb.data<T>(), nullptr);
-      AMP_CUDA_CHECK_LAUNCH();
-    } else {
-      const int64_t partial_bytes = 2 * splits * cols * static_cast<int64_t>(sizeof(C));
-      Scratch partials(static_cast<size_t>(partial_bytes));
-      declare_launch_cost(2 * gx_bytes + stats, partial_bytes, 4 * rows * cols);
-      AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T>)(
-          g.data<T>(), x.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_split, gw.data<T>(),
-          gb.data<T>(), partials.as<C>());
-      AMP_CUDA_CHECK_LAUNCH();
-      declare_launch_cost(partial_bytes, param_bytes, 2 * splits * cols);
-      AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
-          partials.as<C>(), splits, cols, gw.data<T>(), gb.data<T>());
-      AMP_CUDA_CHECK_LAUNCH();
-    }
+    launch_layer_norm_backward<T, T>(g, x, w, mean, rstd, gx, gw, gb);
+  });
+}
+
+// The gradient read in its own dtype, as its cast to x's (the numbers of cast, then the backward).
+void CudaBackend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                           const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+  require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward_cast: operand");
+  dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    dispatch_float(g.dtype(), [&](auto G_tag) {
+      launch_layer_norm_backward<T, decltype(G_tag)>(g, x, w, mean, rstd, gx, gw, gb);
+    });
   });
 }
 
