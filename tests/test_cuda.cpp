@@ -488,6 +488,25 @@ TEST_F(CudaVsCpu, BinaryOpsWithBroadcasting) {
   EXPECT_THROW(gpu().binary(BinaryOp::add, bad, empty({4, 257}, DType::f16, kGPU), bad), std::invalid_argument);
 }
 
+// a + b with b in another dtype, b's cast folded into the add's pass: bit for bit the cast then the
+// add on the same device, in one launch (a narrower b, and a wider one that rounds first).
+TEST_F(CudaVsCpu, AddCastIsTheCastThenTheAddInOnePass) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (const auto& [ta, tb] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::f32, DType::f16},
+                               std::pair{DType::f64, DType::f32}, std::pair{DType::bf16, DType::f32}}) {
+    const Shape s{37, 129};
+    const Tensor a = random_cpu(s, ta, 95, -4, 4).to(kGPU), b = random_cpu(s, tb, 96, -4, 4).to(kGPU);
+    Tensor want = empty(s, ta, kGPU), got = empty(s, ta, kGPU);
+    gpu().Backend::add_cast(a, b, want);
+    const int64_t before = launches();
+    gpu().add_cast(a, b, got);
+    if (emulated_device_counters()) {
+      EXPECT_EQ(launches() - before, 1) << "one pass";
+    }
+    EXPECT_TRUE(matches(got, want, 0)) << dtype_name(ta) << " + " << dtype_name(tb);
+  }
+}
+
 TEST_F(CudaVsCpu, BroadcastToAndSumTo) {
   // {16} and {1, 24}: out is x repeated, a whole number of 16-byte packs for every dtype (the tile
   // kernel); {2, 1, 4}, {300, 1}: a broadcast inside (element by element).

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "runtime/kernels/backend.h"
+#include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
 #include "test_util.h"
@@ -73,6 +74,25 @@ std::vector<double> reference_mm(const Tensor& a, const Tensor& b) {
 
 // t / 3 is a true division, as PyTorch's (the trainer divides the loss by K this way): for 5, 7 and
 // 10, float(x / 3) and float(x * float(1 / 3)) differ in the last bit.
+// fp32 + a 16-bit tensor of one shape (the GPT's residual plus a branch under autocast) reads the
+// 16-bit operand as its promotion in the add's pass: bit for bit add(a, b.to(fp32)), and so are the
+// gradients (b's in its own dtype).
+TEST(Tensor, AddOfAWideAndANarrowTensorIsThePromotedAdd) {
+  for (DType narrow : {DType::bf16, DType::f16}) {
+    Generator g(5);
+    const Tensor a = rand_uniform({6, 33}, -3, 3, g, DType::f32).set_requires_grad(true);
+    const Tensor b = rand_uniform({6, 33}, -3, 3, g, narrow).set_requires_grad(true);
+    const Tensor w = rand_uniform({6, 33}, -1, 1, g, DType::f32);
+    const Tensor fused = add(a, b), composite = add(a, b.to(DType::f32));
+    EXPECT_EQ(fused.dtype(), DType::f32);
+    EXPECT_TRUE(test::bitwise_equal(fused, composite));
+    const std::vector<Tensor> gf = grad({sum(mul(fused, w))}, {a, b}), gc = grad({sum(mul(composite, w))}, {a, b});
+    EXPECT_EQ(gf[1].dtype(), narrow);
+    EXPECT_TRUE(test::bitwise_equal(gf[0], gc[0]));
+    EXPECT_TRUE(test::bitwise_equal(gf[1], gc[1]));
+  }
+}
+
 TEST(Tensor, DivisionByAScalarDivides) {
   const std::vector<double> got = div(from_vector({5.0, 7.0, 10.0}, {3}), 3.0).to_vector();
   const float want[] = {5.0f / 3.0f, 7.0f / 3.0f, 10.0f / 3.0f};

@@ -56,6 +56,12 @@ void Backend::softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx
   cast(wide, gx);
 }
 
+void Backend::add_cast(const Tensor& a, const Tensor& b, Tensor& out) {
+  Tensor wide = empty(b.shape(), out.dtype(), b.device());
+  cast(b, wide);
+  binary(BinaryOp::add, a, wide, out);
+}
+
 void Backend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                               Tensor& rstd) {
   if (y.dtype() == x.dtype()) {

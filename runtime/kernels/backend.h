@@ -35,6 +35,10 @@ class Backend {
   virtual void cast(const Tensor& src, Tensor& dst) = 0;  // any float dtype to any float dtype
   virtual void unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) = 0;
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;  // broadcasts a, b to out
+  // out = a + b of one shape where b's float dtype differs from a's and out's (a residual stream plus a
+  // 16-bit branch under autocast): b read as its cast to out's dtype, the numbers of cast then add.
+  // This default makes the two passes; a backend may make one.
+  virtual void add_cast(const Tensor& a, const Tensor& b, Tensor& out);
   virtual void broadcast_to(const Tensor& x, Tensor& out) = 0;
   // out's shape is x's with some dims of size 1 (after left-padding out's shape with ones).
   virtual void sum_to(const Tensor& x, Tensor& out) = 0;

@@ -58,6 +58,17 @@ bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
 Tensor add(const Tensor& a_in, const Tensor& b_in) {
   Tensor a = a_in, b = b_in;
   autocast_inputs(OpKind::add, {&a, &b});
+  // A residual stream plus a branch's 16-bit output (the GPT's under autocast): b read as its
+  // promotion in the add's pass, its gradient cast back in one (the numbers of promote, add and
+  // their backward, without the cast's pass).
+  const DType t = result_type(a.dtype(), a.dim() == 0, b.dtype(), b.dim() == 0);
+  if (a.dim() > 0 && a.shape() == b.shape() && a.dtype() == t && b.dtype() != t && is_floating(b.dtype())) {
+    check_same_device(a, b);
+    Tensor out = empty(a.shape(), t, a.device());
+    backend_for(a.device()).add_cast(a, b, out);
+    const DType db = b.dtype();
+    return record("AddBackward", out, {a, b}, [db](const Tensor& g) { return std::vector<Tensor>{g, g.to(db)}; });
+  }
   promote(a, b);
   const Shape sa = a.shape(), sb = b.shape();
   return record("AddBackward", binary_forward(BinaryOp::add, a, b), {a, b}, [sa, sb](const Tensor& g) {

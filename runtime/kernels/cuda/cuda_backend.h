@@ -30,6 +30,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void cast(const Tensor& src, Tensor& dst) override;
   void unary(UnaryOp op, const Tensor& x, Tensor& y, double alpha) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void add_cast(const Tensor& a, const Tensor& b, Tensor& out) override;
   void broadcast_to(const Tensor& x, Tensor& out) override;
   void sum_to(const Tensor& x, Tensor& out) override;
   void softmax_lastdim(const Tensor& x, Tensor& y, bool log) override;

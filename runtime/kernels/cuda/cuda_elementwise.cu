@@ -136,6 +136,13 @@ __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, Broadca
   }
 }
 
+// a + b, b read as its cast to T (add_cast): contiguous operands of one shape.
+template <class T, class B>
+__global__ void add_cast_kernel(const T* __restrict__ a, const B* __restrict__ b, T* __restrict__ out, int64_t n) {
+  using C = typename DevElem<T>::Compute;
+  AMP_GRID_STRIDE(i, n) out[i] = DevElem<T>::store(binary_fn<BinaryOp::add, C>(DevElem<T>::load(a[i]), load_as<T>(b[i])));
+}
+
 // binary_kernel for operands of the output's shape over packs: contiguous, aligned (out may be a or b).
 template <BinaryOp K, class T>
 __global__ void binary_packed_kernel(const T* a, const T* b, T* out, int64_t n) {
@@ -319,6 +326,25 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
       case BinaryOp::gelu_backward: launch_binary<BinaryOp::gelu_backward, T>(a, b, out); break;
       case BinaryOp::gelu_tanh_backward: launch_binary<BinaryOp::gelu_tanh_backward, T>(a, b, out); break;
     }
+  });
+}
+
+void CudaBackend::add_cast(const Tensor& a, const Tensor& b, Tensor& out) {
+  require_cuda(a, "add_cast: first operand");
+  require_cuda(b, "add_cast: second operand");
+  require_cuda(out, "add_cast: output");
+  if (a.dtype() != out.dtype() || a.shape() != b.shape() || a.shape() != out.shape())
+    throw std::invalid_argument("add_cast: expected a and out of one dtype, and one shape for all three");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  Context& ctx = context();
+  dispatch_float(a.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    dispatch_float(b.dtype(), [&](auto B_tag) { using B = decltype(B_tag);
+      declare_launch_cost(n * static_cast<int64_t>(sizeof(T) + sizeof(B)), n * static_cast<int64_t>(sizeof(T)), n);
+      AMP_LAUNCH(grid_for(n, ctx.sm_count()), kBlock, 0, ctx.stream(), add_cast_kernel<T, B>)(
+          a.data<T>(), b.data<B>(), out.data<T>(), n);
+      AMP_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

@@ -23,15 +23,6 @@ namespace amp::cuda {
 
 namespace {
 
-// v of dtype G as its cast to T would read (the identity where G is T): the gradient of
-// layer_norm_backward_cast, in T's compute type.
-template <class T, class G>
-__device__ __forceinline__ typename DevElem<T>::Compute as_cast_to(G v) {
-  using C = typename DevElem<T>::Compute;
-  if constexpr (std::is_same_v<G, T>) return static_cast<C>(DevElem<T>::load(v));
-  else return static_cast<C>(DevElem<T>::load(DevElem<T>::store(static_cast<C>(DevElem<G>::load(v)))));
-}
-
 // One block per row. y in O: the row rounded to T, then cast to O (layer_norm_cast).
 template <class T, class O>
 __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, O* y,
@@ -73,7 +64,7 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
   const C mu = mean[r], rs = rstd[r];
   double a = 0.0, bsum = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const C d = as_cast_to<T>(g[r * cols + c]) * static_cast<C>(DevElem<T>::load(w[c]));
+    const C d = load_as<T>(g[r * cols + c]) * static_cast<C>(DevElem<T>::load(w[c]));
     const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
     a += static_cast<double>(d);
     bsum += static_cast<double>(d) * static_cast<double>(xhat);
@@ -85,7 +76,7 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
     gx[r * cols + c] = DevElem<T>::store(math::layer_norm_grad_input<C>(
-        as_cast_to<T>(g[r * cols + c]), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
+        load_as<T>(g[r * cols + c]), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
   }
 }
 
@@ -113,7 +104,7 @@ __global__ void __launch_bounds__(kColTile * kRowLanes)
   C sw = 0, sb = 0;
   if (col < cols)
     for (int64_t r = first + ty; r < last; r += kRowLanes) {
-      const C gv = as_cast_to<T>(g[r * cols + col]);
+      const C gv = load_as<T>(g[r * cols + col]);
       sw += gv * ((static_cast<C>(DevElem<T>::load(x[r * cols + col])) - mean[r]) * rstd[r]);
       sb += gv;
     }

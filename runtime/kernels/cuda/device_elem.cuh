@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "runtime/core/dtype.h"
 #include "runtime/core/dtype_dispatch.h"
@@ -45,6 +46,15 @@ struct DevElem<BFloat16> {
 };
 
 using amp::dispatch_float;  // runtime/core/dtype_dispatch.h, shared with the CPU backend
+
+// v of dtype G as its cast to T would read it, in T's compute type (the identity where G is T): a
+// kernel that folds autocast's or promotion's cast of an operand into its own pass.
+template <class T, class G>
+__device__ __forceinline__ typename DevElem<T>::Compute load_as(G v) {
+  using C = typename DevElem<T>::Compute;
+  if constexpr (std::is_same_v<G, T>) return static_cast<C>(DevElem<T>::load(v));
+  else return static_cast<C>(DevElem<T>::load(DevElem<T>::store(static_cast<C>(DevElem<G>::load(v)))));
+}
 
 constexpr int kBlock = 256;
 // Grid-stride loops: enough blocks to fill the GPU a few times over, never more than the work needs.
