@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -56,13 +57,16 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     if (!not_decayed.empty()) lists.push_back(not_decayed);
   }
   {
+    const auto saved = model().saved_rows();
+    const std::map<std::string, int64_t> rows(saved.begin(), saved.end());
+    std::vector<std::pair<Tensor, int64_t>> padded;  // the parameters with padding rows, and their saved rows
+    for (const auto& [name, p] : model().named_parameters())
+      if (const auto r = rows.find(name); r != rows.end()) padded.emplace_back(p, r->second);
     int64_t id = 0;  // PyTorch's ids: the groups' parameters in order
-    const auto named = model().named_parameters();
     for (const auto& list : lists)
       for (const Tensor& p : list) {
-        for (const auto& [name, rows] : model().saved_rows())
-          for (const auto& [n, q] : named)
-            if (n == name && q.same(p)) padded_state_[id] = {rows, p.shape()};
+        for (const auto& [q, r] : padded)
+          if (q.same(p)) padded_state_[id] = {r, p.shape()};
         ++id;
       }
   }
