@@ -4,6 +4,8 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
@@ -103,6 +105,14 @@ class Block final : public nn::Module {
     const Tensor h = add(x, (*attn)(ln_1->into_linear(x, attn->c_attn->weight)));
     return add(h, (*mlp)(ln_2->into_linear(h, mlp->c_fc->weight)));
   }
+  // forward's numbers with each residual add and the LayerNorm after it in one pass: x the stream and
+  // normed ln_1's output of it; returns the stream after the block and `next`'s output of it (written
+  // for the linear of weight next_weight).
+  std::pair<Tensor, Tensor> forward_stream(const Tensor& x, const Tensor& normed, const nn::LayerNorm& next,
+                                           const Tensor& next_weight) {
+    const auto [h, normed_2] = ln_2->add_into_linear(x, (*attn)(normed), mlp->c_fc->weight);
+    return next.add_into_linear(h, (*mlp)(normed_2), next_weight);
+  }
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<Mlp> mlp;
@@ -171,8 +181,16 @@ class Gpt final : public GptModel, public nn::Module {
     drop_.batch = B;
     Tensor x = add((*wte_)(tokens), (*wpe_)(positions(T)));  // [B, T, C] + [T, C]
     x = drop_.apply(x, 0);
-    for (auto& b : blocks_) x = (*b)(x);
-    return linear(ln_f_->into_linear(x, wte_->weight), wte_->weight, Tensor());  // lm_head, tied to wte
+    // The blocks' forward, each residual add with the next LayerNorm (the next block's ln_1, or ln_f)
+    // in one pass.
+    Tensor normed = blocks_.empty() ? ln_f_->into_linear(x, wte_->weight)
+                                    : blocks_[0]->ln_1->into_linear(x, blocks_[0]->attn->c_attn->weight);
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const bool last = i + 1 == blocks_.size();
+      std::tie(x, normed) = blocks_[i]->forward_stream(x, normed, last ? *ln_f_ : *blocks_[i + 1]->ln_1,
+                                                       last ? wte_->weight : blocks_[i + 1]->attn->c_attn->weight);
+    }
+    return linear(normed, wte_->weight, Tensor());  // lm_head, tied to wte
   }
 
   Losses losses(const Batch& batch) override {

@@ -1632,8 +1632,8 @@ TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
       const Tensor grad = random_cpu(s, dt, 74);
       Tensor cgx = empty(s, dt), cgw = empty({C}, dt), cgb = empty({C}, dt);
       Tensor ggx = empty(s, dt, kGPU), ggw = empty({C}, dt, kGPU), ggb = empty({C}, dt, kGPU);
-      cpu().layer_norm_backward(grad, x, w, cm, cr, cgx, cgw, cgb);
-      gpu().layer_norm_backward(grad.to(kGPU), x.to(kGPU), w.to(kGPU), cm.to(kGPU), cr.to(kGPU), ggx, ggw, ggb);
+      cpu().layer_norm_backward(grad, x, w, cm, cr, cgx, cgw, cgb, false);
+      gpu().layer_norm_backward(grad.to(kGPU), x.to(kGPU), w.to(kGPU), cm.to(kGPU), cr.to(kGPU), ggx, ggw, ggb, false);
       // The parameters' gradients are column sums over the rows: the CPU's in fp64 in row order, the
       // GPU's in tiles, accumulating in the compute type (fp32; fp64 for f64) in a fixed order of
       // splits (not bit-identical: a per-element bound). Any order of summation of `rows` terms t
@@ -1695,11 +1695,86 @@ TEST_F(CudaVsCpu, LayerNormCastsInItsPassesBitForBit) {
       gpu().cast(g, g_wide);
       Tensor gx1 = empty(s, dt, kGPU), gw1 = empty({C}, dt, kGPU), gb1 = empty({C}, dt, kGPU);
       Tensor gx2 = empty(s, dt, kGPU), gw2 = empty({C}, dt, kGPU), gb2 = empty({C}, dt, kGPU);
-      gpu().layer_norm_backward(g_wide, x, w, m1, r1, gx1, gw1, gb1);
-      gpu().layer_norm_backward_cast(g, x, w, m1, r1, gx2, gw2, gb2);
+      gpu().layer_norm_backward(g_wide, x, w, m1, r1, gx1, gw1, gb1, false);
+      gpu().layer_norm_backward_cast(g, x, w, m1, r1, gx2, gw2, gb2, false);
       EXPECT_TRUE(matches(gx2, gx1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
       EXPECT_TRUE(matches(gw2, gw1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
       EXPECT_TRUE(matches(gb2, gb1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
+    }
+  }
+}
+
+// LayerNorm's backward adding into the residual stream's gradient (the add's, which reaches x first):
+// bit for bit the separate passes on the device (the backward, then the add), every float dtype; and
+// in a block under bf16 autocast, every gradient bit for bit the control's (LayerNorm reading x through
+// an identity of its own, so the engine adds), with the add's launch gone: the control's backward
+// makes two launches more (the identity's backward and the add), not one.
+TEST_F(CudaVsCpu, LayerNormAddsIntoTheResidualStreamsGradient) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    const Shape s{37, 300};
+    const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor x = random_cpu(s, dt, 85, -3, 5).to(kGPU), w = random_cpu({300}, dt, 86).to(kGPU);
+    const Tensor g = random_cpu(s, dt, 87).to(kGPU), so_far = random_cpu(s, dt, 88).to(kGPU);
+    Tensor y = empty(s, dt, kGPU), mean = empty({37}, st, kGPU), rstd = empty({37}, st, kGPU);
+    gpu().layer_norm(x, w, w, 1e-5, y, mean, rstd);
+    Tensor gx = empty(s, dt, kGPU), gw = empty({300}, dt, kGPU), gb = empty({300}, dt, kGPU);
+    gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb, false);
+    Tensor want = empty(s, dt, kGPU);
+    gpu().binary(BinaryOp::add, so_far, gx, want);
+    Tensor acc = so_far.clone();
+    gpu().layer_norm_backward(g, x, w, mean, rstd, acc, gw, gb, true);
+    EXPECT_TRUE(matches(acc, want, 0)) << dtype_name(dt);
+  }
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  const Tensor x = random_cpu({4, 16, 64}, DType::f32, 89, -3, 3).to(kGPU).set_requires_grad(true);
+  const Tensor w = random_cpu({64}, DType::f32, 90, 0.5, 1.5).to(kGPU).set_requires_grad(true);
+  const Tensor b = random_cpu({64}, DType::f32, 91).to(kGPU).set_requires_grad(true);
+  const Tensor lw = random_cpu({64, 64}, DType::f32, 92, -0.2, 0.2).to(kGPU).set_requires_grad(true);
+  const Tensor probe = random_cpu({4, 16, 64}, DType::f32, 93).to(kGPU);
+  const auto block = [&](const Tensor& ln_input) {
+    autocast ac(DeviceType::cuda, DType::bf16, true, true, CastLists::cuda);
+    return add(x, linear(layer_norm_into_linear(ln_input, w, b, 1e-5, lw), lw, Tensor()));
+  };
+  const Tensor fused_loss = sum(mul(block(x), probe)), control_loss = sum(mul(block(mul(x, 1.0)), probe));
+  int64_t before = launches();
+  const std::vector<Tensor> gf = grad({fused_loss}, {x, w, b, lw});
+  const int64_t fused_launches = launches() - before;
+  before = launches();
+  const std::vector<Tensor> gc = grad({control_loss}, {x, w, b, lw});
+  const int64_t control_launches = launches() - before;
+  for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(matches(gf[i], gc[i], 0)) << "input " << i;
+  if (emulated_device_counters()) {
+    EXPECT_EQ(control_launches - fused_launches, 2);
+  }
+}
+
+// The residual add and the LayerNorm after it in one launch: the sum and the output bit for bit the
+// separate passes' (add_cast or add, then layer_norm_cast: the Backend's default), statistics too;
+// an fp32 stream with a bf16, fp16 or fp32 branch into bf16, fp16 or fp32, and fp64 with fp32.
+TEST_F(CudaVsCpu, AddThenLayerNormInOnePassBitForBit) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (const auto& [dt, branch, out] : {std::tuple{DType::f32, DType::bf16, DType::bf16},
+                                        std::tuple{DType::f32, DType::f16, DType::f16},
+                                        std::tuple{DType::f32, DType::f32, DType::f32},
+                                        std::tuple{DType::f32, DType::bf16, DType::f32},
+                                        std::tuple{DType::f64, DType::f32, DType::f32}}) {
+    for (const Shape& s : {Shape{33, 48}, Shape{3, 7, 300}, Shape{5, 1030}}) {
+      const int64_t C = s.back(), rows = shape_numel(s) / C;
+      const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor a = random_cpu(s, dt, 95, -3, 5).to(kGPU), b = random_cpu(s, branch, 96, -2, 2).to(kGPU);
+      const Tensor w = random_cpu({C}, dt, 97).to(kGPU), bias = random_cpu({C}, dt, 98).to(kGPU);
+      Tensor h1 = empty(s, dt, kGPU), y1 = empty(s, out, kGPU), m1 = empty({rows}, st, kGPU), r1 = empty({rows}, st, kGPU);
+      Tensor h2 = empty(s, dt, kGPU), y2 = empty(s, out, kGPU), m2 = empty({rows}, st, kGPU), r2 = empty({rows}, st, kGPU);
+      gpu().Backend::add_layer_norm_cast(a, b, w, bias, 1e-5, h1, y1, m1, r1);
+      const int64_t before = launches();
+      gpu().add_layer_norm_cast(a, b, w, bias, 1e-5, h2, y2, m2, r2);
+      if (emulated_device_counters()) {
+        EXPECT_EQ(launches() - before, 1) << "one pass";
+      }
+      const std::string what = std::string(dtype_name(dt)) + " + " + dtype_name(branch) + " into " + dtype_name(out) + shape_str(s);
+      EXPECT_TRUE(matches(h2, h1, 0)) << what;
+      EXPECT_TRUE(matches(y2, y1, 0)) << what;
+      EXPECT_TRUE(matches(m2, m1, 0) && matches(r2, r1, 0)) << what;
     }
   }
 }

@@ -185,6 +185,40 @@ TEST(Autograd, GradDestinationIsTakenOncePerBackward) {
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_NEAR(got[i], reference[i], 1e-5 * (1 + std::abs(reference[i]))) << i;
 }
 
+// An op may add its input's gradient into the one the engine has gathered from that input's other
+// consumers (a residual stream's, in the GPT): offered only when nothing else holds it (here the add
+// hands one tensor to both its inputs, and the probe's own incoming gradient is that tensor), never
+// under create_graph, and the engine takes what the op returns as the sum (no second add).
+TEST(Autograd, AnOpAddsIntoTheGradientSoFarOnlyWhenNothingElseHoldsIt) {
+  // probe(x) = x; its backward gives 3 g, added into the gradient so far when offered.
+  int offered = 0;
+  auto probe = [&](const Tensor& x) {
+    return record("Probe", mul(x.detach(), 1.0), {x}, [x, &offered](const Tensor& g) {
+      Tensor so_far = take_gradient_so_far(0, x);
+      if (!so_far.defined()) return std::vector<Tensor>{mul(g, 3.0)};
+      ++offered;
+      EXPECT_FALSE(take_gradient_so_far(0, x).defined());  // one taker
+      for (int k = 0; k < 3; ++k) add_(so_far, g);  // wrong where so_far is g
+      return std::vector<Tensor>{so_far};
+    });
+  };
+  for (bool create_graph : {false, true}) {
+    for (bool shared : {false, true}) {
+      offered = 0;
+      const Tensor p = rnd({4, 3}, 31).set_requires_grad(true);
+      const Tensor x = mul(p, 2.0);
+      const Tensor a = probe(x);
+      // Another consumer of x, created later (so its gradient reaches x first): mul's own tensor,
+      // or (shared) the add's, which the probe is reading too.
+      const Tensor out = shared ? add(x, a) : add(a, mul(x, 5.0));
+      const Tensor gp = grad({sum(out)}, {p}, {}, create_graph, create_graph)[0];
+      const double expected = shared ? 2.0 * (1.0 + 3.0) : 2.0 * (3.0 + 5.0);
+      EXPECT_EQ(gp.to_vector(), std::vector<double>(12, expected)) << "shared " << shared << " create_graph " << create_graph;
+      EXPECT_EQ(offered, !shared && !create_graph ? 1 : 0) << "shared " << shared << " create_graph " << create_graph;
+    }
+  }
+}
+
 TEST(Autograd, ErrorsAreClear) {
   Tensor x = from_vector({1.0}, {1});
   EXPECT_THROW(sum(x).backward(), std::runtime_error);  // nothing requires grad

@@ -182,14 +182,27 @@ TEST_F(LaunchCost, RowKernels) {
   expect_declared("layer_norm_kernel",
                   touched([&] { gpu().layer_norm(x, w, b, 1e-5, y, mean, rstd); }, {x, w, b}, {y, mean, rstd}));
 
+  {  // the residual add and LayerNorm in one pass: the stream fp32, the branch and the output bf16
+    const Tensor branch = random_gpu({rows, cols}, DType::bf16, 8);
+    Tensor h = poisoned({rows, cols}, DType::f32), yb = poisoned({rows, cols}, DType::bf16);
+    expect_declared("add_layer_norm_kernel",
+                    touched([&] { gpu().add_layer_norm_cast(x, branch, w, b, 1e-5, h, yb, mean, rstd); },
+                            {x, branch, w, b}, {h, yb, mean, rstd}));
+  }
+
   Tensor sm = poisoned({rows, cols}, DType::f32);
   expect_declared("softmax_kernel", touched([&] { gpu().softmax_lastdim(x, sm, false); }, {x}, {sm}));
 
   gpu().layer_norm(x, w, b, 1e-5, y, mean, rstd);  // touched() left the last poisoned run's statistics
   const Tensor g = random_gpu({rows, cols}, DType::f32, 7);
   Tensor gx = poisoned({rows, cols}, DType::f32), gw = poisoned({cols}, DType::f32), gb = poisoned({cols}, DType::f32);
-  const auto backward = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb); };
+  const auto backward = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb, false); };
   expect_declared("layer_norm_backward_input_kernel", touched(backward, {g, x, w, mean, rstd}, {gx}));
+  {  // adding into a residual stream's gradient: gx read as well
+    Tensor acc = zeros({rows, cols}, DType::f32, kGPU), aw = poisoned({cols}, DType::f32), ab = poisoned({cols}, DType::f32);
+    const auto adding = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, acc, aw, ab, true); };
+    expect_declared("layer_norm_backward_input_kernel", touched(adding, {g, x, w, mean, rstd, acc}, {acc}));
+  }
   for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);  // written by the runs above
   expect_declared("layer_norm_param_partials_kernel", touched(backward, {g, x, w, mean, rstd}, {gw, gb}));
   // More rows (2 splits on the emulated GPU's 2 SMs): the partial sums go through a workspace that
@@ -201,7 +214,7 @@ TEST_F(LaunchCost, RowKernels) {
     Tensor tr = poisoned({tall_rows}, DType::f32), tgx = poisoned({tall_rows, cols}, DType::f32);
     gpu().layer_norm(tx, w, b, 1e-5, ty, tm, tr);
     for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);
-    const Touched t = touched([&] { gpu().layer_norm_backward(tg, tx, w, tm, tr, tgx, gw, gb); }, {tg, tx, tm, tr},
+    const Touched t = touched([&] { gpu().layer_norm_backward(tg, tx, w, tm, tr, tgx, gw, gb, false); }, {tg, tx, tm, tr},
                               {gw, gb});
     const emu::LaunchRecord first = last("layer_norm_param_partials_kernel"), second = last("layer_norm_param_sums_kernel");
     EXPECT_GT(first.grid_y, 1u) << "one split: the second pass was not exercised";

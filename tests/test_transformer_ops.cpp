@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "amp/autocast.h"
 #include "models/gpt.h"
 #include "runtime/kernels/activation_math.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
@@ -115,6 +117,89 @@ TEST(TransformerOps, LayerNormIntoLinearIsLayerNormThenTheCast) {
     EXPECT_TRUE(test::bitwise_equal(fused, composite)) << "mode " << mode;
     const std::vector<Tensor> gf = grad({sum(mul(fused.to(DType::f32), probe))}, {x, w, b, lw, lb});
     const std::vector<Tensor> gc = grad({sum(mul(composite.to(DType::f32), probe))}, {x, w, b, lw, lb});
+    for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(test::bitwise_equal(gf[i], gc[i])) << "mode " << mode << " input " << i;
+  }
+}
+
+// A block's residual stream x feeds its LayerNorm and the residual add: LayerNorm's backward adds its
+// input gradient into the one the add has given x (one pass, no add of two fp32 tensors). Every
+// gradient bit for bit the control's, where LayerNorm reads x through an identity of its own (x * 1:
+// the engine adds the two gradients as before), under bf16 and fp16 autocast and in fp32 and fp64. And
+// where the add's gradient is the very tensor LayerNorm's backward reads (x + layer_norm(x)), nothing
+// is added in place: the same numbers again.
+TEST(TransformerOps, LayerNormAddsIntoTheResidualStreamsGradient) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const DType dt = mode == 3 ? DType::f64 : DType::f32;
+    const Tensor x = rnd({3, 5, 24}, 91, -3, 3, dt).set_requires_grad(true);
+    const Tensor w = rnd({24}, 92, 0.5, 1.5, dt).set_requires_grad(true);
+    const Tensor b = rnd({24}, 93, -1, 1, dt).set_requires_grad(true);
+    const Tensor lw = rnd({24, 24}, 94, -0.3, 0.3, dt).set_requires_grad(true);
+    const Tensor lb = rnd({24}, 95, -0.3, 0.3, dt).set_requires_grad(true);
+    const Tensor probe = rnd({3, 5, 24}, 96, -1, 1, dt);
+    for (bool shared : {false, true}) {
+      auto block = [&](const Tensor& ln_input) {
+        autocast ac(DeviceType::cpu, mode == 1 ? DType::f16 : DType::bf16, mode < 2, true, CastLists::cuda);
+        if (shared) return add(x, layer_norm(ln_input, w, b, 1e-5));
+        return add(x, linear(layer_norm_into_linear(ln_input, w, b, 1e-5, lw), lw, lb));
+      };
+      const Tensor fused = block(x), control = block(mul(x, 1.0));
+      const std::vector<Tensor> params = shared ? V{x, w, b} : V{x, w, b, lw, lb};
+      const V gf = grad({sum(mul(fused.to(dt), probe))}, params);
+      const V gc = grad({sum(mul(control.to(dt), probe))}, params);
+      for (size_t i = 0; i < gf.size(); ++i)
+        EXPECT_TRUE(test::bitwise_equal(gf[i], gc[i])) << "mode " << mode << " shared " << shared << " input " << i;
+    }
+  }
+  // The backend's accumulate: d/dx added to gx as add() adds, every float dtype.
+  for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    const Tensor x = rnd({7, 40}, 97, -3, 3, dt), w = rnd({40}, 98, 0.5, 1.5, dt), g = rnd({7, 40}, 99, -1, 1, dt);
+    const Tensor so_far = rnd({7, 40}, 100, -1, 1, dt);
+    const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+    Tensor y = empty({7, 40}, dt), mean = empty({7}, st), rstd = empty({7}, st);
+    Backend& cpu = backend_for(x.device());
+    cpu.layer_norm(x, w, w, 1e-5, y, mean, rstd);
+    Tensor gx = empty({7, 40}, dt), gw = empty({40}, dt), gb = empty({40}, dt);
+    cpu.layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb, false);
+    Tensor acc = so_far.clone();
+    cpu.layer_norm_backward(g, x, w, mean, rstd, acc, gw, gb, true);
+    EXPECT_TRUE(test::bitwise_equal(acc, add(so_far, gx))) << dtype_name(dt);
+  }
+}
+
+// A residual add and the LayerNorm after it, one op: the sum and the norm's output bit for bit add()
+// then layer_norm_into_linear, and every gradient too, under bf16 and fp16 autocast (the branch a
+// linear's 16-bit output), in fp32 and in fp64; and where one pass cannot be (a broadcast branch, a
+// branch wider than the stream), the two ops' numbers still.
+TEST(TransformerOps, AddThenLayerNormIsTheAddThenTheLayerNorm) {
+  for (int mode = 0; mode < 6; ++mode) {
+    const DType dt = mode == 3 ? DType::f64 : mode == 5 ? DType::bf16 : DType::f32;
+    const Tensor x = rnd({3, 5, 24}, 101, -3, 3, dt).set_requires_grad(true);
+    const Tensor w = rnd({24}, 102, 0.5, 1.5, dt).set_requires_grad(true);
+    const Tensor b = rnd({24}, 103, -1, 1, dt).set_requires_grad(true);
+    const Tensor bw = rnd({24, 24}, 104, -0.3, 0.3, dt).set_requires_grad(true);
+    const Tensor lw = rnd({16, 24}, 105, -0.3, 0.3, dt).set_requires_grad(true);
+    const Tensor probe = rnd({3, 5, 24}, 106, -1, 1, DType::f32), probe_h = rnd({3, 5, 24}, 107, -1, 1, DType::f32);
+    // mode 4: a broadcast branch [24]; mode 5: a bf16 stream and an fp32 branch (wider).
+    const auto branch_of = [&](const Tensor& y) {
+      if (mode == 4) return sum(sum(linear(y, bw, Tensor()), 0), 0);
+      if (mode == 5) return linear(y, bw, Tensor()).to(DType::f32);
+      return linear(y, bw, Tensor());
+    };
+    Tensor fh, fy, ch, cy;
+    {
+      autocast ac(DeviceType::cpu, mode == 1 ? DType::f16 : DType::bf16, mode == 1 || mode == 2, true, CastLists::cuda);
+      const Tensor br = branch_of(x);
+      std::tie(fh, fy) = add_layer_norm_into_linear(x, br, w, b, 1e-5, lw);
+      ch = add(x, br);
+      cy = layer_norm_into_linear(ch, w, b, 1e-5, lw);
+    }
+    EXPECT_TRUE(test::bitwise_equal(fh, ch)) << "mode " << mode;
+    EXPECT_TRUE(test::bitwise_equal(fy, cy)) << "mode " << mode;
+    const auto loss = [&](const Tensor& h, const Tensor& y) {
+      return add(sum(mul(h.to(DType::f32), probe_h)), sum(mul(y.to(DType::f32), probe)));
+    };
+    const V gf = grad({loss(fh, fy)}, {x, w, b, bw}, {}, true);  // the branch's graph is shared
+    const V gc = grad({loss(ch, cy)}, {x, w, b, bw});
     for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(test::bitwise_equal(gf[i], gc[i])) << "mode " << mode << " input " << i;
   }
 }

@@ -74,13 +74,20 @@ void Backend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b,
 }
 
 void Backend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   Tensor gs = g;
   if (g.dtype() != x.dtype()) {
     gs = empty(g.shape(), x.dtype(), g.device());
     cast(g, gs);
   }
-  layer_norm_backward(gs, x, w, mean, rstd, gx, gw, gb);
+  layer_norm_backward(gs, x, w, mean, rstd, gx, gw, gb, accumulate);
+}
+
+void Backend::add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                                  Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) {
+  if (b.dtype() == a.dtype()) binary(BinaryOp::add, a, b, sum);
+  else add_cast(a, b, sum);
+  layer_norm_cast(sum, w, bias, eps, y, mean, rstd);
 }
 
 void register_backend(DeviceType t, Backend* b) { registry()[static_cast<size_t>(t)] = b; }

@@ -73,9 +73,10 @@ class Backend {
   virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) = 0;
   // gx = d/dx, gw = sum over rows of g * xhat, gb = sum over rows of g (each row and column summed
-  // in double, in a fixed order).
+  // in double, in a fixed order). accumulate: gx += d/dx instead (d/dx rounded to x's dtype, then
+  // added as add() adds: the numbers of add(gx, d/dx); a residual stream's gradient in the same pass).
   virtual void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                   const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) = 0;
+                                   const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) = 0;
   // layer_norm with y in another float dtype than x (autocast's cast to the next op's dtype folded
   // in: the numbers of layer_norm, then cast), and layer_norm_backward with g in another dtype than x
   // (read as its cast to x's dtype: the numbers of cast, then layer_norm_backward). These defaults make
@@ -83,7 +84,12 @@ class Backend {
   virtual void layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                                Tensor& rstd);
   virtual void layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                        const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb);
+                                        const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate);
+  // A residual add and the LayerNorm after it: sum = a + b (b of a's dtype or narrower, read as its
+  // promotion: add_cast's numbers), then layer_norm_cast of sum into y. The default makes the passes
+  // apart; a backend may make one (reading a and b, writing sum and y).
+  virtual void add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                                   Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd);
   // out = x with its dims permuted: out.shape[d] = x.shape[perm[d]] (at most 8 dims).
   virtual void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) = 0;
   // Attention's softmax over [.., T, T] score rows: row r is query i = r mod T, and

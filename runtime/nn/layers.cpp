@@ -38,6 +38,11 @@ Tensor LayerNorm::into_linear(const Tensor& x, const Tensor& linear_weight) cons
   return layer_norm_into_linear(x, weight, bias, eps_, linear_weight);
 }
 
+std::pair<Tensor, Tensor> LayerNorm::add_into_linear(const Tensor& x, const Tensor& branch,
+                                                    const Tensor& linear_weight) const {
+  return add_layer_norm_into_linear(x, branch, weight, bias, eps_, linear_weight);
+}
+
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x, tanh_); }

@@ -1,6 +1,7 @@
 // Layers with PyTorch's names and layouts: Linear, Embedding, LayerNorm, ReLU, GELU and Sequential.
 #pragma once
 #include <memory>
+#include <utility>
 
 #include "runtime/nn/module.h"
 #include "runtime/ops/random.h"
@@ -34,6 +35,9 @@ class LayerNorm : public Module {
   // forward, for a linear layer of weight linear_weight that reads the output: written in the dtype
   // autocast casts that layer's input to, in the same pass (layer_norm_into_linear).
   Tensor into_linear(const Tensor& x, const Tensor& linear_weight) const;
+  // A residual add and this norm of the sum: {x + branch, into_linear(x + branch, linear_weight)}, in one
+  // pass where the backend has one (add_layer_norm_into_linear).
+  std::pair<Tensor, Tensor> add_into_linear(const Tensor& x, const Tensor& branch, const Tensor& linear_weight) const;
   Tensor weight;
   Tensor bias;
 

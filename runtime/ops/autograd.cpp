@@ -29,9 +29,31 @@ class ScopedFlag {
   bool* flag_;
   bool prev_;
 };
+
+// The node the engine is applying on this thread, and the gradients it has gathered so far.
+struct Applying {
+  const Node* node = nullptr;
+  std::unordered_map<Node*, Tensor>* buffers = nullptr;
+};
+thread_local Applying t_applying;
 }  // namespace
 
 bool accumulating_backward() { return t_accumulating; }
+
+Tensor take_gradient_so_far(size_t input, const Tensor& like) {
+  const Applying& a = t_applying;
+  if (a.node == nullptr || t_grad_enabled || input >= a.node->next.size() || !a.node->next[input]) return Tensor();
+  const auto it = a.buffers->find(a.node->next[input].get());
+  if (it == a.buffers->end() || !it->second.defined()) return Tensor();
+  const Tensor& buf = it->second;
+  // Only the map holds it (no view, no other consumer's reference): an in-place sum changes nothing
+  // anyone else reads.
+  const bool private_buffer = buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
+  if (!private_buffer || buf.dtype() != like.dtype() || buf.shape() != like.shape() || buf.device() != like.device() ||
+      buf.requires_grad())
+    return Tensor();
+  return buf;
+}
 
 Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
   if (!t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf() || leaf.grad().defined())
@@ -192,6 +214,11 @@ struct Engine {
       if (dynamic_cast<AccumulateGrad*>(n) != nullptr) {
         if (accumulate && g.defined()) n->apply(g);
       } else if (g.defined()) {
+        struct Restore {  // on every exit; a backward inside a hook nests
+          Applying outer;
+          ~Restore() { t_applying = outer; }
+        } restore{t_applying};
+        t_applying = {n, &buffers};
         grads = n->apply(g);
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
@@ -199,7 +226,9 @@ struct Engine {
         if (!next) continue;
         if (i < grads.size() && grads[i].defined()) {
           Tensor& buf = buffers[next];
-          buf = buf.defined() ? add(buf, grads[i]) : grads[i];
+          // The op summed into the buffer itself (take_gradient_so_far): that is the sum.
+          if (!buf.defined()) buf = grads[i];
+          else if (buf.impl() != grads[i].impl()) buf = add(buf, grads[i]);
         }
         if (--dependencies[next] == 0) ready.push(next);
       }

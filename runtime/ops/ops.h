@@ -2,6 +2,7 @@
 // policy (autocast_policy.h). Binary ops broadcast as NumPy does.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/tensor.h"
@@ -81,6 +82,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // autocast's cast (forward), and of the cast's backward, then layer_norm's (backward), bit for bit.
 Tensor layer_norm_into_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                               const Tensor& linear_weight);
+// A residual add and the LayerNorm after it: {h, layer_norm_into_linear(h, ...)} for h = add(x, branch),
+// the two in one pass where the backend has one (x wider than or as wide as branch, one shape, and
+// LayerNorm reading h as it is). The numbers and the graph of the two ops, bit for bit.
+std::pair<Tensor, Tensor> add_layer_norm_into_linear(const Tensor& x, const Tensor& branch, const Tensor& weight,
+                                                     const Tensor& bias, double eps, const Tensor& linear_weight);
 // A copy with dims permuted: out.shape[i] = x.shape[dims[i]].
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);

@@ -37,6 +37,20 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 namespace {
+// LayerNorm's node: y's backward to x (its own dtype), w and b.
+Tensor record_layer_norm(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+                         const Tensor& rstd) {
+  return record("LayerNormBackward", y, {x, w, b}, [x, w, mean, rstd](const Tensor& g) {
+    // A residual stream's x: the add that reads it too has given its gradient; this one is added in.
+    Tensor gx = take_gradient_so_far(0, x);
+    const bool accumulate = gx.defined();
+    if (!accumulate) gx = empty_like(x);
+    Tensor gw = empty_like(w), gb = empty_like(w);
+    backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, accumulate);
+    return std::vector<Tensor>{gx, gw, gb};
+  });
+}
+
 // layer_norm with its output in x's dtype after autocast, or (next_linear_weight) in the dtype
 // autocast gives the linear layer it feeds: the cast folded into the pass, and into the backward's.
 Tensor layer_norm_to(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps,
@@ -58,12 +72,9 @@ Tensor layer_norm_to(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
   Tensor mean = empty({rows}, stat_dtype(x.dtype()), x.device());
   Tensor rstd = empty({rows}, stat_dtype(x.dtype()), x.device());
   backend_for(x.device()).layer_norm_cast(x, w, b, eps, y, mean, rstd);
-  return record("LayerNormBackward", y, {x, w, b}, [x, w, mean, rstd](const Tensor& g) {
-    Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(w);
-    backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb);
-    return std::vector<Tensor>{gx, gw, gb};
-  });
+  return record_layer_norm(y, x, w, b, mean, rstd);
 }
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
@@ -72,6 +83,31 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 
 Tensor layer_norm_into_linear(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& linear_weight) {
   return layer_norm_to(x, w, b, eps, &linear_weight);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm_into_linear(const Tensor& x, const Tensor& branch, const Tensor& w,
+                                                     const Tensor& b, double eps, const Tensor& linear_weight) {
+  const DeviceType t = x.device().type;
+  const bool one_pass =
+      x.dim() > 0 && x.shape() == branch.shape() && is_floating(x.dtype()) && is_floating(branch.dtype()) &&
+      x.device() == branch.device() && x.device() == w.device() && x.device() == b.device() &&
+      result_type(x.dtype(), false, branch.dtype(), false) == x.dtype() && w.dtype() == x.dtype() &&
+      b.dtype() == x.dtype() && autocast_dtype(OpKind::layer_norm, x.dtype(), t, {x.dtype()}) == x.dtype() &&
+      w.dim() == 1 && b.dim() == 1 && w.shape()[0] == x.size(-1) && b.shape()[0] == x.size(-1);
+  if (!one_pass) {
+    const Tensor h = add(x, branch);
+    return {h, layer_norm_into_linear(h, w, b, eps, linear_weight)};
+  }
+  const DType out = autocast_dtype(OpKind::linear, x.dtype(), t, {linear_weight.dtype()});
+  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
+  Tensor h = empty(x.shape(), x.dtype(), x.device()), y = empty(x.shape(), out, x.device());
+  Tensor mean = empty({rows}, stat_dtype(x.dtype()), x.device());
+  Tensor rstd = empty({rows}, stat_dtype(x.dtype()), x.device());
+  backend_for(x.device()).add_layer_norm_cast(x, branch, w, b, eps, h, y, mean, rstd);
+  // add()'s backward (its one-shape case): the gradient, and its cast to the branch's dtype.
+  const DType db = branch.dtype();
+  h = record("AddBackward", h, {x, branch}, [db](const Tensor& g) { return std::vector<Tensor>{g, g.to(db)}; });
+  return {h, record_layer_norm(y, h, w, b, mean, rstd)};
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {

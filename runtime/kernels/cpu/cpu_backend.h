@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                   Tensor& rstd) override;
   void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           Tensor& gx, Tensor& gw, Tensor& gb) override;
+                           Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) override;
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
   void causal_softmax(const Tensor& x, Tensor& y, double scale) override;
   void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;

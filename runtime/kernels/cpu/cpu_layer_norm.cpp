@@ -38,10 +38,11 @@ AMP_SIMD_CLONES void layer_norm_rows(const T* xs, const T* ws, const T* bs, T* y
   }
 }
 
-// The input's gradient for rows [0, rows).
+// The input's gradient for rows [0, rows); accumulate: added to gxs as add() adds (rounded to T, then
+// the sum in the compute type).
 template <class T, class Cm = typename Elem<T>::Compute>
 AMP_SIMD_CLONES void layer_norm_grad_rows(const T* gs, const T* xs, const T* ws, const Cm* mu, const Cm* rs, T* gxs,
-                                          long rows, long C) {
+                                          long rows, long C, bool accumulate) {
   auto ld = [](T v) { return static_cast<Cm>(Elem<T>::load(v)); };
   for (long r = 0; r < rows; ++r) {
     const T* gr = gs + r * C;
@@ -54,8 +55,10 @@ AMP_SIMD_CLONES void layer_norm_grad_rows(const T* gs, const T* xs, const T* ws,
       return static_cast<double>(ld(gr[c]) * ld(ws[c])) * static_cast<double>(xhat(c));
     });
     const Cm ma = static_cast<Cm>(a / static_cast<double>(C)), mb = static_cast<Cm>(b / static_cast<double>(C));
-    for (long c = 0; c < C; ++c)
-      gxr[c] = Elem<T>::store(math::layer_norm_grad_input<Cm>(ld(gr[c]), ld(ws[c]), xhat(c), rstd, ma, mb));
+    for (long c = 0; c < C; ++c) {
+      const T d = Elem<T>::store(math::layer_norm_grad_input<Cm>(ld(gr[c]), ld(ws[c]), xhat(c), rstd, ma, mb));
+      gxr[c] = accumulate ? Elem<T>::store(ld(gxr[c]) + ld(d)) : d;
+    }
   }
 }
 
@@ -103,7 +106,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                     const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+                                     const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   const long C = static_cast<long>(x.shape().back()), rows = C == 0 ? 0 : static_cast<long>(x.numel()) / C;
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     using Cm = typename Elem<T>::Compute;
@@ -112,7 +115,7 @@ void CpuBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Ten
     const Cm* rs = rstd.data<Cm>();
     T* gxs = gx.data<T>();
     cpu::parallel_chunks(rows, [&](long r, long e) {
-      layer_norm_grad_rows<T>(gs + r * C, xs + r * C, ws, mu + r, rs + r, gxs + r * C, e - r, C);
+      layer_norm_grad_rows<T>(gs + r * C, xs + r * C, ws, mu + r, rs + r, gxs + r * C, e - r, C, accumulate);
     }, cpu::kParallelGrain / std::max(C, 1L));
     T* gws = gw.data<T>();
     T* gbs = gb.data<T>();

@@ -49,11 +49,13 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                   Tensor& rstd) override;
   void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           Tensor& gx, Tensor& gw, Tensor& gb) override;
+                           Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) override;
   void layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                        Tensor& rstd) override;
   void layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) override;
+                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) override;
+  void add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                           Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) override;
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;
   void causal_softmax(const Tensor& x, Tensor& y, double scale) override;
   void causal_softmax_cast(const Tensor& x, Tensor& y, const Tensor& low, double scale) override;

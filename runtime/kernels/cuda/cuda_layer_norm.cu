@@ -23,15 +23,14 @@ namespace amp::cuda {
 
 namespace {
 
-// One block per row. y in O: the row rounded to T, then cast to O (layer_norm_cast).
+// Row blockIdx.x of LayerNorm, its block's threads striding the row (thread t reads elements t,
+// t + blockDim.x, ...), s the sum of the elements this thread reads. y in O: the row rounded to T,
+// then cast to O (layer_norm_cast).
 template <class T, class O>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, O* y,
-                                  typename DevElem<T>::Compute* mean, typename DevElem<T>::Compute* rstd) {
+__device__ void layer_norm_row(const T* xr, double s, const T* w, const T* b, int64_t cols, double eps, O* yr,
+                               typename DevElem<T>::Compute* mean, typename DevElem<T>::Compute* rstd) {
   using C = typename DevElem<T>::Compute;
   const int64_t r = blockIdx.x;
-  const T* xr = x + r * cols;
-  double s = 0.0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += static_cast<double>(DevElem<T>::load(xr[c]));
   const double m = block_reduce(s, SumOp{}) / static_cast<double>(cols);
   double v = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -49,16 +48,46 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t co
     const T out = DevElem<T>::store(math::layer_norm_apply<C>(static_cast<C>(DevElem<T>::load(xr[c])), mu, rs,
                                                               static_cast<C>(DevElem<T>::load(w[c])),
                                                               static_cast<C>(DevElem<T>::load(b[c]))));
-    if constexpr (std::is_same_v<O, T>) y[r * cols + c] = out;
-    else y[r * cols + c] = DevElem<O>::store(static_cast<typename DevElem<O>::Compute>(DevElem<T>::load(out)));
+    if constexpr (std::is_same_v<O, T>) yr[c] = out;
+    else yr[c] = DevElem<O>::store(static_cast<typename DevElem<O>::Compute>(DevElem<T>::load(out)));
   }
 }
 
-// One block per row: the input's gradient (g in G, read as its cast to T).
+// One block per row.
+template <class T, class O>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t cols, double eps, O* y,
+                                  typename DevElem<T>::Compute* mean, typename DevElem<T>::Compute* rstd) {
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += static_cast<double>(DevElem<T>::load(xr[c]));
+  layer_norm_row<T, O>(xr, s, w, b, cols, eps, y + r * cols, mean, rstd);
+}
+
+// One block per row: the residual add (sum = a + b, b read as its cast to T: add_cast's numbers),
+// then LayerNorm of the sum, which each thread reads back where it wrote it.
+template <class T, class B, class O>
+__global__ void add_layer_norm_kernel(const T* a, const B* b, const T* w, const T* bias, int64_t cols, double eps,
+                                      T* sum, O* y, typename DevElem<T>::Compute* mean,
+                                      typename DevElem<T>::Compute* rstd) {
+  const int64_t r = blockIdx.x;
+  T* sr = sum + r * cols;
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const T v = DevElem<T>::store(DevElem<T>::load(a[r * cols + c]) + load_as<T>(b[r * cols + c]));
+    sr[c] = v;
+    s += static_cast<double>(DevElem<T>::load(v));
+  }
+  layer_norm_row<T, O>(sr, s, w, bias, cols, eps, y + r * cols, mean, rstd);
+}
+
+// One block per row: the input's gradient (g in G, read as its cast to T); accumulate: added to gx
+// as the binary add adds (rounded to T, then the sum in the compute type).
 template <class T, class G>
 __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T* w,
                                                  const typename DevElem<T>::Compute* mean,
-                                                 const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx) {
+                                                 const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx,
+                                                 bool accumulate) {
   using C = typename DevElem<T>::Compute;
   const int64_t r = blockIdx.x;
   const C mu = mean[r], rs = rstd[r];
@@ -75,8 +104,11 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
   const C mb = static_cast<C>(bsum / static_cast<double>(cols));
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
-    gx[r * cols + c] = DevElem<T>::store(math::layer_norm_grad_input<C>(
+    const T d = DevElem<T>::store(math::layer_norm_grad_input<C>(
         load_as<T>(g[r * cols + c]), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
+    gx[r * cols + c] = accumulate ? DevElem<T>::store(static_cast<C>(DevElem<T>::load(gx[r * cols + c])) +
+                                                      static_cast<C>(DevElem<T>::load(d)))
+                                  : d;
   }
 }
 
@@ -161,19 +193,37 @@ void launch_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double
   AMP_CUDA_CHECK_LAUNCH();
 }
 
+template <class T, class B, class O>
+void launch_add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                           Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) {
+  using C = typename DevElem<T>::Compute;
+  const int64_t cols = a.shape().back(), rows = cols == 0 ? 0 : a.numel() / cols;
+  if (rows == 0) return;
+  Context& ctx = context();
+  const int64_t n = rows * cols;
+  declare_launch_cost((n + 2 * cols) * static_cast<int64_t>(sizeof(T)) + n * static_cast<int64_t>(sizeof(B)),
+                      n * static_cast<int64_t>(sizeof(T) + sizeof(O)) + 2 * rows * static_cast<int64_t>(sizeof(C)), 9 * n);
+  AMP_LAUNCH(rows_grid(rows, "add_layer_norm"), row_threads(cols), 0, ctx.stream(), add_layer_norm_kernel<T, B, O>)(
+      a.data<T>(), b.data<B>(), w.data<T>(), bias.data<T>(), cols, eps, sum.data<T>(), y.data<O>(), mean.data<C>(),
+      rstd.data<C>());
+  AMP_CUDA_CHECK_LAUNCH();
+}
+
 template <class T, class G>
 void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   using C = typename DevElem<T>::Compute;
   const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
   if (rows == 0) return;
   Context& ctx = context();
   const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
   const int64_t g_bytes = rows * cols * static_cast<int64_t>(sizeof(G));
-  declare_launch_cost(g_bytes + gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats, gx_bytes, 10 * rows * cols);
+  // x and g read, and gx too when the gradient is added to it.
+  declare_launch_cost(g_bytes + (accumulate ? 2 : 1) * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats,
+                      gx_bytes, (accumulate ? 11 : 10) * rows * cols);
   AMP_LAUNCH(rows_grid(rows, "layer_norm_backward"), row_threads(cols), 0, ctx.stream(),
              layer_norm_backward_input_kernel<T, G>)(g.data<G>(), x.data<T>(), w.data<T>(), mean.data<C>(),
-                                                     rstd.data<C>(), cols, gx.data<T>());
+                                                     rstd.data<C>(), cols, gx.data<T>(), accumulate);
   AMP_CUDA_CHECK_LAUNCH();
   // Enough blocks to fill the GPU 4 times over (at least one per SM), each split at least 64 rows.
   const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
@@ -228,20 +278,39 @@ void CudaBackend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor
 }
 
 void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                      const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+                                      const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward: operand");
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    launch_layer_norm_backward<T, T>(g, x, w, mean, rstd, gx, gw, gb);
+    launch_layer_norm_backward<T, T>(g, x, w, mean, rstd, gx, gw, gb, accumulate);
+  });
+}
+
+// One pass where the residual stream is fp32 or fp64 (the GPT's), else the default's two.
+void CudaBackend::add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                                      Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) {
+  require_layer_norm_operands({&a, &b, &w, &bias, &sum, &y, &mean, &rstd}, "add_layer_norm_cast: operand");
+  if (a.dtype() != DType::f32 && a.dtype() != DType::f64) {
+    Backend::add_layer_norm_cast(a, b, w, bias, eps, sum, y, mean, rstd);
+    return;
+  }
+  dispatch_float(a.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      dispatch_float(b.dtype(), [&](auto B_tag) {
+        dispatch_float(y.dtype(), [&](auto O_tag) {
+          launch_add_layer_norm<T, decltype(B_tag), decltype(O_tag)>(a, b, w, bias, eps, sum, y, mean, rstd);
+        });
+      });
+    }
   });
 }
 
 // The gradient read in its own dtype, as its cast to x's (the numbers of cast, then the backward).
 void CudaBackend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                           const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb) {
+                                           const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward_cast: operand");
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     dispatch_float(g.dtype(), [&](auto G_tag) {
-      launch_layer_norm_backward<T, decltype(G_tag)>(g, x, w, mean, rstd, gx, gw, gb);
+      launch_layer_norm_backward<T, decltype(G_tag)>(g, x, w, mean, rstd, gx, gw, gb, accumulate);
     });
   });
 }
