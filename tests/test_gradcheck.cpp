@@ -2,6 +2,7 @@
 // ops that support double backward.
 #include <gtest/gtest.h>
 
+#include "amp/autocast.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
@@ -216,6 +217,36 @@ TEST(Autograd, AnOpAddsIntoTheGradientSoFarOnlyWhenNothingElseHoldsIt) {
       EXPECT_EQ(gp.to_vector(), std::vector<double>(12, expected)) << "shared " << shared << " create_graph " << create_graph;
       EXPECT_EQ(offered, !shared && !create_graph ? 1 : 0) << "shared " << shared << " create_graph " << create_graph;
     }
+  }
+}
+
+// A parameter's gradient that arrives through autocast's cast (fp16's weight gradient, the bias's) is
+// cast straight into the parameter's destination, and LayerNorm's weight and bias gradients are
+// computed there: the values made without destinations, in the destinations' memory.
+TEST(Autograd, CastAndLayerNormGradientsLandInTheirDestinations) {
+  Generator gen(11);
+  const Tensor x = randn({6, 8}, gen);
+  std::vector<Tensor> params = {randn({4, 8}, gen), randn({4}, gen), randn({8}, gen), randn({8}, gen)};
+  for (Tensor& p : params) p.set_requires_grad(true);
+  const auto backward = [&] {
+    autocast ac(DeviceType::cpu, DType::f16, true, true, CastLists::cuda);
+    sum(linear(layer_norm(x, params[2], params[3]), params[0], params[1]).to(DType::f32)).backward();
+  };
+  backward();
+  std::vector<std::vector<double>> reference;
+  for (Tensor& p : params) {
+    reference.push_back(p.grad().to_vector());
+    p.set_grad(Tensor());
+  }
+  std::vector<Tensor> destinations;
+  for (Tensor& p : params) {
+    destinations.push_back(full(p.shape(), 7.0, DType::f32));
+    p.set_grad_destination(destinations.back());
+  }
+  backward();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].grad().data_ptr(), destinations[i].data_ptr()) << "parameter " << i;
+    EXPECT_EQ(destinations[i].to_vector(), reference[i]) << "parameter " << i;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/kernels/backend.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 
@@ -65,7 +66,14 @@ Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
   return dst;
 }
 
-std::vector<Tensor> CastNode::apply(const Tensor& grad_output) { return {cast(grad_output, from_)}; }
+std::vector<Tensor> CastNode::apply(const Tensor& grad_output) {
+  // The backward of autocast's copy of a parameter: the gradient cast straight into the parameter's
+  // destination (the reducer's bucket), not cast and then copied there.
+  Tensor dst = next.empty() ? Tensor() : take_grad_destination(leaf_of(next[0]), from_);
+  if (!dst.defined()) return {cast(grad_output, from_)};
+  backend_for(dst.device()).cast(grad_output, dst);
+  return {dst};
+}
 
 const CastNode* cast_node_of(const Tensor& t) {
   return t.defined() ? dynamic_cast<const CastNode*>(t.grad_fn().get()) : nullptr;

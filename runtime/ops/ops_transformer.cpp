@@ -40,12 +40,15 @@ namespace {
 // LayerNorm's node: y's backward to x (its own dtype), w and b.
 Tensor record_layer_norm(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
                          const Tensor& rstd) {
-  return record("LayerNormBackward", y, {x, w, b}, [x, w, mean, rstd](const Tensor& g) {
+  return record("LayerNormBackward", y, {x, w, b}, [x, w, b, mean, rstd](const Tensor& g) {
     // A residual stream's x: the add that reads it too has given its gradient; this one is added in.
     Tensor gx = take_gradient_so_far(0, x);
     const bool accumulate = gx.defined();
     if (!accumulate) gx = empty_like(x);
-    Tensor gw = empty_like(w), gb = empty_like(w);
+    // The parameters' gradients straight into their destinations (the reducer's buckets) where they have them.
+    Tensor gw = take_grad_destination(w, w.dtype()), gb = take_grad_destination(b, b.dtype());
+    if (!gw.defined()) gw = empty_like(w);
+    if (!gb.defined()) gb = empty_like(w);
     backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, accumulate);
     return std::vector<Tensor>{gx, gw, gb};
   });
