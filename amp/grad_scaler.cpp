@@ -134,9 +134,9 @@ void GradScaler::agree_on_found_inf() {
     if (st.found_inf.defined()) st.agreed = true;
 }
 
-void GradScaler::step(optim::Optimizer& opt) {
+void GradScaler::step(optim::Optimizer& opt, const NormClip& clip) {
   if (!options_.enabled) {
-    opt.step();
+    opt.step(Tensor(), Tensor(), clip);
     return;
   }
   require_state("step");
@@ -150,7 +150,7 @@ void GradScaler::step(optim::Optimizer& opt) {
   if (st.stage == Stage::checked && st.found_inf.defined()) grad_scale = scale_.to(st.found_inf.device());
   if (!st.found_inf.defined()) throw std::runtime_error("No inf checks were recorded for this optimizer.");
   agree_on_found_inf();
-  opt.step(st.found_inf, grad_scale);
+  opt.step(st.found_inf, grad_scale, clip);
   st.stage = Stage::stepped;
 }
 

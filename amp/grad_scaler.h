@@ -69,8 +69,9 @@ class GradScaler {
   Tensor check_inf_(optim::Optimizer& opt);
   // The optimizer's step, which skips itself when found_inf is set. Without an explicit unscale_
   // it checks the scaled gradients read-only and the fused step unscales them in its own pass
-  // (writing them back unscaled, as PyTorch's fused optimizers do).
-  void step(optim::Optimizer& opt);
+  // (writing them back unscaled, as PyTorch's fused optimizers do). A defined clip.total_norm (the
+  // unscaled gradients' norm) clips them in that pass too (Optimizer::step).
+  void step(optim::Optimizer& opt, const NormClip& clip = NormClip());
   // _amp_update_scale_ from this iteration's found_inf; resets every optimizer's state.
   // Every one of unscale_, step and update throws before the first scale(), as PyTorch's does.
   void update();

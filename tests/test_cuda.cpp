@@ -975,6 +975,48 @@ TEST_F(CudaVsCpu, AdamStepsAndSkips) {
   }
 }
 
+// Clipping by the norm in the step's pass (NormClip): bit for bit clip_by_norm then the step on the
+// device, parameters, moments and the gradients written back, for Adam(W) and SGD with momentum, still
+// scaled (the fused unscale first) or not, a norm that clips and one that does not; and the CPU's
+// fused step as AdamStepsAndSkips bounds it.
+TEST_F(CudaVsCpu, ClippingInTheStepIsClipThenStep) {
+  const AdamHyper adam{1e-3, 0.9, 0.999, 1e-8, 1e-2, true, false, false, true};
+  const SgdHyper sgd{0.1, 0.9, 0.0, 1e-4, false, false, true};
+  for (bool use_adam : {true, false})
+    for (bool scaled : {false, true})
+      for (double max_norm : {0.05, 1e3}) {
+        OptimState cpu_fused = make_state(kCPU);
+        OptimState fused = make_state(kGPU, &cpu_fused), apart = make_state(kGPU, &cpu_fused);
+        const Tensor scale = from_vector({256.0}, {1});
+        const Tensor norm = from_vector({1.7}, {1});  // the clipping factor 0.05 / 1.7, or 1
+        for (int step = 0; step < 2; ++step) {
+          const std::string what = std::string(use_adam ? "adam" : "sgd") + (scaled ? " scaled" : "") +
+                                   " max_norm " + std::to_string(max_norm) + " step " + std::to_string(step);
+          Tensor found = zeros({1}, DType::f32, kGPU);
+          if (scaled) gpu().unscale_and_check(apart.grads, scale.to(kGPU), found);
+          gpu().clip_by_norm(apart.grads, norm.to(kGPU), max_norm);
+          const NormClip clip{norm.to(kGPU), max_norm}, cpu_clip{norm, max_norm};
+          const Tensor gs = scaled ? scale.to(kGPU) : Tensor(), cs = scaled ? scale : Tensor();
+          if (use_adam) {
+            gpu().adam_step(apart.params, apart.grads, apart.s1, apart.s2, apart.s3, apart.step, adam, Tensor(), Tensor(), {});
+            gpu().adam_step(fused.params, fused.grads, fused.s1, fused.s2, fused.s3, fused.step, adam, Tensor(), gs, {},
+                            Tensor(), clip);
+            cpu().adam_step(cpu_fused.params, cpu_fused.grads, cpu_fused.s1, cpu_fused.s2, cpu_fused.s3, cpu_fused.step,
+                            adam, Tensor(), cs, {}, Tensor(), cpu_clip);
+          } else {
+            gpu().sgd_step(apart.params, apart.grads, apart.s1, apart.step, sgd, Tensor(), Tensor(), {});
+            gpu().sgd_step(fused.params, fused.grads, fused.s1, fused.step, sgd, Tensor(), gs, {}, Tensor(), clip);
+            cpu().sgd_step(cpu_fused.params, cpu_fused.grads, cpu_fused.s1, cpu_fused.step, sgd, Tensor(), cs, {},
+                           Tensor(), cpu_clip);
+          }
+          expect_state_matches(fused, apart, 0, what);
+          for (size_t i = 0; i < apart.grads.size(); ++i)
+            ASSERT_TRUE(matches(fused.grads[i], apart.grads[i], 0)) << what << " gradient written back " << i;
+          expect_state_matches(fused, cpu_fused, 1e-7, what + " against the CPU");
+        }
+      }
+}
+
 // One tensor of 60,000 elements: SGD with momentum moves 1.2 MB of it in one chunk of 65536, one
 // block; on the emulated GPU's 2 SMs the step runs as 2 blocks of 32768 elements (the second a
 // partial one). Bit for bit the CPU's.

@@ -385,10 +385,10 @@ class RecordingSgd : public optim::SGD {
 
  protected:
   void step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
-                  const Tensor& grad_scale) override {
+                  const Tensor& grad_scale, const NormClip& clip) override {
     seen_found_inf = found_inf;
     seen_grad_scale = grad_scale;
-    optim::SGD::step_group(group, index, steps, found_inf, grad_scale);
+    optim::SGD::step_group(group, index, steps, found_inf, grad_scale, clip);
   }
 };
 

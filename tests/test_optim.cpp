@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 
+#include "amp/clip_grad.h"
 #include "models/mlp.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/nn/state_dict.h"
@@ -397,6 +400,46 @@ TEST(Optimizers, FoundInfLeavesEverythingUntouched) {
   opt.step(full({1}, 0.0));  // found_inf clear: step
   EXPECT_NE(p.to_vector(), p_before);
   EXPECT_EQ(opt.step_count(), 2);
+}
+
+// Clipping by the norm folded into the step (Optimizer::step's clip): parameters, state and the
+// gradients written back bit for bit what clip_grads_with_norm_ then the step give, for AdamW and SGD
+// with momentum, over three steps, a norm that clips and one that does not.
+TEST(Optimizers, ClippingInTheStepIsClipThenStep) {
+  for (bool adam : {true, false})
+    for (double max_norm : {0.1, 1e3}) {
+      Generator gen(31);
+      std::vector<Tensor> a = {randn({5, 7}, gen), randn({7}, gen)}, b;
+      for (Tensor& t : a) {
+        t.set_requires_grad(true);
+        b.push_back(t.detach().clone().set_requires_grad(true));
+      }
+      auto make = [&](const std::vector<Tensor>& ps) -> std::unique_ptr<optim::Optimizer> {
+        if (adam) return std::make_unique<optim::AdamW>(ps, optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.01, false, false});
+        return std::make_unique<optim::SGD>(ps, optim::SgdOptions{0.05, 0.9, 0.0, 1e-4, true, false});
+      };
+      auto apart = make(a), fused = make(b);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<Tensor> grads;
+        for (const Tensor& t : a) grads.push_back(randn(t.shape(), gen));
+        for (size_t i = 0; i < a.size(); ++i) {
+          a[i].set_grad(grads[i].clone());
+          b[i].set_grad(grads[i].clone());
+        }
+        const Tensor norm = get_total_norm(grads, 2.0, false).to(DType::f32);
+        clip_grads_with_norm_(a, max_norm, norm);
+        apart->step();
+        fused->step(Tensor(), Tensor(), NormClip{norm, max_norm});
+        const std::string what = std::string(adam ? "adamw" : "sgd") + " max_norm " + std::to_string(max_norm);
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_EQ(b[i].to_vector(), a[i].to_vector()) << what << " step " << step << " parameter " << i;
+          EXPECT_EQ(b[i].grad().to_vector(), a[i].grad().to_vector()) << what << " step " << step << " gradient " << i;
+        }
+        const optim::OptimizerStateDict sa = apart->state_dict(), sb = fused->state_dict();
+        for (auto& [index, state] : sa.state)
+          for (auto& [key, t] : state) EXPECT_EQ(sb.state.at(index).at(key).to_vector(), t.to_vector()) << what << " " << key;
+      }
+    }
 }
 
 TEST(Optimizers, RejectBadOptions) {

@@ -208,13 +208,15 @@ Trainer::StepFigures Trainer::device_step() {
   // for, asked only) over fixed chunks of the buckets, so that its bits depend neither on the ranks
   // nor on ZeRO-1 (comm/chunked_norm.h); the multi-task model's, over its parameters, as PyTorch's.
   Tensor grad_norm;
+  NormClip clip;  // clipping by the norm in the optimizer's pass, unless the clamp reads the clipped gradients
   if (needs_grad_norm()) {
     if (reducer_) grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr));
     else grad_norm = get_total_norm(opt_->grads(), 2.0, false);
-    if (cfg_.clip_grad_norm > 0.0) clip_grads_with_norm_(opt_->params(), cfg_.clip_grad_norm, grad_norm);
+    if (cfg_.clip_grad_norm > 0.0 && cfg_.clip_grad_value > 0.0) clip_grads_with_norm_(opt_->params(), cfg_.clip_grad_norm, grad_norm);
+    else if (cfg_.clip_grad_norm > 0.0) clip = {grad_norm.to(DType::f32).to(device_), cfg_.clip_grad_norm};
   }  // else: not computed, null in the metrics
   if (cfg_.clip_grad_value > 0.0) clip_grad_value_(opt_->params(), cfg_.clip_grad_value);
-  scaler_->step(*opt_);
+  scaler_->step(*opt_, clip);
   scaler_->update();
   if (zero_) {
     if (listeners_.before_gather) listeners_.before_gather(step_.number);

@@ -22,6 +22,11 @@ AMP_HD bool is_nonfinite(double g) { return !std::isfinite(g); }  // float64 gra
 template <class C>
 AMP_HD C unscale_element(C g, float inv_scale) { return g * static_cast<C>(inv_scale); }
 
+// A gradient as an optimizer step reads it: unscaled (inv_scale 1: it is not scaled), then times the
+// clipping factor (clip_coefficient's; 1: no clipping): the numbers of unscale_, then
+// clip_grads_with_norm_, then the step, each pass storing float32 (so the same roundings).
+AMP_HD float read_gradient(float g, float inv_scale, float clip) { return unscale_element(g, inv_scale) * clip; }
+
 // found_inf's test: the unscaled value, which is what an optimizer step applies. It is non-finite
 // whenever the gradient is (inv_scale > 0), and also when a finite gradient times inv_scale is not:
 // an inverse that overflowed (a scale below about 2.9e-39) or a product past the float's range.

@@ -27,6 +27,14 @@ struct ScaleUpdateHyper {
   float min_scale, max_scale;
 };
 
+// Clipping by a total norm, folded into an optimizer's step: every gradient times
+// math::clip_coefficient(total_norm, max_norm) as the step reads it (total_norm: 1-element f32 on the
+// parameters' device, read when the step runs). An undefined total_norm: no clipping.
+struct NormClip {
+  Tensor total_norm;
+  double max_norm = 0.0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -157,16 +165,18 @@ class Backend {
   // parameter: each is written with its parameter's new value, rounded as cast() rounds, in the same
   // pass (Optimizer::keep_low_precision_copies); a skipped step writes none. A defined lr (1-element
   // f64 on the parameters' device) replaces h.lr, read when the step runs: a replayed CUDA graph takes
-  // its value then, where h.lr would stay the value captured.
+  // its value then, where h.lr would stay the value captured. A defined clip.total_norm folds
+  // clip_by_norm into the pass: each gradient, unscaled, is multiplied by the clipping factor as it is
+  // read (math::read_gradient), and written back so where h.keep_unscaled_grads, as with grad_scale.
   virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
                         const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                        const Tensor& lr = Tensor()) = 0;
+                        const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) = 0;
   virtual void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                          const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                          const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                         const Tensor& lr = Tensor()) = 0;
+                         const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) = 0;
   // out (1-element f32) += sum over tensors of sum |x|^p (p = 2: squares; p = 0: nonzero count);
   // p = inf: out = max(out, max |x|); p = -inf: out = min(out, min |x|). A NaN element wins a max or min.
   virtual void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) = 0;

@@ -30,7 +30,7 @@ Adam::Adam(const std::vector<ParamGroup<AdamOptions>>& groups, bool decoupled)
 }
 
 void Adam::step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
-                      const Tensor& grad_scale) {
+                      const Tensor& grad_scale, const NormClip& clip) {
   const AdamOptions& o = options_[group];
   std::vector<Tensor> grads;
   for (size_t i : index) grads.push_back(params_[i].grad());
@@ -39,7 +39,7 @@ void Adam::step_group(size_t group, const std::vector<size_t>& index, Tensor& st
   backend_for(params_[0].device())
       .adam_step(select(params_, index), grads, select(state_.at("exp_avg"), index), select(state_.at("exp_avg_sq"), index),
                  o.amsgrad ? select(state_.at("max_exp_avg_sq"), index) : std::vector<Tensor>(), steps, h, found_inf,
-                 grad_scale, copies_of(index), lr_tensor(group));
+                 grad_scale, copies_of(index), lr_tensor(group), clip);
 }
 
 nlohmann::json Adam::group_hyper(size_t group) const {

@@ -40,7 +40,7 @@ void Optimizer::write_lr() {
   }
 }
 
-void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale) {
+void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale, const NormClip& clip) {
   write_lr();
   std::map<size_t, std::vector<size_t>> present;  // cohort -> its parameters that have a gradient
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -61,7 +61,7 @@ void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale) {
       cohort_steps_.push_back(cohort_steps_[cohort].clone());
       for (size_t i : index) cohort_of_[i] = target;
     }
-    step_group(group_of_[index[0]], index, cohort_steps_[target], found_inf, grad_scale);
+    step_group(group_of_[index[0]], index, cohort_steps_[target], found_inf, grad_scale, clip);
   }
 }
 

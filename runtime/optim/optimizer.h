@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/tensor.h"
+#include "runtime/kernels/backend.h"
 
 namespace amp::optim {
 
@@ -46,9 +47,11 @@ class Optimizer {
   // parameters' device) makes the step leave parameters and all state untouched. A defined
   // grad_scale means the gradients are still multiplied by it: the fused step unscales them in the
   // same pass and writes them back (GradScaler::step uses this when unscale_ was not called), unless
-  // set_keep_unscaled_grads(false).
-  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor());
-  // false: a step given grad_scale does not write the unscaled gradients back (they stay scaled): for
+  // set_keep_unscaled_grads(false). A defined clip.total_norm clips every gradient by that norm in the
+  // same pass (clip_grads_with_norm_'s numbers, without its pass over the gradients; written back
+  // likewise).
+  void step(const Tensor& found_inf = Tensor(), const Tensor& grad_scale = Tensor(), const NormClip& clip = NormClip());
+  // false: a step given grad_scale or a clip does not write the gradients it read back (they stay scaled): for
   // a loop that reads no gradient after the step, one write of every gradient less. Default true.
   void set_keep_unscaled_grads(bool keep) { keep_unscaled_grads_ = keep; }
   bool keep_unscaled_grads() const { return keep_unscaled_grads_; }
@@ -99,7 +102,7 @@ class Optimizer {
   // One fused launch over the parameters `index` (all of one cohort of `group`), whose step count is
   // `steps`.
   virtual void step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
-                          const Tensor& grad_scale) = 0;
+                          const Tensor& grad_scale, const NormClip& clip) = 0;
   // A group's hyperparameters under PyTorch's keys, "lr" included; and their loading.
   virtual nlohmann::json group_hyper(size_t group) const = 0;
   virtual void load_group_hyper(size_t group, const nlohmann::json& h) = 0;

@@ -27,7 +27,7 @@ SGD::SGD(const std::vector<ParamGroup<SgdOptions>>& groups) : Optimizer(params_o
 }
 
 void SGD::step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
-                     const Tensor& grad_scale) {
+                     const Tensor& grad_scale, const NormClip& clip) {
   const SgdOptions& o = options_[group];
   std::vector<Tensor> grads;
   for (size_t i : index) grads.push_back(params_[i].grad());
@@ -35,7 +35,7 @@ void SGD::step_group(size_t group, const std::vector<size_t>& index, Tensor& ste
   const std::vector<Tensor> bufs = momentum ? select(state_.at("momentum_buffer"), index) : std::vector<Tensor>();
   const SgdHyper h{lr(group), o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize, keep_unscaled_grads()};
   backend_for(params_[0].device()).sgd_step(select(params_, index), grads, bufs, steps, h, found_inf, grad_scale,
-                                                  copies_of(index), lr_tensor(group));
+                                                  copies_of(index), lr_tensor(group), clip);
 }
 
 nlohmann::json SGD::group_hyper(size_t group) const {

@@ -22,7 +22,7 @@ class SGD : public Optimizer {
 
  protected:
   void step_group(size_t group, const std::vector<size_t>& index, Tensor& steps, const Tensor& found_inf,
-                  const Tensor& grad_scale) override;
+                  const Tensor& grad_scale, const NormClip& clip) override;
   nlohmann::json group_hyper(size_t group) const override;
   void load_group_hyper(size_t group, const nlohmann::json& h) override;
   bool step_in_state() const override { return false; }

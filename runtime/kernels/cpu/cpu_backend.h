@@ -49,12 +49,12 @@ class CpuBackend final : public Backend {
   void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
                 const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                const Tensor& lr = Tensor()) override;
+                const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) override;
   void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                  const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                  const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                  const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                 const Tensor& lr = Tensor()) override;
+                 const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) override;
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) override;

@@ -21,6 +21,13 @@ namespace amp {
 namespace {
 bool skip_requested(const Tensor& found_inf) { return found_inf.defined() && found_inf.data<float>()[0] != 0.0f; }
 
+// The factor a step multiplies each gradient by to clip it (clip_by_norm's), 1 without clipping.
+float clip_factor(const NormClip& clip) {
+  if (!clip.total_norm.defined()) return 1.0f;
+  require_device_scalar(clip.total_norm, DType::f32, kCPU, "optimizer step: the clipped norm");
+  return math::clip_coefficient(clip.total_norm.data<float>()[0], static_cast<float>(clip.max_norm));
+}
+
 // h, its lr read from lr (1-element f64) when that is defined.
 template <class Hyper>
 Hyper with_lr(Hyper h, const Tensor& lr) {
@@ -81,15 +88,15 @@ inline void store_copies(const float* __restrict p, L* __restrict lp, long n) {
 // unswitching and the loop stays scalar).
 template <bool Momentum, bool Store, bool Plain, bool Decay, class L>
 AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* __restrict b, L* __restrict lp, long n,
-                               float inv, bool first, math::SgdCoef c) {
+                               float inv, float clip, bool first, math::SgdCoef c) {
   if constexpr (!Momentum) c.momentum = 0.0f;  // as it is whenever there is no buffer
   if constexpr (!Decay) c.weight_decay = 0.0f;
   if constexpr (Plain) c.nesterov = c.maximize = first = false;
   for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
     const long e = std::min(n, b0 + kCopyBlock);
     for (long i = b0; i < e; ++i) {
-      const float gi = math::unscale_element(g[i], inv);
-      if constexpr (Store) g[i] = gi;  // the unscaled gradient is written back, as PyTorch's fused kernels do
+      const float gi = math::read_gradient(g[i], inv, clip);
+      if constexpr (Store) g[i] = gi;  // the gradient read is written back, as PyTorch's fused kernels do
       math::sgd_update(&p[i], gi, Momentum ? &b[i] : nullptr, first, c);
     }
     if constexpr (!std::is_same_v<L, NoCopy>) store_copies(p + b0, lp + b0, e - b0);
@@ -99,12 +106,13 @@ AMP_SIMD_CLONES void sgd_range(float* __restrict p, float* __restrict g, float* 
 
 template <bool Amsgrad, bool Store, class L>
 AMP_SIMD_CLONES void adam_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
-                                float* __restrict vmax, L* __restrict lp, long n, float inv, math::AdamCoef c) {
+                                float* __restrict vmax, L* __restrict lp, long n, float inv, float clip,
+                                math::AdamCoef c) {
   c.amsgrad = Amsgrad;
   for (long b0 = 0; b0 < n; b0 += kCopyBlock) {
     const long e = std::min(n, b0 + kCopyBlock);
     for (long i = b0; i < e; ++i) {
-      const float gi = math::unscale_element(g[i], inv);
+      const float gi = math::read_gradient(g[i], inv, clip);
       if constexpr (Store) g[i] = gi;
       math::adam_update(&p[i], gi, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
     }
@@ -201,20 +209,21 @@ void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& foun
 void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
                           const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                          const Tensor& lr) {
+                          const Tensor& lr, const NormClip& clip) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
+  const float factor = clip_factor(clip);
   const bool first = step_count.data<float>()[0] == 0.0f;
   const math::SgdCoef c = math::sgd_coef(with_lr(h, lr));
   const bool plain = h.momentum != 0.0 && !h.nesterov && !h.maximize && !first;
   const bool decay = h.weight_decay != 0.0;
-  const bool store = grad_scale.defined() && h.keep_unscaled_grads;
+  const bool store = (grad_scale.defined() || clip.total_norm.defined()) && h.keep_unscaled_grads;
   auto range = [&](size_t t, long i, long n, auto* lp) {
     float* b = h.momentum != 0.0 ? bufs[t].data<float>() + i : nullptr;
     cpu::with_flags(
         [&](auto momentum, auto store_grad, auto plain_case, auto decay_case) {
           sgd_range<momentum.value, store_grad.value, plain_case.value, decay_case.value>(
-              params[t].data<float>() + i, grads[t].data<float>() + i, b, lp, n, inv, first, c);
+              params[t].data<float>() + i, grads[t].data<float>() + i, b, lp, n, inv, factor, first, c);
         },
         b != nullptr, store, plain, decay);
   };
@@ -226,19 +235,20 @@ void CpuBackend::adam_step(const std::vector<Tensor>& params, const std::vector<
                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                            const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                            const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                           const Tensor& lr) {
+                           const Tensor& lr, const NormClip& clip) {
   if (skip_requested(found_inf)) return;
   const float inv = grad_scale.defined() ? math::inverse_scale(grad_scale.data<float>()[0]) : 1.0f;
+  const float factor = clip_factor(clip);
   const float step = step_count.data<float>()[0] + 1.0f;
   const math::AdamCoef c = math::adam_coef(with_lr(h, lr), step);
-  const bool store = grad_scale.defined() && h.keep_unscaled_grads;
+  const bool store = (grad_scale.defined() || clip.total_norm.defined()) && h.keep_unscaled_grads;
   auto range = [&](size_t t, long i, long n, auto* lp) {
     float* vmax = h.amsgrad ? max_exp_avg_sqs[t].data<float>() + i : nullptr;
     cpu::with_flags(
         [&](auto amsgrad, auto store_grad) {
           adam_range<amsgrad.value, store_grad.value>(params[t].data<float>() + i, grads[t].data<float>() + i,
                                                       exp_avgs[t].data<float>() + i, exp_avg_sqs[t].data<float>() + i,
-                                                      vmax, lp, n, inv, c);
+                                                      vmax, lp, n, inv, factor, c);
         },
         vmax != nullptr, store);
   };

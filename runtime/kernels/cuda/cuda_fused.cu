@@ -62,6 +62,11 @@ __device__ __forceinline__ float grad_inverse_scale(const float* grad_scale) {
   return grad_scale != nullptr ? math::inverse_scale(*grad_scale) : 1.0f;
 }
 
+// clip_by_norm's factor for the norm at total_norm, or 1 without clipping (nullptr).
+__device__ __forceinline__ float clip_factor(const float* total_norm, float max_norm) {
+  return total_norm != nullptr ? math::clip_coefficient(*total_norm, max_norm) : 1.0f;
+}
+
 // The parameter's new value into its low-precision copy (element type L; NoCopy: there is none), in
 // the slot after the optimizer's own tensors.
 template <class L>
@@ -76,9 +81,12 @@ struct SgdOp {
   const float* grad_scale;  // non-null: the gradients are still scaled
   SgdHyper h;
   const double* lr;         // non-null: replaces h.lr
+  const float* clip_norm;   // non-null: clipped by this norm (NormClip)
+  float max_norm;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
+    const float clip = clip_factor(clip_norm, max_norm);
     const bool first = *step_count == 0.0f;
     SgdHyper hl = h;
     if (lr != nullptr) hl.lr = *lr;
@@ -87,8 +95,8 @@ struct SgdOp {
     float* grad = static_cast<float*>(p[1]);
     float* buf = Momentum ? static_cast<float*>(p[Momentum ? 2 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      const float g = math::unscale_element(grad[i], inv);
-      if (grad_scale != nullptr && h.keep_unscaled_grads) grad[i] = g;  // written back, as in PyTorch
+      const float g = math::read_gradient(grad[i], inv, clip);
+      if ((grad_scale != nullptr || clip_norm != nullptr) && h.keep_unscaled_grads) grad[i] = g;  // as in PyTorch
       math::sgd_update(&param[i], g, Momentum ? &buf[i] : nullptr, first, c);
       store_copy<L>(p, Momentum ? 3 : 2, i, param[i]);
     }
@@ -101,10 +109,13 @@ struct AdamOp {
   const float* step_count;
   const float* grad_scale;  // non-null: the gradients are still scaled
   AdamHyper h;
-  const double* lr;  // non-null: replaces h.lr
+  const double* lr;         // non-null: replaces h.lr
+  const float* clip_norm;   // non-null: clipped by this norm (NormClip)
+  float max_norm;
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t) const {
     if (skip_requested(found_inf)) return;
     const float inv = grad_inverse_scale(grad_scale);
+    const float clip = clip_factor(clip_norm, max_norm);
     // The fp64 coefficients once per block, as PyTorch computes them once per step on the host.
     AMP_SHARED(math::AdamCoef, c);
     if (threadIdx.x == 0) {
@@ -119,8 +130,8 @@ struct AdamOp {
     float* v = static_cast<float*>(p[3]);
     float* vmax = Amsgrad ? static_cast<float*>(p[Amsgrad ? 4 : 0]) : nullptr;
     AMP_MT_LOOP(i, begin, end) {
-      const float g = math::unscale_element(grad[i], inv);
-      if (grad_scale != nullptr && h.keep_unscaled_grads) grad[i] = g;
+      const float g = math::read_gradient(grad[i], inv, clip);
+      if ((grad_scale != nullptr || clip_norm != nullptr) && h.keep_unscaled_grads) grad[i] = g;
       math::adam_update(&param[i], g, &m[i], &v[i], Amsgrad ? &vmax[i] : nullptr, c);
       store_copy<L>(p, Amsgrad ? 5 : 4, i, param[i]);
     }
@@ -145,6 +156,15 @@ const float* optional_flag(const Tensor& found_inf) {
   if (!found_inf.defined()) return nullptr;
   require_f32(found_inf, "found_inf");
   return found_inf.data<float>();
+}
+
+// A defined clipped norm: 1-element f32 on the device (the optimizer step reads it when it runs).
+const float* optional_norm(const NormClip& clip, const std::vector<Tensor>& params) {
+  if (!clip.total_norm.defined()) return nullptr;
+  require_cuda(clip.total_norm, "optimizer step: the clipped norm");
+  require_device_scalar(clip.total_norm, DType::f32, params.empty() ? clip.total_norm.device() : params[0].device(),
+                        "optimizer step: the clipped norm");
+  return clip.total_norm.data<float>();
 }
 
 // A defined lr: 1-element f64 on the device (the optimizer step reads it when it runs).
@@ -246,21 +266,23 @@ void CudaBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& fou
 void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                            const std::vector<Tensor>& bufs, Tensor& step_count, const SgdHyper& h,
                            const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                           const Tensor& lr) {
+                           const Tensor& lr, const NormClip& clip) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
   const double* lr_at = optional_lr(lr, params);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
+  const float* cn = optional_norm(clip, params);
+  const float mx = static_cast<float>(clip.max_norm);
   using Lists2 = std::array<const std::vector<Tensor>*, 2>;
   using Lists3 = std::array<const std::vector<Tensor>*, 3>;
   // float32 parameters, gradients (written back when still scaled and kept) and momentum buffers.
-  const int64_t g_written = gs != nullptr && h.keep_unscaled_grads ? 4 : 0;
+  const int64_t g_written = (gs != nullptr || cn != nullptr) && h.keep_unscaled_grads ? 4 : 0;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     if (h.momentum != 0.0f)
-      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at},
+      apply_step<L>(Lists3{&params, &grads, &bufs}, copies, SgdOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at, cn, mx},
                     MtCost{12, 8 + g_written, 6});
     else
-      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at},
+      apply_step<L>(Lists2{&params, &grads}, copies, SgdOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at, cn, mx},
                     MtCost{8, 4 + g_written, 3});
   });
   declare_launch_cost(8, 4, 1);
@@ -272,22 +294,24 @@ void CudaBackend::adam_step(const std::vector<Tensor>& params, const std::vector
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const std::vector<Tensor>& max_exp_avg_sqs, Tensor& step_count, const AdamHyper& h,
                             const Tensor& found_inf, const Tensor& grad_scale, const std::vector<Tensor>& copies,
-                            const Tensor& lr) {
+                            const Tensor& lr, const NormClip& clip) {
   require_f32(step_count, "step count");
   const float* flag = optional_flag(found_inf);
   const double* lr_at = optional_lr(lr, params);
   const float* gs = optional_flag(grad_scale);  // same checks: 1-element f32 on the device
+  const float* cn = optional_norm(clip, params);
+  const float mx = static_cast<float>(clip.max_norm);
   using Lists4 = std::array<const std::vector<Tensor>*, 4>;
   using Lists5 = std::array<const std::vector<Tensor>*, 5>;
   dispatch_copies(low_precision_copies_dtype(params, copies), [&](auto L_tag) { using L = decltype(L_tag);
     // float32 parameters, gradients (written back when still scaled and kept), moments (and their maximum).
-    const int64_t g_written = gs != nullptr && h.keep_unscaled_grads ? 4 : 0;
+    const int64_t g_written = (gs != nullptr || cn != nullptr) && h.keep_unscaled_grads ? 4 : 0;
     if (h.amsgrad)
       apply_step<L>(Lists5{&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, copies,
-                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at}, MtCost{20, 16 + g_written, 16});
+                    AdamOp<true, L>{flag, step_count.data<float>(), gs, h, lr_at, cn, mx}, MtCost{20, 16 + g_written, 16});
     else
       apply_step<L>(Lists4{&params, &grads, &exp_avgs, &exp_avg_sqs}, copies,
-                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at}, MtCost{16, 12 + g_written, 14});
+                    AdamOp<false, L>{flag, step_count.data<float>(), gs, h, lr_at, cn, mx}, MtCost{16, 12 + g_written, 14});
   });
   declare_launch_cost(8, 4, 1);
   AMP_LAUNCH(1, 1, 0, context().stream(), step_count_kernel)(step_count.data<float>(), flag);
