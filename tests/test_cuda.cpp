@@ -654,6 +654,20 @@ TEST_F(CudaVsCpu, FusedCrossEntropyNeverHoldsTheLogitsInFp32) {
   EXPECT_LT(fused, f32_logits) << "the fused loss's peak: " << fused << " bytes";
   const int64_t composite = peak_over([&] { (void)grad({cross_entropy(x.to(DType::f32), target)}, {x}); });
   EXPECT_GT(composite, 2 * f32_logits) << "the control: cross_entropy's peak " << composite << " bytes";
+  // Logits made in the step and held by nothing else (the GPT's lm_head output; here x * 1): the
+  // gradient is written over them, so the peak holds them and the gradient mul's backward makes, two
+  // [N, V] bf16 tensors, not three (the control: the test holds them).
+  const int64_t bf16_logits = rows * cols * 2;
+  const int64_t over = peak_over([&] {
+    const Tensor loss = fused_cross_entropy(mul(x, 1.0), target, 2000);  // mul's output dies here
+    (void)grad({loss}, {x});
+  });
+  EXPECT_LT(over, 5 * bf16_logits / 2) << "written over the logits: a peak of " << over << " bytes";
+  const int64_t held = peak_over([&] {
+    const Tensor logits = mul(x, 1.0);
+    (void)grad({fused_cross_entropy(logits, target, 2000)}, {x});
+  });
+  EXPECT_GE(held, 3 * bf16_logits) << "the control: logits held, a peak of " << held << " bytes";
 }
 
 TEST_F(CudaVsCpu, RandomFillsUseTheSameCounterStream) {

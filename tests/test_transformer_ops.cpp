@@ -414,6 +414,29 @@ TEST(TransformerOps, FusedCrossEntropyIsTheLossAndGradientInFp64) {
 
 // In fp64 the fused loss is cross_entropy's (log_softmax then nll_loss) on the classes' columns, and
 // so is its gradient; bad arguments are refused, and a target outside the classes throws.
+// The fused loss's backward writes the gradient over the logits when nothing else holds them and
+// the graph goes with the backward (the GPT's lm_head output): the gradient of logits the test keeps
+// (written apart, the logits left as they were), and a graph kept for a second backward
+// (retain_graph) is read intact: both backwards give that gradient.
+TEST(TransformerOps, FusedCrossEntropyWritesOverLogitsOnlyWhenNothingNeedsThem) {
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const Tensor x = rnd({9, 40}, 111, -4, 4, dt).set_requires_grad(true);
+    const Tensor target = from_int64({0, 5, 31, 2, 17, 7, 8, 19, 1}, {9});
+    const Tensor held = mul(x, 1.0);
+    const std::vector<double> logits = held.to_vector();
+    const Tensor g_held = grad({fused_cross_entropy(held, target, 32)}, {x})[0];
+    EXPECT_EQ(held.to_vector(), logits) << dtype_name(dt);
+    const Tensor dropped = fused_cross_entropy(mul(x, 1.0), target, 32);  // mul's output dies here
+    const Tensor g_dropped = grad({dropped}, {x})[0];
+    EXPECT_TRUE(test::bitwise_equal(g_dropped, g_held)) << dtype_name(dt);
+    const Tensor loss = fused_cross_entropy(mul(x, 1.0), target, 32);
+    const Tensor g1 = grad({loss}, {x}, {}, true)[0];
+    const Tensor g2 = grad({loss}, {x})[0];
+    EXPECT_TRUE(test::bitwise_equal(g1, g_held)) << dtype_name(dt);
+    EXPECT_TRUE(test::bitwise_equal(g2, g_held)) << dtype_name(dt) << ": the second backward";
+  }
+}
+
 TEST(TransformerOps, FusedCrossEntropyIsTheCompositeAndChecksItsArguments) {
   const Tensor x = rnd({9, 40}, 72, -4, 4).set_requires_grad(true);
   const Tensor target = from_int64({0, 5, 31, 2, 30, 7, 8, 19, 1}, {9});

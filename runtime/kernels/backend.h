@@ -63,7 +63,8 @@ class Backend {
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t classes, Tensor& lse,
                              Tensor& loss) = 0;
   // Its gradient, the other pass: gx[r, c] = (grad / N) (e^(x[r, c] - lse[r]) - [c == t_r]) for c <
-  // classes, 0 past it (math::cross_entropy_grad), in the logits' dtype; grad is the loss's [].
+  // classes, 0 past it (math::cross_entropy_grad), in the logits' dtype; grad is the loss's []. gx may
+  // be logits (written over them).
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                       const Tensor& grad, int64_t classes, Tensor& gx) = 0;
   // Fills with U[lo, hi) or N(mean, std) from a counter-based stream: element i uses counter offset + i.

@@ -15,6 +15,7 @@ namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 thread_local bool t_grad_enabled = true;
 thread_local bool t_accumulating = false;
+thread_local bool t_releasing = false;
 std::atomic<uint64_t> g_backward_count{0};
 thread_local uint64_t t_backward_id = 0;  // this thread's current backward(), 0 outside
 
@@ -40,6 +41,7 @@ thread_local Applying t_applying;
 }  // namespace
 
 bool accumulating_backward() { return t_accumulating; }
+bool releasing_graph() { return t_releasing; }
 
 Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   const Applying& a = t_applying;
@@ -164,6 +166,7 @@ struct Engine {
   bool accumulate = true;
 
   void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds, bool retain_graph) {
+    ScopedFlag releasing(&t_releasing, !retain_graph);
     std::vector<std::shared_ptr<Node>> root_nodes;
     std::unordered_map<Node*, Tensor> buffers;
     for (size_t i = 0; i < roots.size(); ++i) {

@@ -77,6 +77,9 @@ class NoGradGuard {
 
 // True inside backward() (gradients go to .grad), false inside grad() and outside autograd.
 bool accumulating_backward();
+// True inside a backward() or grad() that frees the graph as it ends (no retain_graph): what a node
+// saved is read for the last time, so its backward may write over a saved tensor nothing else holds.
+bool releasing_graph();
 // The memory an op may compute `leaf`'s gradient into: its grad_destination, inside backward() (never
 // grad()), without a graph of the gradient, for a leaf without a gradient yet, of `dtype`, and only
 // for the first gradient of this backward to ask (a leaf used twice gets its second one elsewhere:

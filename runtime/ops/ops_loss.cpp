@@ -117,7 +117,9 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t c
   const Tensor saved = logits.detach();
   return record("FusedCrossEntropyBackward", loss, {logits}, [saved, target, lse, classes](const Tensor& g) {
     if (GradMode::enabled()) throw std::logic_error("fused_cross_entropy: double backward is not supported");
-    Tensor gx = empty_like(saved);
+    // Written over the logits when nothing else holds them and the graph goes after this backward:
+    // no second [N, V] tensor (the GPT's largest) at the step's peak.
+    Tensor gx = releasing_graph() && saved.impl()->storage.use_count() == 1 ? saved : empty_like(saved);
     backend_for(saved.device()).cross_entropy_backward(saved, target, lse, g.dtype() == lse.dtype() ? g : g.to(lse.dtype()),
                                                        classes, gx);
     return std::vector<Tensor>{gx};

@@ -82,12 +82,13 @@ __global__ void __launch_bounds__(1024) cross_entropy_loss_kernel(const T* x, co
   if (threadIdx.x == 0) loss[0] = static_cast<C>(acc / static_cast<double>(rows));
 }
 
-// One block per row: the logits' gradient, written in their dtype, 0 past `classes`.
+// One block per row: the logits' gradient, written in their dtype, 0 past `classes`; gx may be x
+// (each thread reads an element before it writes it, and no other thread reads it).
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* __restrict__ x, const int64_t* __restrict__ target,
+__global__ void cross_entropy_backward_kernel(const T* x, const int64_t* __restrict__ target,
                                               const typename DevElem<T>::Compute* __restrict__ lse,
                                               const typename DevElem<T>::Compute* __restrict__ grad, int64_t rows,
-                                              int64_t cols, int64_t classes, T* __restrict__ gx) {
+                                              int64_t cols, int64_t classes, T* gx) {
   using C = typename DevElem<T>::Compute;
   const int64_t r = blockIdx.x;
   const C scale = grad[0] / static_cast<C>(rows), l = lse[r];
