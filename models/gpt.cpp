@@ -99,23 +99,29 @@ class Block final : public nn::Module {
     register_module("ln_2", ln_2);
     register_module("mlp", mlp);
   }
+  // Each LayerNorm writes its output in the dtype of the linear layer it feeds (autocast's cast in
+  // its pass), and each residual add and the LayerNorm after it make one pass.
   Tensor forward(const Tensor& x) override {
-    // Each LayerNorm writes its output in the dtype of the linear layer it feeds (autocast's cast in
-    // its pass).
-    const Tensor h = add(x, (*attn)(ln_1->into_linear(x, attn->c_attn->weight)));
-    return add(h, (*mlp)(ln_2->into_linear(h, mlp->c_fc->weight)));
+    const auto [h, normed_2] = attend(x, ln_1->into_linear(x, attn->c_attn->weight));
+    return add(h, (*mlp)(normed_2));
   }
-  // forward's numbers with each residual add and the LayerNorm after it in one pass: x the stream and
-  // normed ln_1's output of it; returns the stream after the block and `next`'s output of it (written
-  // for the linear of weight next_weight).
+  // forward, with the last residual add and the LayerNorm after the block (`next`: the next block's
+  // ln_1, or ln_f) in one pass: x the stream and normed ln_1's output of it; returns the stream after
+  // the block and next's output of it (written for the linear of weight next_weight).
   std::pair<Tensor, Tensor> forward_stream(const Tensor& x, const Tensor& normed, const nn::LayerNorm& next,
                                            const Tensor& next_weight) {
-    const auto [h, normed_2] = ln_2->add_into_linear(x, (*attn)(normed), mlp->c_fc->weight);
+    const auto [h, normed_2] = attend(x, normed);
     return next.add_into_linear(h, (*mlp)(normed_2), next_weight);
   }
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<Mlp> mlp;
+
+ private:
+  // The stream after the attention's residual add, and ln_2's output of it.
+  std::pair<Tensor, Tensor> attend(const Tensor& x, const Tensor& normed) {
+    return ln_2->add_into_linear(x, (*attn)(normed), mlp->c_fc->weight);
+  }
 };
 
 // A container named as torch.nn.ModuleDict / ModuleList children are: its forward is unused.

@@ -250,6 +250,19 @@ TEST(Autograd, CastAndLayerNormGradientsLandInTheirDestinations) {
   }
 }
 
+// One tensor handed to two inputs (add(x, x)'s backward gives its gradient to both, and x + (x + w)'s
+// inner add passes it on unchanged) is added twice, not taken for a sum made in place.
+TEST(Autograd, OneGradientGivenToTwoInputsCountsTwice) {
+  const Tensor x = from_vector({1.0, -2.0, 3.0}, {3}).set_requires_grad(true);
+  const Tensor w = from_vector({0.5, 0.25, 4.0}, {3}).set_requires_grad(true);
+  EXPECT_EQ(grad({sum(add(x, x))}, {x})[0].to_vector(), std::vector<double>(3, 2.0));
+  const V g = grad({sum(add(x, add(x, w)))}, {x, w});
+  EXPECT_EQ(g[0].to_vector(), std::vector<double>(3, 2.0));
+  EXPECT_EQ(g[1].to_vector(), std::vector<double>(3, 1.0));
+  const Tensor p = mul(x, 3.0);  // a node's buffer, not a leaf's
+  EXPECT_EQ(grad({sum(add(p, p))}, {x})[0].to_vector(), std::vector<double>(3, 6.0));
+}
+
 TEST(Autograd, ErrorsAreClear) {
   Tensor x = from_vector({1.0}, {1});
   EXPECT_THROW(sum(x).backward(), std::runtime_error);  // nothing requires grad

@@ -412,8 +412,6 @@ TEST(TransformerOps, FusedCrossEntropyIsTheLossAndGradientInFp64) {
   }
 }
 
-// In fp64 the fused loss is cross_entropy's (log_softmax then nll_loss) on the classes' columns, and
-// so is its gradient; bad arguments are refused, and a target outside the classes throws.
 // The fused loss's backward writes the gradient over the logits when nothing else holds them and
 // the graph goes with the backward (the GPT's lm_head output): the gradient of logits the test keeps
 // (written apart, the logits left as they were), and a graph kept for a second backward
@@ -435,8 +433,21 @@ TEST(TransformerOps, FusedCrossEntropyWritesOverLogitsOnlyWhenNothingNeedsThem) 
     EXPECT_TRUE(test::bitwise_equal(g1, g_held)) << dtype_name(dt);
     EXPECT_TRUE(test::bitwise_equal(g2, g_held)) << dtype_name(dt) << ": the second backward";
   }
+  // A backward that stops with an exception after the loss's node (a hook throws) leaves the graph,
+  // its logits written over: a second backward is refused, not run on the gradient as logits.
+  Tensor x = rnd({9, 40}, 112, -4, 4, DType::f32).set_requires_grad(true);
+  bool fail = true;
+  x.register_post_accumulate_grad_hook([&fail](const Tensor&) {
+    if (fail) throw std::runtime_error("the hook fails");
+  });
+  const Tensor loss = fused_cross_entropy(mul(x, 1.0), from_int64({0, 5, 31, 2, 17, 7, 8, 19, 1}, {9}), 32);
+  EXPECT_THROW(loss.backward(), std::runtime_error);
+  fail = false;
+  EXPECT_THROW(loss.backward(), std::runtime_error);
 }
 
+// In fp64 the fused loss is cross_entropy's (log_softmax then nll_loss) on the classes' columns, and
+// so is its gradient; bad arguments are refused, and a target outside the classes throws.
 TEST(TransformerOps, FusedCrossEntropyIsTheCompositeAndChecksItsArguments) {
   const Tensor x = rnd({9, 40}, 72, -4, 4).set_requires_grad(true);
   const Tensor target = from_int64({0, 5, 31, 2, 30, 7, 8, 19, 1}, {9});

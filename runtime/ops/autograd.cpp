@@ -1,9 +1,11 @@
 #include "runtime/ops/autograd.h"
 
+#include <algorithm>
 #include <queue>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "runtime/kernels/backend.h"
 #include "runtime/ops/autocast_policy.h"
@@ -36,6 +38,7 @@ class ScopedFlag {
 struct Applying {
   const Node* node = nullptr;
   std::unordered_map<Node*, Tensor>* buffers = nullptr;
+  std::vector<std::pair<size_t, const TensorImpl*>>* taken = nullptr;  // (input, the buffer handed out)
 };
 thread_local Applying t_applying;
 }  // namespace
@@ -55,6 +58,7 @@ Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   if (!private_buffer || buf.dtype() != like.dtype() || buf.shape() != like.shape() || buf.device() != like.device() ||
       buf.requires_grad())
     return Tensor();
+  a.taken->emplace_back(input, buf.impl());
   return buf;
 }
 
@@ -222,6 +226,7 @@ struct Engine {
       auto cap = capture_index.find(n);
       if (cap != capture_index.end()) captured[cap->second] = g;
       std::vector<Tensor> grads;
+      std::vector<std::pair<size_t, const TensorImpl*>> taken;  // buffers the node summed into
       if (dynamic_cast<AccumulateGrad*>(n) != nullptr) {
         if (accumulate && g.defined()) n->apply(g);
       } else if (g.defined()) {
@@ -229,7 +234,7 @@ struct Engine {
           Applying outer;
           ~Restore() { t_applying = outer; }
         } restore{t_applying};
-        t_applying = {n, &buffers};
+        t_applying = {n, &buffers, &taken};
         grads = n->apply(g);
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
@@ -237,9 +242,12 @@ struct Engine {
         if (!next) continue;
         if (i < grads.size() && grads[i].defined()) {
           Tensor& buf = buffers[next];
-          // The op summed into the buffer itself (take_gradient_so_far): that is the sum.
+          // The op summed into the buffer it was handed for this input (take_gradient_so_far): that
+          // is the sum. (One tensor given to two inputs, as add(x, x)'s backward gives, is added.)
+          const bool summed = std::find(taken.begin(), taken.end(), std::pair<size_t, const TensorImpl*>{
+                                            i, grads[i].impl()}) != taken.end();
           if (!buf.defined()) buf = grads[i];
-          else if (buf.impl() != grads[i].impl()) buf = add(buf, grads[i]);
+          else if (!(summed && buf.impl() == grads[i].impl())) buf = add(buf, grads[i]);
         }
         if (--dependencies[next] == 0) ready.push(next);
       }

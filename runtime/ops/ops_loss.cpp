@@ -1,5 +1,6 @@
 // Softmax, log-softmax and the losses. Backward formulas recompute the softmax from the input, so
 // that they stay differentiable (double backward) without saving outputs (no reference cycles).
+#include <memory>
 #include <stdexcept>
 
 #include "runtime/ops/autocast_policy.h"
@@ -115,11 +116,16 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t c
   Tensor lse = empty({rows}, acc, logits.device()), loss = empty({}, acc, logits.device());
   backend_for(logits.device()).cross_entropy(logits, target, classes, lse, loss);
   const Tensor saved = logits.detach();
-  return record("FusedCrossEntropyBackward", loss, {logits}, [saved, target, lse, classes](const Tensor& g) {
+  const auto overwritten = std::make_shared<bool>(false);
+  return record("FusedCrossEntropyBackward", loss, {logits}, [saved, target, lse, classes, overwritten](const Tensor& g) {
     if (GradMode::enabled()) throw std::logic_error("fused_cross_entropy: double backward is not supported");
+    if (*overwritten)  // a backward that would have freed the graph stopped after this node (an exception)
+      throw std::runtime_error("fused_cross_entropy: a backward that did not finish has written the gradient over "
+                               "the saved logits; run the forward again");
     // Written over the logits when nothing else holds them and the graph goes after this backward:
     // no second [N, V] tensor (the GPT's largest) at the step's peak.
     Tensor gx = releasing_graph() && saved.impl()->storage.use_count() == 1 ? saved : empty_like(saved);
+    *overwritten = gx.data_ptr() == saved.data_ptr();
     backend_for(saved.device()).cross_entropy_backward(saved, target, lse, g.dtype() == lse.dtype() ? g : g.to(lse.dtype()),
                                                        classes, gx);
     return std::vector<Tensor>{gx};

@@ -289,6 +289,10 @@ void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Te
 void CudaBackend::add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
                                       Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) {
   require_layer_norm_operands({&a, &b, &w, &bias, &sum, &y, &mean, &rstd}, "add_layer_norm_cast: operand");
+  if (b.shape() != a.shape() || sum.shape() != a.shape() || y.shape() != a.shape() || sum.dtype() != a.dtype() ||
+      result_type(a.dtype(), false, b.dtype(), false) != a.dtype())
+    throw std::invalid_argument("add_layer_norm_cast: expected a, b, sum and y of one shape, sum in a's dtype, and b "
+                                "no wider than a");
   if (a.dtype() != DType::f32 && a.dtype() != DType::f64) {
     Backend::add_layer_norm_cast(a, b, w, bias, eps, sum, y, mean, rstd);
     return;
