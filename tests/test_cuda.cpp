@@ -1833,6 +1833,14 @@ TEST_F(CudaVsCpu, AddThenLayerNormInOnePassBitForBit) {
       EXPECT_TRUE(matches(m2, m1, 0) && matches(r2, r1, 0)) << what;
     }
   }
+  // Refused: a branch wider than the stream (add() would widen the sum), and shapes that differ.
+  const Tensor a = random_cpu({4, 64}, DType::f32, 99).to(kGPU), w = random_cpu({64}, DType::f32, 100).to(kGPU);
+  Tensor h = empty({4, 64}, DType::f32, kGPU), y = empty({4, 64}, DType::bf16, kGPU);
+  Tensor m = empty({4}, DType::f32, kGPU), r = empty({4}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().add_layer_norm_cast(a, random_cpu({4, 64}, DType::f64, 101).to(kGPU), w, w, 1e-5, h, y, m, r),
+               std::invalid_argument);
+  EXPECT_THROW(gpu().add_layer_norm_cast(a, random_cpu({2, 128}, DType::f32, 102).to(kGPU), w, w, 1e-5, h, y, m, r),
+               std::invalid_argument);
 }
 
 TEST_F(CudaVsCpu, PermuteEveryOrderOfFourDims) {
