@@ -14,6 +14,7 @@
 #   ccache              optional: CMake uses it when present, and rebuilds get much faster.
 #   bible-kjv           the main job's corpus: the King James Bible (public domain), 4.4 MB of English
 #                       that `bible -f "Genesis1:1-Revelation22:21"` prints (launch/scripts/run_example.sh).
+#   .deps/cudnn-frontend-VERSION  cudnn-frontend's headers from PyPI's wheel, pinned (below).
 #   --plot              installs only python3-matplotlib, for launch/scripts/plot_metrics.py (launch/scripts/run_example.sh
 #                       draws its run with it): kept out of the list above, which the build, the tests and
 #                       CI install, so that nothing they check depends on it; optional (exit 0 without it).
@@ -38,6 +39,43 @@ declare -A optional=([clang]="the safetensors fuzz target" [libclang-rt-14-dev]=
                      [slurm-wlm]="the slurm test (tests/scripts/slurm_check.sh)" [munge]="the slurm test (tests/scripts/slurm_check.sh)"
                      [python3-matplotlib]="drawing a metrics file (launch/scripts/plot_metrics.py)")
 $plot && packages=(python3-matplotlib)
+# cuDNN's fused attention (--attention cudnn) is built against cudnn-frontend's headers, which PyPI's
+# nvidia-cudnn-frontend wheel carries: the release made for cuDNN 9.19 (the toolkit's), pinned by its
+# hash, unpacked into .deps/ once. A build time input only: the library itself, libcudnn, is loaded at
+# run time from the node. Optional: without it the build says so and --attention cudnn is refused.
+fe_version=1.19.1
+fe_wheel=nvidia_cudnn_frontend-1.19.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+fe_sha256=241fba15057135fed04223c5e7171a44bb407cb67d706255f072192553984792
+fetch_cudnn_frontend() {
+  local root dest tmp
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  dest=$root/.deps/cudnn-frontend-$fe_version
+  [[ -f $dest/include/cudnn_frontend.h ]] && return 0
+  tmp=$(mktemp -d)
+  # The headers are the same in every wheel of the release: this one is asked for by name, whatever
+  # the local Python.
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+         --platform manylinux_2_28_x86_64 "nvidia-cudnn-frontend==$fe_version" -d "$tmp" >/dev/null 2>&1 ||
+     [[ ! -f $tmp/$fe_wheel ]]; then
+    echo "setup: could not download nvidia-cudnn-frontend==$fe_version from PyPI (optional: --attention cudnn)" >&2
+    rm -rf "$tmp"; return 0
+  fi
+  if [[ $(sha256sum "$tmp/$fe_wheel" | cut -d' ' -f1) != "$fe_sha256" ]]; then
+    echo "setup: $fe_wheel does not have the pinned sha256 $fe_sha256: not used" >&2
+    rm -rf "$tmp"; return 0
+  fi
+  python3 - "$tmp/$fe_wheel" "$tmp/unpacked" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  mkdir -p "$root/.deps"
+  rm -rf "$dest.partial" && mkdir -p "$dest.partial" && mv "$tmp/unpacked/include" "$dest.partial/include"
+  mv "$dest.partial" "$dest"  # whole, or not there: a build never sees half of it
+  rm -rf "$tmp"
+  echo "setup: cudnn-frontend $fe_version's headers in .deps/cudnn-frontend-$fe_version" >&2
+}
+$plot || $slurm || fetch_cudnn_frontend
 $slurm && packages=(slurm-wlm munge)
 # Other distributions' names for the same thing, tried when a name does not exist there.
 declare -A alternative=([libclang-rt-14-dev]="libclang-rt-dev libclang-common-14-dev")

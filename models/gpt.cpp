@@ -46,7 +46,7 @@ struct DropoutState {
 class CausalSelfAttention final : public nn::Module {
  public:
   CausalSelfAttention(const GptConfig& c, Generator& gen, Device device, const DropoutState* drop, uint64_t site)
-      : n_head_(c.n_head), fused_(c.fused_attention), drop_(drop), site_(site) {
+      : n_head_(c.n_head), kernels_(c.attention), drop_(drop), site_(site) {
     c_attn = std::make_shared<nn::Linear>(c.n_embd, 3 * c.n_embd, gen, true, device);
     c_proj = std::make_shared<nn::Linear>(c.n_embd, c.n_embd, gen, true, device);
     register_module("c_attn", c_attn);
@@ -57,14 +57,14 @@ class CausalSelfAttention final : public nn::Module {
     const int64_t T = x.size(1);
     const Tensor y = causal_attention(
         (*c_attn)(x), n_head_,
-        {.dropout_p = drop_->rate(), .dropout = drop_->counters(site_, n_head_ * T * T), .fused = fused_});
+        {.dropout_p = drop_->rate(), .dropout = drop_->counters(site_, n_head_ * T * T), .kernels = kernels_});
     return drop_->apply((*c_proj)(y), site_ + 1);
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
 
  private:
   int64_t n_head_;
-  bool fused_;
+  AttentionKernels kernels_;
   const DropoutState* drop_;
   uint64_t site_;
 };

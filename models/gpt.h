@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "models/training_model.h"
+#include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
 
 namespace amp::models {
@@ -23,7 +24,7 @@ struct GptConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;
   double dropout = 0.0;
-  bool fused_attention = true;  // where the backend has it (--attention auto); false: the composite
+  AttentionKernels attention = AttentionKernels::automatic;  // --attention (runtime/ops/ops.h)
   // The MLP's GELU: erf (nanoGPT's, PyTorch's F.gelu; the default), or the tanh form (--gelu tanh:
   // GPT-2's own, Hugging Face's gelu_new), which GPT-2's published weights were trained with.
   bool gelu_tanh = false;

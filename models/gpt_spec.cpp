@@ -14,6 +14,7 @@
 #include "models/gpt_hf.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
+#include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/rng_math.h"
 
 namespace amp::models {
@@ -89,6 +90,30 @@ class GptSpec final : public ModelSpec {
                                   "bible-kjv)");
     if (ram > 0) check_memory(run, ram);
     (void)token_data(run.data);  // after the sizes: they are refused whatever the data
+    if (c_.attention == AttentionKernels::cudnn) {
+      const std::string why = cudnn_refusal(run);
+      if (!why.empty()) throw std::invalid_argument("--attention cudnn: " + why + " (--attention auto falls back)");
+    }
+    attention_note_ = attention_note(run);
+  }
+  // What attention a GPU run computes with, for the run's first line (rank 0 prints it once; the op
+  // falls back without a word): cuDNN's, or ours and why not cuDNN's.
+  std::string attention_note(const RunShape& run) const {
+    if (run.device != DeviceType::cuda || !run.autocast || c_.dropout > 0.0) return "";
+    if (c_.attention == AttentionKernels::cudnn) return ", attention by " + cudnn_describe();
+    if (c_.attention != AttentionKernels::automatic) return "";
+    const std::string why = cudnn_attention_unavailable(run.autocast_dtype, c_.n_embd / c_.n_head);
+    return why.empty() ? ", attention by " + cudnn_describe()
+                       : ", attention not by cuDNN (" + why + ")";
+  }
+  // Why cuDNN's attention cannot run this run, or "". The library is asked once the device is a GPU.
+  std::string cudnn_refusal(const RunShape& run) const {
+    if (c_.dropout > 0.0)
+      return "cuDNN's attention runs without dropout, and --dropout is " + std::to_string(c_.dropout);
+    if (run.device == DeviceType::cpu) return "cuDNN runs on a GPU, and this run trains on the CPU";
+    if (!run.autocast) return "cuDNN's attention runs in bf16 or fp16: add --amp bf16 or --amp fp16";
+    if (run.device == DeviceType::cuda) return cudnn_attention_unavailable(run.autocast_dtype, c_.n_embd / c_.n_head);
+    return "";
   }
   void check_memory(const RunShape& run, long double ram) const {
     const MemoryEstimate m = memory_estimate(run);
@@ -146,7 +171,7 @@ class GptSpec final : public ModelSpec {
   std::string describe(const std::string& data) const override {
     return "gpt " + std::to_string(c_.n_layer) + " layers x " + std::to_string(c_.n_head) + " heads x " +
            std::to_string(c_.n_embd) + " wide, block " + std::to_string(c_.block_size) +
-           (c_.gelu_tanh ? ", GELU tanh" : "") + ", on " + data;
+           (c_.gelu_tanh ? ", GELU tanh" : "") + attention_note_ + ", on " + data;
   }
   std::string size_flags() const override { return "are --n-embd, --n-layer, --block-size or --batch-size"; }
   // Hugging Face's GPT-2 layout (models/gpt_hf.h) in, recognised by its Conv1D shapes, and out as "hf".
@@ -199,6 +224,7 @@ class GptSpec final : public ModelSpec {
 
  private:
   GptConfig c_;
+  mutable std::string attention_note_;  // set by check() once the device is known (describe())
   SampleOptions sample_;
   std::string prompt_;
   DataFlags data_;
@@ -222,7 +248,8 @@ ModelKind gpt_kind() {
                                      "llmc, or u16 (nanoGPT's headerless uint16 train.bin)"},
              {"val-data", "", "gpt: validation token shards (a file or a quoted glob); text keeps its last tenth"},
              {"vocab-size", "auto", "gpt: the vocabulary: 256 for text (auto); token data needs it (50257: GPT-2's)"},
-             {"attention", "auto", "gpt: auto (the fused kernels where the device has them and dropout is 0) or composite"},
+             {"attention", "auto", "gpt: auto (cuDNN's fused attention where it runs, else our fused kernels, with dropout "
+                                   "0), cudnn (refused where it cannot run), fused (ours), or composite"},
              {"gelu", "erf", "gpt: the MLP's GELU: erf (nanoGPT's) or tanh (GPT-2's own, Hugging Face's gelu_new)"},
              {"sample-tokens", "0", "gpt: print N bytes sampled from the model at the end (0: none)"},
              {"temperature", "0.8", "gpt: sampling temperature"},
@@ -239,9 +266,11 @@ ModelKind gpt_kind() {
     c.block_size = r.integer("block-size", 1);
     c.dropout = r.number("dropout");
     const std::string attention = r.text("attention");
-    if (attention != "auto" && attention != "composite")
-      throw std::invalid_argument("--attention must be auto or composite, got '" + attention + "'");
-    c.fused_attention = attention == "auto";
+    if (attention == "auto") c.attention = AttentionKernels::automatic;
+    else if (attention == "cudnn") c.attention = AttentionKernels::cudnn;
+    else if (attention == "fused") c.attention = AttentionKernels::fused;
+    else if (attention == "composite") c.attention = AttentionKernels::composite;
+    else throw std::invalid_argument("--attention must be auto, cudnn, fused or composite, got '" + attention + "'");
     const std::string gelu = r.text("gelu");
     if (gelu != "erf" && gelu != "tanh") throw std::invalid_argument("--gelu must be erf or tanh, got '" + gelu + "'");
     c.gelu_tanh = gelu == "tanh";

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 
 #include "jd/aggregator.h"
 #include "models/data/dataset.h"
+#include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
 #include "models/training_model.h"
 #include "runtime/core/safetensors.h"
 #include "runtime/ops/random.h"
@@ -35,6 +38,9 @@ struct RunShape {
   int64_t batch_size = 1;  // samples per rank per micro-batch
   int optimizer_slots = 2;  // fp32 values the optimizer keeps per parameter (SGD 0, with momentum 1, AdamW 2)
   bool autocast = false;  // --amp fp16|bf16: 16-bit copies of the parameters, and of activations
+  DType autocast_dtype = DType::f32;  // --amp's dtype (f32 without autocast)
+  // The device, once chosen: the trainer's check has it; the CLI's, which run before, do not.
+  std::optional<DeviceType> device;
 };
 
 // What a run keeps resident at its peak on the CPU, in bytes: a bound, within 1.5x of what it uses

@@ -112,6 +112,11 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--temperature 0", "--temperature"},   {gpt + "--top-k 0", "--top-k"},
       {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
       {gpt + "--gelu new", "--gelu"},               {mlp + "--gelu tanh", "--gelu"},
+      // cuDNN's attention where it cannot run: named with the reason, before any step.
+      {gpt + "--attention cudnn --device cpu --amp bf16", "--attention cudnn: cuDNN runs on a GPU, and this run trains on the CPU"},
+      {gpt + "--attention cudnn --dropout 0.1", "--attention cudnn: cuDNN's attention runs without dropout"},
+      {gpt + "--attention cudnn --device cpu", "--attention cudnn: cuDNN runs on a GPU"},
+      {gpt + "--attention cudnn", "--attention cudnn: "},  // --device auto: refused once the device is chosen
       {gpt + "--checkpoint-every -1", "--checkpoint-every"},
       {gpt + "--checkpoint-dir ck --keep-checkpoints 0", "--keep-checkpoints"},
       {gpt + "--width 64", "--width"},              {mlp + "--n-layer 2", "--n-layer"},

@@ -1972,12 +1972,83 @@ TEST_F(CudaVsCpu, HostToDeviceCopiesGoThroughReusedPinnedSlots) {
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
-// The fused attention against causal attention written out here in double from the same inputs:
-// y, each row's log-sum-exp, and the three gradients (dv_j = sum_i p_ij gy_i; ds_ij = p_ij (gy_i .
-// v_j - gy_i . y_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i). T = 37, 70 and
-// 130: partial row blocks and key tiles, keys of two and three tiles. Within a few units of the
-// dtype's rounding of the largest value (the sums are fp32; the probabilities and their gradients
-// are rounded to the dtype before their products, as FlashAttention does, and each output once).
+// Causal attention written out in double from qkv [B, T, 3C] and gy [B, T, C]: y, each row's
+// log-sum-exp, and the three gradients (dv_j = sum_i p_ij gy_i; ds_ij = p_ij (gy_i . v_j - gy_i .
+// y_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i).
+struct AttentionInDouble {
+  std::vector<double> y, lse, dqkv;
+};
+AttentionInDouble attention_in_double(const std::vector<double>& x, const std::vector<double>& g, int64_t B, int64_t T,
+                                      int64_t H, int64_t D, double scale) {
+  const int64_t C = H * D;
+  AttentionInDouble r{std::vector<double>(static_cast<size_t>(B * T * C)), std::vector<double>(static_cast<size_t>(B * H * T)),
+                      std::vector<double>(static_cast<size_t>(B * T * 3 * C), 0.0)};
+  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
+    return static_cast<size_t>((b * T + t) * 3 * C + part * C + h * D + d);
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> P(static_cast<size_t>(T * T), 0.0);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> sc(static_cast<size_t>(i + 1));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += x[at(b, i, 0, h, d)] * x[at(b, j, 1, h, d)];
+          sc[static_cast<size_t>(j)] = scale * dot;
+          mx = std::max(mx, scale * dot);
+        }
+        for (double v : sc) sum += std::exp(v - mx);
+        r.lse[static_cast<size_t>((b * H + h) * T + i)] = mx + std::log(sum);
+        for (int64_t j = 0; j <= i; ++j) P[static_cast<size_t>(i * T + j)] = std::exp(sc[static_cast<size_t>(j)] - mx) / sum;
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += P[static_cast<size_t>(i * T + j)] * x[at(b, j, 2, h, d)];
+          r.y[static_cast<size_t>((b * T + i) * C + h * D + d)] = acc;
+        }
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        const size_t gi = static_cast<size_t>((b * T + i) * C + h * D);
+        double di = 0;
+        for (int64_t d = 0; d < D; ++d) di += g[gi + static_cast<size_t>(d)] * r.y[gi + static_cast<size_t>(d)];
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = P[static_cast<size_t>(i * T + j)];
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += g[gi + static_cast<size_t>(d)] * x[at(b, j, 2, h, d)];
+          const double ds = p * (dp - di);
+          for (int64_t d = 0; d < D; ++d) {
+            r.dqkv[at(b, j, 2, h, d)] += p * g[gi + static_cast<size_t>(d)];
+            r.dqkv[at(b, i, 0, h, d)] += scale * ds * x[at(b, j, 1, h, d)];
+            r.dqkv[at(b, j, 1, h, d)] += scale * ds * x[at(b, i, 0, h, d)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// Fused attention's y, lse and dqkv within a few units of the dtype's rounding of the largest value
+// (the sums are fp32; the probabilities and their gradients are rounded to the dtype before their
+// products, as FlashAttention does, and each output once).
+void expect_attention_close(DType dt, const Tensor& y, const Tensor& lse, const Tensor& dqkv, const AttentionInDouble& want) {
+  const double u = dt == DType::f16 ? 0x1p-11 : 0x1p-8;
+  auto check = [&](const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
+    double largest = 0;
+    for (double v : ref) largest = std::max(largest, std::fabs(v));
+    int bad = 0;
+    for (size_t k = 0; k < ref.size() && bad < 5; ++k)
+      if (!(std::fabs(got[k] - ref[k]) <= 4 * u * largest)) {
+        ++bad;
+        ADD_FAILURE() << what << "[" << k << "]: cuda " << got[k] << " vs " << ref[k] << " (largest " << largest << ")";
+      }
+  };
+  check(y.to(kCPU).to_vector(), want.y, "y");
+  check(lse.to(kCPU).to_vector(), want.lse, "lse");
+  check(dqkv.to(kCPU).to_vector(), want.dqkv, "dqkv");
+}
+
+// Our fused attention against attention in double from the same inputs. T = 37, 70 and 130: partial
+// row blocks and key tiles, keys of two and three tiles.
 TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
   for (DType dt : {DType::bf16, DType::f16}) {
     for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
@@ -1992,69 +2063,12 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
       gpu().attention_forward(qkv.to(kGPU), H, scale, y, lse);
       Tensor dqkv = empty({B, T, 3 * C}, dt, kGPU);
       gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, dqkv);
-      const std::vector<double> x = qkv.to_vector(), g = gy.to_vector();
-      std::vector<double> ry(static_cast<size_t>(B * T * C)), rl(static_cast<size_t>(B * H * T));
-      std::vector<double> rd(static_cast<size_t>(B * T * 3 * C), 0.0);
-      auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
-        return static_cast<size_t>((b * T + t) * 3 * C + part * C + h * D + d);
-      };
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          std::vector<double> P(static_cast<size_t>(T * T), 0.0);
-          for (int64_t i = 0; i < T; ++i) {
-            std::vector<double> sc(static_cast<size_t>(i + 1));
-            double mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j <= i; ++j) {
-              double dot = 0;
-              for (int64_t d = 0; d < D; ++d) dot += x[at(b, i, 0, h, d)] * x[at(b, j, 1, h, d)];
-              sc[static_cast<size_t>(j)] = scale * dot;
-              mx = std::max(mx, scale * dot);
-            }
-            for (double v : sc) sum += std::exp(v - mx);
-            rl[static_cast<size_t>((b * H + h) * T + i)] = mx + std::log(sum);
-            for (int64_t j = 0; j <= i; ++j) P[static_cast<size_t>(i * T + j)] = std::exp(sc[static_cast<size_t>(j)] - mx) / sum;
-            for (int64_t d = 0; d < D; ++d) {
-              double acc = 0;
-              for (int64_t j = 0; j <= i; ++j) acc += P[static_cast<size_t>(i * T + j)] * x[at(b, j, 2, h, d)];
-              ry[static_cast<size_t>((b * T + i) * C + h * D + d)] = acc;
-            }
-          }
-          for (int64_t i = 0; i < T; ++i) {
-            const size_t gi = static_cast<size_t>((b * T + i) * C + h * D);
-            double di = 0;
-            for (int64_t d = 0; d < D; ++d) di += g[gi + static_cast<size_t>(d)] * ry[gi + static_cast<size_t>(d)];
-            for (int64_t j = 0; j <= i; ++j) {
-              const double p = P[static_cast<size_t>(i * T + j)];
-              double dp = 0;
-              for (int64_t d = 0; d < D; ++d) dp += g[gi + static_cast<size_t>(d)] * x[at(b, j, 2, h, d)];
-              const double ds = p * (dp - di);
-              for (int64_t d = 0; d < D; ++d) {
-                rd[at(b, j, 2, h, d)] += p * g[gi + static_cast<size_t>(d)];
-                rd[at(b, i, 0, h, d)] += scale * ds * x[at(b, j, 1, h, d)];
-                rd[at(b, j, 1, h, d)] += scale * ds * x[at(b, i, 0, h, d)];
-              }
-            }
-          }
-        }
-      const double u = dt == DType::f32 ? 1e-6 : dt == DType::f16 ? 0x1p-11 : 0x1p-8;
-      auto check = [&](const std::vector<double>& got, const std::vector<double>& want, const char* what) {
-        double largest = 0;
-        for (double v : want) largest = std::max(largest, std::fabs(v));
-        int bad = 0;
-        for (size_t k = 0; k < want.size() && bad < 5; ++k)
-          if (!(std::fabs(got[k] - want[k]) <= 4 * u * largest)) {
-            ++bad;
-            ADD_FAILURE() << what << "[" << k << "]: cuda " << got[k] << " vs " << want[k] << " (largest " << largest << ")";
-          }
-      };
-      check(y.to(kCPU).to_vector(), ry, "y");
-      check(lse.to(kCPU).to_vector(), rl, "lse");
-      check(dqkv.to(kCPU).to_vector(), rd, "dqkv");
-      // The op takes these kernels without dropout: its output and, through autograd, qkv's gradient
-      // are theirs bit for bit (with dropout it takes the composite).
+      expect_attention_close(dt, y, lse, dqkv, attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
+      // The op takes these kernels without dropout (--attention fused): its output and, through
+      // autograd, qkv's gradient are theirs bit for bit (with dropout it takes the composite).
       Tensor leaf = qkv.to(kGPU);
       leaf.set_requires_grad(true);
-      const Tensor out = causal_attention(leaf, H);
+      const Tensor out = causal_attention(leaf, H, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::fused});
       EXPECT_TRUE(matches(out, y, 0));
       out.backward(gy.to(kGPU));
       EXPECT_TRUE(matches(leaf.grad(), dqkv, 0));
@@ -2064,6 +2078,85 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
   EXPECT_FALSE(gpu().has_fused_attention(DType::f64, 64));
   EXPECT_FALSE(gpu().has_fused_attention(DType::bf16, 48));
   EXPECT_FALSE(cpu().has_fused_attention(DType::f32, 64));
+}
+
+// cuDNN's fused attention (FusedAttention::cudnn: on the emulated GPU its stand-in, on a GPU the
+// library itself, which is where this test checks it) against attention in double, as our kernels
+// above, with head sizes ours do not take (48, 128). q, k and v are read in place from qkv and y
+// written as [B, T, C]; a second run repeats the first bit for bit (the deterministic backward); the
+// op takes cuDNN's under AttentionKernels::automatic and ::cudnn, bit for bit the backend's.
+TEST_F(CudaVsCpu, CudnnAttentionMatchesAttentionWrittenOutInDouble) {
+  const std::string why = gpu().cudnn_attention_unavailable(DType::bf16, 64);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
+                                     std::array<int64_t, 4>{1, 40, 2, 48}, std::array<int64_t, 4>{1, 33, 1, 128}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
+                   std::to_string(H) + " D " + std::to_string(D));
+      ASSERT_EQ(gpu().cudnn_attention_unavailable(dt, D), "");
+      const int64_t C = H * D;
+      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+      const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 303, -1.5, 1.5), gy = random_cpu({B, T, C}, dt, 304);
+      const Tensor q = qkv.to(kGPU), g = gy.to(kGPU);
+      Tensor y[2], lse[2], dqkv[2];
+      for (int run = 0; run < 2; ++run) {
+        y[run] = empty({B, T, C}, dt, kGPU);
+        lse[run] = empty({B, H, T}, DType::f32, kGPU);
+        dqkv[run] = empty({B, T, 3 * C}, dt, kGPU);
+        gpu().attention_forward(q, H, scale, y[run], lse[run], FusedAttention::cudnn);
+        gpu().attention_backward(q, y[run], lse[run], g, H, scale, dqkv[run], FusedAttention::cudnn);
+      }
+      expect_attention_close(dt, y[0], lse[0], dqkv[0], attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
+      EXPECT_TRUE(matches(y[1], y[0], 0));
+      EXPECT_TRUE(matches(dqkv[1], dqkv[0], 0)) << "the backward is not deterministic";
+      for (AttentionKernels k : {AttentionKernels::automatic, AttentionKernels::cudnn}) {
+        Tensor leaf = q.clone();
+        leaf.set_requires_grad(true);
+        const Tensor out = causal_attention(leaf, H, {.dropout_p = 0.0, .dropout = {}, .kernels = k});
+        EXPECT_TRUE(matches(out, y[0], 0));
+        out.backward(g);
+        EXPECT_TRUE(matches(leaf.grad(), dqkv[0], 0));
+      }
+    }
+  }
+  EXPECT_NE(gpu().cudnn_attention_unavailable(DType::f32, 64), "");
+  EXPECT_NE(gpu().cudnn_attention_unavailable(DType::bf16, 60), "");   // not a multiple of 8
+  EXPECT_NE(gpu().cudnn_attention_unavailable(DType::bf16, 136), "");  // over 128
+  EXPECT_NE(cpu().cudnn_attention_unavailable(DType::bf16, 64), "");
+  // Asked for where it cannot run (dropout, fp32): refused, saying why; never another kernel instead.
+  const Tensor qkv = random_cpu({1, 8, 3 * 64}, DType::bf16, 305).to(kGPU);
+  for (const auto& [x, p] : {std::pair<Tensor, double>{qkv, 0.1}, {qkv.to(DType::f32), 0.0}}) {
+    try {
+      (void)causal_attention(x, 1, {.dropout_p = p, .dropout = {7, 0, {}, 0}, .kernels = AttentionKernels::cudnn});
+      ADD_FAILURE() << "taken: p " << p << " " << dtype_name(x.dtype());
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("cuDNN's attention"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A node without libcudnn (the emulated GPU's stand-in switched off): cuDNN's attention says why it
+// cannot run; AttentionKernels::automatic takes our kernels, bit for bit ::fused's, and ::cudnn is
+// refused naming the library.
+TEST_F(CudaVsCpu, WithoutCudnnAutomaticAttentionTakesOurKernels) {
+  if (!emulated_device_counters()) GTEST_SKIP() << "the emulated GPU's cuDNN stand-in can be switched off";
+  const Tensor qkv = random_cpu({2, 20, 3 * 64}, DType::bf16, 306).to(kGPU);
+  const Tensor fused = causal_attention(qkv, 2, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::fused});
+  const Tensor cudnn = causal_attention(qkv, 2);
+  EXPECT_FALSE(matches(cudnn, fused, 0)) << "automatic did not take cuDNN's where it runs";
+  ::setenv("AMP_EMU_CUDNN", "0", 1);
+  const std::string why = gpu().cudnn_attention_unavailable(DType::bf16, 32);
+  const Tensor automatic = causal_attention(qkv, 2);
+  bool refused = false;
+  try {
+    (void)causal_attention(qkv, 2, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::cudnn});
+  } catch (const std::invalid_argument& e) {
+    refused = std::string(e.what()).find("libcudnn.so.9 was not found") != std::string::npos;
+  }
+  ::unsetenv("AMP_EMU_CUDNN");
+  EXPECT_NE(why.find("libcudnn.so.9 was not found"), std::string::npos) << why;
+  EXPECT_TRUE(matches(automatic, fused, 0));
+  EXPECT_TRUE(refused);
 }
 
 TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {

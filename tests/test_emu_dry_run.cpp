@@ -98,11 +98,24 @@ TEST(EmuDryRun, GptBf16AdamW) {
         "--dropout 0.1 --eval-every 0 --sample-tokens 0");
 }
 
-// Without dropout the GPT takes the fused attention: its kernels declare their costs, dry and executed
-// alike.
+// Without dropout the GPT takes fused attention, ours or cuDNN's (auto's choice where the library
+// runs, as the emulated GPU's stand-in does): their costs are declared (cuDNN's as op "cudnn", with
+// its FLOPs), dry and executed alike.
 TEST(EmuDryRun, GptBf16FusedAttention) {
-  check("--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --amp bf16 --optimizer adamw "
-        "--eval-every 0 --sample-tokens 0");
+  for (const char* kernels : {"fused", "auto"}) {
+    check(std::string("--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --amp bf16 "
+                      "--optimizer adamw --eval-every 0 --sample-tokens 0 --attention ") + kernels);
+    const auto r = train(true, std::string("--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 "
+                                           "--amp bf16 --eval-every 0 --sample-tokens 0 --attention ") + kernels);
+    ASSERT_EQ(r.code, 0) << r.out;
+    int cudnn = 0;
+    for (const nlohmann::json& op : r.steps.back().ops)
+      if (op["op"] == "cudnn") {
+        ++cudnn;
+        EXPECT_GT(op["flops"].get<int64_t>(), 0) << op.dump();
+      }
+    EXPECT_EQ(cudnn, std::string(kernels) == "auto" ? 4 : 0) << kernels << ": a forward and a backward per layer";
+  }
 }
 
 // --profile-step 2: cudaProfilerStart just before step 2 begins, cudaProfilerStop once it has ended.

@@ -78,6 +78,7 @@ Run train(const std::string& device, const std::string& args) {
   const std::string weights = (dir / (device + ".safetensors")).string();
   const std::string cmd =
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "${AMP_EMU_CUDNN+AMP_EMU_CUDNN=\"$AMP_EMU_CUDNN\"} "
       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       // The emulated GPU reads CUDA_VISIBLE_DEVICES as the driver does: a real GPU's value (a Slurm GPU
       // job's) would hide its devices, so only a real GPU's run passes it on.
@@ -105,7 +106,8 @@ Run train(const std::string& device, const std::string& args) {
 double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
 // host_syncs: what one step may wait for (Jacobian descent reads the m × m Gramian, as TorchJD does).
-void compare(const std::string& args, double step_tol, double weight_tol, int64_t host_syncs = 0) {
+void compare(const std::string& args, double step_tol, double weight_tol, int64_t host_syncs = 0,
+             const std::string& gpu_args = "") {
   std::string reason;
   if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
   // The tolerances are the emulated GPU's, whose matrix products add in the CPU's order. A real GPU's
@@ -117,7 +119,7 @@ void compare(const std::string& args, double step_tol, double weight_tol, int64_
     step_tol *= 4;
     weight_tol *= 4;
   }
-  const Run cpu = train("cpu", args), gpu = train("cuda", args);
+  const Run cpu = train("cpu", args), gpu = train("cuda", args + " " + gpu_args);
   ASSERT_EQ(cpu.code, 0) << cpu.out;
   ASSERT_EQ(gpu.code, 0) << gpu.out;
   ASSERT_EQ(cpu.steps.size(), gpu.steps.size());
@@ -234,10 +236,54 @@ TEST(EmulatedTraining, CudaGraphsEqualEagerStepsWithAGradientPenalty) {
   compare_graphs(kGraphModel + "--amp fp16 --init-scale 1024 --lr 0.05 --grad-penalty 0.1");
 }
 
+// Both fused attentions in a captured step: ours, and cuDNN's (its graphs built at the first eager
+// step, its workspace from the capture's pool).
 TEST(EmulatedTraining, CudaGraphsEqualEagerStepsForTheGpt) {
-  compare_graphs(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
-                 " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 8 --optimizer adamw"
-                 " --lr 0.01 --amp bf16");
+  for (const char* kernels : {"fused", "cudnn"})
+    compare_graphs(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                   " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 8 --optimizer adamw"
+                   " --lr 0.01 --amp bf16 --attention " + kernels);
+}
+
+// --attention auto picks cuDNN's attention where the library runs, and where it does not (the
+// emulated GPU's stand-in switched off, as a node without libcudnn) falls back to our kernels and
+// says so once, in the run's first line: the run is then --attention fused's, bit for bit. --attention cudnn there is refused
+// before any step, exit 2, naming the flag and the library.
+TEST(EmulatedTraining, AttentionAutoFallsBackWhereCudnnIsMissingAndCudnnIsRefused) {
+  if (!kEmulated) GTEST_SKIP() << "the emulated GPU's cuDNN stand-in can be switched off (AMP_EMU_CUDNN=0)";
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                          " --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --steps 3 --lr 0.05 --amp bf16 ";
+  ::setenv("AMP_EMU_CUDNN", "0", 1);
+  const auto missing = train("cuda", gpt + "--attention auto"), refused = train("cuda", gpt + "--attention cudnn");
+  ::unsetenv("AMP_EMU_CUDNN");
+  const auto fused = train("cuda", gpt + "--attention fused"), cudnn = train("cuda", gpt + "--attention auto");
+  ASSERT_EQ(missing.code, 0) << missing.out;
+  const std::string said = "attention not by cuDNN (libcudnn.so.9 was not found";
+  const size_t at = missing.out.find(said);
+  EXPECT_NE(at, std::string::npos) << missing.out;
+  EXPECT_EQ(missing.out.find(said, at + 1), std::string::npos) << "said more than once:\n" << missing.out;
+  ASSERT_EQ(fused.code, 0) << fused.out;
+  ASSERT_EQ(cudnn.code, 0) << cudnn.out;
+  EXPECT_NE(cudnn.out.find("attention by cuDNN stand-in"), std::string::npos) << cudnn.out;
+  const auto same_weights = [](const auto& a, const auto& b) {
+    if (a.weights.size() != b.weights.size()) return false;
+    for (const auto& [name, w] : a.weights)
+      if (!b.weights.count(name) || w.to_vector() != b.weights.at(name).to_vector()) return false;
+    return true;
+  };
+  ASSERT_FALSE(fused.weights.empty());
+  EXPECT_TRUE(same_weights(missing, fused)) << "auto without cuDNN is not --attention fused bit for bit";
+  EXPECT_FALSE(same_weights(cudnn, fused)) << "auto did not pick cuDNN's";
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("--attention cudnn: libcudnn.so.9 was not found"), std::string::npos) << refused.out;
+  EXPECT_TRUE(refused.steps.empty()) << "a step ran before the refusal";
+  // A head size the library does not take (36 / 3 = 12, not a multiple of 8): refused the same way.
+  const auto head = train("cuda", " --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                                      " --n-layer 1 --n-head 3 --n-embd 36 --block-size 16 --batch-size 4 --steps 3 --amp bf16"
+                                      " --attention cudnn");
+  EXPECT_EQ(head.code, 2) << head.out;
+  EXPECT_NE(head.out.find("--attention cudnn: cuDNN's attention needs a head size that is a multiple of 8 up to 128, not 12"),
+            std::string::npos) << head.out;
 }
 
 // Dropout (embeddings, attention weights, residuals) draws from counters that follow the samples: the
@@ -377,14 +423,16 @@ TEST(EmulatedTraining, EachRanksGpuIsChosenBeforeMpiInit) {
   EXPECT_NE(out.find("each rank's GPU: OMPI_COMM_WORLD_LOCAL_RANK's, before MPI_Init"), std::string::npos) << out;
 }
 
-// Without dropout the GPU takes the fused attention (scores in fp32, never stored) while the CPU
-// keeps the composite (scores rounded to fp16 before the softmax): the same training within fp16's
-// rounding.
+// Without dropout the GPU takes fused attention (scores in fp32, never stored) while the CPU keeps
+// the composite (scores rounded to fp16 before the softmax): our own kernels (--attention fused) and
+// cuDNN's (--attention cudnn: the emulated GPU's stand-in, exact attention; the library itself on a
+// GPU) each train as the CPU does within fp16's rounding.
 TEST(EmulatedTraining, GptWithTheFusedAttentionMatchesTheCpuBackend) {
-  compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
-              " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"
-              " --amp fp16 --init-scale 1024 --growth-interval 4",
-          1e-3, 2e-3);
+  for (const char* kernels : {"fused", "cudnn"})
+    compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"
+                " --amp fp16 --init-scale 1024 --growth-interval 4",
+            1e-3, 2e-3, 0, std::string("--attention ") + kernels);
 }
 
 TEST(EmulatedTraining, GptMatchesTheCpuBackend) {

@@ -16,7 +16,8 @@
 #   share/ etc/  Open MPI's and PMIx's help texts and parameter files (mpirun reads them at run time)
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
 #              and NCCL (found on the node: the loader's cache, CUDA_HOME, /usr/local/cuda, PyTorch's
-#              nvidia-* wheels)
+#              nvidia-* wheels), and cuDNN's libcudnn.so.9 where the node has it (dlopened by
+#              --attention auto|cudnn, never packed; PyTorch's nvidia-cudnn wheel has it)
 #   launch/scripts/gpu_check.sh, launch/bench/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
 # and checks the size (at most AMP_BUNDLE_MAX_MIB, default 48). tests/scripts/bundle_check.sh checks
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
@@ -181,7 +182,8 @@ if [ -z "${AMP_BUNDLE_ENV:-}" ]; then
   _py=$(command -v python3 2>/dev/null || true)
   _site=""
   AMP_BUNDLE_CUDA_LIBS=""
-  for _lib in $(sed -n 's/^cuda_libs=//p' "$_b/MANIFEST"); do
+  # optional_libs: what the binaries dlopen where it is there (libcudnn.so.9: --attention cudnn/auto).
+  for _lib in $(sed -n 's/^cuda_libs=//p' "$_b/MANIFEST") $(sed -n 's/^optional_libs=//p' "$_b/MANIFEST"); do
     # In the loader's order: LD_LIBRARY_PATH (a `module load cuda`), its cache, then the usual places.
     _found=""
     for _d in $(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' ' '); do
@@ -238,6 +240,7 @@ EOF
   echo "cuda_version=$cuda_version"
   echo "cuda_architectures=$archs"
   echo "cuda_libs=$cuda_libs"
+  echo "optional_libs=libcudnn.so.9"
   echo "glibc_needed=$glibc_need"
   echo "glibcxx_needed=$glibcxx_need"
   echo "open_mpi=$(ompi_info --version 2>/dev/null | sed -n 's/^Open MPI v//p')"

@@ -25,8 +25,9 @@
 #               bench_gpt2_124m against torch.compile too (--compile; where it fails, its column says so
 #               and the stage goes on);
 #               bench_gpt_eager the GPT with --cuda-graphs off (the CUDA graph's gain);
-#               bench_gpt2_small_composite the same with --attention composite (the fused attention's
-#               gain); bench_gpt2_124m GPT-2 124M on GPT-2's tokens (--gpt2-124m: 50257 tokens, tanh GELU)
+#               bench_gpt2_small_fused the same with our own attention kernels (--attention fused: the
+#               default, auto, takes cuDNN's where libcudnn is found); bench_gpt2_small_composite with
+#               --attention composite (the fused attention's gain); bench_gpt2_124m GPT-2 124M on GPT-2's tokens (--gpt2-124m: 50257 tokens, tanh GELU)
 #   profile_gpt2_small   one steady step of GPT-2 small under ncu (amp_train --profile-step): the
 #               kernels' durations, summed by kernel, in the JSON (where ncu exists)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
@@ -71,7 +72,7 @@ done
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
   sanitize_synccheck sanitize_initcheck emu_train train bench_mlp bench_gpt bench_gpt_eager bench_gpt2_small
-  bench_gpt2_small_composite bench_gpt2_124m profile_gpt2_small"
+  bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m profile_gpt2_small"
 IFS=, read -ra asked <<<"$only"
 for a in "${asked[@]}"; do
   grep -qw -- "$a[a-z0-9_]*" <<<"$all_stages" ||
@@ -320,6 +321,10 @@ gpu_env() {
   for cc in $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader ${ids:+-i "$ids"}); do
     (($(vnum "$cc") >= 8000)) || { echo "compute capability $cc: the kernels need 8.0 or newer (sm_80, sm_90 and PTX)"; low=1; }
   done
+  # cuDNN: dlopened at run time by --attention auto|cudnn (never packed); without it, our kernels.
+  local cudnn; cudnn=$(tr ' ' '\n' <<<"${AMP_BUNDLE_CUDA_LIBS:-}" | sed -n 's/^libcudnn\.so\.9=//p')
+  [[ -n $cudnn && $cudnn != MISSING ]] || cudnn=$(ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" {print $NF; exit}')
+  echo "cuDNN (libcudnn.so.9, for --attention auto|cudnn): ${cudnn:-not found: attention falls back to our own kernels}"
   # Which cuBLAS and NCCL the binaries load, as the loader resolves them now.
   local lib path ok=0
   for lib in libcudart libcublas libcublasLt libnccl; do
@@ -430,7 +435,10 @@ else
   stage bench_gpt_eager 1800 "${bench[@]}" --model gpt --amp-train-flags "--cuda-graphs off" \
     --json "$out/bench_gpt_eager.json"
   stage bench_gpt2_small 2400 "${bench[@]}" --model gpt --gpt2-small --compile --json "$out/bench_gpt2_small.json"
-  # The same with the composite attention (scores in memory): the fused kernels' gain, in one run.
+  # The same with our own fused attention kernels instead of cuDNN's (auto's choice where libcudnn is
+  # found), and with the composite attention (scores in memory): each kernel's gain, in one run.
+  stage bench_gpt2_small_fused 2400 "${bench[@]}" --model gpt --gpt2-small \
+    --amp-train-flags "--attention fused" --json "$out/bench_gpt2_small_fused.json"
   stage bench_gpt2_small_composite 2400 "${bench[@]}" --model gpt --gpt2-small \
     --amp-train-flags "--attention composite" --json "$out/bench_gpt2_small_composite.json"
   # GPT-2 124M as its users train it: GPT-2's vocabulary on an llm.c shard (generated), the tanh GELU.

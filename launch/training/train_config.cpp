@@ -57,6 +57,8 @@ models::RunShape run_shape(const TrainConfig& c) {
   r.batch_size = c.batch_size;
   r.optimizer_slots = c.optimizer == OptimizerKind::adamw ? 2 : c.momentum > 0.0 ? 1 : 0;
   r.autocast = c.amp != AmpMode::off;
+  r.autocast_dtype = c.amp == AmpMode::fp16 ? DType::f16 : c.amp == AmpMode::bf16 ? DType::bf16 : DType::f32;
+  if (c.device != DeviceKind::auto_) r.device = c.device == DeviceKind::cuda ? DeviceType::cuda : DeviceType::cpu;
   return r;
 }
 

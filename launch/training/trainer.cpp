@@ -34,7 +34,9 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     : cfg_(config), comm_(comm), device_(device) {
   Generator gen(cfg_.seed);
   spec_ = models::configure_model(cfg_.model, cfg_.model_flags);
-  spec_->check(run_shape(cfg_), 0.0L);
+  models::RunShape run = run_shape(cfg_);
+  run.device = device_.type;  // chosen by now (--device auto resolved)
+  spec_->check(run, 0.0L);
   model_ = spec_->build(gen, device_);
   data_ = spec_->data(cfg_.data, cfg_.seed, device_);
   aggregator_ = spec_->aggregator(cfg_.seed);

@@ -20,11 +20,12 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   gemm(false, true, 1.0f, x, w, 1.0f, y);
 }
 
-void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&) {
+void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&, FusedAttention) {
   throw std::logic_error("attention_forward: this backend has no fused attention (has_fused_attention)");
 }
 
-void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double, Tensor&) {
+void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double, Tensor&,
+                                 FusedAttention) {
   throw std::logic_error("attention_backward: this backend has no fused attention (has_fused_attention)");
 }
 

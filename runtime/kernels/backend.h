@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/kernels/optim_math.h"
@@ -30,6 +31,9 @@ struct ScaleUpdateHyper {
 // Clipping by a total norm, folded into an optimizer's step: every gradient times
 // math::clip_coefficient(total_norm, max_norm) as the step reads it (total_norm: 1-element f32 on the
 // parameters' device, read when the step runs). An undefined total_norm: no clipping.
+// Which fused attention computes a causal attention: the backend's own kernels, or cuDNN's.
+enum class FusedAttention : uint8_t { own, cudnn };
+
 struct NormClip {
   Tensor total_norm;
   double max_norm = 0.0;
@@ -120,11 +124,17 @@ class Backend {
   // v side by side, H heads of D = C / H each; y [B, T, C] in qkv's dtype; lse [B, H, T] f32, each
   // row's log-sum-exp of its scaled scores (what the backward recomputes the softmax from). Optional:
   // a backend that has it says so for the dtype and head size; the op falls back to its composite.
+  // `which`: the backend's own kernels (has_fused_attention), or cuDNN's fused attention where the
+  // library runs (cudnn_attention_unavailable() is ""); the backward must be the forward's own.
   virtual bool has_fused_attention(DType, int64_t /*head_dim*/) const { return false; }
-  virtual void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse);
+  virtual std::string cudnn_attention_unavailable(DType, int64_t /*head_dim*/) const {
+    return "cuDNN's attention runs on a CUDA device";
+  }
+  virtual void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse,
+                                 FusedAttention which = FusedAttention::own);
   // d(qkv) [B, T, 3C] in qkv's dtype from gy [B, T, C] (y's dtype), recomputing the scores.
   virtual void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy,
-                                  int64_t n_head, double scale, Tensor& dqkv);
+                                  int64_t n_head, double scale, Tensor& dqkv, FusedAttention which = FusedAttention::own);
   // mask[i] = 1 / (1 - p) where uniform01(seed, c + i) >= p, else 0 (math::dropout_mask), with
   // c = offset + base[0] * per_base: base, when defined, an int64 [1] tensor on mask's device that the
   // kernel reads (a CUDA graph's replay takes the value written before it, not the captured one).

@@ -112,18 +112,27 @@ inline Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset)
   return dropout(x, p, RandomCounters{seed, offset, Tensor(), 0});
 }
 
+// Which kernels compute a causal attention (with dropout: always the composite's primitives):
+//   automatic  cuDNN's fused attention where it runs (a CUDA device, the library found, bf16/fp16,
+//              a head size it takes), else the backend's own fused kernels, else the composite's;
+//              where cuDNN's cannot run on a CUDA device it says why, once, on stderr
+//   cudnn      cuDNN's, or std::invalid_argument saying why it cannot run (dropout among the reasons)
+//   fused      the backend's own fused kernels where it has them, else the composite's
+//   composite  the primitives (permute, bmm, causal softmax, dropout, bmm)
+enum class AttentionKernels : uint8_t { automatic, cudnn, fused, composite };
+
 struct AttentionOptions {
   double dropout_p = 0.0;  // on the attention weights, in [0, 1)
   RandomCounters dropout;  // the weights' mask, drawn as dropout() draws it
-  bool fused = true;       // the backend's fused kernels, where it has them and there is no dropout
+  AttentionKernels kernels = AttentionKernels::automatic;
 };
 // GPT's causal self-attention of qkv [B, T, 3C] (q, k and v side by side, as c_attn makes them)
 // with n_head heads, fused: the heads of causal_softmax(q k^T, 1/sqrt(C/n_head)), dropped out as
 // dropout(., p, counters) would, times v, merged back to [B, T, C]. The same primitives, dtypes
 // (autocast: the products in lower precision, the softmax in float32) and numbers as composing those
 // ops, but the backward writes d(qkv) in one pass. First-order backward only. Without dropout, where
-// the backend has it (Backend::has_fused_attention) and options.fused allows it, the fused kernels
-// instead: the scores in fp32, never stored (the numbers of exact attention, rounded once).
+// options.kernels allows it, fused kernels instead (AttentionKernels): the scores in fp32, never
+// stored (the numbers of exact attention, rounded once).
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, const AttentionOptions& options = {});
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

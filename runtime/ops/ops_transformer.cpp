@@ -3,7 +3,11 @@
 // embedding's, layer_norm's and the attention's backward call the backend directly (they are not
 // differentiable twice); the others are built from differentiable ops.
 #include <cmath>
+#include <cstdio>
+#include <mutex>
 #include <numeric>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -183,6 +187,52 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   });
 }
 
+namespace {
+
+// What runs where automatic cannot use cuDNN's attention: the backend's own fused kernels, or
+// (nullopt) the composite. A library that is missing is for the caller to say (the GPT's run says it
+// in its first line); a graph the library would not build for a shape (`built` false) is said here,
+// once per reason, on stderr.
+std::optional<FusedAttention> fall_back_from_cudnn(Backend& be, DType dtype, int64_t head_dim, const std::string& why,
+                                                   bool built) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  const bool own = be.has_fused_attention(dtype, head_dim);
+  if (!built) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (said.insert(why).second)
+      std::fprintf(stderr, "notice: attention: not cuDNN's fused attention (%s): %s instead\n", why.c_str(),
+                   own ? "our own fused kernels" : "the composite (bmm, softmax, bmm)");
+  }
+  if (own) return FusedAttention::own;
+  return std::nullopt;
+}
+
+// The fused kernels options.kernels asks for (AttentionKernels), or nullopt for the composite.
+std::optional<FusedAttention> fused_attention_for(Backend& be, AttentionKernels kernels, const Tensor& qkv, int64_t D,
+                                                  double dropout_p) {
+  if (kernels == AttentionKernels::composite) return std::nullopt;
+  if (kernels == AttentionKernels::cudnn) {
+    if (dropout_p > 0.0)
+      throw std::invalid_argument("causal_attention: cuDNN's attention was asked for, but it runs without dropout (p = " +
+                                  std::to_string(dropout_p) + ")");
+    const std::string why = be.cudnn_attention_unavailable(qkv.dtype(), D);
+    if (!why.empty()) throw std::invalid_argument("causal_attention: cuDNN's attention cannot run here: " + why);
+    return FusedAttention::cudnn;
+  }
+  if (dropout_p > 0.0) return std::nullopt;
+  // fp32 and fp64 are not cuDNN's to run: nothing to say there.
+  if (kernels == AttentionKernels::automatic && qkv.device().is_cuda() && is_reduced_float(qkv.dtype())) {
+    const std::string why = be.cudnn_attention_unavailable(qkv.dtype(), D);
+    if (why.empty()) return FusedAttention::cudnn;
+    return fall_back_from_cudnn(be, qkv.dtype(), D, why, true);
+  }
+  if (be.has_fused_attention(qkv.dtype(), D)) return FusedAttention::own;
+  return std::nullopt;
+}
+
+}  // namespace
+
 Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOptions& options) {
   const double dropout_p = options.dropout_p;
   Tensor qkv = qkv_in;
@@ -195,18 +245,27 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOpt
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Backend& be = backend_for(qkv.device());
-  if (options.fused && dropout_p == 0.0 && be.has_fused_attention(qkv.dtype(), D)) {
-    // Without dropout, where the backend has it: the scores stay on chip (attention_forward).
+  std::optional<FusedAttention> which = fused_attention_for(be, options.kernels, qkv, D, dropout_p);
+  if (which) {
+    // Without dropout, where fused kernels run: the scores stay on chip (attention_forward).
     Tensor out = empty({B, T, C}, qkv.dtype(), qkv.device()), lse = empty({B, H, T}, DType::f32, qkv.device());
-    be.attention_forward(qkv, H, scale, out, lse);
+    try {
+      be.attention_forward(qkv, H, scale, out, lse, *which);
+    } catch (const std::runtime_error& e) {  // cuDNN would not build this shape's graphs
+      if (*which != FusedAttention::cudnn || options.kernels != AttentionKernels::automatic) throw;
+      which = fall_back_from_cudnn(be, qkv.dtype(), D, e.what(), false);
+      if (!which) return causal_attention(qkv, n_head, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::composite});
+      be.attention_forward(qkv, H, scale, out, lse, *which);
+    }
     const Tensor saved = out.view(0, out.shape());  // y's values, without y's own grad_fn (no cycle)
-    return record("CausalAttentionBackward", out, {qkv}, [qkv, saved, lse, H, scale](const Tensor& g_in) {
-      if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
-      const Tensor g = g_in.dtype() == qkv.dtype() ? g_in : g_in.to(qkv.dtype());
-      Tensor dqkv = empty(qkv.shape(), qkv.dtype(), qkv.device());
-      backend_for(g.device()).attention_backward(qkv, saved, lse, g, H, scale, dqkv);
-      return std::vector<Tensor>{dqkv};
-    });
+    return record("CausalAttentionBackward", out, {qkv},
+                  [qkv, saved, lse, H, scale, which = *which](const Tensor& g_in) {
+                    if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
+                    const Tensor g = g_in.dtype() == qkv.dtype() ? g_in : g_in.to(qkv.dtype());
+                    Tensor dqkv = empty(qkv.shape(), qkv.dtype(), qkv.device());
+                    backend_for(g.device()).attention_backward(qkv, saved, lse, g, H, scale, dqkv, which);
+                    return std::vector<Tensor>{dqkv};
+                  });
   }
   // The same primitives, dtypes and order as the composite (permute, select, bmm, causal_softmax,
   // dropout, bmm, permute), without its autograd graph: the backward below writes d(qkv) in one

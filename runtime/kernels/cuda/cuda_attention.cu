@@ -20,6 +20,7 @@
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/cudnn_sdpa.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/mma.cuh"
 
@@ -422,22 +423,48 @@ dim3 attention_grid(const Dims& d) {
   return dim3(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
 }
 
+// cuDNN's attention (cudnn_sdpa.h) for these dims on this device.
+cudnn_sdpa::Shape sdpa_shape(const Dims& d, DType dtype, double scale) {
+  return {d.B, d.T, d.H, d.D, dtype, static_cast<float>(scale), context().device()};
+}
+
+// The kernels `which` names can run this dtype and head size, or std::invalid_argument says why not.
+void require_fused(const CudaBackend& be, FusedAttention which, DType dtype, int64_t D) {
+  if (which == FusedAttention::cudnn) {
+    const std::string why = be.cudnn_attention_unavailable(dtype, D);
+    if (!why.empty()) throw std::invalid_argument("attention: " + why);
+  } else if (!be.has_fused_attention(dtype, D)) {
+    throw std::invalid_argument("attention: no fused kernel for this dtype and head size");
+  }
+}
+
 }  // namespace
 
 bool CudaBackend::has_fused_attention(DType dtype, int64_t head_dim) const {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 32 || head_dim == 64);
 }
 
-void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse) {
+std::string CudaBackend::cudnn_attention_unavailable(DType dtype, int64_t head_dim) const {
+  return cudnn_sdpa::unavailable(dtype, head_dim);
+}
+
+void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse,
+                                    FusedAttention which) {
   require_cuda(qkv, "attention: qkv");
   const Dims d = attention_dims(qkv, n_head);
-  if (!has_fused_attention(qkv.dtype(), d.D)) throw std::invalid_argument("attention: no fused kernel for this dtype and head size");
+  require_fused(*this, which, qkv.dtype(), d.D);
   check_shape(y, {d.B, d.T, d.C}, qkv.dtype(), "y");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
   check_aligned(qkv, "qkv");
   check_aligned(y, "y");
   if (d.B * d.T == 0) return;
   Context& ctx = context();
+  if (which == FusedAttention::cudnn) {
+    const cudnn_sdpa::Shape s = sdpa_shape(d, qkv.dtype(), scale);
+    const Scratch workspace(cudnn_sdpa::forward_workspace(s));  // from our allocator (a graph's pool when captured)
+    cudnn_sdpa::forward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), lse.data<float>(), workspace.as<void>());
+    return;
+  }
   dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
     declare_launch_cost(3 * d.B * d.T * d.C * es, d.B * d.T * d.C * es + 4 * d.B * d.H * d.T, 4 * pairs * d.D);
@@ -448,10 +475,10 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double sc
 }
 
 void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy,
-                                     int64_t n_head, double scale, Tensor& dqkv) {
+                                     int64_t n_head, double scale, Tensor& dqkv, FusedAttention which) {
   require_cuda(qkv, "attention: qkv");
   const Dims d = attention_dims(qkv, n_head);
-  if (!has_fused_attention(qkv.dtype(), d.D)) throw std::invalid_argument("attention: no fused kernel for this dtype and head size");
+  require_fused(*this, which, qkv.dtype(), d.D);
   check_shape(y, {d.B, d.T, d.C}, qkv.dtype(), "y");
   check_shape(gy, {d.B, d.T, d.C}, qkv.dtype(), "gy");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
@@ -460,6 +487,13 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
     check_aligned(*t, what);
   if (d.B * d.T == 0) return;
   Context& ctx = context();
+  if (which == FusedAttention::cudnn) {
+    const cudnn_sdpa::Shape s = sdpa_shape(d, qkv.dtype(), scale);
+    const Scratch workspace(cudnn_sdpa::backward_workspace(s));
+    cudnn_sdpa::backward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), gy.data_ptr(), lse.data<float>(),
+                         dqkv.data_ptr(), workspace.as<void>());
+    return;
+  }
   Scratch delta(sizeof(float) * static_cast<size_t>(d.B * d.H * d.T));
   dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;

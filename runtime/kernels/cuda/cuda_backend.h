@@ -62,9 +62,11 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void softmax_backward(const Tensor& y, const Tensor& g, Tensor& gx, bool log, double scale) override;
   void softmax_backward_cast(const Tensor& y, const Tensor& g, Tensor& gx, double scale) override;
   bool has_fused_attention(DType dtype, int64_t head_dim) const override;
-  void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse) override;
+  std::string cudnn_attention_unavailable(DType dtype, int64_t head_dim) const override;
+  void attention_forward(const Tensor& qkv, int64_t n_head, double scale, Tensor& y, Tensor& lse,
+                         FusedAttention which = FusedAttention::own) override;
   void attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& gy, int64_t n_head,
-                          double scale, Tensor& dqkv) override;
+                          double scale, Tensor& dqkv, FusedAttention which = FusedAttention::own) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p, const Tensor& base = Tensor(),
                     uint64_t per_base = 0) override;
 

@@ -21,6 +21,8 @@ std::unique_ptr<DeviceGraph> capture_device_graph(const std::function<void()>&) 
 
 bool cuda_select_device_before_mpi(int, int) { return false; }
 std::string cuda_device_uuid() { return {}; }
+std::string cudnn_attention_unavailable(DType, int64_t) { return "this build has no CUDA backend"; }
+std::string cudnn_describe() { return "no cuDNN: this build has no CUDA backend"; }
 
 void cuda_init(int, int) {
   throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");

@@ -12,6 +12,7 @@
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/kernels/cuda/cudnn_sdpa.h"
 
 
 namespace amp {
@@ -79,6 +80,9 @@ bool cuda_select_device_before_mpi(int local_rank, int local_size) {
   g_selected_before_mpi = device;
   return true;
 }
+
+std::string cudnn_attention_unavailable(DType dtype, int64_t head_dim) { return cudnn_sdpa::unavailable(dtype, head_dim); }
+std::string cudnn_describe() { return cudnn_sdpa::describe(); }
 
 std::string cuda_device_uuid() {
   int device = 0;

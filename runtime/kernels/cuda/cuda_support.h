@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/core/dtype.h"
+
 namespace amp {
 
 bool cuda_built();
@@ -26,6 +28,14 @@ bool cuda_select_device_before_mpi(int local_rank, int local_size);
 // device 0 in both. The current device's UUID ("GPU-xxxxxxxx-..."), by which ranks that were given
 // the same physical GPU are found; "" without CUDA.
 std::string cuda_device_uuid();
+
+// cuDNN's fused attention (--attention cudnn), before any device is chosen: "" where it can run
+// causal attention of head size head_dim in dtype, else why not (no CUDA backend, built without
+// cudnn-frontend's headers, libcudnn missing or older than them, the dtype, the head size). Loads
+// libcudnn on the first call; never throws. cudnn_describe(): the library found ("cuDNN 9.19.0
+// (path)"), or why there is none.
+std::string cudnn_attention_unavailable(DType dtype, int64_t head_dim);
+std::string cudnn_describe();
 
 // A profiler's collection range (cudaProfilerStart, cudaProfilerStop): `ncu --profile-from-start off`
 // and `nsys --capture-range=cudaProfilerApi` record only what runs between them. Stop waits for the

@@ -1,0 +1,259 @@
+// cuDNN's fused causal attention through cudnn-frontend's graph API (cudnn_sdpa.h). libcudnn is
+// not linked: the frontend's dynamic loading (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING) calls it
+// through the handle opened here, libcudnn.so.9 found by the loader on the node (PyTorch's
+// nvidia-cudnn-cu13 wheel or the toolkit's, on LD_LIBRARY_PATH as the bundle's env.sh sets it). A
+// library that is missing, or older than the headers this was built with, leaves the library
+// unavailable with the reason, and the op uses the backend's own kernels (or refuses --attention cudnn).
+//
+// One forward graph and one backward graph per shape, both built at the shape's first forward (an
+// eager step, before a CUDA graph captures the step), kept for the process. The backward uses the
+// deterministic algorithm, so that runs and ranks repeat bit for bit.
+#include "runtime/kernels/cuda/cudnn_sdpa.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cudnn_frontend.h>
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// The frontend's dynamic loading reads the library's handle from here.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace amp::cudnn_sdpa {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// The tensors' ids in the graphs' variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+std::string version_string(size_t v) {  // 91900 -> "9.19.0"
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+struct Library {
+  std::string why_not;  // "" when loaded
+  std::string text;     // describe()
+};
+
+Library load() {
+  Library lib;
+  dlerror();
+  void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    lib.why_not = std::string("libcudnn.so.9 was not found (") + (e != nullptr ? e : "dlopen failed") +
+                  "): put cuDNN 9's lib folder (PyTorch's nvidia/cudnn/lib, or the toolkit's) on LD_LIBRARY_PATH";
+    lib.text = "no cuDNN: " + lib.why_not;
+    return lib;
+  }
+  fe::cudnn_dlhandle = h;
+  std::string path = "libcudnn.so.9";
+  link_map* map = nullptr;
+  if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0')
+    path = map->l_name;
+  size_t version = 0;
+  try {
+    version = fe::detail::get_backend_version();
+  } catch (const std::exception& e) {
+    lib.why_not = path + " has no cudnnGetVersion (" + e.what() + ")";
+    lib.text = "no cuDNN: " + lib.why_not;
+    return lib;
+  }
+  lib.text = "cuDNN " + version_string(version) + " (" + path + ")";
+  if (version < static_cast<size_t>(CUDNN_VERSION))
+    lib.why_not = "the node's cuDNN " + version_string(version) + " (" + path +
+                  ") is older than the headers this was built with (" + version_string(CUDNN_VERSION) + ")";
+  return lib;
+}
+
+const Library& library() {
+  static const Library lib = load();
+  return lib;
+}
+
+void check(fe::error_t e, const char* what) {
+  if (e.is_bad()) throw std::runtime_error(std::string("cuDNN's attention: ") + what + ": " + e.get_message());
+}
+
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+  std::string error;  // a graph the library would not build: said again, never rebuilt
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<int, cudnnHandle_t> handles;  // one per device
+  std::vector<std::pair<Shape, Plan>> forward, backward;
+};
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: the handles outlive static destruction's order
+  return *c;
+}
+
+cudnnHandle_t handle_locked(int device) {
+  auto& handles = cache().handles;
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cudnnHandle_t h = nullptr;
+  if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cuDNN's attention: cudnnCreate failed");
+  return handles.emplace(device, h).first->second;
+}
+
+int sm_version(int device) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+}
+
+// q, k, v (and their gradients) where they lie in qkv [B, T, 3C]; o and dO as [B, T, C]: each
+// [B, H, T, D] by its strides.
+std::vector<int64_t> dims(const Shape& s) { return {s.B, s.H, s.T, s.D}; }
+std::vector<int64_t> qkv_strides(const Shape& s) { return {s.T * 3 * s.H * s.D, s.D, 3 * s.H * s.D, 1}; }
+std::vector<int64_t> out_strides(const Shape& s) { return {s.T * s.H * s.D, s.D, s.H * s.D, 1}; }
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    std::vector<int64_t> dim, std::vector<int64_t> stride) {
+  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(dim)).set_stride(std::move(stride)));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(const Shape& s) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  g->set_sm_version(sm_version(s.device));
+  return g;
+}
+
+void build_forward(const Shape& s, Plan& plan, cudnnHandle_t h) {
+  auto g = new_graph(s);
+  auto q = input(*g, "q", kQ, dims(s), qkv_strides(s)), k = input(*g, "k", kK, dims(s), qkv_strides(s));
+  auto v = input(*g, "v", kV, dims(s), qkv_strides(s));
+  auto a = fe::graph::SDPA_attributes()
+               .set_name("attention")
+               .set_generate_stats(true)
+               .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+               .set_diagonal_band_right_bound(0)
+               .set_attn_scale(s.scale);
+  auto [o, stats] = g->sdpa(q, k, v, a);
+  o->set_output(true).set_uid(kO).set_dim(dims(s)).set_stride(out_strides(s));
+  stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, 1}).set_stride(
+      {s.H * s.T, s.T, 1, 1});
+  check(g->build(h, {fe::HeurMode_t::A}), "building the forward graph");
+  check(g->get_workspace_size(plan.workspace), "its workspace");
+  plan.graph = std::move(g);
+}
+
+void build_backward(const Shape& s, Plan& plan, cudnnHandle_t h) {
+  auto g = new_graph(s);
+  auto q = input(*g, "q", kQ, dims(s), qkv_strides(s)), k = input(*g, "k", kK, dims(s), qkv_strides(s));
+  auto v = input(*g, "v", kV, dims(s), qkv_strides(s)), o = input(*g, "o", kO, dims(s), out_strides(s));
+  auto d_o = input(*g, "dO", kDO, dims(s), out_strides(s));
+  auto stats = g->tensor(fe::graph::Tensor_attributes()
+                             .set_name("stats")
+                             .set_uid(kStats)
+                             .set_dim({s.B, s.H, s.T, 1})
+                             .set_stride({s.H * s.T, s.T, 1, 1})
+                             .set_data_type(fe::DataType_t::FLOAT));
+  auto a = fe::graph::SDPA_backward_attributes()
+               .set_name("attention_backward")
+               .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+               .set_diagonal_band_right_bound(0)
+               .set_attn_scale(s.scale)
+               .set_deterministic_algorithm(true);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, a);
+  dq->set_output(true).set_uid(kDQ).set_dim(dims(s)).set_stride(qkv_strides(s));
+  dk->set_output(true).set_uid(kDK).set_dim(dims(s)).set_stride(qkv_strides(s));
+  dv->set_output(true).set_uid(kDV).set_dim(dims(s)).set_stride(qkv_strides(s));
+  check(g->build(h, {fe::HeurMode_t::A}), "building the backward graph");
+  check(g->get_workspace_size(plan.workspace), "its workspace");
+  plan.graph = std::move(g);
+}
+
+// The shape's plan for one direction, built on first use (both directions at once: the backward
+// of a step must not be the first to meet the library's refusal).
+const Plan& plan(const Shape& s, bool backward) {
+  const std::string why = unavailable(s.dtype, s.D);
+  if (!why.empty()) throw std::runtime_error("cuDNN's attention: " + why);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto find = [&](std::vector<std::pair<Shape, Plan>>& list) -> Plan* {
+    for (auto& [shape, p] : list)
+      if (shape == s) return &p;
+    return nullptr;
+  };
+  if (find(c.forward) == nullptr) {
+    Plan f, b;
+    try {
+      const cudnnHandle_t h = handle_locked(s.device);
+      build_forward(s, f, h);
+      build_backward(s, b, h);
+    } catch (const std::exception& e) {
+      f.error = b.error = e.what();
+    }
+    c.forward.emplace_back(s, std::move(f));
+    c.backward.emplace_back(s, std::move(b));
+  }
+  const Plan& p = *find(backward ? c.backward : c.forward);
+  if (!p.error.empty()) throw std::runtime_error(p.error);
+  return p;
+}
+
+void execute(const Shape& s, const Plan& p, cudaStream_t stream, std::unordered_map<int64_t, void*> pack, void* workspace,
+             const char* what) {
+  cudnnHandle_t h;
+  {
+    std::lock_guard<std::mutex> lock(cache().mutex);
+    h = handle_locked(s.device);
+  }
+  if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error("cuDNN's attention: cudnnSetStream failed");
+  check(p.graph->execute(h, pack, workspace), what);
+}
+
+}  // namespace
+
+std::string unavailable(DType dtype, int64_t head_dim) {
+  const std::string shape = unsupported_shape(dtype, head_dim);
+  if (!shape.empty()) return shape;
+  return library().why_not;
+}
+
+std::string describe() { return library().text; }
+
+size_t forward_workspace(const Shape& s) { return static_cast<size_t>(plan(s, false).workspace); }
+size_t backward_workspace(const Shape& s) { return static_cast<size_t>(plan(s, true).workspace); }
+
+void forward(const Shape& s, cudaStream_t stream, const void* qkv, void* y, float* stats, void* workspace) {
+  const int64_t C = s.H * s.D, es = 2;
+  char* base = static_cast<char*>(const_cast<void*>(qkv));
+  execute(s, plan(s, false), stream,
+          {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, y}, {kStats, stats}}, workspace,
+          "the forward");
+}
+
+void backward(const Shape& s, cudaStream_t stream, const void* qkv, const void* y, const void* gy, const float* stats,
+              void* dqkv, void* workspace) {
+  const int64_t C = s.H * s.D, es = 2;
+  char* base = static_cast<char*>(const_cast<void*>(qkv));
+  char* grad = static_cast<char*>(dqkv);
+  execute(s, plan(s, true), stream,
+          {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, const_cast<void*>(y)},
+           {kDO, const_cast<void*>(gy)}, {kStats, const_cast<float*>(stats)}, {kDQ, grad}, {kDK, grad + C * es},
+           {kDV, grad + 2 * C * es}},
+          workspace, "the backward");
+}
+
+}  // namespace amp::cudnn_sdpa
