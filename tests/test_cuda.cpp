@@ -1664,9 +1664,11 @@ TEST_F(CudaVsCpu, EmbeddingAndItsScatterAddBackward) {
 
 TEST_F(CudaVsCpu, LayerNormForwardAndBackward) {
   for (DType dt : kFloatTypes) {
-    // Odd shapes, and ones of more rows than a block's split (the emulated GPU's 2 SMs: 4 splits of
-    // the rows, partial sums added in a second pass) and more columns than a tile.
-    for (const Shape& s : {Shape{7, 1}, Shape{33, 48}, Shape{3, 5, 300}, Shape{1001, 45}, Shape{3, 233, 37}}) {
+    // Odd shapes, and ones of more rows than a block takes (the emulated GPU's 2 SMs: 8 blocks of
+    // the rows, partial sums added in a second pass), more columns than a block's threads, and more
+    // than the one-pass backward takes (2100: the input's gradient and the parameters' apart).
+    for (const Shape& s : {Shape{7, 1}, Shape{33, 48}, Shape{3, 5, 300}, Shape{1001, 45}, Shape{3, 233, 37},
+                           Shape{9, 2100}}) {
       const int64_t C = s.back(), rows = shape_numel(s) / C;
       const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
       const Tensor x = random_cpu(s, dt, 71, -3, 5), w = random_cpu({C}, dt, 72), b = random_cpu({C}, dt, 73);
@@ -2125,7 +2127,8 @@ TEST_F(CudaVsCpu, CudnnAttentionMatchesAttentionWrittenOutInDouble) {
   EXPECT_NE(cpu().cudnn_attention_unavailable(DType::bf16, 64), "");
   // Asked for where it cannot run (dropout, fp32): refused, saying why; never another kernel instead.
   const Tensor qkv = random_cpu({1, 8, 3 * 64}, DType::bf16, 305).to(kGPU);
-  for (const auto& [x, p] : {std::pair<Tensor, double>{qkv, 0.1}, {qkv.to(DType::f32), 0.0}}) {
+  for (auto [x, p] : {std::pair<Tensor, double>{qkv.clone(), 0.1}, {qkv.to(DType::f32), 0.0}}) {
+    x.set_requires_grad(true);  // a forward that autograd records: without it, our kernels (below)
     try {
       (void)causal_attention(x, 1, {.dropout_p = p, .dropout = {7, 0, {}, 0}, .kernels = AttentionKernels::cudnn});
       ADD_FAILURE() << "taken: p " << p << " " << dtype_name(x.dtype());
@@ -2140,10 +2143,17 @@ TEST_F(CudaVsCpu, CudnnAttentionMatchesAttentionWrittenOutInDouble) {
 // refused naming the library.
 TEST_F(CudaVsCpu, WithoutCudnnAutomaticAttentionTakesOurKernels) {
   if (!emulated_device_counters()) GTEST_SKIP() << "the emulated GPU's cuDNN stand-in can be switched off";
-  const Tensor qkv = random_cpu({2, 20, 3 * 64}, DType::bf16, 306).to(kGPU);
+  Tensor qkv = random_cpu({2, 20, 3 * 64}, DType::bf16, 306).to(kGPU);
+  qkv.set_requires_grad(true);
   const Tensor fused = causal_attention(qkv, 2, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::fused});
   const Tensor cudnn = causal_attention(qkv, 2);
   EXPECT_FALSE(matches(cudnn, fused, 0)) << "automatic did not take cuDNN's where it runs";
+  {  // a forward autograd does not record (evaluation, sampling) takes ours under automatic and cudnn
+    NoGradGuard no_grad;
+    EXPECT_TRUE(matches(causal_attention(qkv, 2), fused, 0));
+    EXPECT_TRUE(matches(causal_attention(qkv, 2, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::cudnn}),
+                        fused, 0));
+  }
   ::setenv("AMP_EMU_CUDNN", "0", 1);
   const std::string why = gpu().cudnn_attention_unavailable(DType::bf16, 32);
   const Tensor automatic = causal_attention(qkv, 2);
@@ -2157,6 +2167,36 @@ TEST_F(CudaVsCpu, WithoutCudnnAutomaticAttentionTakesOurKernels) {
   EXPECT_NE(why.find("libcudnn.so.9 was not found"), std::string::npos) << why;
   EXPECT_TRUE(matches(automatic, fused, 0));
   EXPECT_TRUE(refused);
+}
+
+// cuDNN's graphs are built in an eager call before a CUDA graph's capture: a shape first met inside
+// one is refused, saying so, as is a sequence of one token (its backward does not take it); under
+// automatic the op then takes our kernels.
+TEST_F(CudaVsCpu, CudnnAttentionRefusesAShapeFirstMetInACapture) {
+  if (!gpu().cudnn_attention_unavailable(DType::bf16, 32).empty()) GTEST_SKIP() << "no cuDNN here";
+  const cudaStream_t s = cuda::context().stream();
+  Tensor qkv = random_cpu({1, 23, 3 * 64}, DType::bf16, 307).to(kGPU), y = empty({1, 23, 64}, DType::bf16, kGPU);
+  Tensor lse = empty({1, 2, 23}, DType::f32, kGPU);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  std::string what;
+  try {
+    gpu().attention_forward(qkv, 2, 0.125, y, lse, FusedAttention::cudnn);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  if (graph != nullptr) {
+    ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  EXPECT_NE(what.find("a shape first met while a CUDA graph is captured"), std::string::npos) << what;
+  gpu().attention_forward(qkv, 2, 0.125, y, lse, FusedAttention::cudnn);  // eager: built
+  Tensor one = random_cpu({1, 1, 3 * 64}, DType::bf16, 308).to(kGPU), y1 = empty({1, 1, 64}, DType::bf16, kGPU);
+  Tensor lse1 = empty({1, 2, 1}, DType::f32, kGPU);
+  EXPECT_THROW(gpu().attention_forward(one, 2, 0.125, y1, lse1, FusedAttention::cudnn), std::runtime_error);
+  one.set_requires_grad(true);
+  EXPECT_TRUE(matches(causal_attention(one, 2), causal_attention(one, 2, {.dropout_p = 0.0, .dropout = {},
+                                                                           .kernels = AttentionKernels::fused}), 0));
 }
 
 TEST_F(CudaVsCpu, CausalSoftmaxAndTheFusedSoftmaxBackward) {

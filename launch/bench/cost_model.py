@@ -12,7 +12,8 @@ How an operation is priced (seconds):
   kernel   max(bytes / (HBM_BW * HBM_REACHABLE * fill), flops / (CUDA_CORE_FLOPS * fill)),
            fill = min(1, blocks / SMS): a grid of fewer blocks than SMs reaches that fraction; the
            fused attention's kernels (tensor-core products) at ATTENTION_FLOPS, measured, instead.
-  cudnn    cuDNN's fused attention: its FLOPs at CUDNN_SDPA_FORWARD_FLOPS or _BACKWARD_FLOPS, measured.
+           cuDNN's fused attention (the emulated GPU's stand-in kernels, cudnn_reference_*) at
+           CUDNN_SDPA_FORWARD_FLOPS and _BACKWARD_FLOPS, measured.
   GEMM     max(flops / (peak * eff), bytes / (HBM_BW * HBM_REACHABLE)); peak TENSOR_FLOPS for
            bf16/fp16 inputs, FP32_GEMM_FLOPS for fp32 (TF32 off) and fp64; eff = GEMM_EFFICIENCY
            for more than GEMM_FULL_FLOPS, below it GEMM_EFFICIENCY * min(1, tiles / SMS), tiles the
@@ -55,7 +56,7 @@ CUDA_CORE_FLOPS = 67e12     # fp32 non-tensor FLOP/s (element-wise arithmetic)
 ATTENTION_FLOPS = 77e12     # the fused attention's kernels (attention_*: mma.sync, ldmatrix, no pipelining yet):
                             # their declared FLOPs over their time on an H200 (same SMs and clocks as an H100
                             # SXM), 2026-11-26, GPT-2 small: 90 forward, 87 dq, 66 dk/dv, 77 in all (TFLOP/s)
-CUDNN_SDPA_FORWARD_FLOPS = 276e12   # cuDNN's fused attention (op "cudnn"): PyTorch's cuDNN SDPA kernels on an
+CUDNN_SDPA_FORWARD_FLOPS = 276e12   # cuDNN's fused attention (cudnn_reference_*): PyTorch's cuDNN SDPA kernels on an
 CUDNN_SDPA_BACKWARD_FLOPS = 204e12  # H100 SXM (issue 36, ncu), GPT-2 small (B 8, T 1024, 12 x 64, 12 layers):
                             # forward 0.56 ms for 155 GFLOP (causal), backward 1.49 + 0.40 ms (its dO.O and
                             # dq conversion kernels) for 387 GFLOP. PyTorch's backward is the non-deterministic
@@ -85,13 +86,13 @@ def op_time(op):
     if kind == "kernel":
         blocks = op["grid"][0] * op["grid"][1] * op["grid"][2]
         fill = min(1.0, blocks / SMS)
-        rate = ATTENTION_FLOPS if op["name"].startswith("attention_") else CUDA_CORE_FLOPS
+        name = op["name"]
+        rate = (ATTENTION_FLOPS if name.startswith("attention_") else
+                CUDNN_SDPA_FORWARD_FLOPS if name.startswith("cudnn_reference_forward") else
+                CUDNN_SDPA_BACKWARD_FLOPS if name.startswith("cudnn_reference_backward") else CUDA_CORE_FLOPS)
         t = max(hbm(op["read"] + op["written"], fill), op["flops"] / (rate * fill))
     elif kind == "gemm":
         t = gemm_time(op)
-    elif kind == "cudnn":
-        rate = CUDNN_SDPA_BACKWARD_FLOPS if op["name"].endswith("backward") else CUDNN_SDPA_FORWARD_FLOPS
-        t = max(op["flops"] / rate, hbm(op["read"] + op["written"]))
     elif kind == "memset":
         t = hbm(op["bytes"])
     elif kind == "memcpy":
@@ -162,8 +163,6 @@ def label(op):
         return f'{name} <<<{g[0]}x{g[1]}x{g[2]}, {b[0]}x{b[1]}x{b[2]}>>>'
     if op["op"] == "gemm":
         return f'{op["name"]} m={op["m"]} n={op["n"]} k={op["k"]} batch={op["batch"]} {op["a"]}->{op["c"]}'
-    if op["op"] == "cudnn":
-        return f'{op["name"]} B={op["B"]} T={op["T"]} H={op["H"]} D={op["D"]}'
     if op["op"] == "memcpy":
         return f'memcpy {op["kind"]} {op["bytes"]} B'
     return f'{op["op"]} {op.get("bytes", 0)} B'
@@ -203,8 +202,8 @@ def report(step, ops, peak, args):
     gemm_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] in ("bf16", "f16"))
     # The fused attention's products are matrix products (tensor-core work, as FlashAttention does
     # them): the floor counts them as it counted the batched GEMMs they replace.
-    gemm_flops += sum(op["flops"] for op in ops if op["op"] == "kernel" and op["name"].startswith("attention_"))
-    gemm_flops += sum(op["flops"] for op in ops if op["op"] == "cudnn")
+    gemm_flops += sum(op["flops"] for op in ops if op["op"] == "kernel" and
+                      op["name"].startswith(("attention_", "cudnn_reference_")))
     fp32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op["a"] not in ("bf16", "f16")
                      and op.get("compute") != "TF32")
     tf32_flops = sum(op["flops"] for op in ops if op["op"] == "gemm" and op.get("compute") == "TF32")

@@ -16,8 +16,9 @@
 #   share/ etc/  Open MPI's and PMIx's help texts and parameter files (mpirun reads them at run time)
 #   env.sh     PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* for the relocated Open MPI, and the node's cuBLAS
 #              and NCCL (found on the node: the loader's cache, CUDA_HOME, /usr/local/cuda, PyTorch's
-#              nvidia-* wheels), and cuDNN's libcudnn.so.9 where the node has it (dlopened by
-#              --attention auto|cudnn, never packed; PyTorch's nvidia-cudnn wheel has it)
+#              nvidia-* wheels), and cuDNN's libcudnn.so.9 with the NVRTC it compiles its kernels with,
+#              where the node has them (dlopened by --attention auto|cudnn, never packed; PyTorch's
+#              nvidia-cudnn and nvidia-cuda-nvrtc wheels have them)
 #   launch/scripts/gpu_check.sh, launch/bench/bench_vs_pytorch.py, tests/data (the tests' fixtures), MANIFEST
 # and checks the size (at most AMP_BUNDLE_MAX_MIB, default 48). tests/scripts/bundle_check.sh checks
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
@@ -240,7 +241,8 @@ EOF
   echo "cuda_version=$cuda_version"
   echo "cuda_architectures=$archs"
   echo "cuda_libs=$cuda_libs"
-  echo "optional_libs=libcudnn.so.9"
+  # cuDNN compiles its attention kernels at run time with NVRTC (of its CUDA major: 13 here).
+  echo "optional_libs=libcudnn.so.9 libnvrtc.so.13 libnvrtc-builtins.so.13.0"
   echo "glibc_needed=$glibc_need"
   echo "glibcxx_needed=$glibcxx_need"
   echo "open_mpi=$(ompi_info --version 2>/dev/null | sed -n 's/^Open MPI v//p')"

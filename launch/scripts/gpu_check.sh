@@ -322,9 +322,13 @@ gpu_env() {
     (($(vnum "$cc") >= 8000)) || { echo "compute capability $cc: the kernels need 8.0 or newer (sm_80, sm_90 and PTX)"; low=1; }
   done
   # cuDNN: dlopened at run time by --attention auto|cudnn (never packed); without it, our kernels.
-  local cudnn; cudnn=$(tr ' ' '\n' <<<"${AMP_BUNDLE_CUDA_LIBS:-}" | sed -n 's/^libcudnn\.so\.9=//p')
-  [[ -n $cudnn && $cudnn != MISSING ]] || cudnn=$(ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" {print $NF; exit}')
-  echo "cuDNN (libcudnn.so.9, for --attention auto|cudnn): ${cudnn:-not found: attention falls back to our own kernels}"
+  # (and the NVRTC it compiles its attention kernels with: without it, cuDNN's graphs are refused).
+  local lib found
+  for lib in libcudnn.so.9 libnvrtc.so.13 libnvrtc-builtins.so.13.0; do
+    found=$(tr ' ' '\n' <<<"${AMP_BUNDLE_CUDA_LIBS:-}" | sed -n "s/^${lib//./\\.}=//p")
+    [[ -n $found && $found != MISSING ]] || found=$(ldconfig -p 2>/dev/null | awk -v n="$lib" '$1 == n {print $NF; exit}')
+    echo "$lib (for --attention auto|cudnn): ${found:-not found: attention falls back to our own kernels}"
+  done
   # Which cuBLAS and NCCL the binaries load, as the loader resolves them now.
   local lib path ok=0
   for lib in libcudart libcublas libcublasLt libnccl; do

@@ -119,6 +119,8 @@ inline Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset)
 //   cudnn      cuDNN's, or std::invalid_argument saying why it cannot run (dropout among the reasons)
 //   fused      the backend's own fused kernels where it has them, else the composite's
 //   composite  the primitives (permute, bmm, causal softmax, dropout, bmm)
+// A forward without autograd (qkv needs no gradient, or no_grad: evaluation, sampling) takes the
+// backend's own fused kernels under automatic and cudnn alike: cuDNN's builds graphs per shape.
 enum class AttentionKernels : uint8_t { automatic, cudnn, fused, composite };
 
 struct AttentionOptions {

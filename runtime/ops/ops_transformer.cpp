@@ -212,6 +212,10 @@ std::optional<FusedAttention> fall_back_from_cudnn(Backend& be, DType dtype, int
 std::optional<FusedAttention> fused_attention_for(Backend& be, AttentionKernels kernels, const Tensor& qkv, int64_t D,
                                                   double dropout_p) {
   if (kernels == AttentionKernels::composite) return std::nullopt;
+  // Without autograd (evaluation, sampling) cuDNN's is not asked: it builds graphs per shape, and a
+  // sampler grows its sequence a token at a time (from one, which its backward does not take).
+  const bool training = GradMode::enabled() && qkv.requires_grad();
+  if (!training) kernels = AttentionKernels::fused;
   if (kernels == AttentionKernels::cudnn) {
     if (dropout_p > 0.0)
       throw std::invalid_argument("causal_attention: cuDNN's attention was asked for, but it runs without dropout (p = " +

@@ -461,7 +461,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double sc
   Context& ctx = context();
   if (which == FusedAttention::cudnn) {
     const cudnn_sdpa::Shape s = sdpa_shape(d, qkv.dtype(), scale);
-    const Scratch workspace(cudnn_sdpa::forward_workspace(s));  // from our allocator (a graph's pool when captured)
+    const Scratch workspace(cudnn_sdpa::forward_workspace(s, ctx.stream()));  // our allocator's (a graph's pool in a capture)
     cudnn_sdpa::forward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), lse.data<float>(), workspace.as<void>());
     return;
   }
@@ -489,7 +489,7 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   Context& ctx = context();
   if (which == FusedAttention::cudnn) {
     const cudnn_sdpa::Shape s = sdpa_shape(d, qkv.dtype(), scale);
-    const Scratch workspace(cudnn_sdpa::backward_workspace(s));
+    const Scratch workspace(cudnn_sdpa::backward_workspace(s, ctx.stream()));
     cudnn_sdpa::backward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), gy.data_ptr(), lse.data<float>(),
                          dqkv.data_ptr(), workspace.as<void>());
     return;

@@ -15,6 +15,7 @@
 
 #include <cudnn_frontend.h>
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -92,9 +93,9 @@ struct Plan {
 };
 
 struct Cache {
-  std::mutex mutex;
+  std::mutex mutex;  // held while a handle, a plan or an execution is at work
   std::unordered_map<int, cudnnHandle_t> handles;  // one per device
-  std::vector<std::pair<Shape, Plan>> forward, backward;
+  std::deque<std::pair<Shape, Plan>> forward, backward;  // a deque: references to plans stay valid
 };
 Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: the handles outlive static destruction's order
@@ -110,10 +111,14 @@ cudnnHandle_t handle_locked(int device) {
   return handles.emplace(device, h).first->second;
 }
 
+// Given to the graph, so that the frontend does not ask the device itself (through a libcudart of
+// its own loading).
 int sm_version(int device) {
   int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    throw std::runtime_error("cuDNN's attention: the compute capability of device " + std::to_string(device) +
+                             " cannot be read");
   return major * 10 + minor;
 }
 
@@ -184,17 +189,23 @@ void build_backward(const Shape& s, Plan& plan, cudnnHandle_t h) {
 
 // The shape's plan for one direction, built on first use (both directions at once: the backward
 // of a step must not be the first to meet the library's refusal).
-const Plan& plan(const Shape& s, bool backward) {
+const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
   const std::string why = unavailable(s.dtype, s.D);
   if (!why.empty()) throw std::runtime_error("cuDNN's attention: " + why);
+  if (s.T == 1) throw std::runtime_error("cuDNN's attention: its backward does not take sequences of one token");
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  const auto find = [&](std::vector<std::pair<Shape, Plan>>& list) -> Plan* {
+  const auto find = [&](std::deque<std::pair<Shape, Plan>>& list) -> Plan* {
     for (auto& [shape, p] : list)
       if (shape == s) return &p;
     return nullptr;
   };
   if (find(c.forward) == nullptr) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+      throw std::runtime_error("cuDNN's attention: a shape first met while a CUDA graph is captured (B " +
+                               std::to_string(s.B) + ", T " + std::to_string(s.T) +
+                               "): its graphs are built in an eager step before the capture");
     Plan f, b;
     try {
       const cudnnHandle_t h = handle_locked(s.device);
@@ -211,13 +222,11 @@ const Plan& plan(const Shape& s, bool backward) {
   return p;
 }
 
+// The handle is the device's one: its stream is set and the graph run under the lock.
 void execute(const Shape& s, const Plan& p, cudaStream_t stream, std::unordered_map<int64_t, void*> pack, void* workspace,
              const char* what) {
-  cudnnHandle_t h;
-  {
-    std::lock_guard<std::mutex> lock(cache().mutex);
-    h = handle_locked(s.device);
-  }
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  const cudnnHandle_t h = handle_locked(s.device);
   if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN's attention: cudnnSetStream failed");
   check(p.graph->execute(h, pack, workspace), what);
@@ -233,13 +242,13 @@ std::string unavailable(DType dtype, int64_t head_dim) {
 
 std::string describe() { return library().text; }
 
-size_t forward_workspace(const Shape& s) { return static_cast<size_t>(plan(s, false).workspace); }
-size_t backward_workspace(const Shape& s) { return static_cast<size_t>(plan(s, true).workspace); }
+size_t forward_workspace(const Shape& s, cudaStream_t stream) { return static_cast<size_t>(plan(s, false, stream).workspace); }
+size_t backward_workspace(const Shape& s, cudaStream_t stream) { return static_cast<size_t>(plan(s, true, stream).workspace); }
 
 void forward(const Shape& s, cudaStream_t stream, const void* qkv, void* y, float* stats, void* workspace) {
   const int64_t C = s.H * s.D, es = 2;
   char* base = static_cast<char*>(const_cast<void*>(qkv));
-  execute(s, plan(s, false), stream,
+  execute(s, plan(s, false, stream), stream,
           {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, y}, {kStats, stats}}, workspace,
           "the forward");
 }
@@ -249,7 +258,7 @@ void backward(const Shape& s, cudaStream_t stream, const void* qkv, const void* 
   const int64_t C = s.H * s.D, es = 2;
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   char* grad = static_cast<char*>(dqkv);
-  execute(s, plan(s, true), stream,
+  execute(s, plan(s, true, stream), stream,
           {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, const_cast<void*>(y)},
            {kDO, const_cast<void*>(gy)}, {kStats, const_cast<float*>(stats)}, {kDQ, grad}, {kDK, grad + C * es},
            {kDV, grad + 2 * C * es}},

@@ -1,9 +1,9 @@
 // cuDNN's fused causal attention (SDPA), the seam between the CUDA backend and the library. Three
 // implementations, CMake picks one: cudnn_sdpa.cpp is cuDNN itself (cudnn-frontend's graph API over
 // libcudnn, loaded at run time from the node); cudnn_sdpa_absent.cpp a build without the frontend's
-// headers (launch/setup.sh fetches them); tests/gpu_emulator/cudnn_sdpa.cpp the emulated GPU's
-// stand-in, exact attention, so that the trainer's path, a CUDA graph's capture and determinism are
-// tested in CI.
+// headers (launch/setup.sh fetches them); cudnn_sdpa_reference.cu the emulated GPU's stand-in,
+// exact attention as plain kernels, so that the trainer's path, a CUDA graph's capture and
+// determinism are tested in CI.
 //
 // The layout is the GPT's: q, k and v read where the qkv projection wrote them, side by side in
 // qkv [B, T, 3C] (head h of q at column h D, of k at C + h D, of v at 2C + h D); y written as
@@ -46,10 +46,13 @@ std::string unavailable(DType dtype, int64_t head_dim);
 // The library found: "cuDNN 9.19.0 (libcudnn.so.9)", or why there is none.
 std::string describe();
 
-// The device workspace each direction needs for the shape, in bytes (builds its graph, once per
-// shape: call it before a CUDA graph's capture, as the backend's first eager step does).
-size_t forward_workspace(const Shape& s);
-size_t backward_workspace(const Shape& s);
+// The device workspace each direction needs for the shape, in bytes. The shape's first call builds
+// both directions' graphs (the library's refusal of either is met at the forward, where the op can
+// still fall back), once per process; a shape first met while `stream` captures a CUDA graph is
+// refused (std::runtime_error): the trainer's eager steps come first. T = 1 is refused (cuDNN's
+// backward does not take it).
+size_t forward_workspace(const Shape& s, cudaStream_t stream);
+size_t backward_workspace(const Shape& s, cudaStream_t stream);
 
 // Enqueue on stream. Throws std::runtime_error naming what failed (the library's message).
 void forward(const Shape& s, cudaStream_t stream, const void* qkv, void* y, float* stats, void* workspace);

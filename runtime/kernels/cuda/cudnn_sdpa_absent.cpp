@@ -13,8 +13,8 @@ const char* const kWhy =
 
 std::string unavailable(DType, int64_t) { return kWhy; }
 std::string describe() { return std::string("no cuDNN: ") + kWhy; }
-size_t forward_workspace(const Shape&) { throw std::logic_error(kWhy); }
-size_t backward_workspace(const Shape&) { throw std::logic_error(kWhy); }
+size_t forward_workspace(const Shape&, cudaStream_t) { throw std::logic_error(kWhy); }
+size_t backward_workspace(const Shape&, cudaStream_t) { throw std::logic_error(kWhy); }
 void forward(const Shape&, cudaStream_t, const void*, void*, float*, void*) { throw std::logic_error(kWhy); }
 void backward(const Shape&, cudaStream_t, const void*, const void*, const void*, const float*, void*, void*) {
   throw std::logic_error(kWhy);
