@@ -38,7 +38,6 @@ class ScopedFlag {
 struct Applying {
   const Node* node = nullptr;
   std::unordered_map<Node*, Tensor>* buffers = nullptr;
-  std::vector<std::pair<size_t, const TensorImpl*>>* taken = nullptr;  // (input, the buffer handed out)
 };
 thread_local Applying t_applying;
 }  // namespace
@@ -58,8 +57,11 @@ Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   if (!private_buffer || buf.dtype() != like.dtype() || buf.shape() != like.shape() || buf.device() != like.device() ||
       buf.requires_grad())
     return Tensor();
-  a.taken->emplace_back(input, buf.impl());
-  return buf;
+  // Out of the map: what the op returns for this input is then the whole gradient so far, and the
+  // engine, finding no buffer, takes it as it is (anything else given to that node is still added).
+  Tensor taken = std::move(it->second);
+  a.buffers->erase(it);
+  return taken;
 }
 
 Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
@@ -226,7 +228,6 @@ struct Engine {
       auto cap = capture_index.find(n);
       if (cap != capture_index.end()) captured[cap->second] = g;
       std::vector<Tensor> grads;
-      std::vector<std::pair<size_t, const TensorImpl*>> taken;  // buffers the node summed into
       if (dynamic_cast<AccumulateGrad*>(n) != nullptr) {
         if (accumulate && g.defined()) n->apply(g);
       } else if (g.defined()) {
@@ -234,20 +235,16 @@ struct Engine {
           Applying outer;
           ~Restore() { t_applying = outer; }
         } restore{t_applying};
-        t_applying = {n, &buffers, &taken};
+        t_applying = {n, &buffers};
         grads = n->apply(g);
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
         Node* next = n->next[i].get();
         if (!next) continue;
         if (i < grads.size() && grads[i].defined()) {
+          // (A buffer the op took, take_gradient_so_far, is out of the map: what it returned is the sum.)
           Tensor& buf = buffers[next];
-          // The op summed into the buffer it was handed for this input (take_gradient_so_far): that
-          // is the sum. (One tensor given to two inputs, as add(x, x)'s backward gives, is added.)
-          const bool summed = std::find(taken.begin(), taken.end(), std::pair<size_t, const TensorImpl*>{
-                                            i, grads[i].impl()}) != taken.end();
-          if (!buf.defined()) buf = grads[i];
-          else if (!(summed && buf.impl() == grads[i].impl())) buf = add(buf, grads[i]);
+          buf = buf.defined() ? add(buf, grads[i]) : grads[i];
         }
         if (--dependencies[next] == 0) ready.push(next);
       }

@@ -88,10 +88,11 @@ Tensor take_grad_destination(const Tensor& leaf, DType dtype);
 
 // Inside a node's backward, outside create_graph: the gradient the engine has already gathered for the
 // node's input `input` from its other consumers (a residual stream's, from the add that also reads it),
-// when nothing else holds it and it has `like`'s shape and dtype, contiguous. The op may add its own
-// gradient into it in place and return it as that input's gradient: the engine then takes it as the
-// sum (the numbers of the engine's add, when the op adds as add() does). Undefined otherwise: the op
-// makes its gradient apart, and the engine adds. At most one caller gets a given buffer.
+// when nothing else holds it and it has `like`'s shape and dtype, contiguous. The engine gives it up:
+// the op must add its own gradient into it in place and return it as that input's gradient, which the
+// engine then takes as the sum (the numbers of the engine's add, when the op adds as add() does).
+// Undefined otherwise: the op makes its gradient apart, and the engine adds. At most one caller gets
+// a given buffer.
 Tensor take_gradient_so_far(size_t input, const Tensor& like);
 
 // A cast's backward: the gradient cast back to the source's dtype. Its own class so that the op
