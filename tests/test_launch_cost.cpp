@@ -196,31 +196,36 @@ TEST_F(LaunchCost, RowKernels) {
   gpu().layer_norm(x, w, b, 1e-5, y, mean, rstd);  // touched() left the last poisoned run's statistics
   const Tensor g = random_gpu({rows, cols}, DType::f32, 7);
   Tensor gx = poisoned({rows, cols}, DType::f32), gw = poisoned({cols}, DType::f32), gb = poisoned({cols}, DType::f32);
-  const auto backward = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb, false); };
-  expect_declared("layer_norm_backward_input_kernel", touched(backward, {g, x, w, mean, rstd}, {gx}));
-  {  // adding into a residual stream's gradient: gx read as well
-    Tensor acc = zeros({rows, cols}, DType::f32, kGPU), aw = poisoned({cols}, DType::f32), ab = poisoned({cols}, DType::f32);
-    const auto adding = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, acc, aw, ab, true); };
-    expect_declared("layer_norm_backward_input_kernel", touched(adding, {g, x, w, mean, rstd, acc}, {acc}));
-  }
-  for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);  // written by the runs above
-  expect_declared("layer_norm_param_partials_kernel", touched(backward, {g, x, w, mean, rstd}, {gw, gb}));
-  // More rows (2 splits on the emulated GPU's 2 SMs): the partial sums go through a workspace that
-  // the second pass reads; the first pass reads what the two read, the second writes what they write.
-  {
-    const int64_t tall_rows = 70;
-    const Tensor tx = random_gpu({tall_rows, cols}, DType::f32, 15), tg = random_gpu({tall_rows, cols}, DType::f32, 16);
-    Tensor ty = poisoned({tall_rows, cols}, DType::f32), tm = poisoned({tall_rows}, DType::f32);
-    Tensor tr = poisoned({tall_rows}, DType::f32), tgx = poisoned({tall_rows, cols}, DType::f32);
-    gpu().layer_norm(tx, w, b, 1e-5, ty, tm, tr);
+  // LayerNorm's backward in one pass over g and x (rows up to 2048 wide): the input's gradient, and
+  // each block's partial sums of the parameters' gradients into a workspace, which the second pass
+  // reads to write them; adding into a residual stream's gradient reads gx as well.
+  for (bool accumulate : {false, true}) {
+    const auto backward = [&] { gpu().layer_norm_backward(g, x, w, mean, rstd, gx, gw, gb, accumulate); };
+    if (accumulate) gx = zeros({rows, cols}, DType::f32, kGPU);
+    const Touched input = accumulate ? touched(backward, {g, x, w, mean, rstd, gx}, {gx})
+                                     : touched(backward, {g, x, w, mean, rstd}, {gx});
     for (Tensor* t : {&gw, &gb}) *t = poisoned({cols}, DType::f32);
-    const Touched t = touched([&] { gpu().layer_norm_backward(tg, tx, w, tm, tr, tgx, gw, gb, false); }, {tg, tx, tm, tr},
-                              {gw, gb});
-    const emu::LaunchRecord first = last("layer_norm_param_partials_kernel"), second = last("layer_norm_param_sums_kernel");
-    EXPECT_GT(first.grid_y, 1u) << "one split: the second pass was not exercised";
-    EXPECT_EQ(first.bytes_read, t.read);
-    EXPECT_EQ(first.bytes_written, second.bytes_read);
-    EXPECT_EQ(second.bytes_written, t.written);
+    const Touched params = touched(backward, {g, x, w, mean, rstd}, {gw, gb});
+    const emu::LaunchRecord first = last("layer_norm_backward_rows_kernel"), second = last("layer_norm_param_sums_kernel");
+    EXPECT_EQ(first.bytes_read, input.read) << "accumulate " << accumulate;
+    EXPECT_EQ(first.bytes_written, input.written + second.bytes_read) << "accumulate " << accumulate;
+    EXPECT_EQ(second.bytes_written, params.written);
+    EXPECT_GT(second.bytes_read, 0);
+  }
+  // Wider rows (one row: touched() runs the op once per input element): the input's gradient a row
+  // a block, then the parameters' in column tiles.
+  {
+    const int64_t wide = 2049;
+    const Tensor wx = random_gpu({1, wide}, DType::f32, 15), wg = random_gpu({1, wide}, DType::f32, 16);
+    const Tensor ww = random_gpu({wide}, DType::f32, 17), wb = random_gpu({wide}, DType::f32, 18);
+    Tensor wy = poisoned({1, wide}, DType::f32), wgx = poisoned({1, wide}, DType::f32);
+    Tensor wgw = poisoned({wide}, DType::f32), wgb = poisoned({wide}, DType::f32);
+    Tensor wmean = poisoned({1}, DType::f32), wrstd = poisoned({1}, DType::f32);
+    gpu().layer_norm(wx, ww, wb, 1e-5, wy, wmean, wrstd);
+    const auto backward = [&] { gpu().layer_norm_backward(wg, wx, ww, wmean, wrstd, wgx, wgw, wgb, false); };
+    expect_declared("layer_norm_backward_input_kernel", touched(backward, {wg, wx, ww, wmean, wrstd}, {wgx}));
+    for (Tensor* t : {&wgw, &wgb}) *t = poisoned({wide}, DType::f32);
+    expect_declared("layer_norm_param_partials_kernel", touched(backward, {wg, wx, wmean, wrstd}, {wgw, wgb}));
   }
 
   gpu().softmax_lastdim(x, sm, false);  // touched() left the last poisoned run's row of NaN

@@ -1,5 +1,6 @@
 // CUDA backend: layer norm and its backward. Row statistics are block reductions in double; the
-// weight's and bias's gradients are column sums in tiles (fp32, a fixed order).
+// weight's and bias's gradients are column sums (fp32, a fixed order), in the backward's pass over
+// the rows where they are at most 2048 wide, else in tiles.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -81,15 +82,20 @@ __global__ void add_layer_norm_kernel(const T* a, const B* b, const T* w, const 
   layer_norm_row<T, O>(sr, s, w, bias, cols, eps, y + r * cols, mean, rstd);
 }
 
-// One block per row: the input's gradient (g in G, read as its cast to T); accumulate: added to gx
-// as the binary add adds (rounded to T, then the sum in the compute type).
-template <class T, class G>
-__global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T* w,
-                                                 const typename DevElem<T>::Compute* mean,
-                                                 const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx,
-                                                 bool accumulate) {
+// Columns a thread keeps the weight's and the bias's sums for in layer_norm_backward_rows_kernel:
+// rows up to kLnSlots x 256 = 2048 wide (GPT-2's 768 to 1600); wider rows take the tiled kernels.
+constexpr int kLnSlots = 8;
+
+// Row r of LayerNorm's backward, the block's threads striding it (thread t: columns t, t +
+// blockDim.x, ...): the input's gradient (g in G, read as its cast to T); accumulate: added to gx as
+// the binary add adds (rounded to T, then the sum in the compute type). With Sums, the thread's k-th
+// column's g xhat and g are also added to sw[k] and sb[k] (the weight's and the bias's gradients).
+template <class T, class G, bool Sums>
+__device__ void layer_norm_backward_row(int64_t r, const G* g, const T* x, const T* w,
+                                        const typename DevElem<T>::Compute* mean,
+                                        const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx, bool accumulate,
+                                        typename DevElem<T>::Compute* sw, typename DevElem<T>::Compute* sb) {
   using C = typename DevElem<T>::Compute;
-  const int64_t r = blockIdx.x;
   const C mu = mean[r], rs = rstd[r];
   double a = 0.0, bsum = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -102,13 +108,69 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
   bsum = block_reduce(bsum, SumOp{});
   const C ma = static_cast<C>(a / static_cast<double>(cols));
   const C mb = static_cast<C>(bsum / static_cast<double>(cols));
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const C xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
-    const T d = DevElem<T>::store(math::layer_norm_grad_input<C>(
-        load_as<T>(g[r * cols + c]), static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
+  // Column c's gradient into gx; gv and xhat are what the weight's and the bias's sums add.
+  const auto element = [&](int64_t c, C& gv, C& xhat) {
+    gv = load_as<T>(g[r * cols + c]);
+    xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
+    const T d = DevElem<T>::store(math::layer_norm_grad_input<C>(gv, static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
     gx[r * cols + c] = accumulate ? DevElem<T>::store(static_cast<C>(DevElem<T>::load(gx[r * cols + c])) +
                                                       static_cast<C>(DevElem<T>::load(d)))
                                   : d;
+  };
+  C gv, xhat;
+  if constexpr (Sums) {
+    #pragma unroll
+    for (int k = 0; k < kLnSlots; ++k) {  // unrolled: the sums stay in registers
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < cols) {
+        element(c, gv, xhat);
+        sw[k] += gv * xhat;
+        sb[k] += gv;
+      }
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) element(c, gv, xhat);
+  }
+}
+
+// One block per row: the input's gradient (rows wider than the fused kernel takes).
+template <class T, class G>
+__global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T* w,
+                                                 const typename DevElem<T>::Compute* mean,
+                                                 const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx,
+                                                 bool accumulate) {
+  layer_norm_backward_row<T, G, false>(blockIdx.x, g, x, w, mean, rstd, cols, gx, accumulate, nullptr, nullptr);
+}
+
+// LayerNorm's backward in one pass over g and x: block b takes rows [b rows_per_block, (b + 1)
+// rows_per_block), each as layer_norm_backward_input_kernel does (the same numbers), and sums its
+// columns' g xhat and g over them in row order, in the compute type; it writes them as its partials,
+// [2][blocks][cols], which layer_norm_param_sums_kernel adds in a fixed order:
+// deterministic run to run (the CPU adds in fp64 in row order: the two differ within the bound
+// test_cuda states).
+template <class T, class G>
+__global__ void layer_norm_backward_rows_kernel(const G* __restrict__ g, const T* __restrict__ x,
+                                                const T* __restrict__ w,
+                                                const typename DevElem<T>::Compute* __restrict__ mean,
+                                                const typename DevElem<T>::Compute* __restrict__ rstd, int64_t rows,
+                                                int64_t cols, int64_t rows_per_block, T* gx, bool accumulate,
+                                                typename DevElem<T>::Compute* __restrict__ partials) {
+  using C = typename DevElem<T>::Compute;
+  C sw[kLnSlots], sb[kLnSlots];
+  #pragma unroll
+  for (int k = 0; k < kLnSlots; ++k) sw[k] = sb[k] = 0;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (int64_t r = first; r < last; ++r)
+    layer_norm_backward_row<T, G, true>(r, g, x, w, mean, rstd, cols, gx, accumulate, sw, sb);
+  const int64_t blocks = gridDim.x;
+  #pragma unroll
+  for (int k = 0; k < kLnSlots; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (c < cols) {
+      partials[static_cast<int64_t>(blockIdx.x) * cols + c] = sw[k];
+      partials[(blocks + blockIdx.x) * cols + c] = sb[k];
+    }
   }
 }
 
@@ -117,7 +179,7 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
 // by-th run of rows_per_split rows, its 8 rows of 32 threads walking those rows 8 apart (each warp
 // reads 32 adjacent elements, coalesced), accumulating in the compute type (fp32; fp64 for f64).
 // With one split the block writes gw and gb; with several it writes its partial sums, [2][splits]
-// [cols], and layer_norm_param_sums_kernel adds them in split order. Every addition happens in a
+// [cols], and layer_norm_param_sums_kernel adds them. Every addition happens in a
 // fixed order: deterministic run to run (not the CPU's fp64 row order: the two differ within the
 // bound test_cuda states).
 template <class T, class G>
@@ -160,15 +222,32 @@ __global__ void __launch_bounds__(kColTile * kRowLanes)
   }
 }
 
+// The partial sums' totals, [2][splits][cols] to gw and gb: block bx owns kColTile adjacent
+// columns, its kRowLanes lanes each adding every kRowLanes-th split (coalesced rows of 32), then the
+// lanes added in order. A fixed order: deterministic run to run.
 template <class T>
-__global__ void layer_norm_param_sums_kernel(const typename DevElem<T>::Compute* __restrict__ partials, int64_t splits,
-                                             int64_t cols, T* __restrict__ gw, T* __restrict__ gb) {
+__global__ void __launch_bounds__(kColTile * kRowLanes)
+    layer_norm_param_sums_kernel(const typename DevElem<T>::Compute* __restrict__ partials, int64_t splits,
+                                 int64_t cols, T* __restrict__ gw, T* __restrict__ gb) {
   using C = typename DevElem<T>::Compute;
-  AMP_GRID_STRIDE(col, cols) {
-    C tw = 0, tb = 0;
-    for (int64_t s = 0; s < splits; ++s) {
+  AMP_SHARED(C[2][kRowLanes][kColTile], part);
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  C tw = 0, tb = 0;
+  if (col < cols)
+    for (int64_t s = ty; s < splits; s += kRowLanes) {
       tw += partials[s * cols + col];
       tb += partials[(splits + s) * cols + col];
+    }
+  part[0][ty][tx] = tw;
+  part[1][ty][tx] = tb;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    tw = 0;
+    tb = 0;
+    for (int k = 0; k < kRowLanes; ++k) {
+      tw += part[0][k][tx];
+      tb += part[1][k][tx];
     }
     gw[col] = DevElem<T>::store(tw);
     gb[col] = DevElem<T>::store(tb);
@@ -218,6 +297,31 @@ void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& 
   Context& ctx = context();
   const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
   const int64_t g_bytes = rows * cols * static_cast<int64_t>(sizeof(G));
+  const int64_t param_bytes = 2 * cols * static_cast<int64_t>(sizeof(T));
+  const int threads = row_threads(cols);
+  const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
+  if (col_tiles > 0x7fffffff) throw std::invalid_argument("layer_norm_backward: more than 2^36 columns");
+  const dim3 sums_grid(static_cast<unsigned>(col_tiles)), sums_block(kColTile, kRowLanes);
+  if (cols <= static_cast<int64_t>(kLnSlots) * threads) {
+    // One pass (layer_norm_backward_rows_kernel): 2 blocks an SM, then the partials' sums.
+    const int64_t blocks = std::min<int64_t>(rows, 2 * static_cast<int64_t>(ctx.sm_count()));
+    const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+    const int64_t used = (rows + rows_per_block - 1) / rows_per_block;  // no block without rows
+    const int64_t partial_bytes = 2 * used * cols * static_cast<int64_t>(sizeof(C));
+    Scratch partials(static_cast<size_t>(partial_bytes));
+    declare_launch_cost(g_bytes + (accumulate ? 2 : 1) * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats,
+                        gx_bytes + partial_bytes, (accumulate ? 15 : 14) * rows * cols);
+    AMP_LAUNCH(static_cast<unsigned>(used), threads, 0, ctx.stream(), layer_norm_backward_rows_kernel<T, G>)(
+        g.data<G>(), x.data<T>(), w.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_block, gx.data<T>(),
+        accumulate, partials.as<C>());
+    AMP_CUDA_CHECK_LAUNCH();
+    declare_launch_cost(partial_bytes, param_bytes, 2 * used * cols);
+    AMP_LAUNCH(sums_grid, sums_block, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
+        partials.as<C>(), used, cols, gw.data<T>(), gb.data<T>());
+    AMP_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // Wider rows: the input's gradient a row a block, then the weight's and bias's in column tiles.
   // x and g read, and gx too when the gradient is added to it.
   declare_launch_cost(g_bytes + (accumulate ? 2 : 1) * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats,
                       gx_bytes, (accumulate ? 11 : 10) * rows * cols);
@@ -226,13 +330,10 @@ void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& 
                                                      rstd.data<C>(), cols, gx.data<T>(), accumulate);
   AMP_CUDA_CHECK_LAUNCH();
   // Enough blocks to fill the GPU 4 times over (at least one per SM), each split at least 64 rows.
-  const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
   const int64_t wanted = (4 * static_cast<int64_t>(ctx.sm_count()) + col_tiles - 1) / col_tiles;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, (rows + 63) / 64, 65535}));
   const int64_t rows_per_split = (rows + splits - 1) / splits;
-  if (col_tiles > 0x7fffffff) throw std::invalid_argument("layer_norm_backward: more than 2^36 columns");
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)), block(kColTile, kRowLanes);
-  const int64_t param_bytes = 2 * cols * static_cast<int64_t>(sizeof(T));
   if (splits == 1) {
     declare_launch_cost(g_bytes + gx_bytes + stats, param_bytes, 4 * rows * cols);
     AMP_LAUNCH(grid, block, 0, ctx.stream(), layer_norm_param_partials_kernel<T, G>)(
@@ -248,7 +349,7 @@ void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& 
         gb.data<T>(), partials.as<C>());
     AMP_CUDA_CHECK_LAUNCH();
     declare_launch_cost(partial_bytes, param_bytes, 2 * splits * cols);
-    AMP_LAUNCH(grid_for(cols, ctx.sm_count()), kBlock, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
+    AMP_LAUNCH(sums_grid, sums_block, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
         partials.as<C>(), splits, cols, gw.data<T>(), gb.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
   }
