@@ -67,13 +67,13 @@ __global__ void cudnn_reference_forward_kernel(const T* qkv, int64_t B, Layout L
   AMP_GRID_STRIDE(row, B * L.H * L.T) {
     const int64_t b = row / (L.H * L.T), h = row / L.T % L.H, i = row % L.T;
     double m = -INFINITY, l = 0.0, acc[kMaxHead] = {};
-    for (int64_t j = 0; j <= i; ++j) m = std::max(m, score(qkv, L, b, h, i, j, scale));
+    for (int64_t j = 0; j <= i; ++j) m = fmax(m, score(qkv, L, b, h, i, j, scale));
     for (int64_t j = 0; j <= i; ++j) {
-      const double p = std::exp(score(qkv, L, b, h, i, j, scale) - m);
+      const double p = exp(score(qkv, L, b, h, i, j, scale) - m);
       l += p;
       for (int64_t d = 0; d < L.D; ++d) acc[d] += p * ld(qkv, L.in(b, j, 2, h, d));
     }
-    stats[row] = static_cast<float>(m + std::log(l));
+    stats[row] = static_cast<float>(m + log(l));
     for (int64_t d = 0; d < L.D; ++d) st(y, L.out(b, i, h, d), acc[d] / l);
   }
 }
@@ -94,7 +94,7 @@ template <class T>
 __device__ void probability(const T* qkv, const T* gy, const float* stats, const float* delta, const Layout& L,
                             int64_t b, int64_t h, int64_t i, int64_t j, double scale, double* p, double* ds) {
   const int64_t r = (b * L.H + h) * L.T + i;
-  *p = std::exp(score(qkv, L, b, h, i, j, scale) - static_cast<double>(stats[r]));
+  *p = exp(score(qkv, L, b, h, i, j, scale) - static_cast<double>(stats[r]));
   double dp = 0.0;
   for (int64_t d = 0; d < L.D; ++d) dp += ld(gy, L.out(b, i, h, d)) * ld(qkv, L.in(b, j, 2, h, d));
   *ds = *p * (dp - static_cast<double>(delta[r]));
