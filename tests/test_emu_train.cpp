@@ -262,6 +262,7 @@ TEST(EmulatedTraining, AttentionAutoFallsBackWhereCudnnIsMissingAndCudnnIsRefuse
   const size_t at = missing.out.find(said);
   EXPECT_NE(at, std::string::npos) << missing.out;
   EXPECT_EQ(missing.out.find(said, at + 1), std::string::npos) << "said more than once:\n" << missing.out;
+  EXPECT_EQ(missing.out.find("notice: attention"), std::string::npos) << "said again by the op:\n" << missing.out;
   ASSERT_EQ(fused.code, 0) << fused.out;
   ASSERT_EQ(cudnn.code, 0) << cudnn.out;
   EXPECT_NE(cudnn.out.find("attention by cuDNN stand-in"), std::string::npos) << cudnn.out;

@@ -190,15 +190,15 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 namespace {
 
 // What runs where automatic cannot use cuDNN's attention: the backend's own fused kernels, or
-// (nullopt) the composite. A library that is missing is for the caller to say (the GPT's run says it
-// in its first line); a graph the library would not build for a shape (`built` false) is said here,
-// once per reason, on stderr.
+// (nullopt) the composite. With `say`, once per reason, on stderr: a graph the library would not
+// build for a shape. (A library that is missing is for the caller to say: the GPT's run says it in
+// its first line.)
 std::optional<FusedAttention> fall_back_from_cudnn(Backend& be, DType dtype, int64_t head_dim, const std::string& why,
-                                                   bool built) {
+                                                   bool say) {
   static std::mutex mutex;
   static std::set<std::string> said;
   const bool own = be.has_fused_attention(dtype, head_dim);
-  if (!built) {
+  if (say) {
     std::lock_guard<std::mutex> lock(mutex);
     if (said.insert(why).second)
       std::fprintf(stderr, "notice: attention: not cuDNN's fused attention (%s): %s instead\n", why.c_str(),
@@ -229,7 +229,7 @@ std::optional<FusedAttention> fused_attention_for(Backend& be, AttentionKernels 
   if (kernels == AttentionKernels::automatic && qkv.device().is_cuda() && is_reduced_float(qkv.dtype())) {
     const std::string why = be.cudnn_attention_unavailable(qkv.dtype(), D);
     if (why.empty()) return FusedAttention::cudnn;
-    return fall_back_from_cudnn(be, qkv.dtype(), D, why, true);
+    return fall_back_from_cudnn(be, qkv.dtype(), D, why, false);
   }
   if (be.has_fused_attention(qkv.dtype(), D)) return FusedAttention::own;
   return std::nullopt;
@@ -257,7 +257,7 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOpt
       be.attention_forward(qkv, H, scale, out, lse, *which);
     } catch (const std::runtime_error& e) {  // cuDNN would not build this shape's graphs
       if (*which != FusedAttention::cudnn || options.kernels != AttentionKernels::automatic) throw;
-      which = fall_back_from_cudnn(be, qkv.dtype(), D, e.what(), false);
+      which = fall_back_from_cudnn(be, qkv.dtype(), D, e.what(), true);
       if (!which) return causal_attention(qkv, n_head, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::composite});
       be.attention_forward(qkv, H, scale, out, lse, *which);
     }
