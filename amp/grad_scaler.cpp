@@ -123,6 +123,12 @@ Tensor GradScaler::found_inf_tensor(const optim::Optimizer& opt) const {
   return it == per_optimizer_.end() ? Tensor() : it->second.found_inf;
 }
 
+Tensor GradScaler::pending_scale(const optim::Optimizer& opt) const {
+  auto it = per_optimizer_.find(&opt);
+  if (it == per_optimizer_.end() || it->second.stage != Stage::checked || !it->second.found_inf.defined()) return Tensor();
+  return scale_.to(it->second.found_inf.device());
+}
+
 void GradScaler::agree_on_found_inf() {
   std::vector<Tensor> slots;  // the found_infs still pending
   for (auto& [opt, st] : per_optimizer_)

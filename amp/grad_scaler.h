@@ -97,6 +97,11 @@ class GradScaler {
   // that runs its own collectives sums it over the ranks in place before step(). Undefined when
   // none was recorded this iteration.
   Tensor found_inf_tensor(const optim::Optimizer& opt) const;
+  // Ours: the scale that opt's gradients still carry, on their device, between check_inf_ and
+  // step() (which unscales them in its own pass); undefined when they are unscaled or not scaled
+  // (after unscale_, before a check, or disabled). For a caller that reads them meanwhile: the
+  // trainer's gradient norm, computed on the unscaled values without a pass that writes them.
+  Tensor pending_scale(const optim::Optimizer& opt) const;
   // Ours: with per-tensor flags on, unscale_ and check_inf_ also say which gradients were not finite,
   // in the same fused pass (Backend::unscale_and_check's per_tensor): a float32 [opt.grads().size()]
   // on the gradients' device, 1 where that gradient held inf or NaN, for a caller to read back only

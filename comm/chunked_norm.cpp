@@ -10,7 +10,7 @@
 namespace amp::comm {
 
 Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
-                              bool sharded) {
+                              bool sharded, const Tensor& grad_scale) {
   if (buffers.empty() || buffers.size() != layout.used.size())
     throw std::invalid_argument("chunked_sum_of_squares: no buckets, or not the layout's");
   const Device device = buffers[0].device();
@@ -32,7 +32,7 @@ Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tens
     if (last > first) {  // chunks [first, last): one launch
       const int64_t begin = first * kNormChunk, end = std::min(layout.used[b], last * kNormChunk);
       Tensor out = partial.view(base + first, {last - first});
-      be.chunk_sums_of_squares(buf.view(begin, {end - begin}), kNormChunk, out);
+      be.chunk_sums_of_squares(buf.view(begin, {end - begin}), kNormChunk, out, grad_scale);
     }
     base += n;
   }

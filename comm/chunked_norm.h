@@ -20,7 +20,10 @@ constexpr int64_t kNormChunk = 1024;
 // The sum of squares of every gradient in the buckets, as a 1-element float32 tensor on their
 // device (its square root is the L2 norm). sharded: this rank holds only its shard of each bucket
 // (ZeRO-1); a collective then. Otherwise each rank reads whole buckets, and nothing is sent.
+// grad_scale (a 1-element f32 on their device, or undefined): the gradients still carry that loss
+// scale, and the sum is the one of the unscaled gradients, bit for bit, without writing them
+// (Backend::chunk_sums_of_squares).
 Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
-                              bool sharded);
+                              bool sharded, const Tensor& grad_scale);
 
 }  // namespace amp::comm

@@ -358,6 +358,30 @@ TEST(Cli, GradNormIsReportedWhenClippingOrAsked) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << a[i].first;
 }
 
+// fp16 with clipping by the norm: the gradients keep their loss scale until the optimizer's pass,
+// their norm reading them unscaled (no pass writing them). The control: --clip-grad-value too large
+// to act, which unscales them first, as before. The same norms and weights, bit for bit, with
+// clipping acting at every step (a norm that kept the scale would clip 65536 times harder).
+TEST(Cli, Fp16ClippingByNormNeedsNoUnscalePass) {
+  TempDir d;
+  auto train = [&](const std::string& extra, const std::string& name) {
+    const RunResult r = run(kNoSteps + "--steps 4 --amp fp16 --clip-grad-norm 0.05 --lr 0.1 --metrics " +
+                            d.file(name + ".jsonl") + " --save-weights " + d.file(name + ".safetensors") + " " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::vector<double> out;
+    for (const auto& rec : read_jsonl(d.file(name + ".jsonl")))
+      if (!rec.contains("event") && rec["grad_norm"].is_number()) out.push_back(rec["grad_norm"].get<double>());
+    return out;
+  };
+  const std::vector<double> fused = train("", "fused"), control = train("--clip-grad-value 1e30", "control");
+  ASSERT_EQ(fused.size(), 4u);
+  EXPECT_EQ(fused, control);
+  for (double n : fused) EXPECT_GT(n, 0.05) << "clipping acts";
+  const auto a = safetensors::load(d.file("fused.safetensors")), b = safetensors::load(d.file("control.safetensors"));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << a[i].first;
+}
+
 TEST(Cli, SaveWeightsRoundTripsIntoInitWeights) {
   TempDir d;
   ASSERT_EQ(run(kSmall + "--save-weights " + d.file("a.safetensors")).code, 0);

@@ -75,7 +75,7 @@ TEST(ClipGradNorm, ChunkSumsOfSquaresAreEachChunksOwn) {
     Generator g(9);
     const Tensor x = rand_uniform({n}, -3, 3, g, dt);
     Tensor got = full({chunks}, 0.5, DType::f32), want = full({chunks}, 0.5, DType::f32);
-    be.chunk_sums_of_squares(x, 1024, got);
+    be.chunk_sums_of_squares(x, 1024, got, Tensor());
     std::vector<Tensor> views;
     for (int64_t k = 0; k < chunks; ++k) views.push_back(x.view(k * 1024, {std::min<int64_t>(1024, n - k * 1024)}));
     be.norm_accumulate_each(views, 2.0, want);
@@ -83,7 +83,45 @@ TEST(ClipGradNorm, ChunkSumsOfSquaresAreEachChunksOwn) {
     EXPECT_NEAR(got.to_vector()[5], 0.5 + 77 * 3.0, 77 * 3.0 * 0.5) << "the short chunk: 77 squares of about 3";
   }
   Tensor wrong = zeros({5}, DType::f32);
-  EXPECT_THROW(be.chunk_sums_of_squares(zeros({5 * 1024 + 1}), 1024, wrong), std::invalid_argument);
+  EXPECT_THROW(be.chunk_sums_of_squares(zeros({5 * 1024 + 1}), 1024, wrong, Tensor()), std::invalid_argument);
+}
+
+// Gradients that still carry a loss scale: each chunk's sum is that of the elements as
+// unscale_and_check leaves them (times the inverse, stored in their dtype), without writing them.
+// Where that storing rounds (a scale of 3 on 16-bit gradients), the scaled sum divided by the
+// scale squared is another number.
+Tensor scaled_gradient(DType dt, double s, uint64_t seed) {
+  Generator g(seed);
+  return mul(rand_uniform({4 * 1024 + 5}, -3, 3, g, DType::f64), s).to(dt);
+}
+
+Tensor unscaled_chunk_sums(Backend& be, const Tensor& x, const Tensor& scale) {
+  Tensor copy = x.clone(), found = zeros({1}, DType::f32, x.device());
+  be.unscale_and_check({copy}, scale, found, Tensor());
+  Tensor sums = full({5}, 0.5, DType::f32, x.device());
+  be.chunk_sums_of_squares(copy, 1024, sums, Tensor());
+  return sums;
+}
+
+TEST(ClipGradNorm, ChunkSumsOfSquaresUnscaleAsTheyRead) {
+  Backend& be = backend_for(kCPU);
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (double s : {1024.0, 3.0}) {
+      const Tensor x = scaled_gradient(dt, s, 13), before = x.clone(), scale = full({1}, s, DType::f32);
+      Tensor got = full({5}, 0.5, DType::f32);
+      be.chunk_sums_of_squares(x, 1024, got, scale);
+      const Tensor want = unscaled_chunk_sums(be, x, scale);
+      EXPECT_TRUE(test::bitwise_equal(got, want)) << dtype_name(dt) << " scale " << s;
+      EXPECT_TRUE(test::bitwise_equal(x, before)) << "read, not written";
+      if ((dt == DType::bf16 || dt == DType::f16) && s == 3.0) {  // a shortcut that would not do
+        Tensor scaled = full({5}, 0.5, DType::f32);
+        be.chunk_sums_of_squares(x, 1024, scaled, Tensor());
+        EXPECT_NE(static_cast<float>(0.5 + (scaled.to_vector()[2] - 0.5) / (s * s)), want.to_vector()[2]) << dtype_name(dt);
+      }
+    }
+  }
+  Tensor out = zeros({5}, DType::f32);
+  EXPECT_THROW(be.chunk_sums_of_squares(zeros({5 * 1024}), 1024, out, full({2}, 2.0)), std::invalid_argument);
 }
 
 TEST(ClipGradNorm, InfNormAndNonFinite) {

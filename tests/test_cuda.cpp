@@ -1142,16 +1142,41 @@ TEST_F(CudaVsCpu, ChunkSumsOfSquaresInOneLaunch) {
     const int64_t n = 7 * 1024 + 300;
     const Tensor x = random_cpu({n}, dt, 57, -3, 3);
     Tensor c = full({8}, 0.25, DType::f32), g = full({8}, 0.25, DType::f32, kGPU);
-    cpu().chunk_sums_of_squares(x, 1024, c);
+    cpu().chunk_sums_of_squares(x, 1024, c, Tensor());
     const Tensor xg = x.to(kGPU);
     const int64_t before = launches();
-    gpu().chunk_sums_of_squares(xg, 1024, g);
+    gpu().chunk_sums_of_squares(xg, 1024, g, Tensor());
     if (emulated_device_counters()) {
       EXPECT_EQ(launches() - before, 1) << dtype_name(dt);
     }
     std::vector<double> sq = x.to_vector(), a(8, 0.25);
     for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i / 1024)] += sq[static_cast<size_t>(i)] * sq[static_cast<size_t>(i)];
     EXPECT_TRUE(matches_sum(g, c, from_vector(a, {8}, DType::f64), 1024)) << dtype_name(dt);
+  }
+}
+
+// Gradients that still carry a loss scale (a power of two, and 3): each chunk's sum is the one of
+// the gradient that unscale_and_check leaves on the device, bit for bit, and x is not written; the
+// CPU's, within the bound of sums in another order.
+TEST_F(CudaVsCpu, ChunkSumsOfSquaresOfScaledGradients) {
+  for (DType dt : kFloatTypes) {
+    for (double s : {1024.0, 3.0}) {
+      const int64_t n = 5 * 1024 + 9;
+      const Tensor x = mul(random_cpu({n}, DType::f64, 58, -3, 3), s).to(dt), xg = x.to(kGPU);
+      const Tensor scale = full({1}, s, DType::f32), scale_g = scale.to(kGPU);
+      Tensor g = full({6}, 0.25, DType::f32, kGPU), want = full({6}, 0.25, DType::f32, kGPU);
+      gpu().chunk_sums_of_squares(xg, 1024, g, scale_g);
+      EXPECT_TRUE(test::bitwise_equal(xg.to(kCPU), x)) << dtype_name(dt) << ": read, not written";
+      Tensor unscaled = xg.clone(), found = zeros({1}, DType::f32, kGPU);
+      gpu().unscale_and_check({unscaled}, scale_g, found, Tensor());
+      gpu().chunk_sums_of_squares(unscaled, 1024, want, Tensor());
+      EXPECT_TRUE(test::bitwise_equal(g.to(kCPU), want.to(kCPU))) << dtype_name(dt) << " scale " << s;
+      Tensor c = full({6}, 0.25, DType::f32);
+      cpu().chunk_sums_of_squares(x, 1024, c, scale);
+      std::vector<double> u = unscaled.to(kCPU).to_vector(), a(6, 0.25);
+      for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i / 1024)] += u[static_cast<size_t>(i)] * u[static_cast<size_t>(i)];
+      EXPECT_TRUE(matches_sum(g, c, from_vector(a, {6}, DType::f64), 1024)) << dtype_name(dt) << " scale " << s;
+    }
   }
 }
 

@@ -131,4 +131,23 @@ TEST(EmuDryRun, MlpFp16DynamicScaling) {
   check("--width 64 --layers 3 --batch-size 16 --amp fp16 --loss-scale dynamic --momentum 0.9 --clip-grad-norm 1.0");
 }
 
+// fp16 with clipping by the norm: the gradients are checked read-only, their norm reads them
+// unscaled and the optimizer's pass unscales them as it reads them, so no pass writes them back
+// unscaled (no UnscaleOp kernel in the step). The clamp, which reads them itself, still unscales
+// them first: the control, which shows that the count sees the kernel. Same numbers: test_cli.
+TEST(EmuDryRun, Fp16ClippingByNormWritesNoUnscaledGradient) {
+  const auto unscale_kernels = [](const std::string& extra) {
+    const auto r = train(true, "--width 64 --layers 3 --batch-size 16 --amp fp16 --momentum 0.9 --clip-grad-norm 1.0 " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    int n = 0;
+    if (!r.steps.empty())
+      for (const nlohmann::json& op : r.steps.back().ops)
+        if (op["op"] == "kernel" && op.value("params", "").find("UnscaleOp") != std::string::npos) ++n;
+    return n;
+  };
+  EXPECT_EQ(unscale_kernels(""), 0);
+  EXPECT_EQ(unscale_kernels("--log-grad-norm"), 0);
+  EXPECT_GT(unscale_kernels("--clip-grad-value 100"), 0);
+}
+
 }  // namespace

@@ -174,10 +174,11 @@ Trainer::StepFigures Trainer::device_step() {
     if (injected.defined()) add_(injected, step_.inject_flag);
   }
 
-  // found_inf. Clipping and the norm read unscaled gradients: unscale_ first (a read and a write of
-  // every gradient, checking them). Otherwise a read-only check, and the optimizer's pass unscales
-  // each gradient as it reads it (GradScaler::step after check_inf_).
-  if (cfg_.clip_grad_norm > 0.0 || cfg_.log_grad_norm || cfg_.clip_grad_value > 0.0) scaler_->unscale_(*opt_);
+  // found_inf: a read-only check, and the optimizer's pass unscales each gradient as it reads it
+  // (GradScaler::step after check_inf_); the norm over the buckets reads them unscaled too
+  // (chunked_sum_of_squares' grad_scale). The clamp (--clip-grad-value) and the multi-task model's
+  // norm read the gradients themselves: unscale_ first then (a read and a write of every gradient).
+  if (cfg_.clip_grad_value > 0.0 || (needs_grad_norm() && !reducer_)) scaler_->unscale_(*opt_);
   else scaler_->check_inf_(*opt_);
   step_.flags = scaler_->nonfinite_per_tensor(*opt_);  // on a GPU: which gradients, for a skipped step's message
   // The names, made once: the gradients checked are the same every step (in the same order), save
@@ -210,7 +211,9 @@ Trainer::StepFigures Trainer::device_step() {
   Tensor grad_norm;
   NormClip clip;  // clipping by the norm in the optimizer's pass, unless the clamp reads the clipped gradients
   if (needs_grad_norm()) {
-    if (reducer_) grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr));
+    if (reducer_)
+      grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr,
+                                                    scaler_->pending_scale(*opt_)));
     else grad_norm = get_total_norm(opt_->grads(), 2.0, false);
     if (cfg_.clip_grad_norm > 0.0 && cfg_.clip_grad_value > 0.0) clip_grads_with_norm_(opt_->params(), cfg_.clip_grad_norm, grad_norm);
     else if (cfg_.clip_grad_norm > 0.0) clip = {grad_norm.to(DType::f32).to(device_), cfg_.clip_grad_norm};

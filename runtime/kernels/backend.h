@@ -197,7 +197,10 @@ class Backend {
   // The same with p = 2 over the chunks of a 1-D x: out[k] (f32) += the sum of squares of x[k chunk,
   // min((k + 1) chunk, n)) for each of its ceil(n / chunk) chunks (comm/chunked_norm.h's unit): what
   // norm_accumulate_each over the chunks' views gives, in one launch however many chunks there are.
-  virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) = 0;
+  // scale (a 1-element f32 on x's device, or undefined: 1): x still carries a loss scale, and the
+  // squares are those of x as unscale_and_check would leave it (each element times inverse_scale,
+  // stored in x's dtype): the sums are bit for bit those of the unscaled x, and x is not written.
+  virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) = 0;
   // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;

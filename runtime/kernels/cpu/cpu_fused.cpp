@@ -146,6 +146,15 @@ AMP_SIMD_CLONES double norm_range(const T* x, long n, double p) {
   if (p == 2.0) return cpu::lane_sum(n, [&](long i) { return at(i) * at(i); });  // without norm_term's dispatch on p
   return cpu::lane_sum(n, [&](long i) { return math::norm_term(std::fabs(at(i)), p); });
 }
+
+// norm_range's p = 2 over x unscaled as unscale_and_check stores it (inv 1: x itself, the same sum).
+template <class T>
+AMP_SIMD_CLONES double unscaled_squares_range(const T* x, long n, float inv) {
+  auto at = [x, inv](long i) {
+    return static_cast<double>(Elem<T>::load(Elem<T>::store(math::unscale_element(Elem<T>::load(x[i]), inv))));
+  };
+  return cpu::lane_sum(n, [&](long i) { return at(i) * at(i); });
+}
 }  // namespace
 
 void CpuBackend::unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale, Tensor& found_inf,
@@ -311,18 +320,22 @@ void CpuBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, T
   }
 }
 
-// Each chunk's sum is norm_accumulate_each's on the chunk's view, bit for bit: a chunk below the
-// parallel grain is one norm_range, added to 0.0 (and to the other threads' zero partials there).
-void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) {
+// Each chunk's sum is norm_accumulate_each's on the chunk's view (unscaled), bit for bit: a chunk
+// below the parallel grain is one norm_range, added to 0.0 (and to the other threads' zero partials there).
+void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) {
   if (chunk < 1 || chunk > cpu::kParallelGrain) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
   const long n = static_cast<long>(x.numel()), c = static_cast<long>(chunk), chunks = (n + c - 1) / c;
   if (out.dtype() != DType::f32 || out.numel() != chunks)
     throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
+  if (scale.defined() && (scale.dtype() != DType::f32 || scale.numel() != 1))
+    throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor");
+  const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
   float* o = out.data<float>();
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     const T* d = x.data<T>();
     cpu::parallel_chunks(chunks, [&](long b, long e) {
-      for (long k = b; k < e; ++k) o[k] += static_cast<float>(0.0 + norm_range(d + k * c, std::min(c, n - k * c), 2.0));
+      for (long k = b; k < e; ++k)
+        o[k] += static_cast<float>(0.0 + unscaled_squares_range(d + k * c, std::min(c, n - k * c), inv));
     }, std::max(1L, cpu::kParallelGrain / c));
   });
 }

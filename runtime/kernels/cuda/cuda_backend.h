@@ -95,7 +95,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
                  const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) override;
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
-  void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) override;
+  void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) override;
   void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;
   void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
 };

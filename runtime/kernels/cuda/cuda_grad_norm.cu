@@ -65,13 +65,17 @@ struct NormOp {
 };
 
 // One block per chunk of x: out[k] += the sum of squares of x's chunk k, in double (the gradient
-// norm's fixed chunks, comm/chunked_norm.h).
+// norm's fixed chunks, comm/chunked_norm.h). scale (null: 1): each element is first unscaled as
+// UnscaleOp would store it, so the sums are those of the unscaled x.
 template <class T>
-__global__ void chunk_squares_kernel(const T* __restrict__ x, int64_t n, int64_t chunk, float* __restrict__ out) {
+__global__ void chunk_squares_kernel(const T* __restrict__ x, int64_t n, int64_t chunk, const float* __restrict__ scale,
+                                     float* __restrict__ out) {
   const int64_t k = blockIdx.x, begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
+  const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
   double acc = 0.0;
   for (int64_t i = begin + static_cast<int64_t>(threadIdx.x); i < end; i += blockDim.x) {
-    const double a = static_cast<double>(DevElem<T>::load(x[i]));
+    const T u = DevElem<T>::store(math::unscale_element(DevElem<T>::load(x[i]), inv));
+    const double a = static_cast<double>(DevElem<T>::load(u));
     acc += a * a;
   }
   acc = block_reduce(acc, SumOp{});
@@ -248,9 +252,14 @@ void CudaBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, 
   norm_partials_and_finish(xs, p, partial.as<double>(), ranges, out.data<float>());
 }
 
-void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out) {
+void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) {
   require_cuda(x, "chunk_sums_of_squares: input");
   require_cuda(out, "chunk_sums_of_squares: output");
+  if (scale.defined()) {
+    require_cuda(scale, "chunk_sums_of_squares: scale");
+    if (scale.dtype() != DType::f32 || scale.numel() != 1)
+      throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor");
+  }
   if (chunk < 1) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
   const int64_t n = x.numel(), chunks = (n + chunk - 1) / chunk;
   if (out.dtype() != DType::f32 || out.numel() != chunks)
@@ -259,9 +268,10 @@ void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& 
   if (chunks > 0x7fffffff) throw std::invalid_argument("chunk_sums_of_squares: more than 2^31-1 chunks");
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    declare_launch_cost(n * static_cast<int64_t>(sizeof(T)) + chunks * 4, chunks * 4, 2 * n);
-    AMP_LAUNCH(static_cast<unsigned>(chunks), 256, 0, ctx.stream(), chunk_squares_kernel<T>)(x.data<T>(), n, chunk,
-                                                                                           out.data<float>());
+    declare_launch_cost(n * static_cast<int64_t>(sizeof(T)) + chunks * 4 + (scale.defined() ? 4 : 0), chunks * 4,
+                        (scale.defined() ? 3 : 2) * n);
+    AMP_LAUNCH(static_cast<unsigned>(chunks), 256, 0, ctx.stream(), chunk_squares_kernel<T>)(
+        x.data<T>(), n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>());
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
