@@ -78,7 +78,13 @@ class Mlp final : public nn::Module {
     register_module("c_fc", c_fc);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x) override { return drop_->apply((*c_proj)(gelu((*c_fc)(x), gelu_tanh_)), site_); }
+  // GPT-2's tanh GELU as one op whose GELU the GEMMs apply (cuBLASLt's epilogues on a GPU);
+  // nanoGPT's erf GELU as its three ops.
+  Tensor forward(const Tensor& x) override {
+    const Tensor y = gelu_tanh_ ? mlp_gelu_tanh(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)
+                                : (*c_proj)(gelu((*c_fc)(x), false));
+    return drop_->apply(y, site_);
+  }
   std::shared_ptr<nn::Linear> c_fc, c_proj;
 
  private:

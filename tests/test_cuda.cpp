@@ -781,6 +781,79 @@ TEST_F(CudaVsCpu, LinearBiasInTheGemmsEpilogueEqualsTheComposite) {
   }
 }
 
+// The MLP's tanh GELU in the GEMMs' epilogues (cuBLASLt's GELU_AUX_BIAS and DGELU): one matmul each
+// where the hidden width is a multiple of 8, else the composite. Forward: pre is linear_forward's,
+// bit for bit on the emulated GPU; y is the GELU of the fp32 sum, checked against the tanh GELU in
+// double of the sum's rounding (pre): within one rounding of y, the slope (at most 1.13) times one
+// rounding of pre, and 2^-11 |pre| for a fast tanh. Backward: dpre against (g w) * gelu'(pre) in
+// double: the fp32 sums' bound times the slope, 2^-10 of the product for a fast tanh, one rounding.
+// Both within the CPU's composite's tolerance too. These bounds are what a GPU's cuBLASLt must meet.
+TEST_F(CudaVsCpu, TanhGeluInTheGemmsEpilogues) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  const auto gelu = [](double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); };
+  const auto slope = [](double x) {
+    const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+  };
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    for (const auto& [r, in, h] : {std::tuple<int64_t, int64_t, int64_t>{37, 19, 24}, {130, 72, 16}, {9, 5, 13}}) {
+      const bool epilogue = h % 8 == 0;
+      const Tensor x = random_cpu({r, in}, dt, 94).to(kGPU), w = random_cpu({h, in}, dt, 95).to(kGPU);
+      const Tensor b = random_cpu({h}, dt, 96).to(kGPU);
+      Tensor pre = empty({r, h}, dt, kGPU), y = empty({r, h}, dt, kGPU), lin = empty({r, h}, dt, kGPU);
+      const int64_t before = launches();
+      gpu().linear_gelu_tanh_forward(x, w, b, pre, y);
+      if (emulated_device_counters()) {
+        EXPECT_EQ(launches() - before == 1, epilogue) << "one cuBLASLt matmul where the epilogue runs";
+      }
+      gpu().linear_forward(x, w, b, lin);
+      if (emulated_device_counters()) {
+        EXPECT_TRUE(test::bitwise_equal(pre.to(kCPU), lin.to(kCPU))) << dtype_name(dt);
+      } else {
+        EXPECT_TRUE(matches(pre, lin, dt == DType::f32 ? 1e-6 : 8e-3)) << dtype_name(dt);
+      }
+      const std::vector<double> pv = pre.to(kCPU).to_vector(), yv = y.to(kCPU).to_vector();
+      for (size_t i = 0; i < pv.size(); ++i) {
+        const double want = gelu(pv[i]);
+        const double bound = ulp_of(want, dt) + 1.13 * ulp_of(pv[i], dt) + std::ldexp(std::fabs(pv[i]), -11);
+        ASSERT_LE(std::fabs(yv[i] - want), bound) << dtype_name(dt) << " element " << i << ": pre " << pv[i];
+      }
+      Tensor cpre = empty({r, h}, dt), cy = empty({r, h}, dt);
+      cpu().linear_gelu_tanh_forward(x.to(kCPU), w.to(kCPU), b.to(kCPU), cpre, cy);
+      EXPECT_TRUE(matches(y, cy, dt == DType::f32 ? 1e-5 : 2e-2)) << dtype_name(dt);
+
+      // The input gradient of the next layer (width o) through the GELU.
+      const int64_t o = 11;
+      const Tensor g = random_cpu({r, o}, dt, 97).to(kGPU), w2 = random_cpu({o, h}, dt, 98).to(kGPU);
+      Tensor dpre = empty({r, h}, dt, kGPU);
+      const int64_t before_back = launches();
+      gpu().linear_input_grad_gelu_tanh(g, w2, pre, dpre);
+      if (emulated_device_counters()) {
+        EXPECT_EQ(launches() - before_back == 1, epilogue) << "one cuBLASLt matmul where the epilogue runs";
+      }
+      const std::vector<double> gv = g.to(kCPU).to_vector(), wv = w2.to(kCPU).to_vector(), dv = dpre.to(kCPU).to_vector();
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < h; ++j) {
+          double prod = 0, abs_sum = 0;
+          for (int64_t p = 0; p < o; ++p) {
+            prod += gv[static_cast<size_t>(i * o + p)] * wv[static_cast<size_t>(p * h + j)];
+            abs_sum += std::fabs(gv[static_cast<size_t>(i * o + p)] * wv[static_cast<size_t>(p * h + j)]);
+          }
+          const size_t at = static_cast<size_t>(i * h + j);
+          const double s = slope(pv[at]), want = prod * s;
+          const double bound = 1.13 * (static_cast<double>(o) * 0x1p-23 * abs_sum) + std::ldexp(std::fabs(prod), -10) +
+                               ulp_of(want, dt) + (epilogue ? 0.0 : 1.13 * ulp_of(prod, dt));  // the composite rounds g w
+          ASSERT_LE(std::fabs(dv[at] - want), bound) << dtype_name(dt) << " (" << i << ", " << j << ")";
+        }
+      Tensor cd = empty({r, h}, dt);
+      cpu().linear_input_grad_gelu_tanh(g.to(kCPU), w2.to(kCPU), cpre, cd);
+      EXPECT_TRUE(matches(dpre, cd, dt == DType::f32 ? 1e-5 : 3e-2)) << dtype_name(dt);
+      Tensor narrow = lin.view(0, {r, h - 1});
+      EXPECT_THROW(gpu().linear_gelu_tanh_forward(x, w, b, pre, narrow), std::invalid_argument);
+    }
+  }
+}
+
 // A bf16 weight cast from an fp32 parameter gets its gradient as the GEMM's fp32 sums on the GPU too
 // (cuBLAS writing fp32 from bf16 operands): within fp32 rounding of the CPU's, which test_amp checks
 // against a double oracle; a bf16 rounding on either side would be 2^-9 off, far outside the bound.

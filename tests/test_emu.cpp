@@ -441,6 +441,100 @@ TEST_F(Emu, CublasLtRunsTheBiasEpilogueAndRefusesWhatItWouldNotRun) {
   EXPECT_EQ(cublasLtDestroy(lt), CUBLAS_STATUS_SUCCESS);
 }
 
+// cuBLASLt's GELU epilogues as the CUDA backend's MLP calls them: GELU_AUX_BIAS writes the fp32 sum
+// plus bias to aux and D = gelu(that), the tanh form; DGELU reads aux and D = sum * gelu'(aux).
+// Against the tanh GELU and its slope written out here in double (the sums, in float in one order,
+// are exact here: small integers). An aux leading dimension that is not a multiple of 8 is refused,
+// as is an aux less aligned than the algorithm was chosen for.
+TEST_F(Emu, CublasLtRunsTheGeluEpilogues) {
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  const int m = 16, n = 5, k = 7;
+  float* a = device<float>(m * k);
+  float* b = device<float>(k * n);
+  float* d = device<float>(m * n);
+  float* aux = device<float>(m * n + 4);
+  float* bias = device<float>(m);
+  std::vector<float> ha(m * k), hb(k * n), hbias(m);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = static_cast<float>(i % 5) - 2.0f;
+  for (size_t i = 0; i < hb.size(); ++i) hb[i] = static_cast<float>(i % 3) - 1.0f;
+  for (int i = 0; i < m; ++i) hbias[i] = 0.25f * static_cast<float>(i - 8);
+  ASSERT_EQ(cudaMemcpy(a, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(bias, hbias.data(), hbias.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto gelu = [](double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); };
+  const auto slope = [&](double x) { return (gelu(x + 1e-6) - gelu(x - 1e-6)) / 2e-6; };  // another route to it
+  const auto sum = [&](int i, int j) {
+    double s = 0;
+    for (int p = 0; p < k; ++p) s += ha[i + p * m] * hb[p + j * k];
+    return s;
+  };
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  const float alpha = 1.0f, beta = 0.0f;
+  for (const uint32_t epilogue : {uint32_t{CUBLASLT_EPILOGUE_GELU_AUX_BIAS}, uint32_t{CUBLASLT_EPILOGUE_DGELU}}) {
+    const bool forward = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    cublasLtMatmulDesc_t op = nullptr;
+    ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    const void* bias_ptr = bias;
+    void* aux_ptr = aux;
+    int64_t aux_ld = 12;  // not a multiple of 8
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof(aux_ptr)),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+              CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &r, &found), CUBLAS_STATUS_INVALID_VALUE);
+    aux_ld = m;
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &r, &found), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(found, 1);
+    if (!forward) {  // aux: the GELU's inputs, as a forward would have left them
+      std::vector<float> pre(m * n);
+      for (size_t i = 0; i < pre.size(); ++i) pre[i] = 0.37f * static_cast<float>(static_cast<int>(i % 23) - 11);
+      ASSERT_EQ(cudaMemcpy(aux, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    const std::vector<float> aux_before = host(aux, m * n);
+    ASSERT_EQ(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> got = host(d, m * n), got_aux = host(aux, m * n);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        const int at = i + j * m;
+        if (forward) {
+          const double pre = sum(i, j) + hbias[i];
+          EXPECT_EQ(got_aux[at], static_cast<float>(pre)) << i << "," << j;
+          EXPECT_NEAR(got[at], gelu(pre), 1e-6 * (1.0 + std::fabs(pre))) << i << "," << j;
+        } else {
+          EXPECT_EQ(got_aux[at], aux_before[at]) << "aux is read, not written";
+          EXPECT_NEAR(got[at], sum(i, j) * slope(aux_before[at]), 1e-5 * (1.0 + std::fabs(sum(i, j)))) << i << "," << j;
+        }
+      }
+    // An aux one float into its allocation: less aligned than the algorithm was chosen for.
+    void* shifted = aux + 1;
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &shifted, sizeof(shifted)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &r.algo, nullptr, 0, nullptr),
+              CUBLAS_STATUS_NOT_SUPPORTED);
+    EXPECT_EQ(cublasLtMatmulDescDestroy(op), CUBLAS_STATUS_SUCCESS);
+  }
+  EXPECT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(la), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(lb), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(ld), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtDestroy(lt), CUBLAS_STATUS_SUCCESS);
+}
+
 TEST_F(Emu, AShuffleWaitingForLanesThatLeftIsAFault) {
   float* out = device<float>(32);
   AMP_LAUNCH(1, 32, 0, nullptr, shuffle_after_half_the_warp_left)(out);

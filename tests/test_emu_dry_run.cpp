@@ -118,6 +118,26 @@ TEST(EmuDryRun, GptBf16FusedAttention) {
   }
 }
 
+// GPT-2's GELU (--gelu tanh) in the GEMMs: a layer's MLP forward is one cuBLASLt matmul with the
+// GELU_AUX_BIAS epilogue, its backward one with DGELU (the erf GELU keeps its own passes: none).
+TEST(EmuDryRun, GptTanhGeluInTheGemmsEpilogues) {
+  const std::string gpt = "--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --amp bf16 "
+                          "--optimizer adamw --eval-every 0 --sample-tokens 0 --gelu ";
+  check(gpt + "tanh");
+  for (const char* form : {"tanh", "erf"}) {
+    const auto r = train(true, gpt + form);
+    ASSERT_EQ(r.code, 0) << r.out;
+    int forward = 0, backward = 0;
+    for (const nlohmann::json& op : r.steps.back().ops) {
+      forward += op["op"] == "gemm" && op.value("epilogue", "") == "gelu_aux_bias";
+      backward += op["op"] == "gemm" && op.value("epilogue", "") == "dgelu";
+    }
+    const int want = std::string(form) == "tanh" ? 2 : 0;
+    EXPECT_EQ(forward, want) << form << ": one a layer";
+    EXPECT_EQ(backward, want) << form << ": one a layer";
+  }
+}
+
 // --profile-step 2: cudaProfilerStart just before step 2 begins, cudaProfilerStop once it has ended.
 TEST(EmuDryRun, ProfileStepBracketsThatStep) {
   const auto r = train(false, "--width 64 --layers 2 --batch-size 16 --profile-step 2");

@@ -436,6 +436,16 @@ TEST(EmulatedTraining, GptWithTheFusedAttentionMatchesTheCpuBackend) {
             1e-3, 2e-3, 0, std::string("--attention ") + kernels);
 }
 
+// GPT-2's GELU (--gelu tanh): the MLP's GELU in cuBLASLt's epilogues (the GELU of the fp32 sums)
+// trains as the CPU's three ops do (the GELU of the rounded sums) within fp16's rounding, and a
+// captured step replays what eager steps compute.
+TEST(EmulatedTraining, GptWithTanhGeluInTheEpiloguesMatchesTheCpuBackend) {
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                          " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --gelu tanh";
+  compare(gpt + " --steps 10 --lr 0.05 --momentum 0.9 --amp fp16 --init-scale 1024 --growth-interval 4", 1e-3, 2e-3);
+  compare_graphs(gpt + " --steps 8 --optimizer adamw --lr 0.01 --amp bf16");
+}
+
 TEST(EmulatedTraining, GptMatchesTheCpuBackend) {
   compare(" --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
               " --n-layer 2 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --steps 10 --lr 0.05 --momentum 0.9"

@@ -75,6 +75,12 @@ TEST(Gradcheck, UnaryOps) {
   EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0], true); }, {rnd({3, 4}, 10, -3, 3)}));
 }
 
+// The MLP with the tanh GELU as one op (mlp_gelu_tanh): its five gradients against finite differences.
+TEST(Gradcheck, MlpWithTanhGelu) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return mlp_gelu_tanh(v[0], v[1], v[2], v[3], v[4]); },
+                        {rnd({2, 3, 4}, 11, -2, 2), rnd({8, 4}, 12), rnd({8}, 13), rnd({5, 8}, 14), rnd({5}, 15)}));
+}
+
 TEST(Gradcheck, Reductions) {
   EXPECT_TRUE(gradcheck([](const V& v) { return sum(v[0]); }, {rnd({3, 4}, 1)}, true));
   EXPECT_TRUE(gradcheck([](const V& v) { return mean(v[0]); }, {rnd({3, 4}, 2)}, true));

@@ -204,6 +204,45 @@ TEST(TransformerOps, AddThenLayerNormIsTheAddThenTheLayerNorm) {
   }
 }
 
+// The MLP with GPT-2's GELU as one op: its output and every gradient bit for bit linear, gelu(tanh)
+// and linear on the CPU (whose backend runs the same GEMMs and passes), in fp32, fp64 and under bf16
+// and fp16 autocast (fp32 parameters cast in the op as linear casts them), for a 3-D input; a
+// parameter that needs no gradient gets none; a bias that does not fit is linear's message; no
+// double backward (the three ops have none with respect to the GELU's input either).
+TEST(TransformerOps, MlpWithTanhGeluIsItsThreeOps) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const DType dt = mode == 1 ? DType::f64 : DType::f32;
+    const Tensor x = rnd({2, 3, 16}, 111, -2, 2, dt).set_requires_grad(true);
+    const Tensor w1 = rnd({24, 16}, 112, -0.4, 0.4, dt).set_requires_grad(true);
+    const Tensor b1 = rnd({24}, 113, -0.5, 0.5, dt).set_requires_grad(true);
+    const Tensor w2 = rnd({8, 24}, 114, -0.4, 0.4, dt).set_requires_grad(true);
+    const Tensor b2 = rnd({8}, 115, -0.5, 0.5, dt).set_requires_grad(mode != 3);
+    const Tensor probe = rnd({2, 3, 8}, 116, -1, 1, DType::f32);
+    Tensor fused, composite;
+    {
+      autocast ac(DeviceType::cpu, mode == 2 ? DType::f16 : DType::bf16, mode >= 2, true, CastLists::cuda);
+      fused = mlp_gelu_tanh(x, w1, b1, w2, b2);
+      composite = linear(gelu(linear(x, w1, b1), true), w2, b2);
+    }
+    ASSERT_EQ(fused.shape(), (Shape{2, 3, 8}));
+    EXPECT_TRUE(test::bitwise_equal(fused, composite)) << "mode " << mode;
+    const auto loss = [&](const Tensor& y) { return sum(mul(y.to(DType::f32), probe)); };
+    const V inputs = mode == 3 ? V{x, w1, b1, w2} : V{x, w1, b1, w2, b2};
+    const V gf = grad({loss(fused)}, inputs), gc = grad({loss(composite)}, inputs);
+    for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(test::bitwise_equal(gf[i], gc[i])) << "mode " << mode << " input " << i;
+  }
+  const Tensor x = rnd({4, 16}, 117).set_requires_grad(true), w1 = rnd({24, 16}, 118), b1 = rnd({24}, 119);
+  const Tensor w2 = rnd({8, 24}, 120), b2 = rnd({8}, 121);
+  try {
+    (void)mlp_gelu_tanh(x, w1, b1, w2, rnd({9}, 122));
+    ADD_FAILURE() << "a bias of 9 for 8 outputs was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("linear: bias"), std::string::npos) << e.what();
+  }
+  const Tensor y = mlp_gelu_tanh(x, w1, b1, w2, b2);
+  EXPECT_THROW((void)grad({sum(y)}, {x}, {}, false, true), std::runtime_error);
+}
+
 TEST(TransformerOps, CausalSoftmaxIsTheMaskedSoftmaxFused) {
   const Tensor x = rnd({2, 3, 5, 5}, 51, -3, 3).set_requires_grad(true);
   const Tensor w = rnd({2, 3, 5, 5}, 52);

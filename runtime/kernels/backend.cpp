@@ -20,6 +20,17 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   gemm(false, true, 1.0f, x, w, 1.0f, y);
 }
 
+void Backend::linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y) {
+  linear_forward(x, w, bias, pre);
+  unary(UnaryOp::gelu_tanh, pre, y, 0.0);
+}
+
+void Backend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+  Tensor product = empty(pre.shape(), pre.dtype(), pre.device());
+  gemm(false, false, 1.0f, g, w, 0.0f, product);
+  binary(BinaryOp::gelu_tanh_backward, product, pre, dpre);
+}
+
 void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&, FusedAttention) {
   throw std::logic_error("attention_forward: this backend has no fused attention (has_fused_attention)");
 }

@@ -153,6 +153,17 @@ class Backend {
   // row, before y's one rounding). The default broadcasts the bias into y and accumulates the product
   // onto it (beta = 1); a backend with a GEMM epilogue overrides it.
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
+  // Optional: a linear layer and the tanh GELU after it (the MLP's first half): pre = x @ w^T + bias
+  // and y = gelu_tanh(pre), both in x's dtype, pre kept for the backward. The default is
+  // linear_forward into pre, then the GELU's pass over pre. A backend with cuBLASLt's GELU epilogue
+  // (the tanh form) computes both in the GEMM, y from the fp32 sum rather than from rounded pre:
+  // within one rounding of y, and of the GELU's slope times one rounding of pre.
+  virtual void linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y);
+  // Optional: the input gradient of a linear layer whose input was gelu_tanh(pre), taken back
+  // through the GELU: dpre = (g @ w) * gelu_tanh'(pre), g [r, o], w [o, h], pre and dpre [r, h], one
+  // dtype. The default is the GEMM into a temporary, then the GELU's backward pass; cuBLASLt's DGELU
+  // epilogue applies the slope to the fp32 product (within one rounding of the product, times the slope).
+  virtual void linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre);
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any unscaled grad is inf or NaN (never

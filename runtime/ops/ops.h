@@ -50,6 +50,11 @@ Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 // x @ w^T + b, w is [out, in] as in PyTorch. b may be undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // (Its bf16 weight gradients under autocast: set_fp32_weight_grads, runtime/ops/autocast_policy.h.)
+// The transformer's MLP with GPT-2's GELU: linear(gelu(linear(x, w1, b1), tanh), w2, b2) as one
+// node, the GELU inside the GEMMs where the backend has the epilogues (cuBLASLt's GELU_AUX_BIAS
+// forward, DGELU backward; Backend::linear_gelu_tanh_forward). The same numbers as the three ops on
+// the CPU; on a GPU within the bounds those backend calls state. No double backward.
+Tensor mlp_gelu_tanh(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 // The inner product of two 1-D tensors of one length (a 0-d result). On CUDA's autocast promote list.
 Tensor dot(const Tensor& a, const Tensor& b);
 

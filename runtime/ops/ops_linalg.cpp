@@ -1,4 +1,5 @@
-// Matrix products: mm with transposes folded into the GEMM, matmul and linear.
+// Matrix products: mm with transposes folded into the GEMM, matmul and linear; the transformer's
+// MLP with its tanh GELU folded into the GEMMs (mlp_gelu_tanh).
 #include <atomic>
 #include <stdexcept>
 
@@ -33,6 +34,14 @@ Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
     dst = empty(w.shape(), dtype, g.device());
   }
   backend_for(g.device()).gemm(true, false, 1.0f, g, x2, 0.0f, dst);
+  return dst;
+}
+
+// A bias's gradient: g summed over its rows, straight into the bias's destination where it has one.
+Tensor bias_grad(const Tensor& g, const Tensor& b) {
+  Tensor dst = take_grad_destination(b, g.dtype());
+  if (!dst.defined()) return sum_to(g, b.shape());
+  backend_for(g.device()).sum_to(g, dst);
   return dst;
 }
 
@@ -108,20 +117,60 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
     Tensor gw, gb;
     // A leaf's first gradient goes straight into its destination (its gradient bucket).
     if (needs(w)) gw = weight_grad(g, x2, w);
-    if (needs(b)) {
-      Tensor dst = take_grad_destination(b, g.dtype());
-      if (dst.defined()) {
-        backend_for(g.device()).sum_to(g, dst);
-        gb = dst;
-      } else {
-        gb = sum_to(g, b.shape());
-      }
-    }
+    if (needs(b)) gb = bias_grad(g, b);
     return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(), gw, gb};
   });
   if (in_shape.size() == 2) return y;
   Shape out_shape = in_shape;
   out_shape.back() = w.shape()[0];
+  return y.reshape(out_shape);
+}
+
+Tensor mlp_gelu_tanh(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, const Tensor& w2_in,
+                     const Tensor& b2_in) {
+  Tensor x = x_in, w1 = w1_in, b1 = b1_in, w2 = w2_in, b2 = b2_in;
+  autocast_inputs(OpKind::linear, {&x, &w1, &b1});
+  autocast_inputs(OpKind::linear, {&w2, &b2});
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  const bool same = w1.defined() && b1.defined() && w2.defined() && b2.defined() && is_floating(dt) &&
+                    w1.dtype() == dt && b1.dtype() == dt && w2.dtype() == dt && b2.dtype() == dt &&
+                    w1.device() == dev && b1.device() == dev && w2.device() == dev && b2.device() == dev;
+  const bool shapes = same && x.dim() >= 1 && w1.dim() == 2 && w2.dim() == 2 && b1.dim() == 1 && b2.dim() == 1 &&
+                      x.size(-1) == w1.shape()[1] && b1.shape()[0] == w1.shape()[0] &&
+                      w2.shape()[1] == w1.shape()[0] && b2.shape()[0] == w2.shape()[0];
+  // The GELU would run in x's dtype (autocast leaves it alone) and the second linear in h's.
+  const bool one_dtype = shapes && autocast_dtype(OpKind::gelu, dt, dev.type, {dt}) == dt &&
+                         autocast_dtype(OpKind::linear, dt, dev.type, {dt}) == dt;
+  if (!one_dtype) return linear(gelu(linear(x, w1, b1), true), w2, b2);  // its checks and messages
+  const Shape in_shape = x.shape();
+  const Tensor x2 = x.dim() == 2 ? x : x.reshape({x.numel() / x.size(-1), x.size(-1)});
+  const int64_t rows = x2.shape()[0];
+  Tensor pre = empty({rows, w1.shape()[0]}, dt, dev), h = empty({rows, w1.shape()[0]}, dt, dev);
+  Tensor y = empty({rows, w2.shape()[0]}, dt, dev);
+  Backend& be = backend_for(dev);
+  be.linear_gelu_tanh_forward(x2, w1, b1, pre, h);
+  be.linear_forward(h, w2, b2, y);
+  y = record("MlpGeluTanhBackward", y, {x2, w1, b1, w2, b2}, [x2, w1, b1, w2, b2, pre, h](const Tensor& g) {
+    if (GradMode::enabled())
+      throw std::runtime_error("mlp_gelu_tanh: no double backward (compose linear, gelu and linear for one)");
+    // linear's backward for the second layer, then the first's from dpre, which the GEMM that
+    // takes g back through w2 gives with the GELU's slope applied (Backend::linear_input_grad_gelu_tanh).
+    Tensor gx, gw1, gb1, gw2, gb2;
+    if (needs(w2)) gw2 = weight_grad(g, h, w2);
+    if (needs(b2)) gb2 = bias_grad(g, b2);
+    if (needs(x2) || needs(w1) || needs(b1)) {
+      Tensor dpre = empty(pre.shape(), pre.dtype(), pre.device());
+      backend_for(g.device()).linear_input_grad_gelu_tanh(g, w2, pre, dpre);
+      if (needs(w1)) gw1 = weight_grad(dpre, x2, w1);
+      if (needs(b1)) gb1 = bias_grad(dpre, b1);
+      if (needs(x2)) gx = mm(dpre, w1, false, false);
+    }
+    return std::vector<Tensor>{gx, gw1, gb1, gw2, gb2};
+  });
+  if (in_shape.size() == 2) return y;
+  Shape out_shape = in_shape;
+  out_shape.back() = w2.shape()[0];
   return y.reshape(out_shape);
 }
 

@@ -118,7 +118,22 @@ struct Gemm {
   bool tf32 = false;  // fp32 inputs rounded to TF32 first (CUBLAS_COMPUTE_32F_FAST_TF32)
   const void* bias = nullptr;  // cuBLASLt's bias epilogue: bias[i] added to row i before the rounding
   cudaDataType bias_type = CUDA_R_32F;
+  // cuBLASLt's GELU epilogues, on the fp32 value (after the bias): gelu writes that value to aux (in
+  // D's type) and D = gelu(value); dgelu reads aux and D = value * gelu'(aux). aux is m x n, ld aux_ld.
+  enum class Gelu : uint8_t { none, gelu, dgelu } gelu = Gelu::none;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
+
+// cuBLASLt's GELU, the tanh form, in fp32: gelu(x) = x / 2 (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3).
+float gelu_tanh(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(u));
+}
+float gelu_tanh_slope(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x), t = std::tanh(u);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+}
 
 // row[j - j0] += sum over p in [p0, p1) of a[i, p] * b[p, j], p ascending: each element's sum keeps
 // its order while the loop over j vectorises.
@@ -162,10 +177,23 @@ void run(const Gemm& g) {
         }
         if (g.beta != 0) v = v + beta * get<Acc>(g.ctype, g.c, at);  // beta == 0: C is not read
         if (g.bias != nullptr) v = v + get<Acc>(g.bias_type, g.bias, i);
+        if (g.gelu != Gemm::Gelu::none) {  // fp32 GEMMs only (Acc is float): describe()
+          const size_t aux_at = i + j * static_cast<size_t>(g.aux_ld);
+          if (g.gelu == Gemm::Gelu::gelu) {
+            put<Acc>(g.ctype, g.aux, aux_at, v);
+            v = static_cast<Acc>(gelu_tanh(static_cast<float>(v)));
+          } else {
+            v = static_cast<Acc>(static_cast<float>(v) * gelu_tanh_slope(static_cast<float>(get<Acc>(g.ctype, g.aux, aux_at))));
+          }
+        }
         put<Acc>(g.ctype, g.c, at, v);
       }
     }
   }
+}
+
+size_t aux_elements(const Gemm& g) {
+  return static_cast<size_t>(g.aux_ld) * static_cast<size_t>(g.n - 1) + static_cast<size_t>(g.m);
 }
 
 void execute(const Gemm& g) {
@@ -175,7 +203,8 @@ void execute(const Gemm& g) {
                    gone(g.b.p, g.b.elements() * type_size(g.b.type)))) ||
       gone(g.c, (static_cast<size_t>(g.ldc) * static_cast<size_t>(g.n - 1) + static_cast<size_t>(g.m)) *
                     type_size(g.ctype)) ||
-      (g.bias != nullptr && gone(g.bias, static_cast<size_t>(g.m) * type_size(g.bias_type))))
+      (g.bias != nullptr && gone(g.bias, static_cast<size_t>(g.m) * type_size(g.bias_type))) ||
+      (g.aux != nullptr && gone(g.aux, aux_elements(g) * type_size(g.ctype))))
     return fault("cuBLAS: an operand of a GEMM was freed before the GEMM ran", cudaErrorIllegalAddress);
   if (g.fp64) run<double>(g);
   else run<float>(g);
@@ -267,16 +296,23 @@ cublasStatus_t submit(const char* name, cudaStream_t stream, std::vector<Gemm> g
     const auto mnb = [&](int r, int c, cudaDataType t) {
       return static_cast<int64_t>(r) * c * batch * static_cast<int64_t>(type_size(t));
     };
+    // The GELU epilogues move aux (D's size) too: written forward, read backward.
     const int64_t c_bytes = mnb(g.m, g.n, g.ctype);
     const int64_t read = mnb(g.m, g.k, g.a.type) + mnb(g.k, g.n, g.b.type) + (g.beta != 0 ? c_bytes : 0) +
-                         (g.bias != nullptr ? mnb(g.m, 1, g.bias_type) : 0);
+                         (g.bias != nullptr ? mnb(g.m, 1, g.bias_type) : 0) +
+                         (g.gelu == Gemm::Gelu::dgelu ? c_bytes : 0);
+    const int64_t written = c_bytes + (g.gelu == Gemm::Gelu::gelu ? c_bytes : 0);
+    const char* epilogue = g.gelu == Gemm::Gelu::gelu    ? ",\"epilogue\":\"gelu_aux_bias\""
+                           : g.gelu == Gemm::Gelu::dgelu ? ",\"epilogue\":\"dgelu\""
+                           : g.bias != nullptr           ? ",\"epilogue\":\"bias\""
+                                                         : "";
     const int64_t flops = 2 * static_cast<int64_t>(g.m) * g.n * g.k * batch;
     log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(g.m) + ",\"n\":" +
                          std::to_string(g.n) + ",\"k\":" + std::to_string(g.k) + ",\"batch\":" + std::to_string(batch) +
                          ",\"a\":\"" + type_name(g.a.type) + "\",\"b\":\"" + type_name(g.b.type) + "\",\"c\":\"" +
                          type_name(g.ctype) + "\",\"compute\":\"" + compute + "\",\"beta\":" +
-                         (g.beta != 0 ? "1" : "0") + (g.bias != nullptr ? ",\"epilogue\":\"bias\"" : "") +
-                         ",\"read\":" + std::to_string(read) + ",\"written\":" + std::to_string(c_bytes) +
+                         (g.beta != 0 ? "1" : "0") + epilogue + ",\"read\":" + std::to_string(read) +
+                         ",\"written\":" + std::to_string(written) +
                          ",\"flops\":" + std::to_string(flops),
              stream);
   }
@@ -411,6 +447,8 @@ struct cublasLtMatmulDescOpaque_t {
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   int32_t bias_type = -1;  // D's type
+  void* aux = nullptr;  // the GELU epilogues' GELU input
+  int64_t aux_ld = 0;
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType type;
@@ -450,16 +488,22 @@ cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cubla
     return CUBLAS_STATUS_INVALID_VALUE;
   bool fp64 = false, tf32 = false;
   if (!supported(op->compute, A->type, B->type, D->type, &fp64, &tf32)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS)
+  const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS, dgelu = op->epilogue == CUBLASLT_EPILOGUE_DGELU;
+  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS && !gelu && !dgelu)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const cudaDataType bias_type = op->bias_type < 0 ? D->type : static_cast<cudaDataType>(op->bias_type);
-  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && bias_type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((op->epilogue == CUBLASLT_EPILOGUE_BIAS || gelu) && bias_type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // The GELU epilogues: fp32 arithmetic (not fp64); aux's leading dimension a multiple of 8, at least m.
+  if ((gelu || dgelu) && (fp64 || op->aux_ld % 8 != 0 || op->aux_ld < static_cast<int64_t>(std::max<uint64_t>(1, m))))
+    return fp64 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE;
   *g = Gemm{Operand{nullptr, A->type, ta, static_cast<int>(m), static_cast<int>(k), static_cast<int>(A->ld)},
             Operand{nullptr, B->type, tb, static_cast<int>(k), static_cast<int>(n), static_cast<int>(B->ld)},
             nullptr, D->type, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<int>(D->ld),
             0, 0, fp64, false};
   g->tf32 = tf32;
   g->bias_type = bias_type;
+  g->gelu = gelu ? Gemm::Gelu::gelu : dgelu ? Gemm::Gelu::dgelu : Gemm::Gelu::none;
+  g->aux_ld = op->aux_ld;
   if (static_cast<uint64_t>(A->ld) < std::max<uint64_t>(1, A->rows) ||
       static_cast<uint64_t>(B->ld) < std::max<uint64_t>(1, B->rows) ||
       static_cast<uint64_t>(D->ld) < std::max<uint64_t>(1, D->rows))
@@ -524,6 +568,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&d->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&d->bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&d->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_value(&d->aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_value(&d->aux_ld, buf, size);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -584,7 +630,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->alignment[i];
   r.algo.data[5] = (pref->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0;
   // As cuBLASLt's heuristic, it reads the bias pointer's alignment (the pointer is set before it).
-  r.algo.data[6] = op->epilogue == CUBLASLT_EPILOGUE_BIAS ? alignment_of(op->bias) : 1;
+  const bool bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  r.algo.data[6] = bias ? alignment_of(op->bias) : 1;
+  r.algo.data[7] = g.gelu != Gemm::Gelu::none ? alignment_of(op->aux) : 1;  // and the aux pointer's
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
   results[0] = r;
@@ -609,7 +657,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   g.alpha = g.fp64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   g.beta = g.fp64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
   if (g.beta != 0 && C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulator adds C in place only
-  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+  if (g.gelu != Gemm::Gelu::none) {
+    if (op->aux == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (alignment_of(op->aux) < algo->data[7]) {
+      std::fprintf(stderr, "cublasLtMatmul: the epilogue's aux at %p is %u-byte aligned, but the algorithm was chosen for "
+                   "a %llu-byte aligned one\n", op->aux, alignment_of(op->aux), static_cast<unsigned long long>(algo->data[7]));
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    g.aux = op->aux;
+  }
+  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     if (op->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     if (alignment_of(op->bias) < algo->data[6]) {
       std::fprintf(stderr, "cublasLtMatmul: the bias at %p is %u-byte aligned, but the algorithm was chosen for a %llu-byte "
@@ -635,7 +692,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
                    !check_range("B", B, g.b.elements(), g.b.type, g.b.trans ? "op(B) = B^T" : "op(B) = B", g.k, g.n,
                                 g.b.ld))) ||
       !check_range("D", D, d_elements, g.ctype, "D", g.m, g.n, g.ldc) ||
-      (g.bias != nullptr && !check_range("bias", g.bias, static_cast<size_t>(g.m), g.bias_type, "bias", g.m, 1, g.m)))
+      (g.bias != nullptr && !check_range("bias", g.bias, static_cast<size_t>(g.m), g.bias_type, "bias", g.m, 1, g.m)) ||
+      (g.aux != nullptr && !check_range("aux", g.aux, aux_elements(g), g.ctype, "aux", g.m, g.n, static_cast<int>(g.aux_ld))))
     return CUBLAS_STATUS_INVALID_VALUE;
   g.split_k = algo->data[5] != 0 && (g.ctype == CUDA_R_16F || g.ctype == CUDA_R_16BF) && g.k >= 64;
   return submit("cublasLtMatmul", stream, {g}, g.fp64 ? "64F" : g.tf32 ? "TF32" : "32F");

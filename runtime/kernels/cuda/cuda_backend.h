@@ -74,6 +74,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // of the bias into y first. Falls back to Backend's (broadcast, then a GEMM with beta = 1) where
   // cuBLASLt offers no algorithm (fp64; a bias not 16-byte aligned).
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+  void linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y) override;
+  void linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre) override;
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;
   void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

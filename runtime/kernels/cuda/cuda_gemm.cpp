@@ -1,5 +1,6 @@
 // CUDA backend: GEMM on cuBLAS (cublasGemmEx, and cublasGemmStridedBatchedEx for batches; cuBLASLt
-// for a linear layer's GEMM with its bias in the epilogue). fp16/bf16 inputs use tensor cores with fp32
+// for a linear layer's GEMM with its bias, or its bias and the tanh GELU, in the epilogue, and for
+// the GELU's backward in the epilogue of the next layer's input gradient). fp16/bf16 inputs use tensor cores with fp32
 // accumulation and an fp16/bf16 or fp32 output, as the CPU backend emulates; fp32 is strict fp32
 // (no TF32); fp64 is fp64. The workspace is set once on the handle (cuda_context.cpp).
 #include <climits>
@@ -94,16 +95,25 @@ struct LtObject {  // a cuBLASLt descriptor, destroyed with its owner
   }
 };
 
-// One shape, dtype and set of alignments: its descriptors and cuBLASLt's heuristic answer (none when
-// it has no algorithm), made once per process; a call sets only its bias pointer.
+// The cuBLASLt matmuls we run, each column-major D (m x n) = op(A) B, alpha 1, beta 0:
+//   bias:  a linear layer's forward, op(A) = w^T, B = x, + bias per row of D;
+//   gelu:  the same, D = gelu(sum + bias) with the sum + bias kept in aux (CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+//   dgelu: a linear layer's input gradient, A = w, B = g, D = product * gelu'(aux) (CUBLASLT_EPILOGUE_DGELU).
+// cuBLASLt's GELU is the tanh form. aux has D's layout (leading dimension m).
+enum class LtEpilogue : uint8_t { bias, gelu, dgelu };
+
+// One matmul's shape, dtype, epilogue and alignments: its descriptors and cuBLASLt's heuristic answer
+// (none when it has no algorithm), made once per process; a call sets only its pointers.
 struct LtKey {
   int64_t m, n, k;
   cudaDataType_t type;
   cublasComputeType_t compute;
-  uint32_t align_a, align_b, align_d, align_bias;  // the heuristic reads the bias pointer's alignment too
+  LtEpilogue epilogue;
+  uint32_t align_a, align_b, align_d, align_bias, align_aux;  // the heuristic reads the epilogue's pointers too
   bool operator<(const LtKey& o) const {
-    return std::tie(m, n, k, type, compute, align_a, align_b, align_d, align_bias) <
-           std::tie(o.m, o.n, o.k, o.type, o.compute, o.align_a, o.align_b, o.align_d, o.align_bias);
+    return std::tie(m, n, k, type, compute, epilogue, align_a, align_b, align_d, align_bias, align_aux) <
+           std::tie(o.m, o.n, o.k, o.type, o.compute, o.epilogue, o.align_a, o.align_b, o.align_d, o.align_bias,
+                    o.align_aux);
   }
 };
 struct LtPlan {
@@ -112,18 +122,34 @@ struct LtPlan {
   std::optional<cublasLtMatmulAlgo_t> algo;
 };
 
-// y = x w^T + bias as column-major D (o x r) = op(A) B + bias: A = w as stored (k x m, transposed),
-// B = x as stored (k x n), the bias one value per row of D.
-std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias) {
+bool has_bias(LtEpilogue e) { return e != LtEpilogue::dgelu; }
+bool has_aux(LtEpilogue e) { return e != LtEpilogue::bias; }
+
+void set_pointers(LtPlan& plan, const LtKey& key, const void* bias, const void* aux) {
+  if (has_bias(key.epilogue))
+    AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (has_aux(key.epilogue))
+    AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op.p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+}
+
+std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias, const void* aux) {
   auto plan = std::make_unique<LtPlan>();
   AMP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op.p, key.compute, CUDA_R_32F));
-  const int32_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
-  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  const bool dgelu = key.epilogue == LtEpilogue::dgelu;
+  const int32_t trans_a = dgelu ? CUBLAS_OP_N : CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  const uint32_t epilogue = key.epilogue == LtEpilogue::bias   ? CUBLASLT_EPILOGUE_BIAS
+                            : key.epilogue == LtEpilogue::gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                               : CUBLASLT_EPILOGUE_DGELU;
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
   AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.k, key.m, key.k));
+  if (has_aux(key.epilogue)) {
+    const int64_t aux_ld = key.m;
+    AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  }
+  set_pointers(*plan, key, bias, aux);
+  if (dgelu) AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.m, key.k, key.m));
+  else AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.k, key.m, key.k));
   AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b.p, key.type, key.k, key.n, key.k));
   AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d.p, key.type, key.m, key.n, key.m));
   LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
@@ -150,6 +176,42 @@ std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias) {
   return plan;
 }
 
+// D = op(A) B with key's epilogue, enqueued; false (nothing enqueued) where cuBLASLt has no algorithm.
+bool lt_matmul(const LtKey& key, const void* a, const void* b, void* d, const void* bias, const void* aux) {
+  static std::mutex mutex;  // guards the plans and each plan's pointers until its matmul is enqueued
+  static std::map<LtKey, std::unique_ptr<LtPlan>> plans;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<LtPlan>& plan = plans[key];
+  if (!plan) plan = make_lt_plan(key, bias, aux);
+  if (!plan->algo) return false;
+  set_pointers(*plan, key, bias, aux);
+  const float alpha = 1.0f, beta = 0.0f;
+  AMP_CUBLAS_CHECK(cublasLtMatmul(context().cublas_lt(), plan->op.p, &alpha, a, plan->a.p, b, plan->b.p, &beta, d,
+                                  plan->d.p, d, plan->d.p, &*plan->algo, context().workspace(),
+                                  Context::kCublasWorkspaceBytes, context().stream()));
+  return true;
+}
+
+// Whether cuBLASLt takes a matmul of these sizes and dtype: fp16, bf16 or fp32, D in the inputs'
+// dtype, sizes within its 32-bit limits, no empty dimension.
+bool lt_takes(DType dt, DType out, int64_t m, int64_t n, int64_t k) {
+  return (dt == DType::f16 || dt == DType::bf16 || dt == DType::f32) && out == dt && m > 0 && n > 0 && k > 0 &&
+         m <= INT_MAX && n <= INT_MAX && k <= INT_MAX;
+}
+
+cublasComputeType_t lt_compute(DType dt) {
+  return dt == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+void check_bias(const Tensor& bias, const Tensor& w, int64_t o, const char* op) {
+  if (bias.dim() != 1 || bias.numel() != o || bias.dtype() != w.dtype())
+    throw std::invalid_argument(std::string(op) + ": bias " + shape_str(bias.shape()) + " " + dtype_name(bias.dtype()) +
+                                " does not match the weight's " + std::to_string(o) + " " + dtype_name(w.dtype()) +
+                                " rows");
+}
+
 }  // namespace
 
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
@@ -158,34 +220,56 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   require_cuda(bias, "linear: bias");
   require_cuda(y, "linear: y");
   const auto [r, o, in] = check_gemm(false, true, x, w, y);
-  if (bias.dim() != 1 || bias.numel() != o || bias.dtype() != w.dtype())
-    throw std::invalid_argument("linear: bias " + shape_str(bias.shape()) + " " + dtype_name(bias.dtype()) +
-                                " does not match the weight's " + std::to_string(o) + " " + dtype_name(w.dtype()) +
-                                " rows");
-  // cuBLASLt where it takes the bias: fp16, bf16, fp32 with one output dtype, a 16-byte aligned bias,
-  // sizes within its 32-bit limits, no empty dimension. Otherwise Backend's broadcast and GEMM.
+  check_bias(bias, w, o, "linear");
+  // cuBLASLt where it takes the bias (16-byte aligned); otherwise Backend's broadcast and GEMM.
   const DType dt = x.dtype();
-  const bool lt = (dt == DType::f16 || dt == DType::bf16 || dt == DType::f32) && y.dtype() == dt && r > 0 && o > 0 &&
-                  in > 0 && r <= INT_MAX && o <= INT_MAX && in <= INT_MAX &&
-                  reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
-  if (!lt) return Backend::linear_forward(x, w, bias, y);
-  const LtKey key{o, r, in, cuda_dtype(dt),
-                  dt == DType::f32 && context().allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                  alignment_of(w.data_ptr()), alignment_of(x.data_ptr()), alignment_of(y.data_ptr()),
-                  alignment_of(bias.data_ptr())};
-  static std::mutex mutex;  // guards the plans and each plan's bias pointer until its matmul is enqueued
-  static std::map<LtKey, std::unique_ptr<LtPlan>> plans;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<LtPlan>& plan = plans[key];
-  if (!plan) plan = make_lt_plan(key, bias.data_ptr());
-  if (!plan->algo) return Backend::linear_forward(x, w, bias, y);
-  const void* bias_ptr = bias.data_ptr();
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                                                  sizeof(bias_ptr)));
-  const float alpha = 1.0f, beta = 0.0f;
-  AMP_CUBLAS_CHECK(cublasLtMatmul(context().cublas_lt(), plan->op.p, &alpha, w.data_ptr(), plan->a.p, x.data_ptr(),
-                                  plan->b.p, &beta, y.data_ptr(), plan->d.p, y.data_ptr(), plan->d.p, &*plan->algo,
-                                  context().workspace(), Context::kCublasWorkspaceBytes, context().stream()));
+  if (!lt_takes(dt, y.dtype(), o, r, in) || !aligned16(bias)) return Backend::linear_forward(x, w, bias, y);
+  const LtKey key{o, r, in, cuda_dtype(dt), lt_compute(dt), LtEpilogue::bias, alignment_of(w.data_ptr()),
+                  alignment_of(x.data_ptr()), alignment_of(y.data_ptr()), alignment_of(bias.data_ptr()), 1};
+  if (!lt_matmul(key, w.data_ptr(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), nullptr))
+    Backend::linear_forward(x, w, bias, y);
+}
+
+void CudaBackend::linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y) {
+  require_cuda(x, "linear_gelu_tanh: x");
+  require_cuda(w, "linear_gelu_tanh: w");
+  require_cuda(bias, "linear_gelu_tanh: bias");
+  require_cuda(pre, "linear_gelu_tanh: pre");
+  require_cuda(y, "linear_gelu_tanh: y");
+  const auto [r, o, in] = check_gemm(false, true, x, w, y);
+  check_bias(bias, w, o, "linear_gelu_tanh");
+  if (pre.shape() != y.shape() || pre.dtype() != y.dtype())
+    throw std::invalid_argument("linear_gelu_tanh: pre " + shape_str(pre.shape()) + " " + dtype_name(pre.dtype()) +
+                                " is not y's " + shape_str(y.shape()) + " " + dtype_name(y.dtype()));
+  // The epilogue's aux (pre) has D's leading dimension o: a multiple of 8, 16-byte aligned.
+  const DType dt = x.dtype();
+  if (!lt_takes(dt, y.dtype(), o, r, in) || !aligned16(bias) || !aligned16(pre) || o % 8 != 0)
+    return Backend::linear_gelu_tanh_forward(x, w, bias, pre, y);
+  const LtKey key{o, r, in, cuda_dtype(dt), lt_compute(dt), LtEpilogue::gelu, alignment_of(w.data_ptr()),
+                  alignment_of(x.data_ptr()), alignment_of(y.data_ptr()), alignment_of(bias.data_ptr()),
+                  alignment_of(pre.data_ptr())};
+  if (!lt_matmul(key, w.data_ptr(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), pre.data_ptr()))
+    Backend::linear_gelu_tanh_forward(x, w, bias, pre, y);
+}
+
+void CudaBackend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+  require_cuda(g, "linear_input_grad_gelu_tanh: g");
+  require_cuda(w, "linear_input_grad_gelu_tanh: w");
+  require_cuda(pre, "linear_input_grad_gelu_tanh: pre");
+  require_cuda(dpre, "linear_input_grad_gelu_tanh: dpre");
+  const auto [r, h, o] = check_gemm(false, false, g, w, dpre);
+  if (pre.shape() != dpre.shape() || pre.dtype() != dpre.dtype())
+    throw std::invalid_argument("linear_input_grad_gelu_tanh: pre " + shape_str(pre.shape()) + " " +
+                                dtype_name(pre.dtype()) + " is not dpre's " + shape_str(dpre.shape()) + " " +
+                                dtype_name(dpre.dtype()));
+  const DType dt = g.dtype();
+  if (!lt_takes(dt, dpre.dtype(), h, r, o) || !aligned16(pre) || h % 8 != 0)
+    return Backend::linear_input_grad_gelu_tanh(g, w, pre, dpre);
+  // Column-major dpre^T (h x r) = w^T (h x o, w as stored) g^T (o x r, g as stored).
+  const LtKey key{h, r, o, cuda_dtype(dt), lt_compute(dt), LtEpilogue::dgelu, alignment_of(w.data_ptr()),
+                  alignment_of(g.data_ptr()), alignment_of(dpre.data_ptr()), 1, alignment_of(pre.data_ptr())};
+  if (!lt_matmul(key, w.data_ptr(), g.data_ptr(), dpre.data_ptr(), nullptr, pre.data_ptr()))
+    Backend::linear_input_grad_gelu_tanh(g, w, pre, dpre);
 }
 
 void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
