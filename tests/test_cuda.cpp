@@ -1852,7 +1852,7 @@ TEST_F(CudaVsCpu, LayerNormCastsInItsPassesBitForBit) {
       Tensor gx1 = empty(s, dt, kGPU), gw1 = empty({C}, dt, kGPU), gb1 = empty({C}, dt, kGPU);
       Tensor gx2 = empty(s, dt, kGPU), gw2 = empty({C}, dt, kGPU), gb2 = empty({C}, dt, kGPU);
       gpu().layer_norm_backward(g_wide, x, w, m1, r1, gx1, gw1, gb1, false);
-      gpu().layer_norm_backward_cast(g, x, w, m1, r1, gx2, gw2, gb2, false);
+      gpu().layer_norm_backward_cast(g, x, w, m1, r1, gx2, gw2, gb2, false, Tensor());
       EXPECT_TRUE(matches(gx2, gx1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
       EXPECT_TRUE(matches(gw2, gw1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
       EXPECT_TRUE(matches(gb2, gb1, 0)) << dtype_name(dt) << " from " << dtype_name(low) << shape_str(s);
@@ -1901,6 +1901,44 @@ TEST_F(CudaVsCpu, LayerNormAddsIntoTheResidualStreamsGradient) {
   for (size_t i = 0; i < gf.size(); ++i) EXPECT_TRUE(matches(gf[i], gc[i], 0)) << "input " << i;
   if (emulated_device_counters()) {
     EXPECT_EQ(control_launches - fused_launches, 2);
+  }
+}
+
+// LayerNorm's backward writing the residual gradient's cast for the branch (gx_low): bit for bit
+// cast(gx) after the pass, with and without accumulating, into bf16 and fp16; in the one pass (rows
+// up to 2048 wide, fp32 x) with no launch of its own, elsewhere (a 2100-wide row, fp64 x) cast after.
+TEST_F(CudaVsCpu, LayerNormBackwardWritesTheBranchsCastOfItsGradient) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (const auto& [dt, s] : {std::pair{DType::f32, Shape{37, 300}}, std::pair{DType::f32, Shape{9, 2100}},
+                              std::pair{DType::f64, Shape{37, 300}}}) {
+    const int64_t C = s.back(), rows = shape_numel(s) / C;
+    const bool one_pass = dt == DType::f32 && C <= 2048;
+    const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor x = random_cpu(s, dt, 131, -3, 5).to(kGPU), w = random_cpu({C}, dt, 132).to(kGPU);
+    const Tensor g = random_cpu(s, DType::bf16, 133).to(kGPU), so_far = random_cpu(s, dt, 134, -50, 50).to(kGPU);
+    Tensor y = empty(s, dt, kGPU), mean = empty({rows}, st, kGPU), rstd = empty({rows}, st, kGPU);
+    gpu().layer_norm(x, w, w, 1e-5, y, mean, rstd);
+    for (DType low_dt : {DType::bf16, DType::f16}) {
+      for (bool accumulate : {false, true}) {
+        Tensor gx = so_far.clone(), gw = empty({C}, dt, kGPU), gb = empty({C}, dt, kGPU), low = empty(s, low_dt, kGPU);
+        Tensor gx_plain = so_far.clone(), gw_plain = empty({C}, dt, kGPU), gb_plain = empty({C}, dt, kGPU);
+        int64_t before = launches();
+        gpu().layer_norm_backward_cast(g, x, w, mean, rstd, gx_plain, gw_plain, gb_plain, accumulate, Tensor());
+        const int64_t plain = launches() - before;
+        before = launches();
+        gpu().layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, accumulate, low);
+        const int64_t with_low = launches() - before;
+        Tensor want = empty(s, low_dt, kGPU);
+        gpu().cast(gx, want);
+        EXPECT_TRUE(matches(low, want, 0)) << dtype_name(dt) << shape_str(s) << " into " << dtype_name(low_dt);
+        EXPECT_TRUE(matches(gx, gx_plain, 0) && matches(gw, gw_plain, 0) && matches(gb, gb_plain, 0));
+        if (emulated_device_counters()) {
+          EXPECT_EQ(with_low - plain, one_pass ? 0 : 1) << dtype_name(dt) << shape_str(s);
+        }
+      }
+    }
+    Tensor gx = empty(s, dt, kGPU), gw = empty({C}, dt, kGPU), gb = empty({C}, dt, kGPU), wrong = empty({rows, C + 1}, DType::bf16, kGPU);
+    EXPECT_THROW(gpu().layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, false, wrong), std::invalid_argument);
   }
 }
 

@@ -138,6 +138,20 @@ TEST(EmuDryRun, GptTanhGeluInTheGemmsEpilogues) {
   }
 }
 
+// The residual stream's gradient reaches each branch in its dtype from LayerNorm's backward, which
+// writes that cast beside the sum: no pass casts the fp32 [B, T, C] gradient to bf16 (four, one per
+// residual add, before).
+TEST(EmuDryRun, GptBranchesTakeTheirGradientsCastByLayerNorm) {
+  const auto r = train(true, "--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --amp bf16 "
+                             "--optimizer adamw --eval-every 0 --sample-tokens 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  int residual_casts = 0;
+  for (const nlohmann::json& op : r.steps.back().ops)
+    residual_casts += op["op"] == "kernel" && op["name"].get<std::string>().starts_with("cast_packed_kernel") &&
+                      op.value("params", "").starts_with("(float const*, BFloat16*") && op["read"] == 4 * 16 * 64 * 4;
+  EXPECT_EQ(residual_casts, 0) << "a cast of the fp32 residual gradient [4, 16, 64]";
+}
+
 // --profile-step 2: cudaProfilerStart just before step 2 begins, cudaProfilerStop once it has ended.
 TEST(EmuDryRun, ProfileStepBracketsThatStep) {
   const auto r = train(false, "--width 64 --layers 2 --batch-size 16 --profile-step 2");

@@ -86,13 +86,18 @@ void Backend::layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b,
 }
 
 void Backend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
+                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate,
+                                       const Tensor& gx_low) {
   Tensor gs = g;
   if (g.dtype() != x.dtype()) {
     gs = empty(g.shape(), x.dtype(), g.device());
     cast(g, gs);
   }
   layer_norm_backward(gs, x, w, mean, rstd, gx, gw, gb, accumulate);
+  if (gx_low.defined()) {
+    Tensor low = gx_low;
+    cast(gx, low);
+  }
 }
 
 void Backend::add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,

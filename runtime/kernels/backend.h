@@ -92,12 +92,15 @@ class Backend {
                                    const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) = 0;
   // layer_norm with y in another float dtype than x (autocast's cast to the next op's dtype folded
   // in: the numbers of layer_norm, then cast), and layer_norm_backward with g in another dtype than x
-  // (read as its cast to x's dtype: the numbers of cast, then layer_norm_backward). These defaults make
-  // the passes apart; a backend may make one.
+  // (read as its cast to x's dtype: the numbers of cast, then layer_norm_backward); gx_low, when
+  // defined (gx's shape, another float dtype), also gets gx's final values cast to its dtype (the
+  // numbers of cast(gx) after the pass: a residual stream's gradient as the branch beside it takes
+  // it). These defaults make the passes apart; a backend may make one.
   virtual void layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                                Tensor& rstd);
   virtual void layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                        const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate);
+                                        const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate,
+                                        const Tensor& gx_low);
   // A residual add and the LayerNorm after it: sum = a + b (b of a's dtype or narrower, read as its
   // promotion: add_cast's numbers), then layer_norm_cast of sum into y. The default makes the passes
   // apart; a backend may make one (reading a and b, writing sum and y).

@@ -3,6 +3,7 @@
 // embedding's, layer_norm's and the attention's backward call the backend directly (they are not
 // differentiable twice); the others are built from differentiable ops.
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <mutex>
 #include <numeric>
@@ -41,10 +42,19 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 namespace {
-// LayerNorm's node: y's backward to x (its own dtype), w and b.
+// x's gradient cast for the branch that was added to make x (add_layer_norm_into_linear): the
+// LayerNorm's backward writes it beside the sum it computes, and the add's backward takes it where
+// the gradient it is given is that very sum (nothing added after it), instead of casting again.
+struct BranchGradient {
+  DType dtype;
+  Tensor of;    // the gradient it is a cast of (held, so that no other tensor takes its place)
+  Tensor cast;  // cast(of, dtype)
+};
+
+// LayerNorm's node: y's backward to x (its own dtype), w and b; with branch, x's gradient cast too.
 Tensor record_layer_norm(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                         const Tensor& rstd) {
-  return record("LayerNormBackward", y, {x, w, b}, [x, w, b, mean, rstd](const Tensor& g) {
+                         const Tensor& rstd, std::shared_ptr<BranchGradient> branch = nullptr) {
+  return record("LayerNormBackward", y, {x, w, b}, [x, w, b, mean, rstd, branch](const Tensor& g) {
     // A residual stream's x: the add that reads it too has given its gradient; this one is added in.
     Tensor gx = take_gradient_so_far(0, x);
     const bool accumulate = gx.defined();
@@ -53,7 +63,10 @@ Tensor record_layer_norm(const Tensor& y, const Tensor& x, const Tensor& w, cons
     Tensor gw = take_grad_destination(w, w.dtype()), gb = take_grad_destination(b, b.dtype());
     if (!gw.defined()) gw = empty_like(w);
     if (!gb.defined()) gb = empty_like(w);
-    backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, accumulate);
+    Tensor low;  // not under create_graph: the add's cast of its gradient is then differentiable
+    if (branch && branch->dtype != x.dtype() && !GradMode::enabled()) low = empty(x.shape(), branch->dtype, x.device());
+    backend_for(g.device()).layer_norm_backward_cast(g, x, w, mean, rstd, gx, gw, gb, accumulate, low);
+    if (low.defined()) *branch = BranchGradient{branch->dtype, gx, low};
     return std::vector<Tensor>{gx, gw, gb};
   });
 }
@@ -111,10 +124,16 @@ std::pair<Tensor, Tensor> add_layer_norm_into_linear(const Tensor& x, const Tens
   Tensor mean = empty({rows}, stat_dtype(x.dtype()), x.device());
   Tensor rstd = empty({rows}, stat_dtype(x.dtype()), x.device());
   backend_for(x.device()).add_layer_norm_cast(x, branch, w, b, eps, h, y, mean, rstd);
-  // add()'s backward (its one-shape case): the gradient, and its cast to the branch's dtype.
+  // add()'s backward (its one-shape case): the gradient, and its cast to the branch's dtype, which
+  // the LayerNorm's backward has written where it computed the gradient (BranchGradient).
   const DType db = branch.dtype();
-  h = record("AddBackward", h, {x, branch}, [db](const Tensor& g) { return std::vector<Tensor>{g, g.to(db)}; });
-  return {h, record_layer_norm(y, h, w, b, mean, rstd)};
+  auto cast = std::make_shared<BranchGradient>(BranchGradient{db, Tensor(), Tensor()});
+  h = record("AddBackward", h, {x, branch}, [db, cast](const Tensor& g) {
+    Tensor low = cast->of.defined() && cast->of.impl() == g.impl() ? cast->cast : g.to(db);
+    *cast = BranchGradient{db, Tensor(), Tensor()};
+    return std::vector<Tensor>{g, low};
+  });
+  return {h, record_layer_norm(y, h, w, b, mean, rstd, cast)};
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {

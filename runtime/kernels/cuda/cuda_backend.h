@@ -53,7 +53,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void layer_norm_cast(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                        Tensor& rstd) override;
   void layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) override;
+                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate,
+                                const Tensor& gx_low) override;
   void add_layer_norm_cast(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
                            Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd) override;
   void permute(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) override;

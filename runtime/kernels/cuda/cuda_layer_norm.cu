@@ -86,15 +86,27 @@ __global__ void add_layer_norm_kernel(const T* a, const B* b, const T* w, const 
 // rows up to kLnSlots x 256 = 2048 wide (GPT-2's 768 to 1600); wider rows take the tiled kernels.
 constexpr int kLnSlots = 8;
 
+// A 16-bit copy of the input gradient's final values, as cast writes it (or none: p null).
+struct LowCopy {
+  void* p = nullptr;
+  bool bf16 = true;  // else fp16
+  __device__ void put(int64_t i, float v) const {
+    if (bf16) static_cast<BFloat16*>(p)[i] = DevElem<BFloat16>::store(v);
+    else static_cast<Half*>(p)[i] = DevElem<Half>::store(v);
+  }
+};
+
 // Row r of LayerNorm's backward, the block's threads striding it (thread t: columns t, t +
 // blockDim.x, ...): the input's gradient (g in G, read as its cast to T); accumulate: added to gx as
-// the binary add adds (rounded to T, then the sum in the compute type). With Sums, the thread's k-th
-// column's g xhat and g are also added to sw[k] and sb[k] (the weight's and the bias's gradients).
+// the binary add adds (rounded to T, then the sum in the compute type); low (float T only): its
+// 16-bit copy too. With Sums, the thread's k-th column's g xhat and g are also added to sw[k] and
+// sb[k] (the weight's and the bias's gradients).
 template <class T, class G, bool Sums>
 __device__ void layer_norm_backward_row(int64_t r, const G* g, const T* x, const T* w,
                                         const typename DevElem<T>::Compute* mean,
                                         const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx, bool accumulate,
-                                        typename DevElem<T>::Compute* sw, typename DevElem<T>::Compute* sb) {
+                                        LowCopy low, typename DevElem<T>::Compute* sw,
+                                        typename DevElem<T>::Compute* sb) {
   using C = typename DevElem<T>::Compute;
   const C mu = mean[r], rs = rstd[r];
   double a = 0.0, bsum = 0.0;
@@ -113,9 +125,13 @@ __device__ void layer_norm_backward_row(int64_t r, const G* g, const T* x, const
     gv = load_as<T>(g[r * cols + c]);
     xhat = (static_cast<C>(DevElem<T>::load(x[r * cols + c])) - mu) * rs;
     const T d = DevElem<T>::store(math::layer_norm_grad_input<C>(gv, static_cast<C>(DevElem<T>::load(w[c])), xhat, rs, ma, mb));
-    gx[r * cols + c] = accumulate ? DevElem<T>::store(static_cast<C>(DevElem<T>::load(gx[r * cols + c])) +
-                                                      static_cast<C>(DevElem<T>::load(d)))
-                                  : d;
+    const T v = accumulate ? DevElem<T>::store(static_cast<C>(DevElem<T>::load(gx[r * cols + c])) +
+                                               static_cast<C>(DevElem<T>::load(d)))
+                           : d;
+    gx[r * cols + c] = v;
+    if constexpr (std::is_same_v<T, float>) {
+      if (low.p != nullptr) low.put(r * cols + c, v);
+    }
   };
   C gv, xhat;
   if constexpr (Sums) {
@@ -139,7 +155,8 @@ __global__ void layer_norm_backward_input_kernel(const G* g, const T* x, const T
                                                  const typename DevElem<T>::Compute* mean,
                                                  const typename DevElem<T>::Compute* rstd, int64_t cols, T* gx,
                                                  bool accumulate) {
-  layer_norm_backward_row<T, G, false>(blockIdx.x, g, x, w, mean, rstd, cols, gx, accumulate, nullptr, nullptr);
+  layer_norm_backward_row<T, G, false>(blockIdx.x, g, x, w, mean, rstd, cols, gx, accumulate, LowCopy{}, nullptr,
+                                       nullptr);
 }
 
 // LayerNorm's backward in one pass over g and x: block b takes rows [b rows_per_block, (b + 1)
@@ -154,7 +171,7 @@ __global__ void layer_norm_backward_rows_kernel(const G* __restrict__ g, const T
                                                 const typename DevElem<T>::Compute* __restrict__ mean,
                                                 const typename DevElem<T>::Compute* __restrict__ rstd, int64_t rows,
                                                 int64_t cols, int64_t rows_per_block, T* gx, bool accumulate,
-                                                typename DevElem<T>::Compute* __restrict__ partials) {
+                                                LowCopy low, typename DevElem<T>::Compute* __restrict__ partials) {
   using C = typename DevElem<T>::Compute;
   C sw[kLnSlots], sb[kLnSlots];
   #pragma unroll
@@ -162,7 +179,7 @@ __global__ void layer_norm_backward_rows_kernel(const G* __restrict__ g, const T
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (int64_t r = first; r < last; ++r)
-    layer_norm_backward_row<T, G, true>(r, g, x, w, mean, rstd, cols, gx, accumulate, sw, sb);
+    layer_norm_backward_row<T, G, true>(r, g, x, w, mean, rstd, cols, gx, accumulate, low, sw, sb);
   const int64_t blocks = gridDim.x;
   #pragma unroll
   for (int k = 0; k < kLnSlots; ++k) {
@@ -288,12 +305,14 @@ void launch_add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& w, co
   AMP_CUDA_CHECK_LAUNCH();
 }
 
+// Returns whether it wrote gx_low too (the one pass, float x, a 16-bit gx_low); else the caller casts.
 template <class T, class G>
-void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
+bool launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate,
+                                const Tensor& gx_low) {
   using C = typename DevElem<T>::Compute;
   const int64_t cols = x.shape().back(), rows = cols == 0 ? 0 : x.numel() / cols;
-  if (rows == 0) return;
+  if (rows == 0) return true;
   Context& ctx = context();
   const int64_t gx_bytes = rows * cols * static_cast<int64_t>(sizeof(T)), stats = 2 * rows * static_cast<int64_t>(sizeof(C));
   const int64_t g_bytes = rows * cols * static_cast<int64_t>(sizeof(G));
@@ -304,22 +323,27 @@ void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& 
   const dim3 sums_grid(static_cast<unsigned>(col_tiles)), sums_block(kColTile, kRowLanes);
   if (cols <= static_cast<int64_t>(kLnSlots) * threads) {
     // One pass (layer_norm_backward_rows_kernel): 2 blocks an SM, then the partials' sums.
+    LowCopy low;
+    const bool low_here = std::is_same_v<T, float> && gx_low.defined() &&
+                          (gx_low.dtype() == DType::bf16 || gx_low.dtype() == DType::f16);
+    if (low_here) low = LowCopy{gx_low.data_ptr(), gx_low.dtype() == DType::bf16};
+    const int64_t low_bytes = low_here ? rows * cols * static_cast<int64_t>(dtype_size(gx_low.dtype())) : 0;
     const int64_t blocks = std::min<int64_t>(rows, 2 * static_cast<int64_t>(ctx.sm_count()));
     const int64_t rows_per_block = (rows + blocks - 1) / blocks;
     const int64_t used = (rows + rows_per_block - 1) / rows_per_block;  // no block without rows
     const int64_t partial_bytes = 2 * used * cols * static_cast<int64_t>(sizeof(C));
     Scratch partials(static_cast<size_t>(partial_bytes));
     declare_launch_cost(g_bytes + (accumulate ? 2 : 1) * gx_bytes + cols * static_cast<int64_t>(sizeof(T)) + stats,
-                        gx_bytes + partial_bytes, (accumulate ? 15 : 14) * rows * cols);
+                        gx_bytes + low_bytes + partial_bytes, (accumulate ? 15 : 14) * rows * cols);
     AMP_LAUNCH(static_cast<unsigned>(used), threads, 0, ctx.stream(), layer_norm_backward_rows_kernel<T, G>)(
         g.data<G>(), x.data<T>(), w.data<T>(), mean.data<C>(), rstd.data<C>(), rows, cols, rows_per_block, gx.data<T>(),
-        accumulate, partials.as<C>());
+        accumulate, low, partials.as<C>());
     AMP_CUDA_CHECK_LAUNCH();
     declare_launch_cost(partial_bytes, param_bytes, 2 * used * cols);
     AMP_LAUNCH(sums_grid, sums_block, 0, ctx.stream(), layer_norm_param_sums_kernel<T>)(
         partials.as<C>(), used, cols, gw.data<T>(), gb.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
-    return;
+    return low_here;
   }
   // Wider rows: the input's gradient a row a block, then the weight's and bias's in column tiles.
   // x and g read, and gx too when the gradient is added to it.
@@ -353,6 +377,7 @@ void launch_layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& 
         partials.as<C>(), splits, cols, gw.data<T>(), gb.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
   }
+  return false;
 }
 
 void require_layer_norm_operands(std::initializer_list<const Tensor*> ts, const char* op) {
@@ -382,7 +407,7 @@ void CudaBackend::layer_norm_backward(const Tensor& g, const Tensor& x, const Te
                                       const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
   require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward: operand");
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
-    launch_layer_norm_backward<T, T>(g, x, w, mean, rstd, gx, gw, gb, accumulate);
+    (void)launch_layer_norm_backward<T, T>(g, x, w, mean, rstd, gx, gw, gb, accumulate, Tensor());
   });
 }
 
@@ -410,14 +435,27 @@ void CudaBackend::add_layer_norm_cast(const Tensor& a, const Tensor& b, const Te
 }
 
 // The gradient read in its own dtype, as its cast to x's (the numbers of cast, then the backward).
+// gx_low in the same pass where it is one (layer_norm_backward_rows_kernel, float x), else cast after.
 void CudaBackend::layer_norm_backward_cast(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                           const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate) {
+                                           const Tensor& rstd, Tensor& gx, Tensor& gw, Tensor& gb, bool accumulate,
+                                           const Tensor& gx_low) {
   require_layer_norm_operands({&g, &x, &w, &mean, &rstd, &gx, &gw, &gb}, "layer_norm_backward_cast: operand");
+  if (gx_low.defined()) {
+    require_cuda(gx_low, "layer_norm_backward_cast: gx_low");
+    if (gx_low.shape() != gx.shape())
+      throw std::invalid_argument("layer_norm_backward_cast: gx_low " + shape_str(gx_low.shape()) + " is not gx's " +
+                                  shape_str(gx.shape()));
+  }
+  bool low_written = false;
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     dispatch_float(g.dtype(), [&](auto G_tag) {
-      launch_layer_norm_backward<T, decltype(G_tag)>(g, x, w, mean, rstd, gx, gw, gb, accumulate);
+      low_written = launch_layer_norm_backward<T, decltype(G_tag)>(g, x, w, mean, rstd, gx, gw, gb, accumulate, gx_low);
     });
   });
+  if (gx_low.defined() && !low_written) {
+    Tensor low = gx_low;
+    cast(gx, low);
+  }
 }
 
 }  // namespace amp::cuda
