@@ -160,12 +160,14 @@ class Backend {
   // and y = gelu_tanh(pre), both in x's dtype, pre kept for the backward. The default is
   // linear_forward into pre, then the GELU's pass over pre. A backend with cuBLASLt's GELU epilogue
   // (the tanh form) computes both in the GEMM, y from the fp32 sum rather than from rounded pre:
-  // within one rounding of y, and of the GELU's slope times one rounding of pre.
+  // |y - gelu_tanh(pre)| <= ulp(y) + 1.13 ulp(pre) + 2^-11 |pre| (the last for a fast tanh, which
+  // a GPU's epilogue may use; test_cuda's bound).
   virtual void linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y);
   // Optional: the input gradient of a linear layer whose input was gelu_tanh(pre), taken back
   // through the GELU: dpre = (g @ w) * gelu_tanh'(pre), g [r, o], w [o, h], pre and dpre [r, h], one
   // dtype. The default is the GEMM into a temporary, then the GELU's backward pass; cuBLASLt's DGELU
-  // epilogue applies the slope to the fp32 product (within one rounding of the product, times the slope).
+  // epilogue applies the slope to the fp32 product, not to its rounding: |dpre - p gelu_tanh'(pre)|
+  // <= 1.13 (the fp32 sums' bound) + 2^-10 |p| (a fast tanh) + ulp(dpre), p = g @ w (test_cuda's bound).
   virtual void linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre);
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.

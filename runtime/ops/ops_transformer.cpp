@@ -126,9 +126,11 @@ std::pair<Tensor, Tensor> add_layer_norm_into_linear(const Tensor& x, const Tens
   backend_for(x.device()).add_layer_norm_cast(x, branch, w, b, eps, h, y, mean, rstd);
   // add()'s backward (its one-shape case): the gradient, and its cast to the branch's dtype, which
   // the LayerNorm's backward has written where it computed the gradient (BranchGradient).
+  // (None where the branch takes no gradient.)
   const DType db = branch.dtype();
-  auto cast = std::make_shared<BranchGradient>(BranchGradient{db, Tensor(), Tensor()});
+  auto cast = needs(branch) ? std::make_shared<BranchGradient>(BranchGradient{db, Tensor(), Tensor()}) : nullptr;
   h = record("AddBackward", h, {x, branch}, [db, cast](const Tensor& g) {
+    if (!cast) return std::vector<Tensor>{g, Tensor()};
     Tensor low = cast->of.defined() && cast->of.impl() == g.impl() ? cast->cast : g.to(db);
     *cast = BranchGradient{db, Tensor(), Tensor()};
     return std::vector<Tensor>{g, low};

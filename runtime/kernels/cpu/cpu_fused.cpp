@@ -321,14 +321,15 @@ void CpuBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, T
 }
 
 // Each chunk's sum is norm_accumulate_each's on the chunk's view (unscaled), bit for bit: a chunk
-// below the parallel grain is one norm_range, added to 0.0 (and to the other threads' zero partials there).
+// below the parallel grain is one lane sum (unscaled_squares_range, norm_range's p = 2), added to 0.0
+// (and to the other threads' zero partials there).
 void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) {
   if (chunk < 1 || chunk > cpu::kParallelGrain) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
   const long n = static_cast<long>(x.numel()), c = static_cast<long>(chunk), chunks = (n + c - 1) / c;
   if (out.dtype() != DType::f32 || out.numel() != chunks)
     throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
-  if (scale.defined() && (scale.dtype() != DType::f32 || scale.numel() != 1))
-    throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor");
+  if (scale.defined() && (scale.dtype() != DType::f32 || scale.numel() != 1 || !scale.device().is_cpu()))
+    throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor on the CPU");
   const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
   float* o = out.data<float>();
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);

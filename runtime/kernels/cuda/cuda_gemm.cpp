@@ -172,7 +172,10 @@ std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias, const v
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(context().cublas_lt(), plan->op.p, plan->a.p, plan->b.p,
                                                            plan->d.p, plan->d.p, pref.p, 1, &result, &found);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) plan->algo = result.algo;
-  else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) AMP_CUBLAS_CHECK(st);
+  // No algorithm: the caller's composite. The GELU epilogues' combinations (a dtype, TF32, an aux
+  // layout) may also be refused as invalid by a cuBLASLt that lacks them: the composite too.
+  else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS && key.epilogue == LtEpilogue::bias)
+    AMP_CUBLAS_CHECK(st);
   return plan;
 }
 
