@@ -39,6 +39,13 @@ class ProgressPrinter final : public ProgressSink {
     std::fflush(stdout);
   }
 
+  void device_memory(size_t bytes) override {
+    if (log_every_ <= 0) return;
+    std::printf("device memory: %.2f GiB at most (rank 0's GPU, beyond its CUDA context, as the driver counts it: "
+                "cudaMemGetInfo)\n", static_cast<double>(bytes) / (1u << 30));
+    std::fflush(stdout);
+  }
+
  private:
   int64_t steps_, log_every_, start_step_, samples_per_step_;
   double tokens_per_sample_;

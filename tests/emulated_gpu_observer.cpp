@@ -1,6 +1,7 @@
 // The emulated GPU's step observer (launch/training/step_observer.h), linked into the training
 // library by preset cuda-emu: each step's counts from the emulator's counters (emu.h), the step's
-// marks and its device memory peak in the launch log (AMP_EMU_LAUNCH_LOG), and the run's totals.
+// marks and its device memory peak in the launch log (AMP_EMU_LAUNCH_LOG), and the run's totals (with
+// the emulator's own count of the most device memory the process held).
 #include <cstdio>
 
 #include "emu.h"
@@ -36,10 +37,11 @@ class EmulatedGpuObserver final : public StepObserver {
   void run_end(int rank, int64_t steps) override {
     // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
     std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies, %lld "
-                "CUDA graph launches (%lld operations) in %lld training steps\n",
+                "CUDA graph launches (%lld operations) in %lld training steps; at most %zu bytes in cudaMalloc "
+                "allocations\n",
                 rank, static_cast<long long>(total_.host_syncs), static_cast<long long>(total_.launches),
                 static_cast<long long>(total_.d2h_copies), static_cast<long long>(total_.graph_launches),
-                static_cast<long long>(total_.graph_ops), static_cast<long long>(steps));
+                static_cast<long long>(total_.graph_ops), static_cast<long long>(steps), emu::device_bytes_high_water());
     std::fflush(stdout);
   }
 

@@ -24,14 +24,15 @@ inline std::string launcher(int ranks, bool tcp = false) {
          std::to_string(ranks) + (tcp ? " --mca btl self,tcp --mca btl_tcp_if_include lo -x AMP_COMM_SHM=0" : "");
 }
 
-// Every record of a metrics file without its timing, the bytes sent (they grow with the ranks) and
-// the emulated GPU's counts of work (a split into more micro-batches launches more kernels): what
-// must be identical.
+// Every record of a metrics file without its timing, the bytes sent (they grow with the ranks), the
+// emulated GPU's counts of work (a split into more micro-batches launches more kernels) and the
+// device memory held (the buckets and the micro-batches' activations move with the split): what must
+// be identical.
 inline std::vector<std::string> records_of(const std::string& metrics) {
   std::vector<std::string> out;
   for (auto r : read_jsonl(metrics)) {
     for (const char* k : {"step_ms", "comm_bytes", "device_launches", "device_host_syncs", "device_d2h_copies", "device_graph_launches",
-                          "device_graph_ops", "device_allocations"})
+                          "device_graph_ops", "device_allocations", "device_memory_bytes"})
       r.erase(k);
     out.push_back(r.dump());
   }

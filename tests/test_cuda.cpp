@@ -1351,6 +1351,38 @@ TEST_F(CudaVsCpu, AllocatorCountsBytesAndReusesBlocks) {
   EXPECT_EQ(b.allocate(0), nullptr);
 }
 
+// device_peak_bytes is the most the driver counted for the process beyond its context, at every
+// segment the allocator took, not only what it holds when asked: a segment larger than every figure so
+// far, given back to the driver (empty_cache) before the question, is in it.
+TEST_F(CudaVsCpu, DevicePeakBytesKeepsAReleasedSegment) {
+  DeviceMemory& m = gpu_memory();
+  m.synchronize();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  alloc.empty_cache();
+  const size_t before = m.device_peak_bytes();
+  ASSERT_GE(before, cuda::Context::kCublasWorkspaceBytes) << "cuBLAS's workspace is the process's";
+  const size_t big = cuda::CachingAllocator::round_size(before + (size_t{64} << 20));
+  size_t free_before = 0, free_held = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  void* p = m.allocate(big);
+  ASSERT_EQ(cudaMemGetInfo(&free_held, &total), cudaSuccess);
+  ASSERT_GE(free_before - free_held, big) << "the allocation did not come from the driver";
+  m.deallocate(p, big);
+  m.synchronize();
+  alloc.empty_cache();
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  ASSERT_GE(free_after, free_held + big) << "the segment was not given back";
+  const size_t peak = m.device_peak_bytes();
+  EXPECT_GE(peak, big) << "the released segment is not in the figure";
+  // At most what was held before (no more than the figure so far) and the segment, rounded by the driver.
+#if defined(AMP_CUDA_EMU)
+  EXPECT_LE(peak, before + big);
+#else
+  EXPECT_LE(peak, before + big + (size_t{64} << 20));
+#endif
+  EXPECT_EQ(host_memory().device_peak_bytes(), 0u) << "the CPU has no driver's count";
+}
+
 #if defined(AMP_CUDA_EMU)
 // The bias gradient, [N, M] -> [M]: it used to go to one thread per column (16 blocks on this
 // device, each thread walking a column alone) or to one block per column walking it with stride M

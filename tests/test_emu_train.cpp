@@ -64,6 +64,7 @@ struct Run {
   int code = -1;
   std::string out;
   std::vector<nlohmann::json> steps;
+  nlohmann::json end;  // the metrics' end record, or null
   std::map<std::string, Tensor> weights;
 };
 
@@ -86,7 +87,8 @@ Run train(const std::string& device, const std::string& args) {
       "${OMPI_MCA_plm_rsh_agent+OMPI_MCA_plm_rsh_agent=\"$OMPI_MCA_plm_rsh_agent\"} "
       "ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun -np " +
       std::to_string(ranks()) + " --oversubscribe " + amp_train_bin() + " --device " + device +
-      " --threads 1 --log-every 0 --log-grad-norm --comm-timeout " + kCommTimeout + " --metrics " + metrics +
+      " --threads 1" + (args.find("--log-every") == std::string::npos ? " --log-every 0" : "") +
+      " --log-grad-norm --comm-timeout " + kCommTimeout + " --metrics " + metrics +
       " --save-weights " + weights + " " + args + " 2>&1";
   Run r;
   int status = 0;
@@ -96,6 +98,7 @@ Run train(const std::string& device, const std::string& args) {
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
     if (!j.contains("event")) r.steps.push_back(j);
+    else if (j["event"] == "end") r.end = j;
   }
   if (r.code == 0)
     for (auto& [name, t] : safetensors::load(weights)) r.weights.emplace(name, t);
@@ -444,6 +447,40 @@ TEST(EmulatedTraining, GptWithTanhGeluInTheEpiloguesMatchesTheCpuBackend) {
                           " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --gelu tanh";
   compare(gpt + " --steps 10 --lr 0.05 --momentum 0.9 --amp fp16 --init-scale 1024 --growth-interval 4", 1e-3, 2e-3);
   compare_graphs(gpt + " --steps 8 --optimizer adamw --lr 0.01 --amp bf16");
+}
+
+// The device memory a run reports (the end record's device_memory_bytes, rank 0's; a line of its
+// progress output): what the driver counts beyond the CUDA context (cudaMemGetInfo), the figure the
+// benchmark puts beside PyTorch's. On the emulated GPU that is exactly the emulator's own count of the
+// most bytes its cudaMalloc allocations held at once (each rank prints its own at the end): the
+// caching allocator's segments, cuBLAS's workspace and the rest. On a GPU, at least what the caching
+// allocator held for the tensors. The CPU reports none.
+TEST(EmulatedTraining, TheRunReportsTheDeviceMemoryTheDriverCounts) {
+  std::string reason;
+  if (!kEmulated && !cuda_usable(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("emu_gpt", 20000) +
+                          " --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 --steps 3 --amp bf16"
+                          " --optimizer adamw --lr 0.01";
+  const auto gpu = train("cuda", gpt), cpu = train("cpu", gpt + " --log-every 1");
+  ASSERT_EQ(gpu.code, 0) << gpu.out;
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  ASSERT_TRUE(gpu.end.is_object()) << gpu.out;
+  ASSERT_TRUE(gpu.end.contains("device_memory_bytes")) << gpu.end.dump();
+  const int64_t said = gpu.end["device_memory_bytes"].get<int64_t>();
+  EXPECT_GT(said, 32 << 20) << "below cuBLAS's workspace";
+  if (kEmulated) {
+    const std::string mark = "amp_train: rank 0: emulated GPU: ", tail = " bytes in cudaMalloc allocations";
+    const size_t at = gpu.out.find(mark), end = gpu.out.find(tail, at);
+    ASSERT_NE(end, std::string::npos) << gpu.out;
+    const size_t from = gpu.out.rfind(' ', end - 1) + 1;
+    EXPECT_EQ(said, std::stoll(gpu.out.substr(from, end - from))) << gpu.out;
+  }
+  ASSERT_TRUE(cpu.end.is_object()) << cpu.out;
+  EXPECT_FALSE(cpu.end.contains("device_memory_bytes")) << cpu.end.dump();
+  EXPECT_EQ(cpu.out.find("device memory"), std::string::npos) << cpu.out;
+  const auto shown = train("cuda", gpt + " --log-every 1");
+  ASSERT_EQ(shown.code, 0) << shown.out;
+  EXPECT_NE(shown.out.find("device memory: "), std::string::npos) << shown.out;
 }
 
 TEST(EmulatedTraining, GptMatchesTheCpuBackend) {

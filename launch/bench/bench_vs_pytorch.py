@@ -27,6 +27,13 @@ How each side is timed (the first --warmup steps of every run are left out on bo
     figure is the events' elapsed time / the timed steps, and the side's the median of its rounds'.
     Its peak memory too: torch.cuda.max_memory_allocated() and max_memory_reserved() (MiB in the
     table, bytes in the JSON).
+Device memory, the same measure on both sides (--device cuda): what the driver counts for the process
+beyond its CUDA context (cudaMemGetInfo): PyTorch's free bytes at its first CUDA call (which makes the
+context) less its free bytes after the timed steps, its caching allocator keeping what it was given;
+amp_train's own figure (its metrics' end record, device_memory_bytes), taken the same way and at each
+segment its allocator takes. So each includes the allocator's cache, cuBLAS's and cuDNN's workspaces
+and the kernels loaded; "dev MiB" in the table (the most over the rounds), and "÷ dev", amp_train's
+over the smaller of the eager peers'.
 
 --compile: PyTorch's loop again with model = torch.compile(model) (the default mode), its own column
 beside eager's, with amp_train's ratio to it (÷ compile: ours / compile). It compiles in the warmup
@@ -75,6 +82,9 @@ torch.set_num_threads(cfg["threads"])
 torch.manual_seed(0)
 dev, mode = cfg["device"], cfg["mode"]
 cuda = dev == "cuda"
+# The device memory this process holds beyond its context, as the driver counts it: the free bytes at
+# the first CUDA call, which makes the context, less the free bytes after the timed steps (report()).
+free_at_start = torch.cuda.mem_get_info()[0] if cuda else 0
 dtype = torch.float16 if mode == "fp16" else torch.bfloat16  # (unused by fp32: autocast is off)
 scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()) \
     if mode == "fp16" else None
@@ -121,7 +131,8 @@ def report(step, **extra):
            "gpu": torch.cuda.get_device_name() if cuda else "", **extra}
     if cuda:
         out.update(max_memory_allocated=torch.cuda.max_memory_allocated(),
-                   max_memory_reserved=torch.cuda.max_memory_reserved())
+                   max_memory_reserved=torch.cuda.max_memory_reserved(),
+                   device_memory=free_at_start - torch.cuda.mem_get_info()[0])
     print(json.dumps(out))
 '''
 
@@ -257,6 +268,8 @@ AMP_FLAG = {"fp32": "off", "bf16": "bf16", "fp16": "fp16"}
 
 
 def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None, extra=(), device="cpu", gpt=None):
+    """amp_train's step_ms of every step, and its device memory (its end record's device_memory_bytes:
+    the driver's count beyond the context; None on the CPU)."""
     with tempfile.TemporaryDirectory() as d:
         metrics = os.path.join(d, "m.jsonl")
         common = ["--device", device, "--batch-size", str(batch), "--steps", str(steps), "--threads", str(threads),
@@ -275,7 +288,9 @@ def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None,
         subprocess.run(cmd + list(extra), check=True, stdout=subprocess.DEVNULL)
         with open(metrics) as f:
             recs = [json.loads(line) for line in f]
-        return [r["step_ms"] for r in recs if "step" in r and "event" not in r]
+        end = [r for r in recs if r.get("event") == "end"]
+        return ([r["step_ms"] for r in recs if "step" in r and "event" not in r],
+                end[-1].get("device_memory_bytes") if end else None)
 
 
 def run_torch(python, width, batch, layers, mode, steps, warmup, threads, data=None, device="cpu", gpt=None,
@@ -510,8 +525,8 @@ def main():
         [(n + " compile", n, py, True) for n, py in peers] if a.compile else [])
     cols = [f"torch {label} ms" for label, *_ in runs]
     widths = [max(17, len(c)) for c in cols]
-    mem_cols = [f"{label} MiB peak/rsv" for label, *_ in runs] if cuda else []
-    mem_widths = [max(15, len(c)) for c in mem_cols]
+    mem_cols = (["amp_train dev MiB"] + [f"{label} dev MiB (peak/rsv)" for label, *_ in runs] + ["÷ dev"]) if cuda else []
+    mem_widths = [max(6, len(c)) for c in mem_cols]
     print(f"{'size':>10} {'mode':>5} {'amp_train ms':>13} " + " ".join(f"{c:>{w}}" for c, w in zip(cols, widths)) +
           f" {'ratio':>6}" + (f" {'÷ compile':>9}" if a.compile else "") + f" {'per round':>16}" +
           (f" {'amp_train tok/s':>16} {'torch tok/s':>12}" if data else f" {'bench_mlp ms':>13} {'÷ bench_mlp':>11}") +
@@ -523,7 +538,8 @@ def main():
         # Each round runs every side once, in turn; a side's figure pools its timed steps over the rounds.
         ours = {m: [] for m in modes}
         theirs = {m: {label: [] for label, *_ in runs} for m in modes}
-        mem = {m: {} for m in modes}  # column -> (max_memory_allocated, max_memory_reserved), bytes
+        mem = {m: {} for m in modes}  # column -> (max_memory_allocated, max_memory_reserved, device memory), bytes
+        our_dev = {m: [] for m in modes}  # amp_train's device memory of each round, bytes
         bench_ms = {m: [] for m in modes}
         shares = []
         for _ in range(a.rounds):
@@ -534,8 +550,11 @@ def main():
                     bench_ms[m].append(bench[0][m])
                 shares.append(bench[1]["fp16"])
             for mode in modes:
-                ours[mode].append(run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
-                                                data, shlex.split(a.amp_train_flags), a.device, gpt)[a.warmup:])
+                times, dev_bytes = run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
+                                                 data, shlex.split(a.amp_train_flags), a.device, gpt)
+                ours[mode].append(times[a.warmup:])
+                if dev_bytes is not None:
+                    our_dev[mode].append(dev_bytes)
                 for label, name, python, compiled in runs:
                     if compiled and name in compile_error:
                         continue
@@ -548,9 +567,10 @@ def main():
                         versions[name] = res["version"] + (", fused AdamW" if res.get("fused_adamw") else "")
                     theirs[mode][label].append(res["times"])
                     if "max_memory_allocated" in res:
-                        was = mem[mode].get(label, (0, 0))
+                        was = mem[mode].get(label, (0, 0, 0))
                         mem[mode][label] = (max(was[0], res["max_memory_allocated"]),
-                                            max(was[1], res["max_memory_reserved"]))
+                                            max(was[1], res["max_memory_reserved"]),
+                                            max(was[2], res.get("device_memory", 0)))
         if shares:
             scaler_shares.append(f"{width}x{batch} {statistics.median(shares):.2f} %")
         for mode in modes:
@@ -577,9 +597,15 @@ def main():
                 if errors:
                     row["torch_compile_error"] = errors
                 shown += [comp_ms[n] for n in eager]
+            dev_ratio = None
             if cuda:
                 row["torch_max_memory_allocated"] = {label: m[0] for label, m in mem[mode].items()}
                 row["torch_max_memory_reserved"] = {label: m[1] for label, m in mem[mode].items()}
+                row["torch_device_memory"] = {label: m[2] for label, m in mem[mode].items()}
+                mine_dev = max(our_dev[mode]) if our_dev[mode] else None
+                eager_dev = [mem[mode][n][2] for n in eager if n in mem[mode] and mem[mode][n][2] > 0]
+                dev_ratio = mine_dev / min(eager_dev) if mine_dev and eager_dev else None
+                row.update({"amp_train_device_memory": mine_dev, "device_memory_ratio": dev_ratio})
             if data:
                 row.update({"layers": gpt["layers"], "heads": gpt["heads"], "block": block, "vocab": gpt["vocab"],
                             "gelu": gpt["gelu"], "data_format": gpt["data_format"],
@@ -594,14 +620,17 @@ def main():
                             "amp_train_samples_per_s": batch / mine * 1e3, "torch_samples_per_s": batch / best * 1e3})
                 extra = f" {bm:>13.1f} {mine / bm:>11.2f}"
             rows.append(row)
-            mib = lambda label: (f"{mem[mode][label][0] / 2**20:.0f}/{mem[mode][label][1] / 2**20:.0f}"
-                                 if label in mem[mode] else "-")
+            mib = lambda label: (f"{mem[mode][label][2] / 2**20:.0f} ({mem[mode][label][0] / 2**20:.0f}/"
+                                 f"{mem[mode][label][1] / 2**20:.0f})" if label in mem[mode] else "-")
+            mem_shown = ([f"{max(our_dev[mode]) / 2**20:.0f}" if our_dev[mode] else "-"] +
+                         [mib(label) for label, *_ in runs] +
+                         [f"{dev_ratio:.2f}" if dev_ratio else "-"]) if cuda else []
             print(f"{width:>5}x{batch:<4} {mode:>5} {mine:>13.1f} " +
                   " ".join(f"{t:>{w}.1f}" if t is not None else f"{'failed':>{w}}" for t, w in zip(shown, widths)) +
                   f" {mine / best:>6.2f}" +
                   ((f" {mine / best_c:>9.2f}" if best_c else f" {'-':>9}") if a.compile else "") +
                   f" {rounds:>16}" + extra +
-                  "".join(f" {mib(label):>{w}}" for (label, *_), w in zip(runs, mem_widths)), flush=True)
+                  "".join(f" {v:>{w}}" for v, w in zip(mem_shown, mem_widths)), flush=True)
     timing = {"amp_train": "the median of its step_ms (one step's start to the next's) over the timed steps of "
                            "every round",
               "torch": "per round, the mean step between CUDA events around its timed steps run back to back; "
@@ -613,6 +642,10 @@ def main():
           f", after {a.warmup} warmup steps, over {a.rounds} round(s) (per round: that round's own ratio to eager); "
           f"amp_train: {timing['amp_train']}; PyTorch: {timing['torch']}; PyTorch " +
           ", ".join(f"{n} {v}" for n, v in versions.items()))
+    if cuda:
+        print("dev MiB: device memory beyond the CUDA context as the driver counts it (cudaMemGetInfo), the same on "
+              "both sides, the most over the rounds; (peak/rsv): PyTorch's torch.cuda.max_memory_allocated() and "
+              "max_memory_reserved(); ÷ dev: amp_train's over the smaller eager PyTorch's")
     for n, msg in compile_error.items():
         print(f"torch.compile failed ({n}: its column says failed): {msg}")
     if scaler_shares:

@@ -86,6 +86,7 @@ void MetricsWriter::write(const EndRecord& r) {
                               {"param_checksum", r.param_checksum},
                               {"replicas_consistent", r.replicas_consistent}};
   if (!r.interrupted_by.empty()) j["interrupted_by"] = r.interrupted_by;
+  if (r.device_memory_bytes > 0) j["device_memory_bytes"] = r.device_memory_bytes;
   line(j.dump(), r.steps);
 }
 

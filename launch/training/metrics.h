@@ -49,6 +49,7 @@ struct EndRecord {
   std::string param_checksum;
   bool replicas_consistent;
   std::string interrupted_by;  // "SIGTERM", ..., or empty (and then not written)
+  int64_t device_memory_bytes = 0;  // TrainResult's; 0 (the CPU) is not written
 };
 
 // The run trained but an output could not be saved (the weights, the final checkpoint).

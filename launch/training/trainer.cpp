@@ -390,6 +390,10 @@ TrainResult Trainer::run() {
       }
     }
     flush_late();
+    // Every step is queued and its memory taken (the caching allocator keeps what it was given).
+    result.device_memory_bytes = memory_for(device_).device_peak_bytes();
+    if (rank0 && listeners_.progress && result.device_memory_bytes > 0)
+      listeners_.progress->device_memory(result.device_memory_bytes);
     if (listeners_.observer) listeners_.observer->run_end(comm_.rank(), result.steps_done);
     // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
     // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
@@ -427,7 +431,8 @@ TrainResult Trainer::run() {
     }
     if (result.errors.empty())
       metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
-                              result.replicas_consistent, stopping ? signal_label(result.interrupted_by) : ""});
+                              result.replicas_consistent, stopping ? signal_label(result.interrupted_by) : "",
+                              static_cast<int64_t>(result.device_memory_bytes)});
     else
       metrics.write(FailedRecord{result.steps_done, result.errors.front()});
     metrics.close();

@@ -49,6 +49,9 @@ struct TrainResult {
   double final_scale = 1.0;
   std::string param_checksum;
   bool replicas_consistent = true;
+  // The device memory this rank held at most beyond its context, as the driver counts it
+  // (DeviceMemory::device_peak_bytes); 0 on the CPU.
+  size_t device_memory_bytes = 0;
   // Outputs that could not be saved (the weights, the final checkpoint, the metrics), each naming
   // its flag and cause: the run trained, and the job exits 1. Rank 0's, and every rank's for a
   // checkpoint.
@@ -63,6 +66,8 @@ class ProgressSink {
   // run's first step started; stopping: the run stops after this step (interrupted).
   virtual void step(const StepRecord& r, int64_t skipped, double elapsed, bool stopping) = 0;
   virtual void validation(int64_t step, double loss) = 0;
+  // After the last step, on a device that counts it: rank 0's TrainResult::device_memory_bytes.
+  virtual void device_memory(size_t /*bytes*/) {}
 };
 
 class Trainer {

@@ -29,6 +29,11 @@ class DeviceMemory {
   virtual size_t peak_bytes() const = 0;
   virtual size_t current_bytes() const = 0;
   virtual void reset_peak_bytes() = 0;
+  // The device memory this process has held at most beyond its context, as the device's driver
+  // counts it (the allocator's caches and the libraries' workspaces included; on CUDA,
+  // runtime/kernels/cuda/device_usage.h), looked at now too. 0 where the device keeps no such count
+  // (the CPU, whose resident memory the operating system reports).
+  virtual size_t device_peak_bytes() { return 0; }
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;

@@ -27,6 +27,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMallocHost(void** p, size_t bytes);
 cudaError_t cudaFreeHost(void* p);
+// free: the memory limit (AMP_EMU_MEMORY_MB) less the live cudaMalloc allocations (each rounded up
+// to 256 bytes); total: the limit. An emulated device has no context of its own.
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);

@@ -35,6 +35,10 @@ struct Counters {
   int64_t allocations = 0;     // cudaMalloc and cudaMallocHost calls that allocated
 };
 Counters counters();
+// The most bytes that live cudaMalloc allocations (each rounded up to 256 bytes) held at once since
+// the process started: the emulator's own count, beside which a program's cudaMemGetInfo figures
+// can be checked.
+size_t device_bytes_high_water();
 
 // The kernels launched so far (at most the last 256), as launched: name, geometry, and the cost its
 // call site declared (declare_cost; -1 when none). A test can check which kernel an op chose, with

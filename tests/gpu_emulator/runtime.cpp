@@ -206,7 +206,7 @@ Engine& engine() {
 struct Memory {
   std::mutex m;
   std::map<uintptr_t, size_t> device, pinned;
-  size_t device_bytes = 0;
+  size_t device_bytes = 0, high_water = 0;
   size_t limit = static_cast<size_t>(env_long("AMP_EMU_MEMORY_MB", dry_run() ? 81920 : 8192)) << 20;
 };
 Memory& memory() {
@@ -364,6 +364,12 @@ cudaError_t set_last_error(cudaError_t err) {
 Counters counters() {
   return Counters{g_launches.load(), g_host_syncs.load(), g_d2h.load(), g_graph_launches.load(), g_graph_ops.load(),
                   g_allocations.load()};
+}
+
+size_t device_bytes_high_water() {
+  Memory& mem = memory();
+  std::lock_guard<std::mutex> lock(mem.m);
+  return mem.high_water;
 }
 
 std::string last_fault() {
@@ -565,7 +571,17 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mem.m);
   mem.device.emplace(reinterpret_cast<uintptr_t>(q), bytes);
   mem.device_bytes += rounded;
+  mem.high_water = std::max(mem.high_water, mem.device_bytes);
   *p = q;
+  return result(cudaSuccess);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (free == nullptr || total == nullptr) return result(cudaErrorInvalidValue);
+  Memory& mem = memory();
+  std::lock_guard<std::mutex> lock(mem.m);
+  *free = mem.limit - std::min(mem.limit, mem.device_bytes);
+  *total = mem.limit;
   return result(cudaSuccess);
 }
 

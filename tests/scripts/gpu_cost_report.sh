@@ -36,7 +36,13 @@ run() {  # name, cost-model shape flags, amp_train flags (RANKS=N: under mpirun 
   }
   echo "== $name (dry run: $((SECONDS - t0)) s on this machine; modeled H100 SXM below)"
   python3 launch/bench/cost_model.py "$work/$name.jsonl" --last $shape >"$work/$name.report"
-  if [[ -n ${RANKS:-} ]]; then grep -A1 '^  communication' "$work/$name.report"; else cat "$work/$name.report"; fi
+  if [[ -n ${RANKS:-} ]]; then grep -A1 '^  communication' "$work/$name.report"; else
+    cat "$work/$name.report"
+    # amp_train's own figure, the benchmark's beside PyTorch's: here the emulated driver's count (the
+    # allocator's segments, cached blocks too, and cuBLAS's workspace; a GPU adds the kernels' code).
+    awk '/^device memory: / { printf "  device memory held %7s GiB   (what amp_train reports: the driver'"'"'s count beyond the context)\n", $3 }' \
+      "$work/$name.out"
+  fi
   grep -o 'rank 0 steps .*' "$work/$name.out" | sed 's/^/  --zero 1: /' || true
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/device_usage.h"
 
 namespace amp::cuda {
 
@@ -30,14 +31,17 @@ void* CachingAllocator::malloc_locked(size_t rounded) {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     AMP_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     err = cudaMalloc(&p, rounded);
+    if (err == cudaSuccess) device_usage().sample();  // (in the relaxed mode too: the query is not captured)
     AMP_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   } else {
     err = cudaMalloc(&p, rounded);
+    if (err == cudaSuccess) device_usage().sample();  // the process's device memory may be at its most now
   }
   if (err == cudaErrorMemoryAllocation && active_pool_ == 0) {
     (void)cudaGetLastError();  // out of memory is not sticky, but clear it before retrying
     release_free_segments_locked();
     err = cudaMalloc(&p, rounded);
+    if (err == cudaSuccess) device_usage().sample();
   }
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();

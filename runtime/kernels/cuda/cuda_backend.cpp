@@ -9,6 +9,7 @@
 
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
+#include "runtime/kernels/cuda/device_usage.h"
 #include "runtime/kernels/cuda/host_staging.h"
 
 namespace amp::cuda {
@@ -29,6 +30,10 @@ void CudaBackend::deallocate(void* p, size_t bytes) { context().allocator().deal
 size_t CudaBackend::peak_bytes() const { return context().allocator().peak_bytes(); }
 size_t CudaBackend::current_bytes() const { return context().allocator().current_bytes(); }
 void CudaBackend::reset_peak_bytes() { context().allocator().reset_peak_bytes(); }
+size_t CudaBackend::device_peak_bytes() {
+  device_usage().sample();
+  return device_usage().peak_bytes();
+}
 
 // Through pinned slots (host_staging.h): the caller may reuse src at once, and the host never waits
 // for the device here (from pageable memory the driver may).

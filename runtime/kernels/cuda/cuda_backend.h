@@ -20,6 +20,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   size_t peak_bytes() const override;
   size_t current_bytes() const override;
   void reset_peak_bytes() override;
+  size_t device_peak_bytes() override;
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;

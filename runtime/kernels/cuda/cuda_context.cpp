@@ -8,11 +8,13 @@
 
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_support.h"
+#include "runtime/kernels/cuda/device_usage.h"
 
 namespace amp::cuda {
 
 Context::Context(int device) : device_(device) {
-  AMP_CUDA_CHECK(cudaSetDevice(device));
+  AMP_CUDA_CHECK(cudaSetDevice(device));  // makes the device's primary context (CUDA 12 and newer)
+  device_usage().start();                  // what the context took is not ours to count
   AMP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   // Non-blocking: the legacy default stream must not serialise us against other libraries' work.
   AMP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
