@@ -26,4 +26,14 @@ constexpr int64_t kNormChunk = 1024;
 Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
                               bool sharded, const Tensor& grad_scale);
 
+// The same sum where there are no buckets (one rank, one micro-batch: the reducer passes the
+// gradients through, GradientReducer::passthrough): each parameter's gradient is read where it
+// lies, at its slot of `layout` (GradientReducer::plan), zeros between them and for a parameter
+// without a gradient; bit for bit the sum over the buckets the reducer would have filled, whose
+// memory (4 bytes a parameter, held from one step to the next) the run does not hold
+// (Backend::chunk_sums_of_squares_gathered). params: the reducer's, in the order the layout's slots
+// index.
+Tensor chunked_sum_of_squares_unbucketed(const BucketLayout& layout, const std::vector<Tensor>& params,
+                                         const Tensor& grad_scale);
+
 }  // namespace amp::comm

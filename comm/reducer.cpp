@@ -65,6 +65,7 @@ struct GradientReducer::State {
   bool in_backward = false;
   size_t launched_in_backward = 0;
   bool passthrough = false;  // one rank, one micro-batch: nothing to sum, so no copies at all
+  BucketLayout plan;         // plan_buckets' layout for this communicator's ranks
   int64_t micro_batch = 0;   // of this step, counting the one in backward
 
   void launch_ready() {
@@ -180,7 +181,8 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, Communicator& comm,
   st.options = options;
   if (options.shard && !options.ordered_sum) throw std::invalid_argument("GradientReducer: shard needs ordered_sum");
   st.passthrough = options.passthrough && comm.size() == 1 && options.micro_batches == 1;
-  const BucketLayout plan = plan_buckets(params, options, comm.size());
+  st.plan = plan_buckets(params, options, comm.size());
+  const BucketLayout& plan = st.plan;
   st.buckets.resize(plan.numel.size());
   for (const SlotLayout& s : plan.slots) {  // in slot order: reverse parameter order
     st.slots.push_back(Slot{params[s.param], s.bucket, static_cast<size_t>(s.offset), false});
@@ -276,6 +278,9 @@ BucketLayout GradientReducer::layout() const {
   }
   return l;
 }
+
+const BucketLayout& GradientReducer::plan() const { return state_->plan; }
+bool GradientReducer::passthrough() const { return state_->passthrough; }
 
 std::vector<Tensor> GradientReducer::buffers() const {
   std::vector<Tensor> out;

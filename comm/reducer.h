@@ -37,8 +37,9 @@ struct ReducerOptions {
   // Each bucket's shards are a whole number of this many elements (a multiple of 4), so that fixed
   // chunks of the bucket (comm/chunked_norm.h) never straddle two ranks.
   size_t shard_align = 4;
-  // false: buckets even for one rank and one micro-batch, where nothing is summed (the chunked norm
-  // reads the bucket layout).
+  // false: buckets even for one rank and one micro-batch, where nothing is summed (ZeRO-1's shards
+  // are the buckets' pieces). The chunked norm needs none (comm/chunked_norm.h reads the gradients at
+  // their planned slots).
   bool passthrough = true;
 };
 
@@ -79,6 +80,10 @@ class GradientReducer {
   size_t num_buckets() const;
   // Empty when the reducer passes gradients through (one rank, one micro-batch, passthrough).
   BucketLayout layout() const;
+  // The buckets' layout whether or not they exist: where each gradient lies, or would lie when the
+  // reducer passes them through (then no buffer, and nothing held between steps).
+  const BucketLayout& plan() const;
+  bool passthrough() const;
   std::vector<Tensor> buffers() const;  // the buckets, as layout() lists them
 
   // Buckets launched from inside backward (by the hooks) during the last synced backward.

@@ -124,6 +124,34 @@ TEST(ClipGradNorm, ChunkSumsOfSquaresUnscaleAsTheyRead) {
   EXPECT_THROW(be.chunk_sums_of_squares(zeros({5 * 1024}), 1024, out, full({2}, 2.0)), std::invalid_argument);
 }
 
+// The chunk sums of a vector that is not stored, on the CPU (the default: the vector written out):
+// those of the vector, bit for bit, with the pieces where the offsets say and zeros between.
+TEST(ClipGradNorm, GatheredChunkSumsAreTheWrittenVectors) {
+  Backend& be = backend_for(kCPU);
+  Generator g(21);
+  const std::vector<int64_t> offsets = {3, 1030, 2100}, sizes = {1020, 7, 1500};
+  std::vector<Tensor> pieces;
+  Tensor whole = zeros({4000});
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    pieces.push_back(rand_uniform({sizes[i]}, -3, 3, g, DType::f32));
+    Tensor slot = whole.view(offsets[i], {sizes[i]});
+    copy_(slot, pieces.back());
+  }
+  for (double s : {0.0, 3.0}) {
+    const Tensor scale = s > 0 ? full({1}, s, DType::f32) : Tensor();
+    Tensor got = full({4}, 0.5, DType::f32), want = full({4}, 0.5, DType::f32);
+    be.chunk_sums_of_squares(whole, 1024, want, scale);
+    be.chunk_sums_of_squares_gathered(pieces, offsets, 4000, 1024, got, scale);
+    EXPECT_TRUE(test::bitwise_equal(got, want)) << "scale " << s;
+  }
+  Tensor shifted = full({4}, 0.5, DType::f32), want = full({4}, 0.5, DType::f32);
+  be.chunk_sums_of_squares(whole, 1024, want, Tensor());
+  be.chunk_sums_of_squares_gathered(pieces, {3, 2050, 2100}, 4000, 1024, shifted, Tensor());
+  EXPECT_FALSE(test::bitwise_equal(shifted, want)) << "the control: a piece in the next chunk";
+  EXPECT_THROW(be.chunk_sums_of_squares_gathered(pieces, {3, 1000, 2100}, 4000, 1024, shifted, Tensor()),
+               std::invalid_argument);
+}
+
 TEST(ClipGradNorm, InfNormAndNonFinite) {
   Tensor a = zeros({3}).set_requires_grad(true), b = zeros({2}).set_requires_grad(true);
   a.set_grad(from_vector({1.0, -4.0, 2.0}, {3}));

@@ -1253,6 +1253,61 @@ TEST_F(CudaVsCpu, ChunkSumsOfSquaresOfScaledGradients) {
   }
 }
 
+// The chunk sums of a vector that is not stored (gradients at their planned bucket slots, one rank):
+// bit for bit chunk_sums_of_squares of the vector written out, with a scale or without (3 rounds the
+// unscaled elements), and the pieces only read. Pieces of every size: one element, some not a
+// multiple of 4, one across several chunks, a chunk with none, one at each end; one launch. A chunk
+// that meets more pieces than one launch takes (single elements 3 apart) goes the default's way, with
+// the same sums. Pieces out of order, overlapping, or not float32 are refused.
+TEST_F(CudaVsCpu, GatheredChunkSumsAreTheWrittenVectorsBitForBit) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  struct Case { std::vector<int64_t> offsets, sizes; int64_t n; int64_t launches; };
+  std::vector<Case> cases = {{{0, 1004, 1100, 1105, 4096, 6000}, {1, 90, 3, 2900, 1900, 1}, 6001, 1},
+                             {{}, {}, 2048, 1}};
+  Case many{{}, {}, 3000, -1};  // 400 single elements, 3 apart: more than a launch takes in one chunk
+  for (int64_t i = 0; i < 400; ++i) many.offsets.push_back(3 * i), many.sizes.push_back(1);
+  cases.push_back(many);
+  uint64_t seed = 90;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.offsets.size()) + " pieces in " + std::to_string(c.n));
+    std::vector<Tensor> pieces;
+    std::vector<double> flat(static_cast<size_t>(c.n), 0.0);
+    for (size_t i = 0; i < c.offsets.size(); ++i) {
+      const Tensor p = mul(random_cpu({c.sizes[i]}, DType::f64, seed++, -3, 3), 3.0).to(DType::f32);
+      const std::vector<double> v = p.to_vector();
+      std::copy(v.begin(), v.end(), flat.begin() + c.offsets[i]);
+      pieces.push_back(p.to(kGPU));
+    }
+    const std::vector<Tensor> before = to_device(pieces, kCPU);
+    const Tensor whole = from_vector(flat, {c.n}, DType::f32).to(kGPU);
+    const int64_t chunks = (c.n + 1023) / 1024;
+    for (double s : {0.0, 3.0, 1024.0}) {
+      const Tensor scale = s > 0 ? full({1}, s, DType::f32, kGPU) : Tensor();
+      Tensor got = full({chunks}, 0.25, DType::f32, kGPU), want = full({chunks}, 0.25, DType::f32, kGPU);
+      gpu().chunk_sums_of_squares(whole, 1024, want, scale);
+      const int64_t at = launches();
+      gpu().chunk_sums_of_squares_gathered(pieces, c.offsets, c.n, 1024, got, scale);
+      if (emulated_device_counters() && c.launches > 0) {
+        EXPECT_EQ(launches() - at, c.launches) << "scale " << s;
+      }
+#if defined(AMP_CUDA_EMU)
+      EXPECT_EQ(emu::recent_launches().back().kernel.find("chunk_squares_gather_kernel") != std::string::npos,
+                c.launches > 0) << "scale " << s;
+#endif
+      EXPECT_TRUE(test::bitwise_equal(got.to(kCPU), want.to(kCPU))) << "scale " << s;
+    }
+    for (size_t i = 0; i < pieces.size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(pieces[i].to(kCPU), before[i])) << "piece " << i << " written";
+  }
+  Tensor out = zeros({2}, DType::f32, kGPU);
+  const Tensor a = zeros({8}, DType::f32, kGPU), b = zeros({8}, DType::bf16, kGPU);
+  EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({a, a}, {100, 104}, 2048, 1024, out, Tensor()), std::invalid_argument);
+  EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({a, a}, {200, 100}, 2048, 1024, out, Tensor()), std::invalid_argument);
+  EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({a}, {2044}, 2048, 1024, out, Tensor()), std::invalid_argument);
+  EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({b}, {0}, 2048, 1024, out, Tensor()), std::invalid_argument);
+  EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({a}, {0, 8}, 2048, 1024, out, Tensor()), std::invalid_argument);
+}
+
 TEST_F(CudaVsCpu, PerTensorNormsInOnePassAreEachTensorsOwnNorm) {
   for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
     for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf (in tensor 2 only)

@@ -66,6 +66,23 @@ TEST(Zero, GptWithWeightDecayGroupsClippingAndTheValidationLoss) {
   expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 4", 4, {1, 2, 4});
 }
 
+// One rank and one micro-batch: the unsharded run keeps no gradient buckets (nothing is summed; the
+// reducer passes the gradients through) and its norm reads each gradient at the slot the buckets
+// would give it (comm/chunked_norm.h); --zero 1 on one rank reads its buckets. The same norms, clips,
+// skips and weights, bit for bit: fp16 with a scale that rounds the unscaled gradients, and the GPT
+// clipping; on the CPU and the emulated GPU (its gathering kernel).
+TEST(Zero, OneRankWithoutBucketsTakesTheBucketsNorm) {
+  std::vector<std::string> devices = {"cpu"};
+#ifdef AMP_TEST_EMULATED_GPU
+  devices.push_back("cuda");
+#endif
+  for (const std::string& device : devices) {
+    SCOPED_TRACE(device);
+    expect_sharded_equals_unsharded(kMlpFp16Overflow + " --clip-grad-norm 0.5 --device " + device, 1, {1});
+    expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 4 --device " + device, 1, {1});
+  }
+}
+
 TEST(Zero, OverTcp) {
   expect_sharded_equals_unsharded(kMlpFp16Overflow + " --bucket-mb 0.002", 8, {2, 4, 8}, true);  // a bucket a layer
   expect_sharded_equals_unsharded(gpt_args() + " --amp fp16 --steps 3", 4, {2, 4}, true);

@@ -175,7 +175,7 @@ Trainer::StepFigures Trainer::device_step() {
   }
 
   // found_inf: a read-only check, and the optimizer's pass unscales each gradient as it reads it
-  // (GradScaler::step after check_inf_); the norm over the buckets reads them unscaled too
+  // (GradScaler::step after check_inf_); the norm over the buckets' chunks reads them unscaled too
   // (chunked_sum_of_squares' grad_scale). The clamp (--clip-grad-value) and the multi-task model's
   // norm read the gradients themselves: unscale_ first then (a read and a write of every gradient).
   if (cfg_.clip_grad_value > 0.0 || (needs_grad_norm() && !reducer_)) scaler_->unscale_(*opt_);
@@ -211,7 +211,9 @@ Trainer::StepFigures Trainer::device_step() {
   Tensor grad_norm;
   NormClip clip;  // clipping by the norm in the optimizer's pass, unless the clamp reads the clipped gradients
   if (needs_grad_norm()) {
-    if (reducer_)
+    if (reducer_ && reducer_->passthrough())
+      grad_norm = sqrt(comm::chunked_sum_of_squares_unbucketed(reducer_->plan(), params, scaler_->pending_scale(*opt_)));
+    else if (reducer_)
       grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr,
                                                     scaler_->pending_scale(*opt_)));
     else grad_norm = get_total_norm(opt_->grads(), 2.0, false);

@@ -167,9 +167,10 @@ comm::ReducerOptions Trainer::reducer_options() const {
   ro.ordered_sum = true;  // the losses carry B / E: summed in one order, the step is rank-invariant
   ro.shard = cfg_.zero == 1;
   if (ro.shard) ro.shard_align = comm::kNormChunk;  // a norm chunk never straddles two shards
-  // The gradient norm is summed over fixed chunks of the buckets (comm/chunked_norm.h), whatever the
-  // ranks and sharding: it needs buckets even where nothing is summed.
-  ro.passthrough = !needs_grad_norm() && !ro.shard;
+  // One rank and one micro-batch: no buckets (nothing is summed), so no 4 bytes a parameter held
+  // from one step to the next; the gradient norm reads the gradients at the slots the buckets would
+  // give them (comm/chunked_norm.h), its bits the same. ZeRO-1's shards are pieces of the buckets.
+  ro.passthrough = !ro.shard;
   return ro;
 }
 

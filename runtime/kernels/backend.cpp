@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/core/device_memory.h"
 #include "runtime/kernels/cpu/cpu_backend.h"
+#include "runtime/kernels/norm_check.h"
 
 namespace amp {
 
@@ -29,6 +31,17 @@ void Backend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, cons
   Tensor product = empty(pre.shape(), pre.dtype(), pre.device());
   gemm(false, false, 1.0f, g, w, 0.0f, product);
   binary(BinaryOp::gelu_tanh_backward, product, pre, dpre);
+}
+
+void Backend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
+                                             int64_t n, int64_t chunk, Tensor& out, const Tensor& scale) {
+  check_gathered_pieces(pieces, offsets, n, out);
+  Tensor flat = empty({n}, DType::f32, out.device());
+  DeviceMemory& m = memory_for(out.device());
+  m.fill(flat, 0.0);
+  for (size_t i = 0; i < pieces.size(); ++i)
+    m.copy(static_cast<float*>(flat.data_ptr()) + offsets[i], pieces[i].data_ptr(), pieces[i].nbytes());
+  chunk_sums_of_squares(flat, chunk, out, scale);
 }
 
 void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&, FusedAttention) {

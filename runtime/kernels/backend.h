@@ -217,6 +217,14 @@ class Backend {
   // squares are those of x as unscale_and_check would leave it (each element times inverse_scale,
   // stored in x's dtype): the sums are bit for bit those of the unscaled x, and x is not written.
   virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) = 0;
+  // The same over a float32 vector of n elements that is not stored: pieces[i] (float32, on out's
+  // device) at [offsets[i], offsets[i] + pieces[i].numel()), the offsets ascending and the pieces
+  // apart within [0, n), zeros elsewhere. out gets what chunk_sums_of_squares adds for that vector,
+  // bit for bit, and the pieces are only read (the chunked norm of gradients that are not in buckets:
+  // one rank, one micro-batch; comm/chunked_norm.h). This default writes the vector, a temporary of n
+  // elements; the CUDA backend reads each element where it lies.
+  virtual void chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
+                                              int64_t n, int64_t chunk, Tensor& out, const Tensor& scale);
   // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;

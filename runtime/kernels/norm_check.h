@@ -1,5 +1,5 @@
-// The output of norm_accumulate_each, checked alike by every backend: one f32 element per tensor,
-// on the tensors' device.
+// The arguments of norm_accumulate_each and chunk_sums_of_squares_gathered, checked alike by every
+// backend.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -16,6 +16,26 @@ inline void check_norms_output(const std::vector<Tensor>& xs, const Tensor& out)
   for (const Tensor& x : xs)
     if (x.device() != out.device())
       throw std::invalid_argument("norm_accumulate_each: every tensor must be on the output's device");
+}
+
+// chunk_sums_of_squares_gathered's pieces: float32 on out's device, in order and apart within [0, n).
+inline void check_gathered_pieces(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets, int64_t n,
+                                  const Tensor& out) {
+  const std::string what = "chunk_sums_of_squares_gathered: ";
+  if (pieces.size() != offsets.size())
+    throw std::invalid_argument(what + std::to_string(pieces.size()) + " pieces but " + std::to_string(offsets.size()) +
+                                " offsets");
+  int64_t end = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Tensor& p = pieces[i];
+    if (!p.defined() || p.dtype() != DType::f32 || p.device() != out.device())
+      throw std::invalid_argument(what + "piece " + std::to_string(i) + " is not a float32 tensor on the output's device");
+    if (offsets[i] < end || offsets[i] > n - p.numel())
+      throw std::invalid_argument(what + "piece " + std::to_string(i) + " at " + std::to_string(offsets[i]) + " (" +
+                                  std::to_string(p.numel()) + " elements) overlaps the one before it or ends past " +
+                                  std::to_string(n));
+    end = offsets[i] + p.numel();
+  }
 }
 
 }  // namespace amp

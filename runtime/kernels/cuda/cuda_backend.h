@@ -100,6 +100,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) override;
+  void chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets, int64_t n,
+                                      int64_t chunk, Tensor& out, const Tensor& scale) override;
   void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;
   void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
 };

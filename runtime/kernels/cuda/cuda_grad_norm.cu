@@ -82,6 +82,33 @@ __global__ void chunk_squares_kernel(const T* __restrict__ x, int64_t n, int64_t
   if (threadIdx.x == 0) out[k] += static_cast<float>(acc);
 }
 
+// chunk_squares_kernel<float> over a vector that is not stored: up to kGatherPieces pieces, piece j
+// holding the vector's elements [begin[j], end[j]) (ascending, apart), zeros elsewhere. Block k sums
+// chunk first_chunk + k; each thread reads the elements the flat kernel's thread reads, in the same
+// order, and adds the same squares (0 where no piece lies), so the sums are that kernel's, bit for bit.
+inline constexpr int kGatherPieces = 128;
+struct GatherPieces {
+  const float* ptr[kGatherPieces];
+  int64_t begin[kGatherPieces], end[kGatherPieces];
+  int count;
+};
+__global__ void chunk_squares_gather_kernel(GatherPieces p, int64_t first_chunk, int64_t n, int64_t chunk,
+                                            const float* __restrict__ scale, float* __restrict__ out) {
+  const int64_t k = first_chunk + blockIdx.x, begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
+  const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
+  double acc = 0.0;
+  int j = 0;  // the first piece that ends after i (i only grows)
+  for (int64_t i = begin + static_cast<int64_t>(threadIdx.x); i < end; i += blockDim.x) {
+    while (j < p.count && p.end[j] <= i) ++j;
+    const float x = j < p.count && p.begin[j] <= i ? p.ptr[j][i - p.begin[j]] : 0.0f;
+    const float u = DevElem<float>::store(math::unscale_element(DevElem<float>::load(x), inv));
+    const double a = static_cast<double>(DevElem<float>::load(u));
+    acc += a * a;
+  }
+  acc = block_reduce(acc, SumOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] += static_cast<float>(acc);
+}
+
 // Block b folds the partials [r.begin[b], r.end[b]) in a fixed order into out[b], as the CPU does:
 // out = max(out, norm) for the inf-norm (min for -inf), out += sum otherwise. One block for
 // norm_accumulate; one per tensor, kFinishSlots a launch, for norm_accumulate_each.
@@ -274,6 +301,71 @@ void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& 
         x.data<T>(), n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>());
     AMP_CUDA_CHECK_LAUNCH();
   });
+}
+
+// Launches over runs of chunks whose pieces fit one GatherPieces; a chunk that alone meets more
+// pieces than that (pieces of a few elements) sends the whole call to the default, which writes the
+// vector first.
+void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
+                                                 int64_t n, int64_t chunk, Tensor& out, const Tensor& scale) {
+  require_cuda(out, "chunk_sums_of_squares_gathered: output");
+  check_gathered_pieces(pieces, offsets, n, out);
+  if (scale.defined()) {
+    require_cuda(scale, "chunk_sums_of_squares_gathered: scale");
+    if (scale.dtype() != DType::f32 || scale.numel() != 1)
+      throw std::invalid_argument("chunk_sums_of_squares_gathered: scale must be a 1-element float32 tensor");
+  }
+  if (chunk < 1) throw std::invalid_argument("chunk_sums_of_squares_gathered: a chunk of " + std::to_string(chunk));
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (out.dtype() != DType::f32 || out.numel() != chunks)
+    throw std::invalid_argument("chunk_sums_of_squares_gathered: expected float32 out of " + std::to_string(chunks) +
+                                " elements");
+  if (chunks > 0x7fffffff) throw std::invalid_argument("chunk_sums_of_squares_gathered: more than 2^31-1 chunks");
+  // The pieces that hold something, and the launches: chunks [c0, c1) with pieces [first, last).
+  std::vector<size_t> held;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (pieces[i].numel() > 0) held.push_back(i);
+  struct Run { int64_t c0, c1; size_t first, last; };
+  std::vector<Run> runs;
+  size_t first = 0;
+  for (int64_t c0 = 0; c0 < chunks;) {
+    while (first < held.size() && offsets[held[first]] + pieces[held[first]].numel() <= c0 * chunk) ++first;
+    int64_t c1 = c0;
+    size_t last = first;
+    while (c1 < chunks) {
+      const int64_t hi = std::min(n, (c1 + 1) * chunk);
+      size_t l = last;
+      while (l < held.size() && offsets[held[l]] < hi) ++l;
+      if (l - first > static_cast<size_t>(kGatherPieces)) break;
+      last = l;
+      ++c1;
+    }
+    if (c1 == c0) {
+      Backend::chunk_sums_of_squares_gathered(pieces, offsets, n, chunk, out, scale);
+      return;
+    }
+    runs.push_back({c0, c1, first, last});
+    c0 = c1;
+  }
+  Context& ctx = context();
+  for (const Run& r : runs) {
+    GatherPieces p{};
+    int64_t bytes = 0;
+    for (size_t i = r.first; i < r.last; ++i) {
+      const Tensor& x = pieces[held[i]];
+      p.ptr[p.count] = x.data<float>();
+      p.begin[p.count] = offsets[held[i]];
+      p.end[p.count] = offsets[held[i]] + x.numel();
+      // What this run reads of the piece: its part within the run's chunks.
+      bytes += 4 * (std::min(p.end[p.count], std::min(n, r.c1 * chunk)) - std::max(p.begin[p.count], r.c0 * chunk));
+      ++p.count;
+    }
+    const int64_t m = std::min(n, r.c1 * chunk) - r.c0 * chunk;  // the elements summed, zeros included
+    declare_launch_cost(bytes + (r.c1 - r.c0) * 4 + (scale.defined() ? 4 : 0), (r.c1 - r.c0) * 4, (scale.defined() ? 3 : 2) * m);
+    AMP_LAUNCH(static_cast<unsigned>(r.c1 - r.c0), 256, 0, ctx.stream(), chunk_squares_gather_kernel)(
+        p, r.c0, n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>() + r.c0);
+    AMP_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void CudaBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {
