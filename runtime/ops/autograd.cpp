@@ -237,6 +237,10 @@ struct Engine {
         } restore{t_applying};
         t_applying = {n, &buffers};
         grads = n->apply(g);
+        // Its saved tensors are spent: freed now, as PyTorch frees them, not when the whole backward
+        // is done. The activations then go as the gradients come, and the backward's peak is not
+        // every activation and every gradient at once.
+        if (!retain_graph) n->release();
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
         Node* next = n->next[i].get();
@@ -250,7 +254,7 @@ struct Engine {
       }
     }
     if (!retain_graph)
-      for (Node* n : visited) n->release();
+      for (Node* n : visited) n->release();  // those that took no gradient, and the sinks
   }
 };
 
