@@ -29,9 +29,10 @@ How each side is timed (the first --warmup steps of every run are left out on bo
     table, bytes in the JSON).
 Device memory, the same measure on both sides (--device cuda): what the driver counts for the process
 beyond its CUDA context (cudaMemGetInfo): PyTorch's free bytes at its first CUDA call (which makes the
-context) less its free bytes after the timed steps, its caching allocator keeping what it was given;
-amp_train's own figure (its metrics' end record, device_memory_bytes), taken the same way and at each
-segment its allocator takes. So each includes the allocator's cache, cuBLAS's and cuDNN's workspaces
+context) less its free bytes after the timed steps, its caching allocator keeping what it was given
+(so a lower bound of its peak, should it have emptied its cache: it does so only to retry an
+allocation that failed); amp_train's own figure (its metrics' end record, device_memory_bytes), taken
+the same way and also at each segment its allocator takes, over the training steps. So each includes the allocator's cache, cuBLAS's and cuDNN's workspaces
 and the kernels loaded; "dev MiB" in the table (the most over the rounds), and "÷ dev", amp_train's
 over the smaller of the eager peers'.
 

@@ -206,8 +206,9 @@ Trainer::StepFigures Trainer::device_step() {
       step_.nonfinite = nonfinite_gradients(zero_->named_pieces(model().named_parameters()));
   }
   // The norm (clipping, --log-grad-norm: a read of every gradient that PyTorch's loop does not pay
-  // for, asked only) over fixed chunks of the buckets, so that its bits depend neither on the ranks
-  // nor on ZeRO-1 (comm/chunked_norm.h); the multi-task model's, over its parameters, as PyTorch's.
+  // for, asked only) over fixed chunks of the buckets, or of where the buckets would hold the
+  // gradients (one rank, one micro-batch: none), so that its bits depend neither on the ranks nor on
+  // ZeRO-1 (comm/chunked_norm.h); the multi-task model's, over its parameters, as PyTorch's.
   Tensor grad_norm;
   NormClip clip;  // clipping by the norm in the optimizer's pass, unless the clamp reads the clipped gradients
   if (needs_grad_norm()) {

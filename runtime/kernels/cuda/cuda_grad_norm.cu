@@ -303,9 +303,10 @@ void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& 
   });
 }
 
-// Launches over runs of chunks whose pieces fit one GatherPieces; a chunk that alone meets more
-// pieces than that (pieces of a few elements) sends the whole call to the default, which writes the
-// vector first.
+// Launches over runs of chunks whose pieces fit one GatherPieces. A chunk that alone meets more
+// pieces than that (pieces of a few elements) goes the default's way alone: its parts of the pieces
+// written into a temporary of one chunk, whose sum is the same (each thread reads the same elements
+// in the same order, counted from the chunk's start).
 void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
                                                  int64_t n, int64_t chunk, Tensor& out, const Tensor& scale) {
   require_cuda(out, "chunk_sums_of_squares_gathered: output");
@@ -321,12 +322,11 @@ void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& piec
     throw std::invalid_argument("chunk_sums_of_squares_gathered: expected float32 out of " + std::to_string(chunks) +
                                 " elements");
   if (chunks > 0x7fffffff) throw std::invalid_argument("chunk_sums_of_squares_gathered: more than 2^31-1 chunks");
-  // The pieces that hold something, and the launches: chunks [c0, c1) with pieces [first, last).
+  // The pieces that hold something; runs of chunks [c0, c1) with the pieces [first, last) they meet.
   std::vector<size_t> held;
   for (size_t i = 0; i < pieces.size(); ++i)
     if (pieces[i].numel() > 0) held.push_back(i);
-  struct Run { int64_t c0, c1; size_t first, last; };
-  std::vector<Run> runs;
+  Context& ctx = context();
   size_t first = 0;
   for (int64_t c0 = 0; c0 < chunks;) {
     while (first < held.size() && offsets[held[first]] + pieces[held[first]].numel() <= c0 * chunk) ++first;
@@ -340,31 +340,39 @@ void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& piec
       last = l;
       ++c1;
     }
-    if (c1 == c0) {
-      Backend::chunk_sums_of_squares_gathered(pieces, offsets, n, chunk, out, scale);
-      return;
+    const int64_t lo = c0 * chunk;
+    if (c1 == c0) {  // one chunk, too many pieces: their parts in it, counted from its start
+      const int64_t hi = std::min(n, lo + chunk);
+      std::vector<Tensor> parts;
+      std::vector<int64_t> at;
+      for (size_t i = first; i < held.size() && offsets[held[i]] < hi; ++i) {
+        const Tensor& x = pieces[held[i]];
+        const int64_t b = std::max(offsets[held[i]], lo), e = std::min(offsets[held[i]] + x.numel(), hi);
+        parts.push_back(x.view(b - offsets[held[i]], {e - b}));
+        at.push_back(b - lo);
+      }
+      Tensor one = out.view(c0, {1});
+      Backend::chunk_sums_of_squares_gathered(parts, at, hi - lo, chunk, one, scale);
+      c0 += 1;
+      continue;
     }
-    runs.push_back({c0, c1, first, last});
-    c0 = c1;
-  }
-  Context& ctx = context();
-  for (const Run& r : runs) {
     GatherPieces p{};
     int64_t bytes = 0;
-    for (size_t i = r.first; i < r.last; ++i) {
+    const int64_t hi = std::min(n, c1 * chunk);
+    for (size_t i = first; i < last; ++i) {
       const Tensor& x = pieces[held[i]];
       p.ptr[p.count] = x.data<float>();
       p.begin[p.count] = offsets[held[i]];
       p.end[p.count] = offsets[held[i]] + x.numel();
-      // What this run reads of the piece: its part within the run's chunks.
-      bytes += 4 * (std::min(p.end[p.count], std::min(n, r.c1 * chunk)) - std::max(p.begin[p.count], r.c0 * chunk));
+      bytes += 4 * (std::min(p.end[p.count], hi) - std::max(p.begin[p.count], lo));  // what this run reads of it
       ++p.count;
     }
-    const int64_t m = std::min(n, r.c1 * chunk) - r.c0 * chunk;  // the elements summed, zeros included
-    declare_launch_cost(bytes + (r.c1 - r.c0) * 4 + (scale.defined() ? 4 : 0), (r.c1 - r.c0) * 4, (scale.defined() ? 3 : 2) * m);
-    AMP_LAUNCH(static_cast<unsigned>(r.c1 - r.c0), 256, 0, ctx.stream(), chunk_squares_gather_kernel)(
-        p, r.c0, n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>() + r.c0);
+    declare_launch_cost(bytes + (c1 - c0) * 4 + (scale.defined() ? 4 : 0), (c1 - c0) * 4,
+                        (scale.defined() ? 3 : 2) * (hi - lo));
+    AMP_LAUNCH(static_cast<unsigned>(c1 - c0), 256, 0, ctx.stream(), chunk_squares_gather_kernel)(
+        p, c0, n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>() + c0);
     AMP_CUDA_CHECK_LAUNCH();
+    c0 = c1;
   }
 }
 
