@@ -46,7 +46,8 @@ that column says so, with the message, and the rest of the benchmark goes on.
 for fp16, and for the GPT F.scaled_dot_product_attention (causal) and AdamW(fused=True). Defaults on
 the GPU: the MLP at 4096 x 512 in fp32, bf16 and fp16 (with the scaler); the GPT at the main job's
 shape (128 wide, batch 16, bf16); --gpt2-small: 12 layers, 12 heads, 768 wide, block 1024, batch 8,
-bf16, on bytes. Without --data the GPT trains on generated text (the timing does not depend on it).
+bf16, on bytes; --gpt2-medium: 24 layers, 16 heads, 1024 wide, the same block, batch and dtype, on
+bytes. Without --data the GPT trains on generated text (the timing does not depend on it).
 Stops (exit 2) when PyTorch has no usable CUDA. --json FILE: every figure, for
 launch/scripts/gpu_check.sh.
 --gpt2-124m: GPT-2 124M as its users train it: GPT-2's vocabulary (50257 tokens), 12 layers,
@@ -61,6 +62,7 @@ without it a generated shard of random tokens: the timing does not depend on the
   launch/bench/bench_vs_pytorch.py --device cuda --amp-train build/cuda/launch/amp_train --bench-mlp build/cuda/launch/bench_mlp
   launch/bench/bench_vs_pytorch.py --device cuda --model gpt --gpt2-small --compile --amp-train build/cuda/launch/amp_train
   launch/bench/bench_vs_pytorch.py --device cuda --model gpt --gpt2-124m --compile --amp-train build/cuda/launch/amp_train
+  launch/bench/bench_vs_pytorch.py --device cuda --model gpt --gpt2-medium --compile --amp-train build/cuda/launch/amp_train
   launch/bench/bench_vs_pytorch.py --device cuda --model gpt --gpt2-124m --data fineweb_train_000001.bin
 """
 import argparse
@@ -262,6 +264,7 @@ report(step, fused_adamw=fused)
 
 GPT_LAYERS, GPT_HEADS, GPT_BLOCK = 4, 4, 64          # the main job's GPT (launch/scripts/run_example.sh)
 GPT2_SMALL = {"layers": 12, "heads": 12, "block": 1024, "sizes": "768x8", "modes": "bf16"}
+GPT2_MEDIUM = {"layers": 24, "heads": 16, "block": 1024, "sizes": "1024x8", "modes": "bf16"}
 GPT2_124M = dict(GPT2_SMALL, vocab=50257, gelu="tanh")  # GPT-2's own: its vocabulary and tanh GELU
 GPT2_VOCAB = 50257
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
@@ -403,6 +406,8 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--gpt2-small", action="store_true",
                     help="gpt: GPT-2 small's shape (12 layers, 12 heads, 768 wide, block 1024, batch 8, bf16) on bytes")
+    ap.add_argument("--gpt2-medium", action="store_true",
+                    help="gpt: GPT-2 medium's shape (24 layers, 16 heads, 1024 wide, block 1024, batch 8, bf16) on bytes")
     ap.add_argument("--gpt2-124m", action="store_true",
                     help="gpt: GPT-2 124M as its users train it: that shape with GPT-2's 50257-token vocabulary and "
                          "tanh GELU, on an llm.c token shard (--data; generated when left out)")
@@ -437,16 +442,17 @@ def main():
         ap.error(f"--steps must exceed --warmup ({a.warmup}{', at least 3 with --compile' if a.compile else ''})")
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if a.gpt2_small and a.gpt2_124m:
-        ap.error("--gpt2-small and --gpt2-124m: one shape at a time")
-    if (a.gpt2_small or a.gpt2_124m) and a.model != "gpt":
-        ap.error(f"--gpt2-{'small' if a.gpt2_small else '124m'} is a shape of --model gpt")
+    shapes = [f"--gpt2-{n}" for n, on in (("small", a.gpt2_small), ("medium", a.gpt2_medium), ("124m", a.gpt2_124m)) if on]
+    if len(shapes) > 1:
+        ap.error(f"{' and '.join(shapes)}: one shape at a time")
+    if shapes and a.model != "gpt":
+        ap.error(f"{shapes[0]} is a shape of --model gpt")
     build = os.path.join(root, "build", "cuda" if cuda else "release", "launch")
     a.amp_train = a.amp_train or os.path.join(build, "amp_train")
     a.bench_mlp = a.bench_mlp or os.path.join(build, "bench_mlp")
     a.python = a.python or (sys.executable if cuda else "/usr/bin/python3")
-    gpt = dict(GPT2_124M) if a.gpt2_124m else dict(GPT2_SMALL) if a.gpt2_small else {
-        "layers": GPT_LAYERS, "heads": GPT_HEADS, "block": GPT_BLOCK}
+    gpt = dict(GPT2_124M) if a.gpt2_124m else dict(GPT2_SMALL) if a.gpt2_small else dict(GPT2_MEDIUM) if a.gpt2_medium \
+        else {"layers": GPT_LAYERS, "heads": GPT_HEADS, "block": GPT_BLOCK}
     gpt.setdefault("gelu", "erf")
     if a.block is not None:
         if a.block < 1 or a.model != "gpt":
@@ -454,7 +460,7 @@ def main():
         gpt["block"] = a.block
     gpt["sdpa"] = a.sdpa
     gpt_model = a.model == "gpt"
-    if a.gpt2_small or a.gpt2_124m:
+    if shapes:
         a.sizes, a.modes = a.sizes or gpt["sizes"], a.modes or gpt["modes"]
     a.sizes = a.sizes or ("128x16" if cuda else "128x32,256x32") if gpt_model else a.sizes or (
         "4096x512" if cuda else "2048x256,4096x512")
@@ -582,7 +588,7 @@ def main():
             per_round = [statistics.median(ours[mode][r]) /
                          min(statistics.median(theirs[mode][n][r]) for n in eager) for r in range(a.rounds)]
             rounds = ",".join(f"{x:.2f}" for x in per_round)
-            row = {"model": a.model + ("_gpt2_small" if a.gpt2_small else "_gpt2_124m" if a.gpt2_124m else ""),
+            row = {"model": a.model + (shapes[0].replace("--", "_").replace("-", "_") if shapes else ""),
                    "size": f"{width}x{batch}", "mode": mode, "amp_train_ms": mine,
                    "torch_ms": dict(zip(eager, peer_ms)), "ratio": mine / best, "ratio_per_round": per_round}
             shown = list(peer_ms)

@@ -22,12 +22,13 @@
 #   train       50 data-parallel fp16 steps, one rank per visible GPU
 #   bench_mlp, bench_gpt, bench_gpt2_small   launch/bench/bench_vs_pytorch.py --device cuda: against
 #               PyTorch on this GPU (skipped where Python has no PyTorch), bench_gpt, bench_gpt2_small and
-#               bench_gpt2_124m against torch.compile too (--compile; where it fails, its column says so
+#               bench_gpt2_124m and bench_gpt2_medium against torch.compile too (--compile; where it fails, its column says so
 #               and the stage goes on);
 #               bench_gpt_eager the GPT with --cuda-graphs off (the CUDA graph's gain);
 #               bench_gpt2_small_fused the same with our own attention kernels (--attention fused: the
 #               default, auto, takes cuDNN's where libcudnn is found); bench_gpt2_small_composite with
-#               --attention composite (the fused attention's gain); bench_gpt2_124m GPT-2 124M on GPT-2's tokens (--gpt2-124m: 50257 tokens, tanh GELU)
+#               --attention composite (the fused attention's gain); bench_gpt2_124m GPT-2 124M on GPT-2's tokens (--gpt2-124m: 50257 tokens, tanh GELU);
+#               bench_gpt2_medium GPT-2 medium's shape on bytes (--gpt2-medium: 24 layers, 16 heads, 1024 wide)
 #   profile_gpt2_small   one steady step of GPT-2 small under ncu (amp_train --profile-step): the
 #               kernels' durations, summed by kernel, in the JSON (where ncu exists)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
@@ -72,7 +73,7 @@ done
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
   sanitize_synccheck sanitize_initcheck emu_train train bench_mlp bench_gpt bench_gpt_eager bench_gpt2_small
-  bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m profile_gpt2_small"
+  bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m bench_gpt2_medium profile_gpt2_small"
 IFS=, read -ra asked <<<"$only"
 for a in "${asked[@]}"; do
   grep -qw -- "$a[a-z0-9_]*" <<<"$all_stages" ||
@@ -447,6 +448,8 @@ else
     --amp-train-flags "--attention composite" --json "$out/bench_gpt2_small_composite.json"
   # GPT-2 124M as its users train it: GPT-2's vocabulary on an llm.c shard (generated), the tanh GELU.
   stage bench_gpt2_124m 2400 "${bench[@]}" --model gpt --gpt2-124m --compile --json "$out/bench_gpt2_124m.json"
+  # GPT-2 medium (24 x 16 x 1024) on bytes: the issue's third shape, its step and device memory.
+  stage bench_gpt2_medium 2400 "${bench[@]}" --model gpt --gpt2-medium --compile --json "$out/bench_gpt2_medium.json"
 fi
 
 # --- 6. where GPT-2 small's step goes: one steady step's kernels under Nsight Compute (duration only)
