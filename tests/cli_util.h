@@ -38,7 +38,7 @@ struct RunResult {
 inline RunResult run(const std::string& args, const std::string& prefix = "") {
   const bool short_timeout =
       prefix.find("mpirun") != std::string::npos && args.find("--comm-timeout") == std::string::npos;
-  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" " + prefix + " " + AMP_TRAIN_BIN + " " + args +
+  const std::string cmd = "env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} " + prefix + " " + AMP_TRAIN_BIN + " " + args +
                           (short_timeout ? " --comm-timeout 20" : "") + " 2>&1";
   int status = 0;
   std::string out = capture(cmd, &status);
@@ -78,7 +78,7 @@ inline std::vector<nlohmann::ordered_json> read_jsonl(const std::string& path) {
 
 // Runs a bash script in d, with $AMP naming amp_train; its output.
 inline std::string shell(const std::string& script, const TempDir& d) {
-  const std::string cmd = "cd " + d.path.string() + " && env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP=" + AMP_TRAIN_BIN +
+  const std::string cmd = "cd " + d.path.string() + " && env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} AMP=" + AMP_TRAIN_BIN +
                           " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
                           "timeout 120 bash -c '" + script + "' 2>&1";
   return capture(cmd);

@@ -78,7 +78,7 @@ Run train(const std::string& device, const std::string& args) {
   const std::string metrics = (dir / (device + ".jsonl")).string();
   const std::string weights = (dir / (device + ".safetensors")).string();
   const std::string cmd =
-      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} AMP_EMU_SEED=\"${AMP_EMU_SEED:-1}\" OMPI_ALLOW_RUN_AS_ROOT=1 "
       "${AMP_EMU_CUDNN+AMP_EMU_CUDNN=\"$AMP_EMU_CUDNN\"} "
       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       // The emulated GPU reads CUDA_VISIBLE_DEVICES as the driver does: a real GPU's value (a Slurm GPU
@@ -372,7 +372,7 @@ TEST(EmulatedTraining, MultiTaskJacobianDescentMatchesTheCpuBackend) {
 // `visible` with $R its node-local rank ("" leaves it unset); its output, and its exit status.
 std::string run_with_gpus(int ranks, int gpus, const std::string& visible, const std::string& args, int* status) {
   const std::string per_rank = visible.empty() ? "" : "CUDA_VISIBLE_DEVICES=" + visible + " ";
-  return cli::capture("env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=" + std::to_string(gpus) +
+  return cli::capture("env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} AMP_EMU_DEVICES=" + std::to_string(gpus) +
                           " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 "
                           "mpirun -np " + std::to_string(ranks) + " --oversubscribe -x AMP_EMU_DEVICES sh -c 'R=$OMPI_COMM_WORLD_LOCAL_RANK " +
                           per_rank + "exec " + amp_train_bin() + " --device cuda --threads 1 --width 16 --layers 2 "
@@ -419,7 +419,7 @@ TEST(EmulatedTraining, EachRanksGpuIsChosenBeforeMpiInit) {
   if (!kEmulated) GTEST_SKIP() << "the emulated GPU's device count is set by AMP_EMU_DEVICES";
   int status = 0;
   const std::string out = cli::capture(
-      "env -i PATH=\"$PATH\" HOME=\"$HOME\" AMP_EMU_DEVICES=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} AMP_EMU_DEVICES=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun -np 2 --oversubscribe -x AMP_EMU_DEVICES " + amp_train_bin() +
           " --device cuda --threads 1 --steps 2 --width 16 --layers 2 --batch-size 4 --comm-timeout 20 2>&1",
       &status);
