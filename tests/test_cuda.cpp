@@ -2276,12 +2276,13 @@ void expect_attention_close(DType dt, const Tensor& y, const Tensor& lse, const 
   check(dqkv.to(kCPU).to_vector(), want.dqkv, "dqkv");
 }
 
-// Our fused attention against attention in double from the same inputs. T = 37, 70 and 130: partial
-// row blocks and key tiles, keys of two and three tiles.
+// Our fused attention against attention in double from the same inputs. T = 37, 70, 130 and 260:
+// partial row blocks (128 rows in the forward, 64 in the backward) and key tiles, keys of one to five
+// tiles (two buffers, each taken again).
 TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
   for (DType dt : {DType::bf16, DType::f16}) {
     for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
-                                     std::array<int64_t, 4>{1, 130, 1, 64}}) {
+                                     std::array<int64_t, 4>{1, 130, 1, 64}, std::array<int64_t, 4>{1, 260, 2, 32}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
                    std::to_string(H) + " D " + std::to_string(D));
       ASSERT_TRUE(gpu().has_fused_attention(dt, D));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "emu.h"
+#include "runtime/kernels/cuda/async_copy.cuh"
 #include "runtime/kernels/cuda/block_reduce.cuh"
 #include "runtime/kernels/cuda/device_elem.cuh"
 #include "runtime/kernels/cuda/launch.cuh"
@@ -127,6 +128,61 @@ __global__ void ldmatrix_rows(uint32_t* out, int misalign) {
   for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
 
+// ldmatrix.x4.trans over a 32-row x 8-word shared tile whose 16-bit element (r, e) is 16 r + e: lane
+// l names row l from word 4 (elements 8 .. 15), and receives r[0..3].
+__global__ void ldmatrix_trans_rows(uint32_t* out) {
+  struct alignas(16) Tile {
+    uint32_t w[32][8];
+  };
+  AMP_SHARED(Tile, tile);
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int w = 0; w < 8; ++w)
+    tile.w[lane][w] = static_cast<uint32_t>(16 * lane + 2 * w) | static_cast<uint32_t>(16 * lane + 2 * w + 1) << 16;
+  __syncthreads();
+  uint32_t r[4];
+  cuda::ldmatrix_x4_trans(r, &tile.w[lane][4]);
+  for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
+}
+
+// Thread l copies src's words 4 l .. 4 l + 3 into row l of a shared tile by cp.async (thread 0 reads
+// nothing: zeros), and src's words 128 + 4 l .. into row l of a second tile in a second group. It
+// records its first row's word 0 before any wait (before), both rows' after cp.async.wait_group 1
+// (mid: the first group landed, the second not yet), then, after wait_group 0 and a barrier, the
+// rows of thread (l + 1) % 32 (after: 8 words). With `forget`, thread 3 never waits: a fault.
+__global__ void cp_async_rows(const uint32_t* src, uint32_t* before, uint32_t* mid, uint32_t* after, int forget) {
+  struct alignas(16) Tile {
+    uint32_t w[2][32][4];
+  };
+  AMP_SHARED(Tile, tile);
+  const int l = static_cast<int>(threadIdx.x);
+  cuda::cp_async_16(tile.w[0][l], l == 0 ? src : src + 4 * l, l != 0);
+  cuda::cp_async_commit();
+  cuda::cp_async_16(tile.w[1][l], src + 128 + 4 * l, true);
+  cuda::cp_async_commit();
+  before[l] = tile.w[0][l][0];
+  if (forget != 0 && l == 3) return;
+  cuda::cp_async_wait<1>();
+  mid[2 * l] = tile.w[0][l][1];
+  mid[2 * l + 1] = tile.w[1][l][1];
+  cuda::cp_async_wait<0>();
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) {
+    after[8 * l + i] = tile.w[0][(l + 1) % 32][i];
+    after[8 * l + 4 + i] = tile.w[1][(l + 1) % 32][i];
+  }
+}
+
+// Two warps fill a shared buffer, meet at a barrier, read the other warp's half, then refill their own
+// half without a barrier between: a race (on a GPU the other warp may not have read it yet).
+__global__ void refill_without_barrier(int* out) {
+  AMP_SHARED(int[64], buf);
+  const int i = static_cast<int>(threadIdx.x);
+  buf[i] = 1;
+  __syncthreads();
+  out[i] = buf[63 - i];
+  buf[i] = 2;
+}
+
 // Eight bf16 elements from p as four words (the attention's 16-byte tile load).
 __global__ void load_quad_at(const BFloat16* p, uint32_t* out) {
   uint32_t w[4];
@@ -143,6 +199,7 @@ class Emu : public ::testing::Test {
     (void)cudaGetLastError();
   }
   void TearDown() override {
+    emu::set_cp_async_landing_for_testing(emu::CpAsyncLanding::random);
     emu::pause_for_testing(false);
     emu::drain_for_testing();
     emu::clear_fault_for_testing();
@@ -340,6 +397,71 @@ TEST_F(Emu, LdmatrixGivesLaneLWordLMod4OfRowLDiv4OfEachMatrix) {
   AMP_LAUNCH(1, 32, 0, nullptr, ldmatrix_rows)(out, 4);  // rows off their 16-byte boundary
   const std::string f = fault_after_sync();
   EXPECT_NE(f.find("not 16-byte aligned"), std::string::npos) << f;
+}
+
+// ldmatrix.trans as the PTX ISA gives it: lane l receives, of matrix i (the rows lanes 8i .. 8i + 7
+// named), elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4), the first in the low half.
+TEST_F(Emu, LdmatrixTransGivesEachMatrixTransposed) {
+  uint32_t* out = device<uint32_t>(128);
+  AMP_LAUNCH(1, 32, 0, nullptr, ldmatrix_trans_rows)(out);
+  const std::vector<uint32_t> r = host(out, 128);
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) {
+      const int g = l / 4, t = l % 4;
+      auto element = [&](int row) { return static_cast<uint32_t>(16 * (8 * i + row) + 8 + g); };
+      EXPECT_EQ(r[static_cast<size_t>(l * 4 + i)], element(2 * t) | element(2 * t + 1) << 16) << "lane " << l << " matrix " << i;
+    }
+}
+
+// cp.async lands a group's copies at one end of its flight or the other: at its wait, and not before
+// (a read that comes too early sees what the shared memory held: the poison), or at its commit (a read
+// before the wait sees the copy); either way it zero-fills a copy that reads nothing, and a thread that
+// never waits for its copies is a fault.
+TEST_F(Emu, CpAsyncLandsAtItsCommitOrAtItsWaitAndNotLater) {
+  std::vector<uint32_t> words(256);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<uint32_t>(1000 + i);
+  uint32_t* src = device<uint32_t>(256);
+  uint32_t *before = device<uint32_t>(32), *mid = device<uint32_t>(64), *after = device<uint32_t>(256);
+  ASSERT_EQ(cudaMemcpy(src, words.data(), 256 * sizeof(uint32_t), cudaMemcpyHostToDevice), cudaSuccess);
+  emu::set_cp_async_landing_for_testing(emu::CpAsyncLanding::at_commit);
+  AMP_LAUNCH(1, 32, 0, nullptr, cp_async_rows)(src, before, mid, after, 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint32_t> early = host(before, 32), early_mid = host(mid, 64);
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(early[static_cast<size_t>(l)], l == 0 ? 0u : words[static_cast<size_t>(4 * l)]) << "thread " << l;
+    EXPECT_EQ(early_mid[static_cast<size_t>(2 * l + 1)], words[static_cast<size_t>(128 + 4 * l + 1)]) << "thread " << l;
+  }
+  emu::set_cp_async_landing_for_testing(emu::CpAsyncLanding::at_wait);
+  AMP_LAUNCH(1, 32, 0, nullptr, cp_async_rows)(src, before, mid, after, 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint32_t> b = host(before, 32), m = host(mid, 64), a = host(after, 256);
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(b[static_cast<size_t>(l)], 0xffffffffu) << "thread " << l << " read its row before the wait";
+    EXPECT_EQ(m[static_cast<size_t>(2 * l)], l == 0 ? 0u : words[static_cast<size_t>(4 * l + 1)]) << "thread " << l;
+    EXPECT_EQ(m[static_cast<size_t>(2 * l + 1)], 0xffffffffu) << "thread " << l << ": the second group landed early";
+    const int n = (l + 1) % 32;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(a[static_cast<size_t>(8 * l + i)], n == 0 ? 0u : words[static_cast<size_t>(4 * n + i)]);
+      EXPECT_EQ(a[static_cast<size_t>(8 * l + 4 + i)], words[static_cast<size_t>(128 + 4 * n + i)]);
+    }
+  }
+  AMP_LAUNCH(1, 32, 0, nullptr, cp_async_rows)(src, before, mid, after, 1);
+  const std::string f = fault_after_sync();
+  EXPECT_NE(f.find("cp.async copies it never waited for"), std::string::npos) << f;
+}
+
+// One warp lags behind the others after each barrier: the race above reads the refilled value in
+// exactly that warp, every time (run in turn, some threads would read it and some not, by chance).
+TEST_F(Emu, ALaggingWarpReadsWhatTheOthersRefilledWithoutABarrier) {
+  int* out = device<int>(64);
+  for (int run = 0; run < 8; ++run) {
+    AMP_LAUNCH(1, 64, 0, nullptr, refill_without_barrier)(out);
+    const std::vector<int> r = host(out, 64);
+    int refilled[2] = {0, 0};
+    for (int i = 0; i < 64; ++i) refilled[i / 32] += r[static_cast<size_t>(i)] == 2;
+    EXPECT_TRUE((refilled[0] == 32 && refilled[1] == 0) || (refilled[0] == 0 && refilled[1] == 32))
+        << "run " << run << ": warp 0 read " << refilled[0] << " refilled values, warp 1 " << refilled[1];
+  }
 }
 
 // The 16-byte load the GPU would fault on off its boundary: the emulated GPU faults too, naming it.

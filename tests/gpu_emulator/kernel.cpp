@@ -13,6 +13,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <random>
@@ -78,6 +79,13 @@ struct Thread {
   std::source_location where;  // of the barrier or shuffle it waits at
   uint32_t mask = 0;           // of the shuffle it waits at
   int64_t shuffles = 0;        // shuffles this lane has arrived at
+  struct Copy {                // a cp.async in flight
+    void* dst;
+    const void* src;
+    int src_bytes;
+  };
+  std::vector<Copy> open_group;                // not yet committed
+  std::deque<std::vector<Copy>> copy_groups;   // committed, oldest first
   std::exception_ptr error;    // thrown by the kernel body: re-thrown by the scheduler
 };
 
@@ -86,6 +94,8 @@ struct Warp {
 };
 
 struct Block {
+  std::mt19937_64* rng = nullptr;  // the launch's seeded generator
+  uint64_t coin() { return (*rng)(); }
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   Thread* running = nullptr;
@@ -162,8 +172,15 @@ std::string deadlock_report(const Block& b) {
 
 // The threads run in a seeded random order, reshuffled on every pass, and blocks in a random order:
 // code that relies on thread 0 (or block 0) running first, without a barrier, breaks here as it may
-// on a GPU (independent thread scheduling since Volta).
+// on a GPU (independent thread scheduling since Volta). And one warp, drawn at random at the start and
+// after each barrier, lags: it runs only when no other thread can, so the others reach the next
+// barrier (or the end) before it has left the last one. Code that refills shared memory other warps
+// may still read, without a barrier between, breaks here as it may on a GPU where warps drift apart.
 void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng) {
+  b.rng = &rng;
+  const size_t warps = (b.threads.size() + 31) / 32;
+  auto draw_laggard = [&] { return warps > 1 ? static_cast<int64_t>(rng() % warps) : int64_t{-1}; };
+  int64_t laggard = draw_laggard();
   for (Thread& t : b.threads) {
     t.fiber = bctx::fiber(std::allocator_arg, PoolAllocator{&t_pool}, [&t, &body](bctx::fiber&& back) {
       t.back = std::move(back);
@@ -174,6 +191,8 @@ void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
       } catch (...) {
         t.error = std::current_exception();  // exceptions must not cross the fiber's boundary
       }
+      if (!t.error && (!t.open_group.empty() || !t.copy_groups.empty()))
+        t.error = std::make_exception_ptr(std::runtime_error("a thread finished with cp.async copies it never waited for"));
       t.wait = Wait::done;
       return std::move(t.back);
     });
@@ -188,6 +207,7 @@ void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
     for (size_t i : order) {
       Thread& t = b.threads[i];
       if (t.wait == Wait::done || t.wait == Wait::barrier) continue;
+      if (static_cast<int64_t>(i / 32) == laggard) continue;
       if (t.wait == Wait::shuffle && !shuffle_ready(t, b)) continue;
       t.wait = Wait::none;
       b.running = &t;
@@ -206,6 +226,11 @@ void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
       for (Thread& t : b.threads) t.wait = Wait::none;
       b.arrived = 0;
       progressed = true;
+      laggard = draw_laggard();
+    }
+    if (!progressed && laggard >= 0) {  // no one else can run: the laggard's turn, until the next barrier
+      laggard = -1;
+      continue;
     }
     if (!progressed && finished < n) kernel_error(b, deadlock_report(b));
   }
@@ -327,6 +352,61 @@ void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row, std::source_location whe
   gather(reinterpret_cast<uintptr_t>(row), rows, where);
   const int lane = static_cast<int>(&self() - t_block->threads.data()) % 32;
   for (int i = 0; i < 4; ++i) r[i] = reinterpret_cast<const uint32_t*>(static_cast<uintptr_t>(rows[8 * i + lane / 4]))[lane % 4];
+}
+
+void ldmatrix_x4_trans(uint32_t (&r)[4], const uint32_t* row, std::source_location where) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    kernel_error(*t_block, "ldmatrix at " + site(where) + ": a row address is not 16-byte aligned");
+  uint64_t rows[32];
+  gather(reinterpret_cast<uintptr_t>(row), rows, where);
+  const int lane = static_cast<int>(&self() - t_block->threads.data()) % 32, g = lane / 4, t = lane % 4;
+  auto element = [&](int matrix, int row_in) {  // element (row_in, g) of the matrix
+    return uint32_t{reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(rows[8 * matrix + row_in]))[g]};
+  };
+  for (int i = 0; i < 4; ++i) r[i] = element(i, 2 * t) | element(i, 2 * t + 1) << 16;
+}
+
+void cp_async_16(void* dst, const void* src, int src_bytes, std::source_location where) {
+  Thread& t = self();
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    kernel_error(*t_block, "cp.async at " + site(where) + ": an address is not 16-byte aligned");
+  if (src_bytes != 0 && src_bytes != 16)
+    kernel_error(*t_block, "cp.async at " + site(where) + ": reads 0 or 16 bytes, not " + std::to_string(src_bytes));
+  if (src_bytes > 0 && !is_device_range(src, 16))
+    kernel_error(*t_block, "cp.async at " + site(where) + ": the source is not device memory");
+  t.open_group.push_back({dst, src, src_bytes});
+}
+
+namespace {
+std::atomic<CpAsyncLanding> g_landing{CpAsyncLanding::random};
+
+void land(const std::vector<Thread::Copy>& group) {
+  for (const Thread::Copy& c : group) {
+    std::memset(c.dst, 0, 16);
+    std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+  }
+}
+}  // namespace
+
+void set_cp_async_landing_for_testing(CpAsyncLanding landing) { g_landing = landing; }
+
+void cp_async_commit() {
+  Thread& t = self();
+  const CpAsyncLanding landing = g_landing;
+  const bool early = landing == CpAsyncLanding::at_commit ||
+                     (landing == CpAsyncLanding::random && (t_block->coin() & 1u) != 0);
+  if (early) land(t.open_group);
+  t.copy_groups.push_back(early ? std::vector<Thread::Copy>{} : std::move(t.open_group));  // an empty group: landed
+  t.open_group.clear();
+}
+
+void cp_async_wait(int pending, std::source_location where) {
+  Thread& t = self();
+  if (pending < 0) kernel_error(*t_block, "cp.async.wait_group at " + site(where) + ": a negative count");
+  while (t.copy_groups.size() > static_cast<size_t>(pending)) {
+    land(t.copy_groups.front());
+    t.copy_groups.pop_front();
+  }
 }
 
 namespace {

@@ -54,6 +54,25 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32
 // ldmatrix.sync.aligned.m8n8.x4.b16: lanes 8i .. 8i + 7 name the rows (16 bytes each) of matrix i; lane
 // l receives word l % 4 of row l / 4 of each matrix i in r[i]. Every lane of the warp must call it.
 void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* row, std::source_location where);
+// ldmatrix.sync.aligned.m8n8.x4.trans.b16: the same rows, each matrix transposed: lane l receives in
+// r[i] the elements (row 2 (l % 4), column l / 4) and (row 2 (l % 4) + 1, column l / 4) of matrix i,
+// the first in the low 16 bits.
+void ldmatrix_x4_trans(uint32_t (&r)[4], const uint32_t* row, std::source_location where);
+// cp.async.cg.shared.global, 16 bytes (cp.async.commit_group, cp.async.wait_group N): the copy joins
+// the thread's open group, src_bytes of it read (0 or 16: the rest zero). On a GPU a group lands at
+// any time between its issue and the wait that retires it; here each group lands at one of the two
+// ends, chosen at random (seeded, as the threads' order): at its commit, so a destination that other
+// threads still read (a buffer refilled without a barrier) is overwritten under them, or at its wait,
+// so a destination read before its wait (or, by another thread, before the barrier after it) sees the
+// bytes it held before. A thread that finishes with copies not waited for is a fault, as are addresses
+// off their 16-byte boundary and a source outside device memory.
+void cp_async_16(void* dst, const void* src, int src_bytes, std::source_location where);
+void cp_async_commit();
+void cp_async_wait(int pending, std::source_location where);
+// Where groups land from now on (tests): at random (the default), always at the commit, or always at
+// the wait.
+enum class CpAsyncLanding { random, at_commit, at_wait };
+void set_cp_async_landing_for_testing(CpAsyncLanding landing);
 
 // v through a shuffle of its bits: exchange(bits) is shfl_down_bits or shfl_xor_bits.
 template <class T, class Exchange>
@@ -155,6 +174,10 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32, std::source_location where = std::source_location::current()) {
   return ::amp::emu::shuffle_value(v, [&](uint64_t b) { return ::amp::emu::shfl_idx_bits(mask, b, src_lane, width, where); });
+}
+// A barrier for the lanes of mask: an exchange that every one of them must reach.
+inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where = std::source_location::current()) {
+  (void)::amp::emu::shfl_xor_bits(mask, 0, 0, 32, where);
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,

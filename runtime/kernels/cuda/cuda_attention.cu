@@ -7,9 +7,12 @@
 // type before their product with v (k, q, gy); the softmax statistics and every sum are fp32. Every
 // output element is written once (no atomics), so the results are deterministic.
 //
-// A block is kWarps warps over kRows consecutive rows (16 a warp: query rows in the forward and the
-// dq pass, key rows in the dk/dv pass); tiles of kTile rows of the other side go through shared
-// memory, as words of two elements, row-major or transposed, whichever the product's B fragment reads.
+// A block is a number of warps over consecutive rows, 16 a warp: 128 query rows in the forward (8
+// warps), 64 query rows in the dq pass and 64 key rows in the dk/dv pass (4 warps). Tiles of kTile
+// rows of the other side are copied into shared memory row-major by cp.async, the next tile while the
+// block computes on the last (two buffers: async_copy.cuh); a product that reads a tile along its rows
+// takes its B fragments with ldmatrix.trans, so no tile is transposed. Each warp's results go out
+// through shared memory, 16 bytes a store.
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -17,6 +20,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "runtime/kernels/cuda/async_copy.cuh"
 #include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/cuda_context.h"
@@ -28,74 +32,66 @@ namespace amp::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kRows = 16 * kWarps;
-constexpr int kTile = 64;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = 64;          // rows of a shared tile: keys (forward, dq) or queries (dk/dv)
+constexpr int kForwardWarps = 8;   // 128 query rows a block, FlashAttention-2's tile for head size 64
+constexpr int kBackwardWarps = 4;  // 64 rows a block
 constexpr float kLog2e = 1.4426950408889634f;
 
 // A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that the 8 rows
-// of 16 bytes an ldmatrix phase reads fall in 32 distinct banks; rows start on 16-byte boundaries.
+// of 16 bytes an ldmatrix phase (or a warp's row of stores) touches fall in 32 distinct banks; rows
+// start on 16-byte boundaries.
 template <int R, int N>
 struct alignas(16) Words {
   uint32_t w[R][N / 2 + 4];
 };
 template <int D>
-using RowTile = Words<kTile, D>;  // kTile rows of D elements
-template <int D>
-using ColTile = Words<D, kTile>;  // the same, transposed
+using Tile = Words<kTile, D>;
 
-// Rows [first, first + kTile) of a matrix of `rows` rows (row stride `stride` elements, N columns from
-// base, 16-byte aligned) into w, row-major, 8 elements a load; 0 past the end.
-template <class T, int N>
-__device__ void load_rows(const T* base, int64_t first, int64_t rows, int64_t stride, Words<kTile, N>& w) {
+// A block's shared memory: two buffers of two tiles (k and v, or q and gy), and, once the tiles are
+// done with, the staging area of its Outputs results (Rows x D each) on their way out.
+template <int D, int Rows, int Outputs>
+union Shared {
+  struct {
+    Tile<D> a, b;
+  } stage[2];
+  Words<Rows, D> out[Outputs];
+};
+
+// Copies rows [first, first + kTile) of a matrix of `rows` rows (row stride `stride` elements, N
+// columns from base, 16-byte aligned) into w, 16 bytes a cp.async; zeros past the end. The caller
+// commits the group.
+template <int Threads, class T, int N>
+__device__ void stage_rows(const T* base, int64_t first, int64_t rows, int64_t stride, Tile<N>& w) {
   constexpr int kQuads = N / 8;
-  for (int e = static_cast<int>(threadIdx.x); e < kTile * kQuads; e += kThreads) {
+  for (int e = static_cast<int>(threadIdx.x); e < kTile * kQuads; e += Threads) {
     const int r = e / kQuads, c = 4 * (e % kQuads);
     const int64_t row = first + r;
-    uint32_t q[4] = {0u, 0u, 0u, 0u};
-    if (row < rows) load_quad(base + row * stride + 2 * c, q);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) w.w[r][c + i] = q[i];
+    const bool valid = row < rows;
+    cp_async_16(&w.w[r][c], valid ? base + row * stride + 2 * c : base, valid);
   }
 }
 
-// The same rows transposed: wt[n][r / 2] holds elements (r, n) and (r + 1, n). A thread moves 2 rows
-// x 8 columns; the 32 lanes of a warp take 32 row pairs, so their stores fall in 32 distinct banks.
-template <class T, int N>
-__device__ void load_rows_transposed(const T* base, int64_t first, int64_t rows, int64_t stride, Words<N, kTile>& wt) {
-  constexpr int kQuads = N / 8;
-  for (int e = static_cast<int>(threadIdx.x); e < kTile / 2 * kQuads; e += kThreads) {
-    const int r = 2 * (e % (kTile / 2)), c = 4 * (e / (kTile / 2));
-    const int64_t row = first + r;
-    uint32_t q0[4] = {0u, 0u, 0u, 0u}, q1[4] = {0u, 0u, 0u, 0u};
-    if (row < rows) load_quad(base + row * stride + 2 * c, q0);
-    if (row + 1 < rows) load_quad(base + (row + 1) * stride + 2 * c, q1);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wt.w[2 * (c + i)][r / 2] = (q0[i] & 0xffffu) | (q1[i] << 16);
-      wt.w[2 * (c + i) + 1][r / 2] = (q0[i] >> 16) | (q1[i] & 0xffff0000u);
-    }
-  }
-}
-
-// The B fragments of n-tiles n and n + 1 (n even; cols 8 n ..) at k-step kk (k = 16 kk ..), from a tile
-// whose rows are B's columns (word (col, k / 2) holds B[k][col], B[k + 1][col]): one ldmatrix.
-// b[0], b[1] for n; b[2], b[3] for n + 1.
-template <int W>
+// The B fragments of n-tiles n and n + 1 (n even; cols 8 n ..) at k-step kk (k = 16 kk ..): one
+// ldmatrix. b[0], b[1] for n; b[2], b[3] for n + 1. Trans = false: the tile's rows are B's columns
+// (word (col, k / 2) holds B[k][col], B[k + 1][col]); Trans = true: its rows are B's k (word
+// (k, col / 2) holds B[k][col], B[k][col + 1]), read by ldmatrix.trans.
+template <bool Trans, int W>
 __device__ __forceinline__ void b_frags(const uint32_t (*rows)[W], int n, int kk, int lane, uint32_t (&b)[4]) {
   const int i = lane / 8;
-  ldmatrix_x4(b, &rows[8 * (n + i / 2) + lane % 8][8 * kk + 4 * (i % 2)]);
+  if constexpr (Trans)
+    ldmatrix_x4_trans(b, &rows[16 * kk + 8 * (i % 2) + lane % 8][4 * (n + i / 2)]);
+  else
+    ldmatrix_x4(b, &rows[8 * (n + i / 2) + lane % 8][8 * kk + 4 * (i % 2)]);
 }
 
 // d[n] += a B for NT n-tiles of B from n-tile n0 on.
-template <class T, int R, int N, int NT>
+template <bool Trans, class T, int R, int N, int NT>
 __device__ __forceinline__ void mma_row(float (&d)[NT][4], const uint32_t (&a)[4], const Words<R, N>& w, int kk, int lane,
                                         int n0 = 0) {
   #pragma unroll
   for (int n = 0; n < NT; n += 2) {
     uint32_t b[4];
-    b_frags(w.w, n0 + n, kk, lane, b);
+    b_frags<Trans>(w.w, n0 + n, kk, lane, b);
     mma_16816<T>(d[n], a, b[0], b[1]);
     mma_16816<T>(d[n + 1], a, b[2], b[3]);
   }
@@ -123,7 +119,7 @@ __device__ __forceinline__ void c_to_a(const float (&lo)[4], const float (&hi)[4
 }
 
 // d += P B, P the warp's accumulators s (16 rows x 8 NT columns) as A fragments rounded to T, B from w
-// from k-step kk0 on (P's columns are B's k).
+// (along its rows: P's columns are B's k) from k-step kk0 on.
 template <class T, int NT, int DT, int R, int N>
 __device__ __forceinline__ void mma_acc(float (&d)[DT][4], const float (&s)[NT][4], const Words<R, N>& w, int kk0,
                                         int lane) {
@@ -131,7 +127,7 @@ __device__ __forceinline__ void mma_acc(float (&d)[DT][4], const float (&s)[NT][
   for (int kk = 0; kk < NT / 2; ++kk) {
     uint32_t a[4];
     c_to_a<T>(s[2 * kk], s[2 * kk + 1], a);
-    mma_row<T>(d, a, w, kk0 + kk, lane);
+    mma_row<true, T>(d, a, w, kk0 + kk, lane);
   }
 }
 
@@ -144,19 +140,39 @@ __device__ __forceinline__ float group_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Where a thread stands: batch b and head h (blockIdx.y), the block's rows from `first`, its warp's
-// rows from `base`, its fragment rows r0 = base + g and r0 + 8, and the head's D columns in qkv, whose
-// rows hold q, k and v (C columns each: stride 3C). Causal rows cost in proportion to their number in
-// the forward and the dq pass: there the first blocks take the last rows (`reversed`), so that the
-// longest run first and the shortest fill the tail.
-template <int D>
+// A warp's 16 rows of results (the accumulators acc, rows g and g + 8, already scaled), rounded to T,
+// into its rows of the staging tile, and from there to out (row i of the block at out + (first + i)
+// stride), 16 bytes a store; rows from `rows` on are not written. The staging tile must be free.
+template <class T, int D, int R>
+__device__ void store_rows(const float (&acc)[D / 8][4], Words<R, D>& stage, int64_t first, int64_t rows, T* out,
+                           int64_t stride) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  #pragma unroll
+  for (int r = 0; r < 2; ++r)
+    #pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      stage.w[16 * warp + lane / 4 + 8 * r][4 * n + lane % 4] = pack_pair<T>(acc[n][2 * r], acc[n][2 * r + 1]);
+  __syncwarp();
+  constexpr int kQuads = D / 8;
+  for (int e = lane; e < 16 * kQuads; e += 32) {
+    const int r = 16 * warp + e / kQuads, c = 4 * (e % kQuads);
+    if (first + r < rows) store_quad(out + (first + r) * stride + 2 * c, &stage.w[r][c]);
+  }
+}
+
+// Where a thread stands: batch b and head h (blockIdx.y), the block's Rows rows from `first`, its
+// warp's rows from `base`, its fragment rows r0 = base + g and r0 + 8, and the head's D columns in
+// qkv, whose rows hold q, k and v (C columns each: stride 3C). Causal rows cost in proportion to their
+// number in the forward and the dq pass: there the first blocks take the last rows (`reversed`), so
+// that the longest run first and the shortest fill the tail.
+template <int D, int Rows>
 struct Frag {
   int lane, g, t;
   int64_t bh, b, h, C, stride, first, base, r0;
   __device__ Frag(int64_t heads, bool reversed)
       : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(blockIdx.y), b(bh / heads),
         h(bh % heads), C(heads * D), stride(3 * C),
-        first(static_cast<int64_t>(reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows),
+        first(static_cast<int64_t>(reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Rows),
         base(first + 16 * (static_cast<int>(threadIdx.x) / 32)), r0(base + g) {}
   // Row 0 of this batch's q (part 0), k (1) or v (2) for this head.
   template <class T>
@@ -167,158 +183,187 @@ struct Frag {
 
 // y[b, i, h] = softmax_j<=i(scale q_i . k_j) v_j, and lse[b, h, i] = log sum_j<=i exp(scale q_i . k_j).
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(32 * kForwardWarps, 2)
     attention_forward_kernel(const T* qkv, int64_t rows, int64_t heads, float scale, T* y, float* lse) {
-  AMP_SHARED(RowTile<D>, ks);
-  AMP_SHARED(ColTile<D>, vt);
-  const Frag<D> at(heads, true);
+  constexpr int kRows = 16 * kForwardWarps, kThreads = 32 * kForwardWarps;
+  using Smem = Shared<D, kRows, 1>;
+  AMP_SHARED(Smem, sm);
+  const Frag<D, kRows> at(heads, true);
   const int t = at.t;
   uint32_t qa[D / 16][4];
   a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
   const float sl2 = scale * kLog2e;  // scores in log2 units: exp2f
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4] = {};
-  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {  // keys up to the block's last row
-    __syncthreads();  // the last tile's reads are done
-    load_rows<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, ks);
-    load_rows_transposed<T, D>(at.head(qkv, rows, 2), j0, rows, at.stride, vt);
-    __syncthreads();
-    if (j0 > at.base + 15) continue;  // every key of the tile is after the warp's rows (the warp agrees)
-    float s[kTile / 8][4] = {};
-    #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) mma_row<T>(s, qa[kk], ks, kk, at.lane);
-    const int diag = static_cast<int>(at.r0 - j0);  // keys of the tile up to row r0: 0 .. diag
-    const bool masked = j0 + kTile - 1 > at.base;   // the tile reaches past the warp's first row
-    float mx[2] = {m[0], m[1]};
-    #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
-      #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool keep = !masked || 8 * n + 2 * t + e % 2 <= diag + 8 * (e / 2);
-        s[n][e] = keep ? s[n][e] * sl2 : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-      }
-    float rescale[2];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {  // key 0 is in the first tile: m is finite from then on
-      mx[r] = group_max(mx[r]);
-      rescale[r] = exp2f(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
-      m[r] = mx[r];
-      l[r] *= rescale[r];
+  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;  // keys up to the block's last row
+  const int64_t tiles = last / kTile + 1;
+  auto stage = [&](int64_t i) {
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].a);
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 2), i * kTile, rows, at.stride, sm.stage[i % 2].b);
+    cp_async_commit();
+  };
+  stage(0);
+  for (int64_t i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      stage(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    __syncthreads();  // tile i is in
+    const int64_t j0 = i * kTile;
+    if (j0 <= at.base + 15) {  // some key of the tile is at or before the warp's last row (the warp agrees)
+      const Tile<D>& ks = sm.stage[i % 2].a;
+      const Tile<D>& vs = sm.stage[i % 2].b;
+      float s[kTile / 8][4] = {};
       #pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
-    #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
+      for (int kk = 0; kk < D / 16; ++kk) mma_row<false, T>(s, qa[kk], ks, kk, at.lane);
+      const int diag = static_cast<int>(at.r0 - j0);  // keys of the tile up to row r0: 0 .. diag
+      const bool masked = j0 + kTile - 1 > at.base;   // the tile reaches past the warp's first row
+      float mx[2] = {m[0], m[1]};
       #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - m[e / 2]);
-        l[e / 2] += s[n][e];  // this lane's part of the row's sum
+      for (int n = 0; n < kTile / 8; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool keep = !masked || 8 * n + 2 * t + e % 2 <= diag + 8 * (e / 2);
+          s[n][e] = keep ? s[n][e] * sl2 : -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+        }
+      float rescale[2];
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {  // key 0 is in the first tile: m is finite from then on
+        mx[r] = group_max(mx[r]);
+        rescale[r] = exp2f(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
+        m[r] = mx[r];
+        l[r] *= rescale[r];
       }
-    mma_acc<T>(o, s, vt, 0, at.lane);
+      #pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
+      #pragma unroll
+      for (int n = 0; n < kTile / 8; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = exp2f(s[n][e] - m[e / 2]);
+          l[e / 2] += s[n][e];  // this lane's part of the row's sum
+        }
+      mma_acc<T>(o, s, vs, 0, at.lane);
+    }
+    __syncthreads();  // tile i is done with: its buffer takes tile i + 2
   }
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] = group_sum(l[r]);
-    const int64_t row = at.r0 + 8 * r;
-    if (row >= rows) continue;
-    T* out = y + (at.b * rows + row) * at.C + at.h * D + 2 * t;
     #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      out[8 * n] = DevElem<T>::store(o[n][2 * r] / l[r]);
-      out[8 * n + 1] = DevElem<T>::store(o[n][2 * r + 1] / l[r]);
+      o[n][2 * r] /= l[r];
+      o[n][2 * r + 1] /= l[r];
     }
-    if (t == 0) lse[at.bh * rows + row] = (m[r] + log2f(l[r])) / kLog2e;
+    const int64_t row = at.r0 + 8 * r;
+    if (t == 0 && row < rows) lse[at.bh * rows + row] = (m[r] + log2f(l[r])) / kLog2e;
   }
+  store_rows<T, D>(o, sm.out[0], at.first, rows, y + at.b * rows * at.C + at.h * D, at.C);
 }
 
 // The backward's first pass, a warp per 16 query rows: delta_i = gy_i . y_i (kept for the second
 // pass), and dq_i = scale sum_j ds_ij k_j with p_ij = exp(scale q_i . k_j - lse_i),
-// ds_ij = p_ij (gy_i . v_j - delta_i).
+// ds_ij = p_ij (gy_i . v_j - delta_i). A tile's 64 keys are taken 32 at a time (fewer live registers).
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     attention_dq_kernel(const T* qkv, const T* y, const float* lse, const T* gy, int64_t rows, int64_t heads,
                         float scale, float* delta, T* dqkv) {
-  AMP_SHARED(RowTile<D>, ks);
-  AMP_SHARED(RowTile<D>, vs);
-  AMP_SHARED(ColTile<D>, kt);
-  const Frag<D> at(heads, true);
+  constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
+  using Smem = Shared<D, kRows, 1>;
+  AMP_SHARED(Smem, sm);
+  const Frag<D, kRows> at(heads, true);
   const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   const T* ybase = y + at.b * rows * at.C + at.h * D;
-  uint32_t qa[D / 16][4], ga[D / 16][4], ya[D / 16][4];
-  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
-  a_frags<T, D>(gbase, at.r0, rows, at.C, t, ga);
-  a_frags<T, D>(ybase, at.r0, rows, at.C, t, ya);
+  uint32_t qa[D / 16][4], ga[D / 16][4];
   float di[2] = {0.0f, 0.0f}, li[2];
-  #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
+  {
+    uint32_t ya[D / 16][4];
+    a_frags<T, D>(gbase, at.r0, rows, at.C, t, ga);
+    a_frags<T, D>(ybase, at.r0, rows, at.C, t, ya);
     #pragma unroll
-    for (int w = 0; w < 4; ++w)
-      di[w % 2] += pair_lo<T>(ga[kk][w]) * pair_lo<T>(ya[kk][w]) + pair_hi<T>(ga[kk][w]) * pair_hi<T>(ya[kk][w]);
+    for (int kk = 0; kk < D / 16; ++kk)
+      #pragma unroll
+      for (int w = 0; w < 4; ++w)
+        di[w % 2] += pair_lo<T>(ga[kk][w]) * pair_lo<T>(ya[kk][w]) + pair_hi<T>(ga[kk][w]) * pair_hi<T>(ya[kk][w]);
+  }
+  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = at.r0 + 8 * r;
     di[r] = group_sum(di[r]);
     li[r] = row < rows ? lse[at.bh * rows + row] * kLog2e : 0.0f;
+    if (t == 0 && row < rows) delta[at.bh * rows + row] = di[r];
   }
   const float sl2 = scale * kLog2e;
   float dq[D / 8][4] = {};
   const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
-    __syncthreads();
-    load_rows<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, ks);
-    load_rows<T, D>(at.head(qkv, rows, 2), j0, rows, at.stride, vs);
-    load_rows_transposed<T, D>(at.head(qkv, rows, 1), j0, rows, at.stride, kt);
-    __syncthreads();
-    if (j0 > at.base + 15) continue;
-    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-    #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      mma_row<T>(s, qa[kk], ks, kk, at.lane);
-      mma_row<T>(dp, ga[kk], vs, kk, at.lane);
+  const int64_t tiles = last / kTile + 1;
+  auto stage = [&](int64_t i) {
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].a);
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 2), i * kTile, rows, at.stride, sm.stage[i % 2].b);
+    cp_async_commit();
+  };
+  stage(0);
+  for (int64_t i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      stage(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();
+    const Tile<D>& ks = sm.stage[i % 2].a;
+    const Tile<D>& vs = sm.stage[i % 2].b;
+    const int64_t j0 = i * kTile;
     const int diag = static_cast<int>(at.r0 - j0);
-    const bool masked = j0 + kTile - 1 > at.base;
     #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
+    for (int half = 0; half < 2; ++half) {
+      constexpr int kN = kTile / 16;  // n-tiles of a half
+      if (j0 + kN * 8 * half > at.base + 15) continue;  // every key of the half is after the warp's rows
+      const bool masked = j0 + kN * 8 * (half + 1) - 1 > at.base;
+      float s[kN][4] = {}, dp[kN][4] = {};
       #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool keep = !masked || 8 * n + 2 * t + e % 2 <= diag + 8 * (e / 2);
-        const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
-        s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma_row<false, T>(s, qa[kk], ks, kk, at.lane, kN * half);
+        mma_row<false, T>(dp, ga[kk], vs, kk, at.lane, kN * half);
       }
-    mma_acc<T>(dq, s, kt, 0, at.lane);  // s holds ds
+      #pragma unroll
+      for (int n = 0; n < kN; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * (kN * half + n) + 2 * t + e % 2;
+          const bool keep = !masked || c <= diag + 8 * (e / 2);
+          const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
+          s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
+        }
+      mma_acc<T>(dq, s, ks, kN / 2 * half, at.lane);  // s holds ds
+    }
+    __syncthreads();
   }
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = at.r0 + 8 * r;
-    if (row >= rows) continue;
-    T* out = dqkv + (at.b * rows + row) * at.stride + at.h * D + 2 * t;
+  for (int n = 0; n < D / 8; ++n)
     #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      out[8 * n] = DevElem<T>::store(dq[n][2 * r] * scale);
-      out[8 * n + 1] = DevElem<T>::store(dq[n][2 * r + 1] * scale);
-    }
-    if (t == 0) delta[at.bh * rows + row] = di[r];
-  }
+    for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
+  store_rows<T, D>(dq, sm.out[0], at.first, rows, dqkv + at.b * rows * at.stride + at.h * D, at.stride);
 }
 
 // The second pass, a warp per 16 key rows: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i,
-// from the transposed products (rows: keys, columns: queries).
+// from the transposed products (rows: keys, columns: queries), a tile's 64 queries 32 at a time.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     attention_dkdv_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows,
                           int64_t heads, float scale, T* dqkv) {
-  AMP_SHARED(RowTile<D>, qs);
-  AMP_SHARED(RowTile<D>, gs);
-  AMP_SHARED(ColTile<D>, qt);
-  AMP_SHARED(ColTile<D>, gt);
-  AMP_SHARED(float[kTile], ls);
-  AMP_SHARED(float[kTile], dl);
-  const Frag<D> at(heads, false);
+  constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
+  using Smem = Shared<D, kRows, 2>;
+  AMP_SHARED(Smem, sm);
+  AMP_SHARED(float[2][kTile], ls);  // the tile's lse (log2 units) and delta, in the buffer of its tile
+  AMP_SHARED(float[2][kTile], dl);
+  const Frag<D, kRows> at(heads, false);
   const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   uint32_t ka[D / 16][4], va[D / 16][4];
@@ -326,30 +371,45 @@ __global__ void __launch_bounds__(kThreads)
   a_frags<T, D>(at.head(qkv, rows, 2), at.r0, rows, at.stride, t, va);
   const float sl2 = scale * kLog2e;
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-  for (int64_t i0 = at.first; i0 < rows; i0 += kTile) {  // queries from the block's first key row on
-    __syncthreads();
-    load_rows<T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, qs);
-    load_rows<T, D>(gbase, i0, rows, at.C, gs);
-    load_rows_transposed<T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, qt);
-    load_rows_transposed<T, D>(gbase, i0, rows, at.C, gt);
-    if (static_cast<int>(threadIdx.x) < kTile) {
+  const int64_t tiles = at.first < rows ? (rows - at.first + kTile - 1) / kTile : 0;  // queries from the first key on
+  auto stage = [&](int64_t i) {
+    const int64_t i0 = at.first + i * kTile;
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, sm.stage[i % 2].a);
+    stage_rows<kThreads, T, D>(gbase, i0, rows, at.C, sm.stage[i % 2].b);
+    cp_async_commit();
+    if (static_cast<int>(threadIdx.x) < kTile) {  // plain loads: visible after the barrier that follows
       const int e = static_cast<int>(threadIdx.x);
       const int64_t r = i0 + e;
-      ls[e] = r < rows ? lse[at.bh * rows + r] * kLog2e : 0.0f;
-      dl[e] = r < rows ? delta[at.bh * rows + r] : 0.0f;
+      ls[i % 2][e] = r < rows ? lse[at.bh * rows + r] * kLog2e : 0.0f;
+      dl[i % 2][e] = r < rows ? delta[at.bh * rows + r] : 0.0f;
+    }
+  };
+  if (tiles > 0) stage(0);
+  for (int64_t i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      stage(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
+    const Tile<D>& qs = sm.stage[i % 2].a;
+    const Tile<D>& gs = sm.stage[i % 2].b;
+    const float* lsi = ls[i % 2];
+    const float* dli = dl[i % 2];
+    const int64_t i0 = at.first + i * kTile;
     const int diag = static_cast<int>(at.r0 - i0);  // queries of the tile from key r0 on: diag ..
     const int valid = static_cast<int>(rows - i0 < kTile ? rows - i0 : kTile);  // queries that exist
-    const bool masked = i0 < at.base + 15 || valid < kTile;
     #pragma unroll
     for (int half = 0; half < 2; ++half) {  // 32 queries at a time: fewer live registers
       constexpr int kN = kTile / 16;        // n-tiles of a half
+      if (i0 + kN * 8 * (half + 1) - 1 < at.base) continue;  // every query of the half is before the warp's keys
+      const bool masked = i0 + kN * 8 * half < at.base + 15 || valid < kTile;
       float s[kN][4] = {}, dp[kN][4] = {};
       #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        mma_row<T>(s, ka[kk], qs, kk, at.lane, kN * half);
-        mma_row<T>(dp, va[kk], gs, kk, at.lane, kN * half);
+        mma_row<false, T>(s, ka[kk], qs, kk, at.lane, kN * half);
+        mma_row<false, T>(dp, va[kk], gs, kk, at.lane, kN * half);
       }
       #pragma unroll
       for (int n = 0; n < kN; ++n)
@@ -357,27 +417,22 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * (kN * half + n) + 2 * t + e % 2;
           const bool keep = !masked || (c >= diag + 8 * (e / 2) && c < valid);
-          const float p = keep ? exp2f(s[n][e] * sl2 - ls[c]) : 0.0f;
+          const float p = keep ? exp2f(s[n][e] * sl2 - lsi[c]) : 0.0f;
           s[n][e] = p;
-          dp[n][e] = p * (dp[n][e] - dl[c]);  // ds
+          dp[n][e] = p * (dp[n][e] - dli[c]);  // ds
         }
-      mma_acc<T>(dv, s, gt, kN / 2 * half, at.lane);
-      mma_acc<T>(dk, dp, qt, kN / 2 * half, at.lane);  // dp holds ds
+      mma_acc<T>(dv, s, gs, kN / 2 * half, at.lane);
+      mma_acc<T>(dk, dp, qs, kN / 2 * half, at.lane);  // dp holds ds
     }
+    __syncthreads();
   }
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = at.r0 + 8 * r;
-    if (row >= rows) continue;
-    T* out = dqkv + (at.b * rows + row) * at.stride + at.h * D + 2 * t;
+  for (int n = 0; n < D / 8; ++n)
     #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      out[at.C + 8 * n] = DevElem<T>::store(dk[n][2 * r] * scale);
-      out[at.C + 8 * n + 1] = DevElem<T>::store(dk[n][2 * r + 1] * scale);
-      out[2 * at.C + 8 * n] = DevElem<T>::store(dv[n][2 * r]);
-      out[2 * at.C + 8 * n + 1] = DevElem<T>::store(dv[n][2 * r + 1]);
-    }
-  }
+    for (int e = 0; e < 4; ++e) dk[n][e] *= scale;
+  T* out = dqkv + at.b * rows * at.stride + at.h * D;
+  store_rows<T, D>(dk, sm.out[0], at.first, rows, out + at.C, at.stride);
+  store_rows<T, D>(dv, sm.out[1], at.first, rows, out + 2 * at.C, at.stride);
 }
 
 struct Dims {
@@ -418,9 +473,11 @@ void check_aligned(const Tensor& t, const char* what) {
     throw std::invalid_argument(std::string("attention: ") + what + " must start on a 16-byte boundary");
 }
 
-dim3 attention_grid(const Dims& d) {
+// Blocks of `warps` warps (16 rows each) over every row of every batch and head.
+dim3 attention_grid(const Dims& d, int warps) {
   if (d.B * d.H > 65535) throw std::invalid_argument("attention: more than 65535 batch x heads");
-  return dim3(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
+  const int64_t rows = 16 * warps;
+  return dim3(static_cast<unsigned>((d.T + rows - 1) / rows), static_cast<unsigned>(d.B * d.H));
 }
 
 // cuDNN's attention (cudnn_sdpa.h) for these dims on this device.
@@ -468,7 +525,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double sc
   dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
     declare_launch_cost(3 * d.B * d.T * d.C * es, d.B * d.T * d.C * es + 4 * d.B * d.H * d.T, 4 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_forward_kernel<T, decltype(dim)::value>)(
+    AMP_LAUNCH(attention_grid(d, kForwardWarps), 32 * kForwardWarps, 0, ctx.stream(), attention_forward_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), d.T, d.H, static_cast<float>(scale), y.data<T>(), lse.data<float>());
     AMP_CUDA_CHECK_LAUNCH();
   });
@@ -499,12 +556,12 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
     const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
     const int64_t stats = 4 * d.B * d.H * d.T;
     declare_launch_cost(d.B * d.T * (2 * d.C + 2 * d.C) * es + stats, d.B * d.T * d.C * es + stats, 6 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dq_kernel<T, decltype(dim)::value>)(
+    AMP_LAUNCH(attention_grid(d, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dq_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), y.data<T>(), lse.data<float>(), gy.data<T>(), d.T, d.H, static_cast<float>(scale),
         delta.as<float>(), dqkv.data<T>());
     AMP_CUDA_CHECK_LAUNCH();
     declare_launch_cost(d.B * d.T * (3 * d.C + d.C) * es + 2 * stats, 2 * d.B * d.T * d.C * es, 8 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d), kThreads, 0, ctx.stream(), attention_dkdv_kernel<T, decltype(dim)::value>)(
+    AMP_LAUNCH(attention_grid(d, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dkdv_kernel<T, decltype(dim)::value>)(
         qkv.data<T>(), lse.data<float>(), gy.data<T>(), delta.as<float>(), d.T, d.H, static_cast<float>(scale),
         dqkv.data<T>());
     AMP_CUDA_CHECK_LAUNCH();

@@ -53,6 +53,20 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint32_t* ro
 #endif
 }
 
+// The same four matrices, each transposed: lane l receives, in r[i], elements (2 (l % 4), l / 4) and
+// (2 (l % 4) + 1, l / 4) of matrix i, the first in the low half: a B fragment's word from a tile whose
+// rows are B's k (row-major B), where ldmatrix_x4 wants B's columns as rows.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint32_t* row) {
+#if defined(AMP_CUDA_EMU)
+  ::amp::emu::ldmatrix_x4_trans(r, row, std::source_location::current());
+#elif defined(__CUDA_ARCH__)
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
 // Eight elements p[0 .. 8) as four words; p must be 16-byte aligned.
 template <class T>
 __device__ __forceinline__ void load_quad(const T* p, uint32_t (&w)[4]) {
@@ -66,6 +80,22 @@ __device__ __forceinline__ void load_quad(const T* p, uint32_t (&w)[4]) {
   w[1] = v.y;
   w[2] = v.z;
   w[3] = v.w;
+#endif
+}
+
+// Four words w[0 .. 4) (16-byte aligned) as the eight elements p[0 .. 8); p must be 16-byte aligned.
+template <class T>
+__device__ __forceinline__ void store_quad(T* p, const uint32_t* w) {
+  static_assert(sizeof(T) == 2, "store_quad: 16-bit elements");
+#if defined(AMP_CUDA_EMU)
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0)
+    throw std::logic_error("store_quad: an address is not 16-byte aligned");
+  for (int i = 0; i < 4; ++i) {
+    p[2 * i] = T{static_cast<uint16_t>(w[i] & 0xffffu)};
+    p[2 * i + 1] = T{static_cast<uint16_t>(w[i] >> 16)};
+  }
+#else
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
 #endif
 }
 
