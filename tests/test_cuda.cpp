@@ -857,10 +857,12 @@ TEST_F(CudaVsCpu, TanhGeluInTheGemmsEpilogues) {
 // A bf16 weight cast from an fp32 parameter gets its gradient as the GEMM's fp32 sums on the GPU too
 // (cuBLAS writing fp32 from bf16 operands): within fp32 rounding of the CPU's, which test_amp checks
 // against a double oracle; a bf16 rounding on either side would be 2^-9 off, far outside the bound.
+// On the GPU the bias's gradient comes from the same matmul (Backend::linear_param_grads), fp32 sums
+// as well: within one bf16 rounding of the CPU's, which rounds its sum to bf16 before the cast.
 TEST_F(CudaVsCpu, Bf16WeightGradientsAreFp32Sums) {
   const Tensor x = random_cpu({64, 96}, DType::f32, 81), w0 = random_cpu({40, 96}, DType::f32, 82);
   const Tensor b0 = random_cpu({40}, DType::f32, 83), r = random_cpu({64, 40}, DType::f32, 84);
-  std::vector<Tensor> grads;
+  std::vector<Tensor> grads, bias_grads;
   for (Device d : {kCPU, kGPU}) {
     Tensor w = w0.to(d).clone().set_requires_grad(true), b = b0.to(d).clone().set_requires_grad(true);
     Tensor y;
@@ -870,11 +872,78 @@ TEST_F(CudaVsCpu, Bf16WeightGradientsAreFp32Sums) {
     }
     sum(mul(y.to(DType::f32), r.to(d))).backward();
     ASSERT_EQ(w.grad().dtype(), DType::f32);
+    ASSERT_EQ(b.grad().dtype(), DType::f32);
     grads.push_back(w.grad());
+    bias_grads.push_back(b.grad());
   }
   EXPECT_TRUE(matches(grads[1], grads[0], 1e-6));
   EXPECT_LT(test::count_representable(grads[1].to(kCPU), 7), grads[1].numel() / 4)
       << "the GPU's gradients are fp32 sums, not bf16 values";
+  EXPECT_TRUE(matches(bias_grads[1], bias_grads[0], 0x1p-8));
+  EXPECT_LT(test::count_representable(bias_grads[1].to(kCPU), 7), bias_grads[1].numel() / 4)
+      << "the GPU's bias gradients are fp32 sums, not bf16 values";
+}
+
+// A linear layer's weight and bias gradients in one cuBLASLt matmul (the BGRADB epilogue: the bias
+// gradient reduced over the product's k, g's rows), for fp16 and bf16 g into gradients of g's dtype
+// or fp32: dw is the plain GEMM's, bit for bit on the emulated GPU; db is within the fp32 sums' bound
+// of g's column sums in double (r 2^-24 sum |g|) plus one rounding to its dtype. A db that is not
+// 16-byte aligned takes the GEMM and sum_to: the same dw, db within one rounding to g's dtype (sum_to
+// writes g's dtype, then a cast).
+TEST_F(CudaVsCpu, LinearWeightAndBiasGradientsInOneMatmul) {
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (DType out : {dt, DType::f32}) {
+      ASSERT_TRUE(gpu().fuses_linear_param_grads(dt, out));
+      for (const auto& [r, in, o] : {std::tuple<int64_t, int64_t, int64_t>{37, 19, 24}, {130, 72, 16}, {1, 3, 300}}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " -> " + dtype_name(out) + " " + std::to_string(r) + "x" +
+                     std::to_string(in) + "x" + std::to_string(o));
+        const Tensor g = random_cpu({r, o}, dt, 95).to(kGPU), x = random_cpu({r, in}, dt, 96).to(kGPU);
+        Tensor dw = empty({o, in}, out, kGPU), db = empty({o}, out, kGPU), dw_ref = empty({o, in}, out, kGPU);
+        gpu().gemm(true, false, 1.0f, g, x, 0.0f, dw_ref);
+        const int64_t before = launches();
+        gpu().linear_param_grads(g, x, dw, db);
+        if (emulated_device_counters()) {
+          EXPECT_EQ(launches() - before, 1) << "one cuBLASLt matmul";
+          EXPECT_TRUE(test::bitwise_equal(dw.to(kCPU), dw_ref.to(kCPU)));
+        } else {
+          EXPECT_TRUE(matches(dw, dw_ref, out == DType::f32 ? 1e-5 : 8e-3));
+        }
+        const std::vector<double> gv = g.to(kCPU).to_vector();
+        const auto unit = [](DType t) { return t == DType::f32 ? 0x1p-24 : t == DType::bf16 ? 0x1p-8 : 0x1p-11; };
+        auto check_db = [&](const Tensor& got, const char* what, double u) {
+          const std::vector<double> dv = got.to(kCPU).to_vector();
+          int bad = 0;
+          for (int64_t j = 0; j < o && bad < 5; ++j) {
+            double sum = 0, abs_sum = 0;
+            for (int64_t i = 0; i < r; ++i) {
+              sum += gv[static_cast<size_t>(i * o + j)];
+              abs_sum += std::fabs(gv[static_cast<size_t>(i * o + j)]);
+            }
+            const double bound = static_cast<double>(r) * 0x1p-24 * abs_sum + u * std::fabs(sum) + 1e-30;
+            if (!(std::fabs(dv[static_cast<size_t>(j)] - sum) <= bound)) {
+              ++bad;
+              ADD_FAILURE() << what << " db[" << j << "] = " << dv[static_cast<size_t>(j)] << ", columns' sum " << sum;
+            }
+          }
+        };
+        check_db(db, "fused", unit(out));
+        Tensor shifted = empty({o + 1}, out, kGPU);
+        Tensor db1 = shifted.view(1, {o});
+        Tensor dw1 = empty({o, in}, out, kGPU);
+        const int64_t before1 = launches();
+        gpu().linear_param_grads(g, x, dw1, db1);
+        if (emulated_device_counters() && r > 1) {  // (one row: sum_to is a copy)
+          EXPECT_GT(launches() - before1, 1) << "the GEMM and sum_to";
+        }
+        EXPECT_TRUE(test::bitwise_equal(dw1.to(kCPU), dw_ref.to(kCPU)));
+        check_db(db1, "unaligned", unit(dt));
+        EXPECT_THROW(gpu().linear_param_grads(g, x, dw, shifted), std::invalid_argument);  // o + 1 elements
+      }
+    }
+  }
+  EXPECT_FALSE(gpu().fuses_linear_param_grads(DType::f32, DType::f32));
+  EXPECT_FALSE(cpu().fuses_linear_param_grads(DType::bf16, DType::f32));
 }
 
 // --- fused AMP kernels, with injected infs and NaNs

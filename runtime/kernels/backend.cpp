@@ -27,6 +27,16 @@ void Backend::linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const T
   unary(UnaryOp::gelu_tanh, pre, y, 0.0);
 }
 
+bool Backend::fuses_linear_param_grads(DType, DType) const { return false; }
+
+void Backend::linear_param_grads(const Tensor& g, const Tensor& x, Tensor& dw, Tensor& db) {
+  gemm(true, false, 1.0f, g, x, 0.0f, dw);
+  if (db.dtype() == g.dtype()) return sum_to(g, db);
+  Tensor sums = empty(db.shape(), g.dtype(), db.device());  // sum_to writes its input's dtype
+  sum_to(g, sums);
+  cast(sums, db);
+}
+
 void Backend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre) {
   Tensor product = empty(pre.shape(), pre.dtype(), pre.device());
   gemm(false, false, 1.0f, g, w, 0.0f, product);

@@ -169,6 +169,16 @@ class Backend {
   // epilogue applies the slope to the fp32 product, not to its rounding: |dpre - p gelu_tanh'(pre)|
   // <= 1.13 (the fp32 sums' bound) + 2^-10 |p| (a fast tanh) + ulp(dpre), p = g @ w (test_cuda's bound).
   virtual void linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre);
+  // Optional: whether linear_param_grads computes a linear layer's weight and bias gradients in one
+  // pass over g (dtype g_dtype) into gradients of dtype out. The default: no (the caller takes the
+  // weight gradient's GEMM, then sum_to for the bias).
+  virtual bool fuses_linear_param_grads(DType g_dtype, DType out) const;
+  // Where fuses_linear_param_grads says so: dw = g^T x ([o, in]) and db = g summed over its rows
+  // ([o]), g [r, o], x [r, in], dw and db of one dtype. On CUDA, cuBLASLt's BGRADB epilogue reduces
+  // the bias gradient inside the weight gradient's GEMM, in fp32 (one rounding to db's dtype); where
+  // cuBLASLt has no algorithm, the GEMM and sum_to. The default is the latter (sum_to's sums rounded to
+  // g's dtype, then cast to db's).
+  virtual void linear_param_grads(const Tensor& g, const Tensor& x, Tensor& dw, Tensor& db);
 
   // --- fused multi-tensor AMP and optimizer kernels. found_inf and scale are 1-element f32 device tensors.
   // grads *= (float)(1.0 / (double)scale); found_inf = 1 if any unscaled grad is inf or NaN (never

@@ -2,6 +2,8 @@
 // MLP with its tanh GELU folded into the GEMMs (mlp_gelu_tanh).
 #include <atomic>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/autograd.h"
@@ -19,15 +21,21 @@ bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
 // it on unchanged, so neither a bf16 gradient nor its cast to fp32 is written (Megatron-LM's gradient
 // accumulation fusion; PyTorch rounds the GEMM's output to bf16 and casts it back, within one bf16
 // rounding of this). fp16 keeps PyTorch's way: its range is the loss scaler's overflow check.
-Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
-  DType dtype = g.dtype();
-  Tensor owner = w;  // the leaf whose destination the gradient may be computed into
-  const CastNode* cast_of = cast_node_of(w);
+// A parameter's gradient from g: its dtype, and the leaf whose destination it may be computed into.
+struct GradTarget {
+  DType dtype;
+  Tensor owner;
+};
+GradTarget grad_target(const Tensor& g, const Tensor& p) {
+  const CastNode* cast_of = cast_node_of(p);
   if (g.dtype() == DType::bf16 && cast_of != nullptr && cast_of->from() == DType::f32 && accumulating_backward() &&
-      !GradMode::enabled() && fp32_weight_grads()) {
-    dtype = DType::f32;
-    owner = leaf_of(cast_of->next[0]);
-  }
+      !GradMode::enabled() && fp32_weight_grads())
+    return {DType::f32, leaf_of(cast_of->next[0])};
+  return {g.dtype(), p};
+}
+
+Tensor weight_grad(const Tensor& g, const Tensor& x2, const Tensor& w) {
+  const auto [dtype, owner] = grad_target(g, w);
   Tensor dst = take_grad_destination(owner, dtype);
   if (!dst.defined()) {
     if (dtype == g.dtype()) return mm(g, x2, true, false);  // differentiable under create_graph
@@ -43,6 +51,24 @@ Tensor bias_grad(const Tensor& g, const Tensor& b) {
   if (!dst.defined()) return sum_to(g, b.shape());
   backend_for(g.device()).sum_to(g, dst);
   return dst;
+}
+
+// A linear layer's weight and bias gradients (g [r, o], x2 [r, in]), from one pass over g where the
+// backend fuses them (Backend::linear_param_grads: on CUDA the bias gradient reduced inside the weight
+// gradient's GEMM), each straight into its destination where it has one. Each goes where
+// weight_grad's rule sends it; where both go in one dtype (under autocast with bf16, fp32: the bias's
+// gradient too then comes from fp32 sums, as the weight's, within one bf16 rounding of PyTorch's), the
+// backend may fuse them. Elsewhere, and under create_graph, the two apart.
+std::pair<Tensor, Tensor> linear_param_grads(const Tensor& g, const Tensor& x2, const Tensor& w, const Tensor& b) {
+  Backend& be = backend_for(g.device());
+  const GradTarget tw = grad_target(g, w), tb = grad_target(g, b);
+  if (GradMode::enabled() || tb.dtype != tw.dtype || !be.fuses_linear_param_grads(g.dtype(), tw.dtype))
+    return {weight_grad(g, x2, w), bias_grad(g, b)};
+  Tensor dw = take_grad_destination(tw.owner, tw.dtype), db = take_grad_destination(tb.owner, tb.dtype);
+  if (!dw.defined()) dw = empty(w.shape(), tw.dtype, g.device());
+  if (!db.defined()) db = empty(b.shape(), tb.dtype, g.device());
+  be.linear_param_grads(g, x2, dw, db);
+  return {dw, db};
 }
 
 void check_gemm_operands(const char* op, const Tensor& a, const Tensor& b) {
@@ -116,8 +142,9 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   y = record("LinearBackward", y, {x2, w, b}, [x2, w, b](const Tensor& g) {
     Tensor gw, gb;
     // A leaf's first gradient goes straight into its destination (its gradient bucket).
-    if (needs(w)) gw = weight_grad(g, x2, w);
-    if (needs(b)) gb = bias_grad(g, b);
+    if (needs(w) && needs(b)) std::tie(gw, gb) = linear_param_grads(g, x2, w, b);
+    else if (needs(w)) gw = weight_grad(g, x2, w);
+    else if (needs(b)) gb = bias_grad(g, b);
     return std::vector<Tensor>{needs(x2) ? mm(g, w, false, false) : Tensor(), gw, gb};
   });
   if (in_shape.size() == 2) return y;
@@ -157,13 +184,15 @@ Tensor mlp_gelu_tanh(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_i
     // linear's backward for the second layer, then the first's from dpre, which the GEMM that
     // takes g back through w2 gives with the GELU's slope applied (Backend::linear_input_grad_gelu_tanh).
     Tensor gx, gw1, gb1, gw2, gb2;
-    if (needs(w2)) gw2 = weight_grad(g, h, w2);
-    if (needs(b2)) gb2 = bias_grad(g, b2);
+    if (needs(w2) && needs(b2)) std::tie(gw2, gb2) = linear_param_grads(g, h, w2, b2);
+    else if (needs(w2)) gw2 = weight_grad(g, h, w2);
+    else if (needs(b2)) gb2 = bias_grad(g, b2);
     if (needs(x2) || needs(w1) || needs(b1)) {
       Tensor dpre = empty(pre.shape(), pre.dtype(), pre.device());
       backend_for(g.device()).linear_input_grad_gelu_tanh(g, w2, pre, dpre);
-      if (needs(w1)) gw1 = weight_grad(dpre, x2, w1);
-      if (needs(b1)) gb1 = bias_grad(dpre, b1);
+      if (needs(w1) && needs(b1)) std::tie(gw1, gb1) = linear_param_grads(dpre, x2, w1, b1);
+      else if (needs(w1)) gw1 = weight_grad(dpre, x2, w1);
+      else if (needs(b1)) gb1 = bias_grad(dpre, b1);
       if (needs(x2)) gx = mm(dpre, w1, false, false);
     }
     return std::vector<Tensor>{gx, gw1, gb1, gw2, gb2};

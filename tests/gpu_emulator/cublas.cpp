@@ -123,6 +123,9 @@ struct Gemm {
   enum class Gelu : uint8_t { none, gelu, dgelu } gelu = Gelu::none;
   void* aux = nullptr;
   int64_t aux_ld = 0;
+  // cuBLASLt's BGRADB epilogue: bgrad[j] = sum over p of op(B)[p, j], in fp32 in p's order (the
+  // operands' values, before alpha), rounded once to bias_type (D's).
+  void* bgrad = nullptr;
 };
 
 // cuBLASLt's GELU, the tanh form, in fp32: gelu(x) = x / 2 (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3).
@@ -159,6 +162,12 @@ void run(const Gemm& g) {
     }
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
   const size_t m = static_cast<size_t>(g.m), n = static_cast<size_t>(g.n), k = static_cast<size_t>(g.k);
+  if (g.bgrad != nullptr)
+    for (size_t j = 0; j < n; ++j) {
+      Acc sum = 0;
+      for (size_t p = 0; p < k; ++p) sum += b[p * n + j];
+      put<Acc>(g.bias_type, g.bgrad, j, sum);
+    }
   const size_t half = k / 2, block = 256;  // columns of C per pass: a block of B stays in cache
   std::vector<Acc> row(block), row2(block);
   for (size_t j0 = 0; j0 < n; j0 += block) {
@@ -204,7 +213,8 @@ void execute(const Gemm& g) {
       gone(g.c, (static_cast<size_t>(g.ldc) * static_cast<size_t>(g.n - 1) + static_cast<size_t>(g.m)) *
                     type_size(g.ctype)) ||
       (g.bias != nullptr && gone(g.bias, static_cast<size_t>(g.m) * type_size(g.bias_type))) ||
-      (g.aux != nullptr && gone(g.aux, aux_elements(g) * type_size(g.ctype))))
+      (g.aux != nullptr && gone(g.aux, aux_elements(g) * type_size(g.ctype))) ||
+      (g.bgrad != nullptr && gone(g.bgrad, static_cast<size_t>(g.n) * type_size(g.bias_type))))
     return fault("cuBLAS: an operand of a GEMM was freed before the GEMM ran", cudaErrorIllegalAddress);
   if (g.fp64) run<double>(g);
   else run<float>(g);
@@ -301,10 +311,12 @@ cublasStatus_t submit(const char* name, cudaStream_t stream, std::vector<Gemm> g
     const int64_t read = mnb(g.m, g.k, g.a.type) + mnb(g.k, g.n, g.b.type) + (g.beta != 0 ? c_bytes : 0) +
                          (g.bias != nullptr ? mnb(g.m, 1, g.bias_type) : 0) +
                          (g.gelu == Gemm::Gelu::dgelu ? c_bytes : 0);
-    const int64_t written = c_bytes + (g.gelu == Gemm::Gelu::gelu ? c_bytes : 0);
+    const int64_t written = c_bytes + (g.gelu == Gemm::Gelu::gelu ? c_bytes : 0) +
+                            (g.bgrad != nullptr ? mnb(1, g.n, g.bias_type) : 0);
     const char* epilogue = g.gelu == Gemm::Gelu::gelu    ? ",\"epilogue\":\"gelu_aux_bias\""
                            : g.gelu == Gemm::Gelu::dgelu ? ",\"epilogue\":\"dgelu\""
                            : g.bias != nullptr           ? ",\"epilogue\":\"bias\""
+                           : g.bgrad != nullptr          ? ",\"epilogue\":\"bgradb\""
                                                          : "";
     const int64_t flops = 2 * static_cast<int64_t>(g.m) * g.n * g.k * batch;
     log_line("gemm", std::string(",\"name\":\"") + name + "\",\"m\":" + std::to_string(g.m) + ",\"n\":" +
@@ -489,10 +501,12 @@ cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cubla
   bool fp64 = false, tf32 = false;
   if (!supported(op->compute, A->type, B->type, D->type, &fp64, &tf32)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS, dgelu = op->epilogue == CUBLASLT_EPILOGUE_DGELU;
-  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS && !gelu && !dgelu)
+  const bool bgradb = op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS && !gelu && !dgelu && !bgradb)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const cudaDataType bias_type = op->bias_type < 0 ? D->type : static_cast<cudaDataType>(op->bias_type);
-  if ((op->epilogue == CUBLASLT_EPILOGUE_BIAS || gelu) && bias_type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((op->epilogue == CUBLASLT_EPILOGUE_BIAS || gelu || bgradb) && bias_type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (bgradb && fp64) return CUBLAS_STATUS_NOT_SUPPORTED;  // the bias gradient: fp32 arithmetic only
   // The GELU epilogues: fp32 arithmetic (not fp64); aux's leading dimension a multiple of 8, at least m.
   if ((gelu || dgelu) && (fp64 || op->aux_ld % 8 != 0 || op->aux_ld < static_cast<int64_t>(std::max<uint64_t>(1, m))))
     return fp64 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE;
@@ -630,7 +644,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->alignment[i];
   r.algo.data[5] = (pref->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0;
   // As cuBLASLt's heuristic, it reads the bias pointer's alignment (the pointer is set before it).
-  const bool bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                    op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
   r.algo.data[6] = bias ? alignment_of(op->bias) : 1;
   r.algo.data[7] = g.gelu != Gemm::Gelu::none ? alignment_of(op->aux) : 1;  // and the aux pointer's
   r.state = CUBLAS_STATUS_SUCCESS;
@@ -666,14 +681,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     }
     g.aux = op->aux;
   }
-  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  const bool bgradb = op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if (op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || bgradb) {
     if (op->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     if (alignment_of(op->bias) < algo->data[6]) {
       std::fprintf(stderr, "cublasLtMatmul: the bias at %p is %u-byte aligned, but the algorithm was chosen for a %llu-byte "
                    "aligned bias\n", op->bias, alignment_of(op->bias), static_cast<unsigned long long>(algo->data[6]));
       return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    g.bias = op->bias;
+    if (bgradb) g.bgrad = const_cast<void*>(op->bias);
+    else g.bias = op->bias;
   }
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
   const void* pointers[4] = {A, B, C, D};
@@ -693,7 +710,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
                                 g.b.ld))) ||
       !check_range("D", D, d_elements, g.ctype, "D", g.m, g.n, g.ldc) ||
       (g.bias != nullptr && !check_range("bias", g.bias, static_cast<size_t>(g.m), g.bias_type, "bias", g.m, 1, g.m)) ||
-      (g.aux != nullptr && !check_range("aux", g.aux, aux_elements(g), g.ctype, "aux", g.m, g.n, static_cast<int>(g.aux_ld))))
+      (g.aux != nullptr && !check_range("aux", g.aux, aux_elements(g), g.ctype, "aux", g.m, g.n, static_cast<int>(g.aux_ld))) ||
+      (g.bgrad != nullptr && !check_range("bias", g.bgrad, static_cast<size_t>(g.n), g.bias_type, "bias gradient", 1, g.n, 1)))
     return CUBLAS_STATUS_INVALID_VALUE;
   g.split_k = algo->data[5] != 0 && (g.ctype == CUDA_R_16F || g.ctype == CUDA_R_16BF) && g.k >= 64;
   return submit("cublasLtMatmul", stream, {g}, g.fp64 ? "64F" : g.tf32 ? "TF32" : "32F");

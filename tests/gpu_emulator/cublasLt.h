@@ -47,7 +47,7 @@ typedef enum {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,          // int32_t cublasOperation_t
   CUBLASLT_MATMUL_DESC_TRANSB = 4,          // int32_t cublasOperation_t
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,        // uint32_t cublasLtEpilogue_t
-  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,    // const void*: a device vector of D's rows
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,    // const void*: a device vector of D's rows (BGRADB: D's columns, written)
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,  // void*: GELU's input, D's type (written forward, read backward)
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,       // int64_t: its leading dimension, a multiple of 8, >= D's rows
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26  // int32_t cudaDataType; -1 (default): D's type
@@ -58,7 +58,8 @@ typedef enum {
   CUBLASLT_EPILOGUE_DEFAULT = 1,
   CUBLASLT_EPILOGUE_BIAS = 4,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,  // D = gelu(sum + bias), aux = sum + bias
-  CUBLASLT_EPILOGUE_DGELU = 64 | 128               // D = sum * gelu'(aux)
+  CUBLASLT_EPILOGUE_DGELU = 64 | 128,              // D = sum * gelu'(aux)
+  CUBLASLT_EPILOGUE_BGRADB = 512                   // bias (D's type, n) = op(B) summed over k
 } cublasLtEpilogue_t;
 
 typedef enum {

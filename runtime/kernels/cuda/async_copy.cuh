@@ -2,8 +2,9 @@
 // a thread issues 16-byte copies, closes them into a group, and later waits until at most N of its
 // groups are still in flight; a __syncthreads after the wait makes every thread's copies visible to
 // the block. So the next tile loads while the block computes on the last (two buffers).
-// The emulated GPU lands a group's copies only at the wait that retires it (gpu_emulator/kernel.h), so
-// a read that comes too early reads the old bytes and shows in the results.
+// The emulated GPU lands each group at one end of its flight or the other, at random: at its commit (a
+// refill of a buffer that other warps still read shows) or at the wait that retires it (a read that
+// comes too early reads the old bytes): tests/gpu_emulator/kernel.h.
 #pragma once
 #include <cuda_runtime.h>
 

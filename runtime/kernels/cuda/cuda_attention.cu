@@ -404,6 +404,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     for (int half = 0; half < 2; ++half) {  // 32 queries at a time: fewer live registers
       constexpr int kN = kTile / 16;        // n-tiles of a half
       if (i0 + kN * 8 * (half + 1) - 1 < at.base) continue;  // every query of the half is before the warp's keys
+      if (i0 + kN * 8 * half >= rows) continue;               // or past the last row
       const bool masked = i0 + kN * 8 * half < at.base + 15 || valid < kTile;
       float s[kN][4] = {}, dp[kN][4] = {};
       #pragma unroll

@@ -78,6 +78,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   void linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& y) override;
   void linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, const Tensor& pre, Tensor& dpre) override;
+  // fp16 or bf16 g, gradients in g's dtype or fp32 (autocast's fp32 weight gradients): one cuBLASLt
+  // matmul with the BGRADB epilogue where cuBLASLt has an algorithm for it.
+  bool fuses_linear_param_grads(DType g_dtype, DType out) const override;
+  void linear_param_grads(const Tensor& g, const Tensor& x, Tensor& dw, Tensor& db) override;
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             Tensor& c) override;
   void gemm_batched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,

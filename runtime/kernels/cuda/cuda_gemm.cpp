@@ -98,22 +98,24 @@ struct LtObject {  // a cuBLASLt descriptor, destroyed with its owner
 // The cuBLASLt matmuls we run, each column-major D (m x n) = op(A) B, alpha 1, beta 0:
 //   bias:  a linear layer's forward, op(A) = w^T, B = x, + bias per row of D;
 //   gelu:  the same, D = gelu(sum + bias) with the sum + bias kept in aux (CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
-//   dgelu: a linear layer's input gradient, A = w, B = g, D = product * gelu'(aux) (CUBLASLT_EPILOGUE_DGELU).
+//   dgelu: a linear layer's input gradient, A = w, B = g, D = product * gelu'(aux) (CUBLASLT_EPILOGUE_DGELU);
+//   bgradb: a linear layer's weight gradient, A = x, op(B) = g^T (g as stored, transposed), D = dw^T, and
+//           g summed over the product's k (its rows) into the bias pointer (CUBLASLT_EPILOGUE_BGRADB).
 // cuBLASLt's GELU is the tanh form. aux has D's layout (leading dimension m).
-enum class LtEpilogue : uint8_t { bias, gelu, dgelu };
+enum class LtEpilogue : uint8_t { bias, gelu, dgelu, bgradb };
 
 // One matmul's shape, dtype, epilogue and alignments: its descriptors and cuBLASLt's heuristic answer
 // (none when it has no algorithm), made once per process; a call sets only its pointers.
 struct LtKey {
   int64_t m, n, k;
-  cudaDataType_t type;
+  cudaDataType_t type, d_type;  // A and B's, D's (and the bias gradient's)
   cublasComputeType_t compute;
   LtEpilogue epilogue;
   uint32_t align_a, align_b, align_d, align_bias, align_aux;  // the heuristic reads the epilogue's pointers too
   bool operator<(const LtKey& o) const {
-    return std::tie(m, n, k, type, compute, epilogue, align_a, align_b, align_d, align_bias, align_aux) <
-           std::tie(o.m, o.n, o.k, o.type, o.compute, o.epilogue, o.align_a, o.align_b, o.align_d, o.align_bias,
-                    o.align_aux);
+    return std::tie(m, n, k, type, d_type, compute, epilogue, align_a, align_b, align_d, align_bias, align_aux) <
+           std::tie(o.m, o.n, o.k, o.type, o.d_type, o.compute, o.epilogue, o.align_a, o.align_b, o.align_d,
+                    o.align_bias, o.align_aux);
   }
 };
 struct LtPlan {
@@ -123,7 +125,7 @@ struct LtPlan {
 };
 
 bool has_bias(LtEpilogue e) { return e != LtEpilogue::dgelu; }
-bool has_aux(LtEpilogue e) { return e != LtEpilogue::bias; }
+bool has_aux(LtEpilogue e) { return e == LtEpilogue::gelu || e == LtEpilogue::dgelu; }
 
 void set_pointers(LtPlan& plan, const LtKey& key, const void* bias, const void* aux) {
   if (has_bias(key.epilogue))
@@ -135,23 +137,25 @@ void set_pointers(LtPlan& plan, const LtKey& key, const void* bias, const void* 
 std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias, const void* aux) {
   auto plan = std::make_unique<LtPlan>();
   AMP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op.p, key.compute, CUDA_R_32F));
-  const bool dgelu = key.epilogue == LtEpilogue::dgelu;
-  const int32_t trans_a = dgelu ? CUBLAS_OP_N : CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  const bool dgelu = key.epilogue == LtEpilogue::dgelu, bgradb = key.epilogue == LtEpilogue::bgradb;
+  const int32_t trans_a = dgelu || bgradb ? CUBLAS_OP_N : CUBLAS_OP_T, trans_b = bgradb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const uint32_t epilogue = key.epilogue == LtEpilogue::bias   ? CUBLASLT_EPILOGUE_BIAS
                             : key.epilogue == LtEpilogue::gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                               : CUBLASLT_EPILOGUE_DGELU;
+                            : dgelu                            ? CUBLASLT_EPILOGUE_DGELU
+                                                               : CUBLASLT_EPILOGUE_BGRADB;
   AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+  AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
   AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   if (has_aux(key.epilogue)) {
     const int64_t aux_ld = key.m;
     AMP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
   }
   set_pointers(*plan, key, bias, aux);
-  if (dgelu) AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.m, key.k, key.m));
+  if (dgelu || bgradb) AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.m, key.k, key.m));
   else AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a.p, key.type, key.k, key.m, key.k));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b.p, key.type, key.k, key.n, key.k));
-  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d.p, key.type, key.m, key.n, key.m));
+  if (bgradb) AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b.p, key.type, key.n, key.k, key.n));
+  else AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b.p, key.type, key.k, key.n, key.k));
+  AMP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d.p, key.d_type, key.m, key.n, key.m));
   LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
   AMP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
   const uint64_t workspace = Context::kCublasWorkspaceBytes;
@@ -174,7 +178,8 @@ std::unique_ptr<LtPlan> make_lt_plan(const LtKey& key, const void* bias, const v
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) plan->algo = result.algo;
   // No algorithm: the caller's composite. The GELU epilogues' combinations (a dtype, TF32, an aux
   // layout) may also be refused as invalid by a cuBLASLt that lacks them: the composite too.
-  else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS && key.epilogue == LtEpilogue::bias)
+  else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS &&
+           (key.epilogue == LtEpilogue::bias || key.epilogue == LtEpilogue::bgradb))
     AMP_CUBLAS_CHECK(st);
   return plan;
 }
@@ -227,7 +232,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   // cuBLASLt where it takes the bias (16-byte aligned); otherwise Backend's broadcast and GEMM.
   const DType dt = x.dtype();
   if (!lt_takes(dt, y.dtype(), o, r, in) || !aligned16(bias)) return Backend::linear_forward(x, w, bias, y);
-  const LtKey key{o, r, in, cuda_dtype(dt), lt_compute(dt), LtEpilogue::bias, alignment_of(w.data_ptr()),
+  const LtKey key{o, r, in, cuda_dtype(dt), cuda_dtype(dt), lt_compute(dt), LtEpilogue::bias, alignment_of(w.data_ptr()),
                   alignment_of(x.data_ptr()), alignment_of(y.data_ptr()), alignment_of(bias.data_ptr()), 1};
   if (!lt_matmul(key, w.data_ptr(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), nullptr))
     Backend::linear_forward(x, w, bias, y);
@@ -248,7 +253,7 @@ void CudaBackend::linear_gelu_tanh_forward(const Tensor& x, const Tensor& w, con
   const DType dt = x.dtype();
   if (!lt_takes(dt, y.dtype(), o, r, in) || !aligned16(bias) || !aligned16(pre) || o % 8 != 0)
     return Backend::linear_gelu_tanh_forward(x, w, bias, pre, y);
-  const LtKey key{o, r, in, cuda_dtype(dt), lt_compute(dt), LtEpilogue::gelu, alignment_of(w.data_ptr()),
+  const LtKey key{o, r, in, cuda_dtype(dt), cuda_dtype(dt), lt_compute(dt), LtEpilogue::gelu, alignment_of(w.data_ptr()),
                   alignment_of(x.data_ptr()), alignment_of(y.data_ptr()), alignment_of(bias.data_ptr()),
                   alignment_of(pre.data_ptr())};
   if (!lt_matmul(key, w.data_ptr(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), pre.data_ptr()))
@@ -269,10 +274,36 @@ void CudaBackend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, 
   if (!lt_takes(dt, dpre.dtype(), h, r, o) || !aligned16(pre) || h % 8 != 0)
     return Backend::linear_input_grad_gelu_tanh(g, w, pre, dpre);
   // Column-major dpre^T (h x r) = w^T (h x o, w as stored) g^T (o x r, g as stored).
-  const LtKey key{h, r, o, cuda_dtype(dt), lt_compute(dt), LtEpilogue::dgelu, alignment_of(w.data_ptr()),
+  const LtKey key{h, r, o, cuda_dtype(dt), cuda_dtype(dt), lt_compute(dt), LtEpilogue::dgelu, alignment_of(w.data_ptr()),
                   alignment_of(g.data_ptr()), alignment_of(dpre.data_ptr()), 1, alignment_of(pre.data_ptr())};
   if (!lt_matmul(key, w.data_ptr(), g.data_ptr(), dpre.data_ptr(), nullptr, pre.data_ptr()))
     Backend::linear_input_grad_gelu_tanh(g, w, pre, dpre);
+}
+
+bool CudaBackend::fuses_linear_param_grads(DType g_dtype, DType out) const {
+  return (g_dtype == DType::f16 || g_dtype == DType::bf16) && (out == g_dtype || out == DType::f32);
+}
+
+void CudaBackend::linear_param_grads(const Tensor& g, const Tensor& x, Tensor& dw, Tensor& db) {
+  require_cuda(g, "linear_param_grads: g");
+  require_cuda(x, "linear_param_grads: x");
+  require_cuda(dw, "linear_param_grads: dw");
+  require_cuda(db, "linear_param_grads: db");
+  const auto [o, in, r] = check_gemm(true, false, g, x, dw);
+  if (db.dim() != 1 || db.numel() != o || db.dtype() != dw.dtype())
+    throw std::invalid_argument("linear_param_grads: db " + shape_str(db.shape()) + " " + dtype_name(db.dtype()) +
+                                " does not match dw's " + std::to_string(o) + " " + dtype_name(dw.dtype()) + " rows");
+  if (!fuses_linear_param_grads(g.dtype(), dw.dtype()) || r > INT_MAX || o > INT_MAX || in > INT_MAX || r == 0 ||
+      o == 0 || in == 0 || !aligned16(db))
+    return Backend::linear_param_grads(g, x, dw, db);
+  // Column-major dw^T (in x o) = x^T (in x r, x as stored) op(g) (g as stored is o x r: op = transpose),
+  // the bias gradient reduced over r, the product's k.
+  const DType dt = g.dtype();
+  const LtKey key{in, o, r, cuda_dtype(dt), cuda_dtype(dw.dtype()), lt_compute(dt), LtEpilogue::bgradb,
+                  alignment_of(x.data_ptr()), alignment_of(g.data_ptr()), alignment_of(dw.data_ptr()),
+                  alignment_of(db.data_ptr()), 1};
+  if (!lt_matmul(key, x.data_ptr(), g.data_ptr(), dw.data_ptr(), db.data_ptr(), nullptr))
+    Backend::linear_param_grads(g, x, dw, db);
 }
 
 void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {

@@ -5,7 +5,7 @@
 //   B, 16 x 8 (k x n), 2 words: col g; rows 2t, 2t + 1 (+ 8 for word 1)
 //   C, D, 16 x 8, 4 floats: rows g, g, g + 8, g + 8; cols 2t, 2t + 1, 2t, 2t + 1
 // A word holds two adjacent elements, the lower-indexed one in its low 16 bits. The emulated GPU
-// computes the same product from every lane's fragments (runtime/gpu_emulator/kernel.cpp), and faults
+// computes the same product from every lane's fragments (tests/gpu_emulator/kernel.cpp), and faults
 // on the misaligned addresses the GPU would fault on.
 #pragma once
 #include <cuda_runtime.h>
