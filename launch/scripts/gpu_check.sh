@@ -30,7 +30,8 @@
 #               --attention composite (the fused attention's gain); bench_gpt2_124m GPT-2 124M on GPT-2's tokens (--gpt2-124m: 50257 tokens, tanh GELU);
 #               bench_gpt2_medium GPT-2 medium's shape on bytes (--gpt2-medium: 24 layers, 16 heads, 1024 wide)
 #   profile_gpt2_small   one steady step of GPT-2 small under ncu (amp_train --profile-step): the
-#               kernels' durations, summed by kernel, in the JSON (where ncu exists)
+#               kernels' durations, summed by kernel, in the JSON (where ncu exists);
+#               profile_gpt2_small_fused the same with our own attention kernels (--attention fused)
 # A GPU test that skips (no usable device) counts as failed. Then a pass/fail table; every stage,
 # fact and figure goes to DIR/gpu_check.json, rewritten after every stage (a check killed halfway
 # leaves what it measured, verdict "incomplete").
@@ -73,7 +74,8 @@ done
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
   sanitize_synccheck sanitize_initcheck emu_train train bench_mlp bench_gpt bench_gpt_eager bench_gpt2_small
-  bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m bench_gpt2_medium profile_gpt2_small"
+  bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m bench_gpt2_medium profile_gpt2_small
+  profile_gpt2_small_fused"
 IFS=, read -ra asked <<<"$only"
 for a in "${asked[@]}"; do
   grep -qw -- "$a[a-z0-9_]*" <<<"$all_stages" ||
@@ -454,16 +456,17 @@ fi
 
 # --- 6. where GPT-2 small's step goes: one steady step's kernels under Nsight Compute (duration only)
 if ncu=$(find_cuda_tool ncu); then
-  profile_gpt() {
-    local text=$out/profile_text.txt
+  profile_gpt() {  # profile_gpt NAME [amp_train flags]: NAME.csv and NAME.json in the output folder
+    local name=$1 text=$out/profile_text_$1.txt
+    shift
     head -c 3000000 /dev/urandom | base64 -w 100 >"$text"
     "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel \
       --csv "$bin/amp_train" --device cuda --model gpt --data "$text" --n-layer 12 --n-head 12 --n-embd 768 \
       --block-size 1024 --batch-size 8 --amp bf16 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --clip-grad-norm 1 \
-      --steps 3 --profile-step 3 --log-every 0 --eval-every 0 >"$out/profile_gpt2_small.csv" || return 1
+      --steps 3 --profile-step 3 --log-every 0 --eval-every 0 "$@" >"$out/$name.csv" || return 1
     rm -f "$text"
-    command -v python3 >/dev/null || { echo "no python3: the per-kernel table is $out/profile_gpt2_small.csv"; return 0; }
-    python3 - "$out/profile_gpt2_small.csv" "$out/profile_gpt2_small.json" <<'PY'
+    command -v python3 >/dev/null || { echo "no python3: the per-kernel table is $out/$name.csv"; return 0; }
+    python3 - "$out/$name.csv" "$out/$name.json" <<'PY'
 import csv, collections, io, json, sys
 rows = list(csv.DictReader(io.StringIO("".join(l for l in open(sys.argv[1]) if l.startswith('"')))))
 ms, calls = collections.defaultdict(float), collections.defaultdict(int)
@@ -483,9 +486,12 @@ PY
   }
   export -f profile_gpt
   export ncu out bin
-  stage profile_gpt2_small 600 profile_gpt
+  stage profile_gpt2_small 600 profile_gpt profile_gpt2_small
+  # Our own attention kernels' times (issue 36's target for them), where the default takes cuDNN's.
+  stage profile_gpt2_small_fused 600 profile_gpt profile_gpt2_small_fused --attention fused
 else
   skip profile_gpt2_small "ncu (Nsight Compute) not found"
+  skip profile_gpt2_small_fused "ncu (Nsight Compute) not found"
 fi
 
 table

@@ -71,6 +71,34 @@ __device__ void stage_rows(const T* base, int64_t first, int64_t rows, int64_t s
   }
 }
 
+// The two-buffer pipeline over `tiles` tiles: stage(i) issues tile i's copies into buffer i % 2 and
+// commits them; body(i) runs once every thread's copies of tile i are in, while tile i + 1's load.
+// The barrier after each body frees its buffer for tile i + 2.
+template <class Stage, class Body>
+__device__ __forceinline__ void pipeline(int64_t tiles, Stage&& stage, Body&& body) {
+  if (tiles > 0) stage(0);
+  for (int64_t i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      stage(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile i is in, for every thread
+    body(i);
+    __syncthreads();  // tile i is done with: its buffer takes tile i + 2
+  }
+}
+
+// Tile i of the keys (into buffer i's a) and values (b) of the head at at, for the passes that walk
+// the keys (the forward and dq), committed as one group.
+template <int Threads, class T, int D, class F, class S>
+__device__ __forceinline__ void stage_keys_values(const F& at, const T* qkv, int64_t rows, int64_t i, S& sm) {
+  stage_rows<Threads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].a);
+  stage_rows<Threads, T, D>(at.head(qkv, rows, 2), i * kTile, rows, at.stride, sm.stage[i % 2].b);
+  cp_async_commit();
+}
+
 // The B fragments of n-tiles n and n + 1 (n even; cols 8 n ..) at k-step kk (k = 16 kk ..): one
 // ldmatrix. b[0], b[1] for n; b[2], b[3] for n + 1. Trans = false: the tile's rows are B's columns
 // (word (col, k / 2) holds B[k][col], B[k + 1][col]); Trans = true: its rows are B's k (word
@@ -195,21 +223,8 @@ __global__ void __launch_bounds__(32 * kForwardWarps, 2)
   const float sl2 = scale * kLog2e;  // scores in log2 units: exp2f
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4] = {};
   const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;  // keys up to the block's last row
-  const int64_t tiles = last / kTile + 1;
-  auto stage = [&](int64_t i) {
-    stage_rows<kThreads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].a);
-    stage_rows<kThreads, T, D>(at.head(qkv, rows, 2), i * kTile, rows, at.stride, sm.stage[i % 2].b);
-    cp_async_commit();
-  };
-  stage(0);
-  for (int64_t i = 0; i < tiles; ++i) {
-    if (i + 1 < tiles) {
-      stage(i + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // tile i is in
+  auto stage = [&](int64_t i) { stage_keys_values<kThreads, T, D>(at, qkv, rows, i, sm); };
+  pipeline(last / kTile + 1, stage, [&](int64_t i) {
     const int64_t j0 = i * kTile;
     if (j0 <= at.base + 15) {  // some key of the tile is at or before the warp's last row (the warp agrees)
       const Tile<D>& ks = sm.stage[i % 2].a;
@@ -249,8 +264,7 @@ __global__ void __launch_bounds__(32 * kForwardWarps, 2)
         }
       mma_acc<T>(o, s, vs, 0, at.lane);
     }
-    __syncthreads();  // tile i is done with: its buffer takes tile i + 2
-  }
+  });
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] = group_sum(l[r]);
@@ -302,21 +316,8 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
   const float sl2 = scale * kLog2e;
   float dq[D / 8][4] = {};
   const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
-  const int64_t tiles = last / kTile + 1;
-  auto stage = [&](int64_t i) {
-    stage_rows<kThreads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].a);
-    stage_rows<kThreads, T, D>(at.head(qkv, rows, 2), i * kTile, rows, at.stride, sm.stage[i % 2].b);
-    cp_async_commit();
-  };
-  stage(0);
-  for (int64_t i = 0; i < tiles; ++i) {
-    if (i + 1 < tiles) {
-      stage(i + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  auto stage = [&](int64_t i) { stage_keys_values<kThreads, T, D>(at, qkv, rows, i, sm); };
+  pipeline(last / kTile + 1, stage, [&](int64_t i) {
     const Tile<D>& ks = sm.stage[i % 2].a;
     const Tile<D>& vs = sm.stage[i % 2].b;
     const int64_t j0 = i * kTile;
@@ -343,8 +344,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
         }
       mma_acc<T>(dq, s, ks, kN / 2 * half, at.lane);  // s holds ds
     }
-    __syncthreads();
-  }
+  });
   #pragma unroll
   for (int n = 0; n < D / 8; ++n)
     #pragma unroll
@@ -384,15 +384,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
       dl[i % 2][e] = r < rows ? delta[at.bh * rows + r] : 0.0f;
     }
   };
-  if (tiles > 0) stage(0);
-  for (int64_t i = 0; i < tiles; ++i) {
-    if (i + 1 < tiles) {
-      stage(i + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  pipeline(tiles, stage, [&](int64_t i) {
     const Tile<D>& qs = sm.stage[i % 2].a;
     const Tile<D>& gs = sm.stage[i % 2].b;
     const float* lsi = ls[i % 2];
@@ -425,8 +417,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
       mma_acc<T>(dv, s, gs, kN / 2 * half, at.lane);
       mma_acc<T>(dk, dp, qs, kN / 2 * half, at.lane);  // dp holds ds
     }
-    __syncthreads();
-  }
+  });
   #pragma unroll
   for (int n = 0; n < D / 8; ++n)
     #pragma unroll
