@@ -100,6 +100,11 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
 }
 
 Tensor GradScaler::check_inf_(optim::Optimizer& opt) {
+  return check_inf_(opt, nullptr);
+}
+
+Tensor GradScaler::check_inf_(optim::Optimizer& opt,
+                              const std::function<void(const Tensor& scale, const Tensor& found_inf)>& fused) {
   if (!options_.enabled) return Tensor();
   require_state("check_inf_");
   PerOptimizer& st = per_optimizer_[&opt];
@@ -107,8 +112,16 @@ Tensor GradScaler::check_inf_(optim::Optimizer& opt) {
     throw std::runtime_error("check_inf_() must come before unscale_() and step() in an iteration.");
   // The unscaled values are checked (what the step will apply), without writing them.
   const std::vector<Tensor> grads = checked_grads(opt, &st);
-  if (!grads.empty())
-    backend_for(grads[0].device()).check_finite(grads, scale_.to(grads[0].device()), st.found_inf, st.per_tensor);
+  if (!grads.empty()) {
+    Backend& be = backend_for(grads[0].device());
+    const Tensor scale = scale_.to(grads[0].device());
+    if (!fused) {
+      be.check_finite(grads, scale, st.found_inf, st.per_tensor);
+    } else {
+      fused(scale, st.found_inf);
+      if (st.per_tensor.defined()) be.nonfinite_flags_if_found(grads, scale, st.found_inf, st.per_tensor);
+    }
+  }
   st.stage = Stage::checked;
   return st.found_inf;
 }

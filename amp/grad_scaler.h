@@ -8,6 +8,7 @@
 // on its gradients' device. The step path never reads them on the host: the optimizer's fused step
 // reads found_inf itself.
 #pragma once
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -67,6 +68,13 @@ class GradScaler {
   // read-only check of the scaled gradients, which step() then unscales in the optimizer's own pass.
   // Returns found_inf_tensor(opt). Before step(), instead of unscale_.
   Tensor check_inf_(optim::Optimizer& opt);
+  // The same check made by the caller's own pass over opt's gradients, one that reads them anyway
+  // (the trainer's gradient norm, comm/chunked_norm.h): fused(scale, found_inf) must read every one
+  // of opt.grads() (still scaled by `scale`, on their device) and set found_inf to 1 where one is not
+  // finite unscaled, as Backend::check_finite would. The per-tensor flags (set_per_tensor_flags) are
+  // then written only where found_inf is set (Backend::nonfinite_flags_if_found): a step that finds
+  // nothing reads each gradient once for the check and the norm together.
+  Tensor check_inf_(optim::Optimizer& opt, const std::function<void(const Tensor& scale, const Tensor& found_inf)>& fused);
   // The optimizer's step, which skips itself when found_inf is set. Without an explicit unscale_
   // it checks the scaled gradients read-only and the fused step unscales them in its own pass
   // (writing them back unscaled, as PyTorch's fused optimizers do). A defined clip.total_norm (the

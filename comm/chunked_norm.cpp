@@ -23,7 +23,7 @@ Tensor sum_of_chunk_sums(const Tensor& partial) {
 }  // namespace
 
 Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
-                              bool sharded, const Tensor& grad_scale) {
+                              bool sharded, const Tensor& grad_scale, const Tensor& found_inf) {
   if (buffers.empty() || buffers.size() != layout.used.size())
     throw std::invalid_argument("chunked_sum_of_squares: no buckets, or not the layout's");
   const Device device = buffers[0].device();
@@ -44,7 +44,7 @@ Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tens
     if (last > first) {  // chunks [first, last): one launch
       const int64_t begin = first * kNormChunk, end = std::min(layout.used[b], last * kNormChunk);
       Tensor out = partial.view(base + first, {last - first});
-      be.chunk_sums_of_squares(buf.view(begin, {end - begin}), kNormChunk, out, grad_scale);
+      be.chunk_sums_of_squares(buf.view(begin, {end - begin}), kNormChunk, out, grad_scale, found_inf);
     }
     base += n;
   }
@@ -53,7 +53,7 @@ Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tens
 }
 
 Tensor chunked_sum_of_squares_unbucketed(const BucketLayout& layout, const std::vector<Tensor>& params,
-                                         const Tensor& grad_scale) {
+                                         const Tensor& grad_scale, const Tensor& found_inf) {
   if (params.empty() || layout.used.empty()) throw std::invalid_argument("chunked_sum_of_squares_unbucketed: no parameters");
   const Device device = params[0].device();
   int64_t total = 0;
@@ -77,7 +77,7 @@ Tensor chunked_sum_of_squares_unbucketed(const BucketLayout& layout, const std::
     }
     const int64_t n = chunks_of(layout.used[b]);
     Tensor out = partial.view(base, {n});
-    if (n > 0) be.chunk_sums_of_squares_gathered(pieces, offsets, layout.used[b], kNormChunk, out, grad_scale);
+    if (n > 0) be.chunk_sums_of_squares_gathered(pieces, offsets, layout.used[b], kNormChunk, out, grad_scale, found_inf);
     base += n;
   }
   return sum_of_chunk_sums(partial);

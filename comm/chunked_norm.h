@@ -22,9 +22,11 @@ constexpr int64_t kNormChunk = 1024;
 // (ZeRO-1); a collective then. Otherwise each rank reads whole buckets, and nothing is sent.
 // grad_scale (a 1-element f32 on their device, or undefined): the gradients still carry that loss
 // scale, and the sum is the one of the unscaled gradients, bit for bit, without writing them
-// (Backend::chunk_sums_of_squares).
+// (Backend::chunk_sums_of_squares). found_inf (a 1-element f32 on their device, or undefined): set
+// to 1 where a gradient this rank reads is not finite unscaled, in the same read (the loss scaler's
+// check, GradScaler::check_inf_ with a fused pass); this rank's verdict, not summed over the ranks.
 Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tensor>& buffers, Communicator& comm,
-                              bool sharded, const Tensor& grad_scale);
+                              bool sharded, const Tensor& grad_scale, const Tensor& found_inf = Tensor());
 
 // The same sum where there are no buckets (one rank, one micro-batch: the reducer passes the
 // gradients through, GradientReducer::passthrough): each parameter's gradient is read where it
@@ -33,7 +35,8 @@ Tensor chunked_sum_of_squares(const BucketLayout& layout, const std::vector<Tens
 // memory (4 bytes a parameter, held from one step to the next) the run does not hold
 // (Backend::chunk_sums_of_squares_gathered). params: the reducer's, in the order the layout's slots
 // index.
+// found_inf: as chunked_sum_of_squares'.
 Tensor chunked_sum_of_squares_unbucketed(const BucketLayout& layout, const std::vector<Tensor>& params,
-                                         const Tensor& grad_scale);
+                                         const Tensor& grad_scale, const Tensor& found_inf = Tensor());
 
 }  // namespace amp::comm

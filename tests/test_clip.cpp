@@ -152,6 +152,67 @@ TEST(ClipGradNorm, GatheredChunkSumsAreTheWrittenVectors) {
                std::invalid_argument);
 }
 
+// The norm's read is also the loss scaler's check (GradScaler::check_inf_ with a fused pass): found_inf
+// is set exactly where check_finite, a separate pass, finds an element that is not finite unscaled,
+// in every dtype, flat and gathered; not where a finite element's square overflows the float32 sum
+// (so not read off the sums), nor is it reset.
+TEST(ClipGradNorm, ChunkSumsOfSquaresFindWhatCheckFiniteFinds) {
+  Backend& be = backend_for(kCPU);
+  struct Case {
+    const char* what;
+    double value, scale;  // x[3000] = value, the gradients scaled by scale
+  };
+  const Case cases[] = {{"inf", INFINITY, 1.0}, {"NaN", NAN, 1.0}, {"finite", 2.0, 1.0},
+                        {"finite scaled, inf unscaled", 3e38, 0.5}, {"a square past float32's range", 1e30, 1.0}};
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (const Case& c : cases) {
+      if (dt == DType::f16 && std::isfinite(c.value) && c.value > 65504) continue;  // not a half
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ": " + c.what);
+      Tensor x = scaled_gradient(DType::f64, 1.0, 5);
+      x.data<double>()[3000] = c.value;
+      x = x.to(dt);
+      const Tensor scale = full({1}, c.scale, DType::f32);
+      Tensor want = zeros({1}, DType::f32), found = zeros({1}, DType::f32), sums = zeros({5}, DType::f32);
+      be.check_finite({x}, scale, want, Tensor());
+      be.chunk_sums_of_squares(x, 1024, sums, scale, found);
+      EXPECT_EQ(found.to_vector(), want.to_vector());
+      Tensor plain = zeros({5}, DType::f32);
+      be.chunk_sums_of_squares(x, 1024, plain, scale);
+      EXPECT_TRUE(test::bitwise_equal(sums, plain)) << "the sums are unchanged by the check";
+      if (std::string(c.what) == "a square past float32's range" && dt != DType::f16) {
+        EXPECT_TRUE(std::isinf(sums.to_vector()[2])) << "the control: the chunk's float32 sum overflows";
+      }
+      // Gathered: the same vector in two pieces.
+      Tensor gfound = zeros({1}, DType::f32), gsums = zeros({5}, DType::f32);
+      const Tensor x32 = x.to(DType::f32);
+      be.chunk_sums_of_squares_gathered({x32.view(0, {2000}), x32.view(2000, {x.numel() - 2000})}, {0, 2000},
+                                        x.numel(), 1024, gsums, scale, gfound);
+      Tensor want32 = zeros({1}, DType::f32);
+      be.check_finite({x32}, scale, want32, Tensor());
+      EXPECT_EQ(gfound.to_vector(), want32.to_vector()) << "gathered";
+    }
+  }
+  Tensor set = full({1}, 1.0, DType::f32), sums = zeros({5}, DType::f32);
+  be.chunk_sums_of_squares(scaled_gradient(DType::f32, 1.0, 5), 1024, sums, Tensor(), set);
+  EXPECT_EQ(set.to_vector(), std::vector<double>{1.0}) << "never reset";
+}
+
+// The per-tensor flags after a fused check: nothing where found_inf says the pass found nothing
+// (the gradients are not read: an inf planted there goes unseen), check_finite's flags where it found.
+TEST(ClipGradNorm, NonfiniteFlagsOnlyWhereTheCheckFound) {
+  Backend& be = backend_for(kCPU);
+  Tensor a = full({300}, 1.0), b = full({5000}, 2.0), c = full({7}, 3.0);
+  b.data<float>()[4321] = INFINITY;
+  const Tensor scale = full({1}, 4.0, DType::f32);
+  Tensor flags = zeros({3}, DType::f32);
+  be.nonfinite_flags_if_found({a, b, c}, scale, zeros({1}, DType::f32), flags);
+  EXPECT_EQ(flags.to_vector(), (std::vector<double>{0, 0, 0}));
+  be.nonfinite_flags_if_found({a, b, c}, scale, full({1}, 1.0, DType::f32), flags);
+  EXPECT_EQ(flags.to_vector(), (std::vector<double>{0, 1, 0}));
+  EXPECT_THROW(be.nonfinite_flags_if_found({a, b, c}, scale, full({1}, 1.0, DType::f32), zeros({2}, DType::f32)),
+               std::invalid_argument);
+}
+
 TEST(ClipGradNorm, InfNormAndNonFinite) {
   Tensor a = zeros({3}).set_requires_grad(true), b = zeros({2}).set_requires_grad(true);
   a.set_grad(from_vector({1.0, -4.0, 2.0}, {3}));

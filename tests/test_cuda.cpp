@@ -1381,6 +1381,61 @@ TEST_F(CudaVsCpu, GatheredChunkSumsAreTheWrittenVectorsBitForBit) {
   EXPECT_THROW(gpu().chunk_sums_of_squares_gathered({a}, {0, 8}, 2048, 1024, out, Tensor()), std::invalid_argument);
 }
 
+// The norm's read as the loss scaler's check (GradScaler::check_inf_ with a fused pass): the GPU's
+// chunk sums set found_inf exactly where the CPU's check_finite finds an element that is not finite
+// unscaled, flat in every dtype and gathered (by the gathering kernel, and a chunk of too many pieces
+// that goes the default's way), and not for a finite element whose square overflows a chunk's float32 sum. The per-tensor
+// flags then: none where found_inf is 0 (the planted inf unread), the CPU's where it is set, the
+// dtypes interleaved.
+TEST_F(CudaVsCpu, ChunkSumsOfSquaresFindWhatTheCpuFinds) {
+  const double values[] = {kInf, kNaN, -kInf, 2.0, 1e30};
+  for (DType dt : kFloatTypes) {
+    for (double v : values) {
+      if (dt == DType::f16 && std::isfinite(v) && v > 65504) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(v));
+      Tensor x = random_cpu({5 * 1024 + 9}, dt, 61, -3, 3);
+      poke(x, 4000, v);
+      const Tensor scale = full({1}, 1024.0, DType::f32);
+      Tensor want = zeros({1});
+      cpu().check_finite({x}, scale, want, Tensor());
+      Tensor found = zeros({1}, DType::f32, kGPU), sums = zeros({6}, DType::f32, kGPU);
+      gpu().chunk_sums_of_squares(x.to(kGPU), 1024, sums, scale.to(kGPU), found);
+      EXPECT_EQ(found.item(), want.item());
+      EXPECT_EQ(want.item(), std::isfinite(v) ? 0.0 : 1.0) << "the control";
+    }
+  }
+  for (int64_t size : {9, 1}) {  // 300 pieces 10 apart (a launch a chunk), or single elements 3 apart (the default's way)
+    for (double v : values) {
+      SCOPED_TRACE("pieces of " + std::to_string(size) + " " + std::to_string(v));
+      std::vector<Tensor> pieces;
+      std::vector<int64_t> offsets;
+      for (int64_t i = 0; i < 300; ++i) {
+        pieces.push_back(random_cpu({size}, DType::f32, 70 + static_cast<uint64_t>(i), -3, 3));
+        offsets.push_back(size == 9 ? 10 * i : 3 * i);
+      }
+      poke(pieces[250], 0, v);
+      const int64_t n = offsets.back() + pieces.back().numel() + 5;
+      Tensor want = zeros({1});
+      cpu().check_finite(pieces, Tensor(), want, Tensor());
+      Tensor found = zeros({1}, DType::f32, kGPU), sums = zeros({(n + 1023) / 1024}, DType::f32, kGPU);
+      gpu().chunk_sums_of_squares_gathered(to_device(pieces, kGPU), offsets, n, 1024, sums, Tensor(), found);
+      EXPECT_EQ(found.item(), want.item());
+    }
+  }
+  std::vector<Tensor> c = {random_cpu({70000}, DType::f32, 91), random_cpu({333}, DType::bf16, 92),
+                           random_cpu({5000}, DType::f32, 93)};
+  poke(c[1], 7, kInf);
+  const std::vector<Tensor> g = to_device(c, kGPU);
+  Tensor flags = zeros({3}).to(kGPU);
+  gpu().nonfinite_flags_if_found(g, Tensor(), zeros({1}).to(kGPU), flags);
+  EXPECT_EQ(flags.to(kCPU).to_vector(), (std::vector<double>{0, 0, 0}));
+  gpu().nonfinite_flags_if_found(g, Tensor(), full({1}, 1.0, DType::f32, kGPU), flags);
+  Tensor cflags = zeros({3}), cf = zeros({1});
+  cpu().check_finite(c, Tensor(), cf, cflags);
+  EXPECT_EQ(flags.to(kCPU).to_vector(), cflags.to_vector());
+  EXPECT_EQ(cflags.to_vector(), (std::vector<double>{0, 1, 0})) << "the control";
+}
+
 TEST_F(CudaVsCpu, PerTensorNormsInOnePassAreEachTensorsOwnNorm) {
   for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
     for (int inject = 0; inject < 3; ++inject) {  // none, NaN, inf (in tensor 2 only)

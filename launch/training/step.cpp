@@ -176,10 +176,25 @@ Trainer::StepFigures Trainer::device_step() {
 
   // found_inf: a read-only check, and the optimizer's pass unscales each gradient as it reads it
   // (GradScaler::step after check_inf_); the norm over the buckets' chunks reads them unscaled too
-  // (chunked_sum_of_squares' grad_scale). The clamp (--clip-grad-value) and the multi-task model's
-  // norm read the gradients themselves: unscale_ first then (a read and a write of every gradient).
+  // (chunked_sum_of_squares' grad_scale), and where it is computed it is the check: one read of
+  // every gradient for both. The clamp (--clip-grad-value) and the multi-task model's norm read the
+  // gradients themselves: unscale_ first then (a read and a write of every gradient).
+  // The chunked norm (clipping, --log-grad-norm: a read of every gradient that PyTorch's loop does not
+  // pay for, asked only) over fixed chunks of the buckets, or of where the buckets would hold the
+  // gradients (one rank, one micro-batch: none), so that its bits depend neither on the ranks nor on
+  // ZeRO-1 (comm/chunked_norm.h). Under ZeRO-1 it is a collective: every rank computes it here,
+  // before the figures' collective, whether its scaler's check took it or not.
+  Tensor squares;  // the chunked norm's sum of squares
+  auto chunked_squares = [&](const Tensor& grad_scale, const Tensor& found_inf) {
+    if (reducer_->passthrough()) return comm::chunked_sum_of_squares_unbucketed(reducer_->plan(), params, grad_scale, found_inf);
+    return comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr, grad_scale, found_inf);
+  };
+  const bool chunked_norm = needs_grad_norm() && reducer_;
   if (cfg_.clip_grad_value > 0.0 || (needs_grad_norm() && !reducer_)) scaler_->unscale_(*opt_);
+  else if (chunked_norm)
+    scaler_->check_inf_(*opt_, [&](const Tensor& scale, const Tensor& found_inf) { squares = chunked_squares(scale, found_inf); });
   else scaler_->check_inf_(*opt_);
+  if (chunked_norm && !squares.defined()) squares = chunked_squares(scaler_->pending_scale(*opt_), Tensor());
   step_.flags = scaler_->nonfinite_per_tensor(*opt_);  // on a GPU: which gradients, for a skipped step's message
   // The names, made once: the gradients checked are the same every step (in the same order), save
   // where some parameter got none, which changes their count.
@@ -205,19 +220,11 @@ Trainer::StepFigures Trainer::device_step() {
     if (scaler_->is_enabled() && scaler_->found_inf_tensor(*opt_).item() != 0.0)
       step_.nonfinite = nonfinite_gradients(zero_->named_pieces(model().named_parameters()));
   }
-  // The norm (clipping, --log-grad-norm: a read of every gradient that PyTorch's loop does not pay
-  // for, asked only) over fixed chunks of the buckets, or of where the buckets would hold the
-  // gradients (one rank, one micro-batch: none), so that its bits depend neither on the ranks nor on
-  // ZeRO-1 (comm/chunked_norm.h); the multi-task model's, over its parameters, as PyTorch's.
+  // The norm: the chunked one's square root; the multi-task model's, over its parameters, as PyTorch's.
   Tensor grad_norm;
   NormClip clip;  // clipping by the norm in the optimizer's pass, unless the clamp reads the clipped gradients
   if (needs_grad_norm()) {
-    if (reducer_ && reducer_->passthrough())
-      grad_norm = sqrt(comm::chunked_sum_of_squares_unbucketed(reducer_->plan(), params, scaler_->pending_scale(*opt_)));
-    else if (reducer_)
-      grad_norm = sqrt(comm::chunked_sum_of_squares(reducer_->layout(), reducer_->buffers(), comm_, zero_ != nullptr,
-                                                    scaler_->pending_scale(*opt_)));
-    else grad_norm = get_total_norm(opt_->grads(), 2.0, false);
+    grad_norm = chunked_norm ? sqrt(squares) : get_total_norm(opt_->grads(), 2.0, false);
     if (cfg_.clip_grad_norm > 0.0 && cfg_.clip_grad_value > 0.0) clip_grads_with_norm_(opt_->params(), cfg_.clip_grad_norm, grad_norm);
     else if (cfg_.clip_grad_norm > 0.0) clip = {grad_norm.to(DType::f32).to(device_), cfg_.clip_grad_norm};
   }  // else: not computed, null in the metrics

@@ -44,14 +44,15 @@ void Backend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, cons
 }
 
 void Backend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
-                                             int64_t n, int64_t chunk, Tensor& out, const Tensor& scale) {
+                                             int64_t n, int64_t chunk, Tensor& out, const Tensor& scale,
+                                             const Tensor& found_inf) {
   check_gathered_pieces(pieces, offsets, n, out);
   Tensor flat = empty({n}, DType::f32, out.device());
   DeviceMemory& m = memory_for(out.device());
   m.fill(flat, 0.0);
   for (size_t i = 0; i < pieces.size(); ++i)
     m.copy(static_cast<float*>(flat.data_ptr()) + offsets[i], pieces[i].data_ptr(), pieces[i].nbytes());
-  chunk_sums_of_squares(flat, chunk, out, scale);
+  chunk_sums_of_squares(flat, chunk, out, scale, found_inf);
 }
 
 void Backend::attention_forward(const Tensor&, int64_t, double, Tensor&, Tensor&, FusedAttention) {

@@ -194,6 +194,12 @@ class Backend {
   // reset here): what unscale_and_check would find, per_tensor too. Read-only. An undefined scale means 1.
   virtual void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
                             const Tensor& per_tensor = Tensor()) = 0;
+  // check_finite's per_tensor where found_inf is already this pass's verdict on xs, found by a pass that
+  // read them anyway (chunk_sums_of_squares' found_inf, the gradient norm's): where it is 0, xs are not
+  // read and per_tensor is left as it is; where it is set, per_tensor gets check_finite's flags.
+  // found_inf is only read (on a GPU, by the kernel: no host read).
+  virtual void nonfinite_flags_if_found(const std::vector<Tensor>& xs, const Tensor& scale, const Tensor& found_inf,
+                                        const Tensor& per_tensor) = 0;
   // Optimizer steps; a defined found_inf that is nonzero makes them leave everything untouched.
   // step_count is a 1-element f32 tensor, incremented only when the step is taken. A defined
   // grad_scale (1-element f32) means the gradients are still scaled: each is multiplied by
@@ -226,7 +232,11 @@ class Backend {
   // scale (a 1-element f32 on x's device, or undefined: 1): x still carries a loss scale, and the
   // squares are those of x as unscale_and_check would leave it (each element times inverse_scale,
   // stored in x's dtype): the sums are bit for bit those of the unscaled x, and x is not written.
-  virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) = 0;
+  // found_inf (a 1-element f32 on x's device, or undefined): set to 1 where an unscaled element is inf
+  // or NaN, as check_finite would (never reset here), in the same read of x: with it, the norm's pass
+  // is also the loss scaler's check (GradScaler::check_inf_ with a fused pass).
+  virtual void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale,
+                                     const Tensor& found_inf = Tensor()) = 0;
   // The same over a float32 vector of n elements that is not stored: pieces[i] (float32, on out's
   // device) at [offsets[i], offsets[i] + pieces[i].numel()), the offsets ascending and the pieces
   // apart within [0, n), zeros elsewhere. out gets what chunk_sums_of_squares adds for that vector,
@@ -234,7 +244,8 @@ class Backend {
   // one rank, one micro-batch; comm/chunked_norm.h). This default writes the vector, a temporary of n
   // elements; the CUDA backend reads each element where it lies.
   virtual void chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
-                                              int64_t n, int64_t chunk, Tensor& out, const Tensor& scale);
+                                              int64_t n, int64_t chunk, Tensor& out, const Tensor& scale,
+                                              const Tensor& found_inf = Tensor());
   // xs *= math::clip_coefficient(total_norm, max_norm), with total_norm a 1-element device tensor.
   virtual void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) = 0;
   virtual void clamp(const std::vector<Tensor>& xs, double lo, double hi) = 0;

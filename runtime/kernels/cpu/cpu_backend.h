@@ -45,6 +45,8 @@ class CpuBackend final : public Backend {
                          const Tensor& per_tensor = Tensor()) override;
   void check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
                     const Tensor& per_tensor = Tensor()) override;
+  void nonfinite_flags_if_found(const std::vector<Tensor>& xs, const Tensor& scale, const Tensor& found_inf,
+                                const Tensor& per_tensor) override;
   void update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) override;
   void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& momentum_bufs, Tensor& step_count, const SgdHyper& h,
@@ -57,7 +59,8 @@ class CpuBackend final : public Backend {
                  const Tensor& lr = Tensor(), const NormClip& clip = NormClip()) override;
   void norm_accumulate(const std::vector<Tensor>& xs, double p, Tensor& out) override;
   void norm_accumulate_each(const std::vector<Tensor>& xs, double p, Tensor& out) override;
-  void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) override;
+  void chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale,
+                             const Tensor& found_inf = Tensor()) override;
   void clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) override;
   void clamp(const std::vector<Tensor>& xs, double lo, double hi) override;
 };

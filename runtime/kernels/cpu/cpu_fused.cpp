@@ -207,6 +207,15 @@ void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale
   if (any) found_inf.data<float>()[0] = 1.0f;
 }
 
+void CpuBackend::nonfinite_flags_if_found(const std::vector<Tensor>& xs, const Tensor& scale, const Tensor& found_inf,
+                                          const Tensor& per_tensor) {
+  require_f32(found_inf, "found_inf");
+  check_per_tensor(per_tensor, xs.size());
+  if (found_inf.data<float>()[0] == 0.0f || !per_tensor.defined()) return;
+  Tensor found = found_inf;
+  check_finite(xs, scale, found, per_tensor);
+}
+
 void CpuBackend::update_scale(Tensor& scale, Tensor& tracker, const Tensor& found_inf, const ScaleUpdateHyper& h) {
   require_f32(scale, "scale");
   if (tracker.dtype() != DType::i64 || tracker.numel() != 2)
@@ -322,23 +331,37 @@ void CpuBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, T
 
 // Each chunk's sum is norm_accumulate_each's on the chunk's view (unscaled), bit for bit: a chunk
 // below the parallel grain is one lane sum (unscaled_squares_range, norm_range's p = 2), added to 0.0
-// (and to the other threads' zero partials there).
-void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) {
+// (and to the other threads' zero partials there). found_inf: a chunk holds an element that is not
+// finite unscaled exactly when its sum is not finite (squares of finite floats, halves or bfloat16s
+// cannot reach double's overflow; an inf or NaN makes the sum inf or NaN), and then the chunk is read
+// again by check_finite's test, which also decides for double elements.
+void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale,
+                                       const Tensor& found_inf) {
   if (chunk < 1 || chunk > cpu::kParallelGrain) throw std::invalid_argument("chunk_sums_of_squares: a chunk of " + std::to_string(chunk));
   const long n = static_cast<long>(x.numel()), c = static_cast<long>(chunk), chunks = (n + c - 1) / c;
   if (out.dtype() != DType::f32 || out.numel() != chunks)
     throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
   if (scale.defined() && (scale.dtype() != DType::f32 || scale.numel() != 1 || !scale.device().is_cpu()))
     throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor on the CPU");
+  if (found_inf.defined()) require_f32(found_inf, "found_inf");
   const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
   float* o = out.data<float>();
+  int bad = 0;
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     const T* d = x.data<T>();
     cpu::parallel_chunks(chunks, [&](long b, long e) {
-      for (long k = b; k < e; ++k)
-        o[k] += static_cast<float>(0.0 + unscaled_squares_range(d + k * c, std::min(c, n - k * c), inv));
+      int found = 0;
+      for (long k = b; k < e; ++k) {
+        const long len = std::min(c, n - k * c);
+        const double sum = unscaled_squares_range(d + k * c, len, inv);
+        o[k] += static_cast<float>(0.0 + sum);
+        if (!std::isfinite(sum)) found |= nonfinite_range(d + k * c, len, inv);
+      }
+#pragma omp atomic
+      bad |= found;
     }, std::max(1L, cpu::kParallelGrain / c));
   });
+  if (bad != 0 && found_inf.defined()) found_inf.data<float>()[0] = 1.0f;
 }
 
 void CpuBackend::clip_by_norm(const std::vector<Tensor>& xs, const Tensor& total_norm, double max_norm) {

@@ -66,18 +66,23 @@ struct NormOp {
 
 // One block per chunk of x: out[k] += the sum of squares of x's chunk k, in double (the gradient
 // norm's fixed chunks, comm/chunked_norm.h). scale (null: 1): each element is first unscaled as
-// UnscaleOp would store it, so the sums are those of the unscaled x.
+// UnscaleOp would store it, so the sums are those of the unscaled x. found_inf (null: not asked):
+// set to 1 where an element is not finite unscaled, CheckFiniteOp's test, in the same read.
 template <class T>
 __global__ void chunk_squares_kernel(const T* __restrict__ x, int64_t n, int64_t chunk, const float* __restrict__ scale,
-                                     float* __restrict__ out) {
+                                     float* __restrict__ out, float* found_inf) {
   const int64_t k = blockIdx.x, begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
   const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
   double acc = 0.0;
+  bool bad = false;
   for (int64_t i = begin + static_cast<int64_t>(threadIdx.x); i < end; i += blockDim.x) {
-    const T u = DevElem<T>::store(math::unscale_element(DevElem<T>::load(x[i]), inv));
+    const auto v = DevElem<T>::load(x[i]);
+    bad |= math::unscaled_is_nonfinite(v, inv);
+    const T u = DevElem<T>::store(math::unscale_element(v, inv));
     const double a = static_cast<double>(DevElem<T>::load(u));
     acc += a * a;
   }
+  if (bad && found_inf != nullptr) *found_inf = 1.0f;  // every writer stores the same value
   acc = block_reduce(acc, SumOp{});
   if (threadIdx.x == 0) out[k] += static_cast<float>(acc);
 }
@@ -93,18 +98,21 @@ struct GatherPieces {
   int count;
 };
 __global__ void chunk_squares_gather_kernel(GatherPieces p, int64_t first_chunk, int64_t n, int64_t chunk,
-                                            const float* __restrict__ scale, float* __restrict__ out) {
+                                            const float* __restrict__ scale, float* __restrict__ out, float* found_inf) {
   const int64_t k = first_chunk + blockIdx.x, begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
   const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
   double acc = 0.0;
+  bool bad = false;
   int j = 0;  // the first piece that ends after i (i only grows)
   for (int64_t i = begin + static_cast<int64_t>(threadIdx.x); i < end; i += blockDim.x) {
     while (j < p.count && p.end[j] <= i) ++j;
     const float x = j < p.count && p.begin[j] <= i ? p.ptr[j][i - p.begin[j]] : 0.0f;
+    bad |= math::unscaled_is_nonfinite(DevElem<float>::load(x), inv);
     const float u = DevElem<float>::store(math::unscale_element(DevElem<float>::load(x), inv));
     const double a = static_cast<double>(DevElem<float>::load(u));
     acc += a * a;
   }
+  if (bad && found_inf != nullptr) *found_inf = 1.0f;
   acc = block_reduce(acc, SumOp{});
   if (threadIdx.x == 0) out[blockIdx.x] += static_cast<float>(acc);
 }
@@ -159,15 +167,20 @@ struct ClampOp {
 
 template <class T>
 struct CheckFiniteOp {
-  float* found_inf;
+  float* found_inf;      // null: only the flags (nonfinite_flags_if_found)
   const float* scale;    // null: 1
   double* block_flags;   // null: not asked for; else 1 or 0 per block (fold_block_flags)
+  const float* only_if;  // null: always; else x is read only where *only_if is set (block flag 0 otherwise)
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t block) const {
+    if (only_if != nullptr && *only_if == 0.0f) {  // the same for every thread of the block
+      if (threadIdx.x == 0) block_flags[block] = 0.0;
+      return;
+    }
     const T* x = static_cast<const T*>(p[0]);
     const float inv = scale != nullptr ? math::inverse_scale(*scale) : 1.0f;
     bool bad = false;
     AMP_MT_LOOP(i, begin, end) { bad = bad || math::unscaled_is_nonfinite(DevElem<T>::load(x[i]), inv); }
-    if (bad) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
+    if (bad && found_inf != nullptr) *found_inf = 1.0f;  // every writer stores the same value, so the race is benign
     write_block_flag(block_flags, block, bad);
   }
 };
@@ -279,7 +292,19 @@ void CudaBackend::norm_accumulate_each(const std::vector<Tensor>& xs, double p, 
   norm_partials_and_finish(xs, p, partial.as<double>(), ranges, out.data<float>());
 }
 
-void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale) {
+namespace {
+// found_inf's pointer for the chunk kernels (null: undefined), checked.
+float* found_inf_arg(const Tensor& found_inf, const char* what) {
+  if (!found_inf.defined()) return nullptr;
+  require_cuda(found_inf, what);
+  if (found_inf.dtype() != DType::f32 || found_inf.numel() != 1)
+    throw std::invalid_argument(std::string(what) + " must be a 1-element float32 tensor");
+  return found_inf.data<float>();
+}
+}  // namespace
+
+void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& out, const Tensor& scale,
+                                        const Tensor& found_inf) {
   require_cuda(x, "chunk_sums_of_squares: input");
   require_cuda(out, "chunk_sums_of_squares: output");
   if (scale.defined()) {
@@ -293,12 +318,13 @@ void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& 
     throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
   if (chunks == 0) return;
   if (chunks > 0x7fffffff) throw std::invalid_argument("chunk_sums_of_squares: more than 2^31-1 chunks");
+  float* found = found_inf_arg(found_inf, "chunk_sums_of_squares: found_inf");
   Context& ctx = context();
   dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     declare_launch_cost(n * static_cast<int64_t>(sizeof(T)) + chunks * 4 + (scale.defined() ? 4 : 0), chunks * 4,
                         (scale.defined() ? 3 : 2) * n);
     AMP_LAUNCH(static_cast<unsigned>(chunks), 256, 0, ctx.stream(), chunk_squares_kernel<T>)(
-        x.data<T>(), n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>());
+        x.data<T>(), n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>(), found);
     AMP_CUDA_CHECK_LAUNCH();
   });
 }
@@ -308,8 +334,10 @@ void CudaBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& 
 // written into a temporary of one chunk, whose sum is the same (each thread reads the same elements
 // in the same order, counted from the chunk's start).
 void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
-                                                 int64_t n, int64_t chunk, Tensor& out, const Tensor& scale) {
+                                                 int64_t n, int64_t chunk, Tensor& out, const Tensor& scale,
+                                                 const Tensor& found_inf) {
   require_cuda(out, "chunk_sums_of_squares_gathered: output");
+  float* found = found_inf_arg(found_inf, "chunk_sums_of_squares_gathered: found_inf");
   check_gathered_pieces(pieces, offsets, n, out);
   if (scale.defined()) {
     require_cuda(scale, "chunk_sums_of_squares_gathered: scale");
@@ -352,7 +380,7 @@ void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& piec
         at.push_back(b - lo);
       }
       Tensor one = out.view(c0, {1});
-      Backend::chunk_sums_of_squares_gathered(parts, at, hi - lo, chunk, one, scale);
+      Backend::chunk_sums_of_squares_gathered(parts, at, hi - lo, chunk, one, scale, found_inf);
       c0 += 1;
       continue;
     }
@@ -370,7 +398,7 @@ void CudaBackend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& piec
     declare_launch_cost(bytes + (c1 - c0) * 4 + (scale.defined() ? 4 : 0), (c1 - c0) * 4,
                         (scale.defined() ? 3 : 2) * (hi - lo));
     AMP_LAUNCH(static_cast<unsigned>(c1 - c0), 256, 0, ctx.stream(), chunk_squares_gather_kernel)(
-        p, c0, n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>() + c0);
+        p, c0, n, chunk, scale.defined() ? scale.data<float>() : nullptr, out.data<float>() + c0, found);
     AMP_CUDA_CHECK_LAUNCH();
     c0 = c1;
   }
@@ -393,12 +421,10 @@ void CudaBackend::clamp(const std::vector<Tensor>& xs, double lo, double hi) {
   });
 }
 
-void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
-                               const Tensor& per_tensor) {
-  if (xs.empty()) return;
-  check_per_tensor(per_tensor, xs.size());
-  require_cuda(found_inf, "found_inf");
-  if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
+namespace {
+// check_finite and nonfinite_flags_if_found: found (null: not written), only_if (null: always).
+void check_finite_pass(const std::vector<Tensor>& xs, const Tensor& scale, float* found, const Tensor& per_tensor,
+                       const float* only_if) {
   if (scale.defined()) {
     require_cuda(scale, "scale");
     if (scale.dtype() != DType::f32 || scale.numel() != 1) throw std::invalid_argument("scale must be a 1-element float32 tensor");
@@ -409,16 +435,38 @@ void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scal
     require_cuda(per_tensor, "per-tensor flags");
     flags.emplace(sizeof(double) * static_cast<size_t>(std::max<int64_t>(1, block_flag_count(xs))));
   }
+  // Where only_if is given, what a step that found nothing costs: each block reads it and writes its flag.
+  const MtCost cost = only_if != nullptr ? MtCost{0, 0, 0, 8, 4} : MtCost{0, 0, 2, flags ? 8 : 0};
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
     double* block_flags = flags ? flags->as<double>() + offset : nullptr;
+    MtCost c = cost;
+    if (only_if == nullptr) c.read = static_cast<int64_t>(sizeof(T));
     multi_tensor_apply<1>(ptrs, numels,
-                          CheckFiniteOp<T>{found_inf.data<float>(), scale.defined() ? scale.data<float>() : nullptr, block_flags},
-                          MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, flags ? 8 : 0});
+                          CheckFiniteOp<T>{found, scale.defined() ? scale.data<float>() : nullptr, block_flags, only_if}, c);
     offset += multi_tensor_block_count(numels, kChunkSize);
   });
   if (flags) fold_block_flags(xs, flags->as<double>(), per_tensor.data<float>());
+}
+}  // namespace
+
+void CudaBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale, Tensor& found_inf,
+                               const Tensor& per_tensor) {
+  if (xs.empty()) return;
+  check_per_tensor(per_tensor, xs.size());
+  require_cuda(found_inf, "found_inf");
+  if (found_inf.dtype() != DType::f32) throw std::invalid_argument("found_inf must be float32");
+  check_finite_pass(xs, scale, found_inf.data<float>(), per_tensor, nullptr);
+}
+
+void CudaBackend::nonfinite_flags_if_found(const std::vector<Tensor>& xs, const Tensor& scale, const Tensor& found_inf,
+                                           const Tensor& per_tensor) {
+  check_per_tensor(per_tensor, xs.size());
+  const float* only_if = found_inf_arg(found_inf, "found_inf");
+  if (only_if == nullptr) throw std::invalid_argument("nonfinite_flags_if_found: found_inf is undefined");
+  if (xs.empty() || !per_tensor.defined()) return;
+  check_finite_pass(xs, scale, nullptr, per_tensor, only_if);
 }
 
 int64_t block_flag_count(const std::vector<Tensor>& xs) {

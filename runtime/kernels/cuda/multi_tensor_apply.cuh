@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(512) multi_tensor_kernel(TensorListMeta<Depth>
 // writes per block (a partial result): each launch declares its own elements' share for the launch
 // log (declare_launch_cost, launch.cuh).
 struct MtCost {
-  int64_t read = 0, written = 0, flops = 0, written_per_block = 0;
+  int64_t read = 0, written = 0, flops = 0, written_per_block = 0, read_per_block = 0;
 };
 
 // The launches of one plan, in chunks of `chunk` elements; each block's index among all of them is
@@ -76,7 +76,7 @@ void launch_plan(const std::vector<std::array<void*, Depth>>& ptrs, const std::v
     meta.block_base = base;
     meta.chunk = chunk;
     const auto blocks = static_cast<unsigned>(launch.block_slot.size());
-    declare_launch_cost(elements * cost.read, elements * cost.written + blocks * cost.written_per_block,
+    declare_launch_cost(elements * cost.read + blocks * cost.read_per_block, elements * cost.written + blocks * cost.written_per_block,
                         elements * cost.flops);
     AMP_LAUNCH(blocks, 512, 0, ctx.stream(), multi_tensor_kernel<Depth, Op>)(meta, op);
     AMP_CUDA_CHECK_LAUNCH();
