@@ -163,10 +163,12 @@ TEST(ClipGradNorm, ChunkSumsOfSquaresFindWhatCheckFiniteFinds) {
     double value, scale;  // x[3000] = value, the gradients scaled by scale
   };
   const Case cases[] = {{"inf", INFINITY, 1.0}, {"NaN", NAN, 1.0}, {"finite", 2.0, 1.0},
-                        {"finite scaled, inf unscaled", 3e38, 0.5}, {"a square past float32's range", 1e30, 1.0}};
+                        {"finite scaled, inf unscaled", 3e38, 0.5}, {"a square past float32's range", 1e30, 1.0},
+                        {"a square past double's range", 1e200, 1.0}};
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     for (const Case& c : cases) {
       if (dt == DType::f16 && std::isfinite(c.value) && c.value > 65504) continue;  // not a half
+      if (dt != DType::f64 && c.value > 1e100) continue;  // only a double holds it
       SCOPED_TRACE(std::string(dtype_name(dt)) + ": " + c.what);
       Tensor x = scaled_gradient(DType::f64, 1.0, 5);
       x.data<double>()[3000] = c.value;
@@ -176,6 +178,9 @@ TEST(ClipGradNorm, ChunkSumsOfSquaresFindWhatCheckFiniteFinds) {
       be.check_finite({x}, scale, want, Tensor());
       be.chunk_sums_of_squares(x, 1024, sums, scale, found);
       EXPECT_EQ(found.to_vector(), want.to_vector());
+      if (c.scale == 1.0) {
+        EXPECT_EQ(want.to_vector()[0], std::isfinite(c.value) ? 0.0 : 1.0) << "the control";
+      }
       Tensor plain = zeros({5}, DType::f32);
       be.chunk_sums_of_squares(x, 1024, plain, scale);
       EXPECT_TRUE(test::bitwise_equal(sums, plain)) << "the sums are unchanged by the check";

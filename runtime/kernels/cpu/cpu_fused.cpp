@@ -343,7 +343,8 @@ void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& o
     throw std::invalid_argument("chunk_sums_of_squares: expected float32 out of " + std::to_string(chunks) + " elements");
   if (scale.defined() && (scale.dtype() != DType::f32 || scale.numel() != 1 || !scale.device().is_cpu()))
     throw std::invalid_argument("chunk_sums_of_squares: scale must be a 1-element float32 tensor on the CPU");
-  if (found_inf.defined()) require_f32(found_inf, "found_inf");
+  if (found_inf.defined() && (found_inf.dtype() != DType::f32 || found_inf.numel() != 1 || !found_inf.device().is_cpu()))
+    throw std::invalid_argument("chunk_sums_of_squares: found_inf must be a 1-element float32 tensor on the CPU");
   const float inv = scale.defined() ? math::inverse_scale(scale.data<float>()[0]) : 1.0f;
   float* o = out.data<float>();
   int bad = 0;
@@ -355,7 +356,7 @@ void CpuBackend::chunk_sums_of_squares(const Tensor& x, int64_t chunk, Tensor& o
         const long len = std::min(c, n - k * c);
         const double sum = unscaled_squares_range(d + k * c, len, inv);
         o[k] += static_cast<float>(0.0 + sum);
-        if (!std::isfinite(sum)) found |= nonfinite_range(d + k * c, len, inv);
+        if (found_inf.defined() && !std::isfinite(sum)) found |= nonfinite_range(d + k * c, len, inv);
       }
 #pragma omp atomic
       bad |= found;

@@ -173,7 +173,7 @@ struct CheckFiniteOp {
   const float* only_if;  // null: always; else x is read only where *only_if is set (block flag 0 otherwise)
   __device__ void operator()(void* const* p, int64_t begin, int64_t end, int64_t block) const {
     if (only_if != nullptr && *only_if == 0.0f) {  // the same for every thread of the block
-      if (threadIdx.x == 0) block_flags[block] = 0.0;
+      if (threadIdx.x == 0 && block_flags != nullptr) block_flags[block] = 0.0;
       return;
     }
     const T* x = static_cast<const T*>(p[0]);
@@ -435,7 +435,8 @@ void check_finite_pass(const std::vector<Tensor>& xs, const Tensor& scale, float
     require_cuda(per_tensor, "per-tensor flags");
     flags.emplace(sizeof(double) * static_cast<size_t>(std::max<int64_t>(1, block_flag_count(xs))));
   }
-  // Where only_if is given, what a step that found nothing costs: each block reads it and writes its flag.
+  // Where only_if is given, what a step that found nothing costs (each block reads it and writes its
+  // flag): the launch log's figure; a skipped step reads every gradient besides.
   const MtCost cost = only_if != nullptr ? MtCost{0, 0, 0, 8, 4} : MtCost{0, 0, 2, flags ? 8 : 0};
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
