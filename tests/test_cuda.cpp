@@ -1905,6 +1905,54 @@ TEST_F(CudaVsCpu, MultiTensorOpsRefuseNonFloatingTensors) {
 
 // --- the transformer primitives
 
+// The embedding's rows added into a gradient another use made first (a tied classifier's): each
+// named row's sum rounded as the zeroed table would hold it, then added: the bits of embedding_backward
+// into zeros then add(), in every dtype (16-bit ones round twice). In a tied model (GPT's wte: autocast's
+// bf16 copy made first, or by the classifier; fp16's, its gradient cast where it is taken) the zeroed table and the engine's add are gone: the
+// backward launches one kernel fewer than with two tables (no fill; two tables need no add), where
+// the engine's add would make it one more, and the gradient is the two tables' added, bit for bit.
+TEST_F(CudaVsCpu, EmbeddingRowsAddIntoATiedClassifiersGradient) {
+  for (DType dt : kFloatTypes) {
+    const int64_t V = 40, C = 37, N = 300;
+    std::vector<int64_t> ix(static_cast<size_t>(N));
+    for (size_t i = 0; i < ix.size(); ++i) ix[i] = static_cast<int64_t>((i * i * 7 + 3) % static_cast<size_t>(V));
+    const Tensor idx = from_int64(ix, {N}, kGPU), g = random_cpu({N, C}, dt, 64).to(kGPU);
+    const Tensor so_far = random_cpu({V, C}, dt, 65).to(kGPU);
+    Tensor zeroed = zeros({V, C}, dt, kGPU), fused = so_far.clone();
+    gpu().embedding_backward(g, idx, zeroed);
+    gpu().embedding_backward_add(g, idx, fused);
+    EXPECT_TRUE(test::bitwise_equal(fused.to(kCPU), add(so_far, zeroed).to(kCPU))) << dtype_name(dt);
+  }
+  const auto launches = [] { return emulated_device_counters() ? emulated_device_counters()->launches : 0; };
+  const Tensor table = random_cpu({50, 16}, DType::f32, 66), probe = random_cpu({24, 50}, DType::f32, 67).to(kGPU);
+  const Tensor x0 = random_cpu({2, 16}, DType::f32, 68).to(kGPU);
+  std::vector<int64_t> ix;
+  for (int64_t i = 0; i < 24; ++i) ix.push_back((i * 5) % 17);
+  const Tensor idx = from_int64(ix, {24}, kGPU);
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool copy_first = mode != 1;
+    const DType amp = mode == 2 ? DType::f16 : DType::bf16;
+    SCOPED_TRACE(std::string(dtype_name(amp)) + (copy_first ? ": the copy made first" : ": the copy made by the classifier"));
+    auto backward_launches = [&](const Tensor& emb_w, const Tensor& cls_w) {
+      autocast ac(DeviceType::cuda, amp, true, true, CastLists::cuda);
+      if (copy_first) (void)linear(x0, cls_w, Tensor());
+      const Tensor logits = linear(mul(embedding(emb_w, idx), 2.0), cls_w, Tensor());
+      const Tensor loss = sum(mul(logits.to(DType::f32), probe));
+      const int64_t before = launches();
+      loss.backward();
+      return launches() - before;
+    };
+    const Tensor w = table.to(kGPU).set_requires_grad(true);
+    const int64_t tied = backward_launches(w, w);
+    const Tensor w1 = table.to(kGPU).set_requires_grad(true), w2 = table.to(kGPU).set_requires_grad(true);
+    const int64_t apart = backward_launches(w1, w2);
+    EXPECT_TRUE(test::bitwise_equal(w.grad().to(kCPU), add(w1.grad(), w2.grad()).to(kCPU)));
+    if (emulated_device_counters()) {
+      EXPECT_EQ(tied, apart - 1);
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, EmbeddingAndItsScatterAddBackward) {
   // {vocab, columns, indices, index pattern}: repeats spread over the sorted positions; few rows in
   // long runs that cross many of the backward's chunks of sorted positions (the emulated GPU's 2

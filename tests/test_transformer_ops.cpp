@@ -360,6 +360,40 @@ TEST(TransformerOps, EmbeddingPicksRowsAndRefusesBadIndices) {
   EXPECT_THROW(embedding(w, rnd({2}, 1)), std::invalid_argument);
 }
 
+// A table read by an embedding and by a classifier (GPT's tied wte): the embedding's backward adds its
+// rows into the classifier's gradient, taken on its way to the table (at the table's accumulator, or at
+// autocast's bf16 copy of the table, whose backward runs after the embedding's when the copy was made
+// first, as GPT's are), instead of a zeroed table that the engine then adds to it. Bit for bit the
+// two tables' gradients made apart and added, in fp32 without autocast, under bf16 autocast (the copy
+// made before the embedding or by the classifier) and under fp16 autocast (the classifier's fp16
+// gradient cast where it is taken); and the backend's add beside a control.
+TEST(TransformerOps, ATiedEmbeddingAddsItsRowsIntoTheClassifiersGradient) {
+  const int64_t rows = 11, C = 8, N = 9;
+  const Tensor table = rnd({rows, C}, 111, -1, 1, DType::f32), probe = rnd({N, rows}, 112, -1, 1, DType::f32);
+  const Tensor x0 = rnd({2, C}, 113, -1, 1, DType::f32), idx = from_int64({3, 0, 3, 10, 7, 3, 0, 5, 9}, {N});
+  // fp32; bf16, the copy made first; bf16, the copy made by the classifier; fp16 (its gradient cast), first
+  for (int mode = 0; mode < 4; ++mode) {
+    auto run = [&](const Tensor& emb_w, const Tensor& cls_w) {
+      autocast ac(DeviceType::cpu, mode == 3 ? DType::f16 : DType::bf16, mode > 0, true, CastLists::cuda);
+      if (mode == 1 || mode == 3) (void)linear(x0, cls_w, Tensor());  // autocast's copy of cls_w, made (and cached) first
+      const Tensor logits = linear(mul(embedding(emb_w, idx), 2.0), cls_w, Tensor());
+      sum(mul(logits.to(DType::f32), probe)).backward();
+    };
+    const Tensor w = table.clone().set_requires_grad(true);
+    run(w, w);
+    const Tensor w1 = table.clone().set_requires_grad(true), w2 = table.clone().set_requires_grad(true);
+    run(w1, w2);
+    EXPECT_TRUE(test::bitwise_equal(w.grad(), add(w1.grad(), w2.grad()))) << "mode " << mode;
+  }
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    const Tensor g = rnd({N, C}, 114, -1, 1, dt), so_far = rnd({rows, C}, 115, -1, 1, dt);
+    Tensor zeroed = zeros({rows, C}, dt), acc = so_far.clone();
+    backend_for(kCPU).embedding_backward(g, idx, zeroed);
+    backend_for(kCPU).embedding_backward_add(g, idx, acc);
+    EXPECT_TRUE(test::bitwise_equal(acc, add(so_far, zeroed))) << dtype_name(dt);
+  }
+}
+
 TEST(TransformerOps, DropoutIsSeededByCounterAndKeepsTheExpectation) {
   const Tensor x = ones({100000}, DType::f32);
   const std::vector<double> a = dropout(x, 0.25, 5, 0).to_vector(), b = dropout(x, 0.25, 5, 0).to_vector();

@@ -43,6 +43,13 @@ void Backend::linear_input_grad_gelu_tanh(const Tensor& g, const Tensor& w, cons
   binary(BinaryOp::gelu_tanh_backward, product, pre, dpre);
 }
 
+void Backend::embedding_backward_add(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) {
+  Tensor rows = empty(grad_weight.shape(), grad_weight.dtype(), grad_weight.device());
+  memory_for(rows.device()).fill(rows, 0.0);
+  embedding_backward(grad, idx, rows);
+  binary(BinaryOp::add, grad_weight, rows, grad_weight);
+}
+
 void Backend::chunk_sums_of_squares_gathered(const std::vector<Tensor>& pieces, const std::vector<int64_t>& offsets,
                                              int64_t n, int64_t chunk, Tensor& out, const Tensor& scale,
                                              const Tensor& found_inf) {

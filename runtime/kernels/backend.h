@@ -81,6 +81,12 @@ class Backend {
   virtual void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) = 0;
   // grad_weight[idx[n], :] += grad[n, :] for n in order (deterministic); out-of-range rows are skipped.
   virtual void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) = 0;
+  // grad_weight += what embedding_backward writes into zeros, with add()'s numbers: where grad_weight
+  // already holds a gradient (a tied classifier's: autograd's take_leaf_gradient_so_far). This default
+  // makes that zeroed gradient and adds it; the CUDA backend adds each named row's sum into its row
+  // once (no [V, C] temporary, no pass over the rows no index names): the same bits, save that a row
+  // no index names keeps a -0 where the add would write +0.
+  virtual void embedding_backward_add(const Tensor& grad, const Tensor& idx, Tensor& grad_weight);
   // Over the last dim C of x [rows, C]: y = (x - mean) * rstd * w + b, with mean and rstd (f32
   // [rows]) saved for the backward; statistics in double. w, b: [C], x's dtype.
   virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,

@@ -64,6 +64,42 @@ Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   return taken;
 }
 
+Tensor take_leaf_gradient_so_far(const Tensor& leaf, DType dtype) {
+  const Applying& a = t_applying;
+  if (a.node == nullptr || !t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf()) return Tensor();
+  const std::shared_ptr<Node> acc = leaf.impl()->grad_accumulator.lock();
+  if (!acc) return Tensor();
+  // A cast's gradient may be of another dtype: the cast's backward (to `dtype`) is then made here.
+  auto usable = [&](const Tensor& buf, bool at_cast) {
+    const bool private_buffer = buf.defined() && buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
+    return private_buffer && (buf.dtype() == dtype || (at_cast && is_floating(buf.dtype()))) &&
+           buf.shape() == leaf.shape() && buf.device() == leaf.device() && !buf.requires_grad();
+  };
+  // The accumulator's own first: what reached the leaf already, to which the engine would add this
+  // op's gradient next. Else the latest cast's (the engine runs the later nodes first): the sum is
+  // then the engine's, in the order it would make it. Never a choice left to the map's order.
+  auto chosen = a.buffers->find(acc.get());
+  if (chosen != a.buffers->end() && !usable(chosen->second, false)) return Tensor();
+  if (chosen == a.buffers->end()) {
+    for (auto it = a.buffers->begin(); it != a.buffers->end(); ++it) {
+      const auto* cast = dynamic_cast<const CastNode*>(it->first);
+      if (cast == nullptr || cast->from() != dtype || cast->next.size() != 1 || cast->next[0] != acc ||
+          !usable(it->second, true))
+        continue;
+      if (chosen == a.buffers->end() || it->first->sequence_nr > chosen->first->sequence_nr) chosen = it;
+    }
+  }
+  if (chosen == a.buffers->end()) return Tensor();
+  Tensor taken = std::move(chosen->second);
+  a.buffers->erase(chosen);
+  if (taken.dtype() != dtype) {  // fp16's classifier gradient: the cast's backward, into a tensor of ours
+    Tensor wide = empty(taken.shape(), dtype, taken.device());
+    backend_for(taken.device()).cast(taken, wide);
+    return wide;
+  }
+  return taken;
+}
+
 Tensor take_grad_destination(const Tensor& leaf, DType dtype) {
   if (!t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf() || leaf.grad().defined())
     return Tensor();

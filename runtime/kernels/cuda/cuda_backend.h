@@ -47,6 +47,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) override;
   void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) override;
+  void embedding_backward_add(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y, Tensor& mean,
                   Tensor& rstd) override;
   void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,

@@ -48,6 +48,14 @@ __global__ void embedding_backward_kernel(const T* g, const int64_t* idx, int64_
   }
 }
 
+// A row's sum added to its row once, with the numbers of embedding_backward into zeros then add():
+// the sum stored as the zeroed row would hold it (rounded to T), then added (rounded again).
+template <class T, class C>
+__device__ __forceinline__ void add_row_sum(T& dst, C sum) {
+  const T once = DevElem<T>::store(static_cast<C>(0) + sum);
+  dst = DevElem<T>::store(static_cast<C>(DevElem<T>::load(dst)) + static_cast<C>(DevElem<T>::load(once)));
+}
+
 // Above this many indices the embedding's gradient takes the row-order kernel above: the sort below
 // compares every pair (2^32 comparisons at the limit, about a millisecond on an H100).
 constexpr int64_t kSortedEmbeddingMax = int64_t{1} << 16;
@@ -107,8 +115,7 @@ __global__ void __launch_bounds__(kColTile * kRunWarps)
     } else if (e == p1 && p1 < n && embedding_key(idx[order[p1]], vocab) == v) {
       tail[k * cols + col] = acc;
     } else {
-      T& dst = gw[v * cols + col];
-      dst = DevElem<T>::store(static_cast<C>(DevElem<T>::load(dst)) + acc);
+      add_row_sum(gw[v * cols + col], acc);
     }
     s = e;
   }
@@ -135,8 +142,7 @@ __global__ void embedding_join_kernel(const int64_t* __restrict__ idx, const int
       const int64_t q1 = (j + 1) * chunk < n ? (j + 1) * chunk : n;
       if (q1 >= n || key_at(q1 - 1) != v || key_at(q1) != v) break;
     }
-    T& dst = gw[v * cols + col];
-    dst = DevElem<T>::store(static_cast<C>(DevElem<T>::load(dst)) + total);
+    add_row_sum(gw[v * cols + col], total);
   }
 }
 
@@ -204,6 +210,13 @@ void CudaBackend::embedding_backward(const Tensor& grad, const Tensor& idx, Tens
         idx.data<int64_t>(), order.as<int32_t>(), n, vocab, cols, chunk, chunks, grad_weight.data<T>(), head, tail);
     AMP_CUDA_CHECK_LAUNCH();
   });
+}
+
+// The sorted runs add each named row's sum once: add()'s numbers (add_row_sum). Above
+// kSortedEmbeddingMax indices the row-order kernel adds one row at a time: the default then.
+void CudaBackend::embedding_backward_add(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) {
+  if (idx.numel() > kSortedEmbeddingMax) return Backend::embedding_backward_add(grad, idx, grad_weight);
+  embedding_backward(grad, idx, grad_weight);
 }
 
 }  // namespace amp::cuda
