@@ -385,6 +385,34 @@ TEST(TransformerOps, ATiedEmbeddingAddsItsRowsIntoTheClassifiersGradient) {
     run(w1, w2);
     EXPECT_TRUE(test::bitwise_equal(w.grad(), add(w1.grad(), w2.grad()))) << "mode " << mode;
   }
+  // With a destination (the reducer's bucket slice, where the classifier's gradient is then made) the
+  // same buffer is taken, so a run's bits do not depend on the ranks: the same bits as without one,
+  // the gradient left in the destination. And where taking the copy's gradient early would sum in
+  // another order than the engine (a consumer of the copy still to come; a second embedding of the
+  // table) it is not taken, with a destination or without: the same bits both ways.
+  const Tensor idx2 = from_int64({1, 10, 10, 4}, {4});
+  for (int shape = 0; shape < 3; ++shape) {  // the classifier; + the copy's first consumer in the loss; + a second embedding
+    auto run = [&](const Tensor& w) {
+      autocast ac(DeviceType::cpu, DType::bf16, true, true, CastLists::cuda);
+      const Tensor first = linear(x0, w, Tensor());  // autocast's copy, made first
+      Tensor e = mul(embedding(w, idx), 2.0);
+      if (shape == 2) e = add(e, sum(mul(embedding(w, idx2), 3.0), 0, true));
+      Tensor loss = sum(mul(linear(e, w, Tensor()).to(DType::f32), probe));
+      if (shape == 1) loss = add(loss, sum(mul(first.to(DType::f32), 3.0)));
+      loss.backward();
+    };
+    const Tensor plain = table.clone().set_requires_grad(true);
+    run(plain);
+    Tensor bucket = zeros({rows * C + 5}, DType::f32);
+    const Tensor slot = bucket.view(5, {rows, C});
+    Tensor w = table.clone().set_requires_grad(true);
+    w.set_grad_destination(slot);
+    run(w);
+    EXPECT_TRUE(test::bitwise_equal(w.grad(), plain.grad())) << "shape " << shape;
+    if (shape == 0) {
+      EXPECT_EQ(w.grad().data_ptr(), slot.data_ptr()) << "summed in the destination";
+    }
+  }
   for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
     const Tensor g = rnd({N, C}, 114, -1, 1, dt), so_far = rnd({rows, C}, 115, -1, 1, dt);
     Tensor zeroed = zeros({rows, C}, dt), acc = so_far.clone();

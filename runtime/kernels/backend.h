@@ -80,6 +80,8 @@ class Backend {
   // [0, V) throws on the CPU; on CUDA (which cannot throw without a host sync) its row becomes NaN.
   virtual void embedding(const Tensor& weight, const Tensor& idx, Tensor& out) = 0;
   // grad_weight[idx[n], :] += grad[n, :] for n in order (deterministic); out-of-range rows are skipped.
+  // (CUDA sums each row's indices first, rounds the sum into the dtype and adds it once: into zeros the
+  // same thing.)
   virtual void embedding_backward(const Tensor& grad, const Tensor& idx, Tensor& grad_weight) = 0;
   // grad_weight += what embedding_backward writes into zeros, with add()'s numbers: where grad_weight
   // already holds a gradient (a tied classifier's: autograd's take_leaf_gradient_so_far). This default

@@ -38,6 +38,7 @@ class ScopedFlag {
 struct Applying {
   const Node* node = nullptr;
   std::unordered_map<Node*, Tensor>* buffers = nullptr;
+  const std::unordered_map<Node*, int>* dependencies = nullptr;  // the edges each node still waits for
 };
 thread_local Applying t_applying;
 }  // namespace
@@ -66,34 +67,52 @@ Tensor take_gradient_so_far(size_t input, const Tensor& like) {
 
 Tensor take_leaf_gradient_so_far(const Tensor& leaf, DType dtype) {
   const Applying& a = t_applying;
-  if (a.node == nullptr || !t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf()) return Tensor();
+  if (a.node == nullptr || !t_accumulating || t_grad_enabled || !leaf.defined() || !leaf.is_leaf() ||
+      leaf.grad().defined())
+    return Tensor();
   const std::shared_ptr<Node> acc = leaf.impl()->grad_accumulator.lock();
   if (!acc) return Tensor();
-  // A cast's gradient may be of another dtype: the cast's backward (to `dtype`) is then made here.
-  auto usable = [&](const Tensor& buf, bool at_cast) {
-    const bool private_buffer = buf.defined() && buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
-    return private_buffer && (buf.dtype() == dtype || (at_cast && is_floating(buf.dtype()))) &&
-           buf.shape() == leaf.shape() && buf.device() == leaf.device() && !buf.requires_grad();
+  const Tensor destination = leaf.grad_destination();
+  // Nothing else reads it before the accumulator: only the map holds it, or it is the leaf's
+  // destination (a slice of the reducer's bucket, read once the leaf's gradient is complete). The
+  // same buffer is then taken with buckets and without, and a run's bits do not depend on the ranks.
+  auto in_place = [&](const Tensor& buf) {
+    const bool private_buffer = buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
+    return private_buffer || (destination.defined() && buf.data_ptr() == destination.data_ptr());
   };
-  // The accumulator's own first: what reached the leaf already, to which the engine would add this
-  // op's gradient next. Else the latest cast's (the engine runs the later nodes first): the sum is
-  // then the engine's, in the order it would make it. Never a choice left to the map's order.
+  auto usable = [&](const Tensor& buf, bool at_cast) {
+    return buf.defined() && (buf.dtype() == dtype || (at_cast && is_floating(buf.dtype()))) &&
+           buf.shape() == leaf.shape() && buf.device() == leaf.device() && !buf.requires_grad() &&
+           (buf.dtype() != dtype || in_place(buf));
+  };
+  auto waits = [&](Node* n) {
+    const auto it = a.dependencies->find(n);
+    return it == a.dependencies->end() ? 0 : it->second;
+  };
+  // The accumulator's own: what reached the leaf already, to which the engine would add this op's
+  // gradient next. Else a cast's, only where the engine's sum is the same: every consumer of the cast
+  // has given it its gradient, and the accumulator waits for the cast and this op alone (which adds
+  // its gradient to the cast's, as the engine would add them).
   auto chosen = a.buffers->find(acc.get());
-  if (chosen != a.buffers->end() && !usable(chosen->second, false)) return Tensor();
-  if (chosen == a.buffers->end()) {
+  if (chosen != a.buffers->end()) {
+    if (!usable(chosen->second, false)) return Tensor();
+  } else {
+    if (waits(acc.get()) != 2) return Tensor();
     for (auto it = a.buffers->begin(); it != a.buffers->end(); ++it) {
       const auto* cast = dynamic_cast<const CastNode*>(it->first);
       if (cast == nullptr || cast->from() != dtype || cast->next.size() != 1 || cast->next[0] != acc ||
-          !usable(it->second, true))
+          waits(it->first) != 0 || !usable(it->second, true))
         continue;
-      if (chosen == a.buffers->end() || it->first->sequence_nr > chosen->first->sequence_nr) chosen = it;
+      chosen = it;  // at most one: the accumulator waits for this op and one other
+      break;
     }
   }
   if (chosen == a.buffers->end()) return Tensor();
   Tensor taken = std::move(chosen->second);
   a.buffers->erase(chosen);
-  if (taken.dtype() != dtype) {  // fp16's classifier gradient: the cast's backward, into a tensor of ours
-    Tensor wide = empty(taken.shape(), dtype, taken.device());
+  if (taken.dtype() != dtype) {  // fp16's classifier gradient: the cast's backward, made here
+    Tensor wide = take_grad_destination(leaf, dtype);
+    if (!wide.defined()) wide = empty(taken.shape(), dtype, taken.device());
     backend_for(taken.device()).cast(taken, wide);
     return wide;
   }
@@ -271,7 +290,7 @@ struct Engine {
           Applying outer;
           ~Restore() { t_applying = outer; }
         } restore{t_applying};
-        t_applying = {n, &buffers};
+        t_applying = {n, &buffers, &dependencies};
         grads = n->apply(g);
         // Its saved tensors are spent: freed now, as PyTorch frees them, not when the whole backward
         // is done. The activations then go as the gradients come, and the backward's peak is not

@@ -95,15 +95,17 @@ Tensor take_grad_destination(const Tensor& leaf, DType dtype);
 // a given buffer.
 Tensor take_gradient_so_far(size_t input, const Tensor& like);
 
-// The same for a leaf, inside backward() (never grad()), outside create_graph: a gradient of `dtype`
-// and the leaf's shape on its way to the leaf from its other uses, taken out of the engine's map
-// where nothing else holds it: at the leaf's accumulator, or at autocast's copy of the leaf (GPT's
-// tied wte: the copy the classifier reads was made before the embedding, so its backward runs after
-// the embedding's), cast to `dtype` here where it is not (fp16's classifier gradient). The op adds
-// its own gradient for the leaf into it in place and returns the sum as that gradient; a cast whose
-// gradient was taken then gets none and does not run. The engine's sum where the leaf has no other
-// use still to come (the accumulator's buffer is taken first, a later cast's before an earlier one's,
-// the engine's own order); else the same terms in another order. Undefined otherwise.
+// The same for a leaf, inside backward() (never grad()), outside create_graph, for a leaf without a
+// gradient yet: a gradient of `dtype` and the leaf's shape on its way to the leaf from its other uses,
+// taken out of the engine's map where nothing else reads it before the leaf's accumulator (only the
+// map holds it, or it is the leaf's destination). At the accumulator; or at autocast's copy of the
+// leaf (GPT's tied wte: the copy the classifier reads was made before the embedding, so its backward
+// runs after the embedding's) where every consumer of the copy has given it its gradient and the
+// accumulator waits for the copy and this op alone; cast to `dtype` here where it is not (fp16's
+// classifier gradient, into the leaf's destination where it has one). The op adds its own gradient
+// into it in place (as add() would add it to what it was given) and returns the sum as its gradient
+// for the leaf: the engine's sum. A cast whose gradient was taken then gets none and does not run.
+// Undefined otherwise.
 Tensor take_leaf_gradient_so_far(const Tensor& leaf, DType dtype);
 
 // A cast's backward: the gradient cast back to the source's dtype. Its own class so that the op

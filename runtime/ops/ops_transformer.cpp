@@ -34,10 +34,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = empty(out_shape, weight.dtype(), weight.device());
   backend_for(weight.device()).embedding(weight, indices, out);
   const Shape wshape = weight.shape();
-  return record("EmbeddingBackward", out, {weight}, [indices, wshape, weight](const Tensor& g) {
+  const Tensor table = weight.is_leaf() ? weight : Tensor();  // a parameter, alive anyway
+  return record("EmbeddingBackward", out, {weight}, [indices, wshape, table](const Tensor& g) {
     // A table whose gradient another use made first (GPT's classifier, tied to wte): the rows added
     // into that gradient, not a zeroed [V, C] table that the engine then adds to it.
-    Tensor gw = take_leaf_gradient_so_far(weight, g.dtype());
+    Tensor gw = take_leaf_gradient_so_far(table, g.dtype());
     if (gw.defined()) {
       backend_for(g.device()).embedding_backward_add(g, indices, gw);
       return std::vector<Tensor>{gw};
