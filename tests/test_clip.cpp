@@ -216,6 +216,8 @@ TEST(ClipGradNorm, NonfiniteFlagsOnlyWhereTheCheckFound) {
   EXPECT_EQ(flags.to_vector(), (std::vector<double>{0, 1, 0}));
   EXPECT_THROW(be.nonfinite_flags_if_found({a, b, c}, scale, full({1}, 1.0, DType::f32), zeros({2}, DType::f32)),
                std::invalid_argument);
+  EXPECT_THROW(be.nonfinite_flags_if_found({a, b, c}, scale, Tensor(), flags), std::invalid_argument);
+  EXPECT_THROW(be.nonfinite_flags_if_found({a, b, c}, scale, zeros({2}, DType::f32), flags), std::invalid_argument);
 }
 
 TEST(ClipGradNorm, InfNormAndNonFinite) {

@@ -46,6 +46,12 @@ thread_local Applying t_applying;
 bool accumulating_backward() { return t_accumulating; }
 bool releasing_graph() { return t_releasing; }
 
+namespace {
+// Only this handle holds the tensor and its memory (no view, no other reference): what is written
+// into it in place no one else reads.
+bool held_here_only(const Tensor& t) { return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1; }
+}  // namespace
+
 Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   const Applying& a = t_applying;
   if (a.node == nullptr || t_grad_enabled || input >= a.node->next.size() || !a.node->next[input]) return Tensor();
@@ -54,8 +60,7 @@ Tensor take_gradient_so_far(size_t input, const Tensor& like) {
   const Tensor& buf = it->second;
   // Only the map holds it (no view, no other consumer's reference): an in-place sum changes nothing
   // anyone else reads.
-  const bool private_buffer = buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
-  if (!private_buffer || buf.dtype() != like.dtype() || buf.shape() != like.shape() || buf.device() != like.device() ||
+  if (!held_here_only(buf) || buf.dtype() != like.dtype() || buf.shape() != like.shape() || buf.device() != like.device() ||
       buf.requires_grad())
     return Tensor();
   // Out of the map: what the op returns for this input is then the whole gradient so far, and the
@@ -77,8 +82,7 @@ Tensor take_leaf_gradient_so_far(const Tensor& leaf, DType dtype) {
   // destination (a slice of the reducer's bucket, read once the leaf's gradient is complete). The
   // same buffer is then taken with buckets and without, and a run's bits do not depend on the ranks.
   auto in_place = [&](const Tensor& buf) {
-    const bool private_buffer = buf.impl_ptr().use_count() == 1 && buf.impl()->storage.use_count() == 1;
-    return private_buffer || (destination.defined() && buf.data_ptr() == destination.data_ptr());
+    return held_here_only(buf) || (destination.defined() && buf.data_ptr() == destination.data_ptr());
   };
   auto usable = [&](const Tensor& buf, bool at_cast) {
     return buf.defined() && (buf.dtype() == dtype || (at_cast && is_floating(buf.dtype()))) &&
@@ -167,8 +171,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& g) {
     // Steal the incoming buffer when nothing else can see it; otherwise copy so later += is private.
     // Computed in place into the leaf's destination: that view is the gradient, no copy.
     const bool in_destination = leaf_->grad_destination && g.data_ptr() == Tensor(leaf_->grad_destination).data_ptr();
-    const bool private_buffer =
-        in_destination || (g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1);
+    const bool private_buffer = in_destination || held_here_only(g);
     Tensor stored = GradMode::enabled() ? g : (private_buffer ? g.detach() : g.detach().clone());
     if (stored.dtype() != leaf.dtype()) {
       stored = cast(stored, leaf.dtype());

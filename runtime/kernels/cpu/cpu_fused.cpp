@@ -209,7 +209,8 @@ void CpuBackend::check_finite(const std::vector<Tensor>& xs, const Tensor& scale
 
 void CpuBackend::nonfinite_flags_if_found(const std::vector<Tensor>& xs, const Tensor& scale, const Tensor& found_inf,
                                           const Tensor& per_tensor) {
-  require_f32(found_inf, "found_inf");
+  if (!found_inf.defined() || found_inf.dtype() != DType::f32 || found_inf.numel() != 1 || !found_inf.device().is_cpu())
+    throw std::invalid_argument("nonfinite_flags_if_found: found_inf must be a 1-element float32 tensor on the CPU");
   check_per_tensor(per_tensor, xs.size());
   if (found_inf.data<float>()[0] == 0.0f || !per_tensor.defined()) return;
   Tensor found = found_inf;

@@ -437,13 +437,11 @@ void check_finite_pass(const std::vector<Tensor>& xs, const Tensor& scale, float
   }
   // Where only_if is given, what a step that found nothing costs (each block reads it and writes its
   // flag): the launch log's figure; a skipped step reads every gradient besides.
-  const MtCost cost = only_if != nullptr ? MtCost{0, 0, 0, 8, 4} : MtCost{0, 0, 2, flags ? 8 : 0};
   int64_t offset = 0;
   for_each_dtype_group(xs, [&](auto T_tag, const auto& ptrs, const std::vector<int64_t>& numels) {
     using T = decltype(T_tag);
     double* block_flags = flags ? flags->as<double>() + offset : nullptr;
-    MtCost c = cost;
-    if (only_if == nullptr) c.read = static_cast<int64_t>(sizeof(T));
+    const MtCost c = only_if != nullptr ? MtCost{0, 0, 0, 8, 4} : MtCost{static_cast<int64_t>(sizeof(T)), 0, 2, flags ? 8 : 0};
     multi_tensor_apply<1>(ptrs, numels,
                           CheckFiniteOp<T>{found, scale.defined() ? scale.data<float>() : nullptr, block_flags, only_if}, c);
     offset += multi_tensor_block_count(numels, kChunkSize);
