@@ -1544,7 +1544,7 @@ TEST_F(CudaVsCpu, DevicePeakBytesKeepsAReleasedSegment) {
   alloc.empty_cache();
   const size_t before = m.device_peak_bytes();
   ASSERT_GE(before, cuda::Context::kCublasWorkspaceBytes) << "cuBLAS's workspace is the process's";
-  const size_t big = cuda::CachingAllocator::round_size(before + (size_t{64} << 20));
+  const size_t big = cuda::CachingAllocator::segment_size(cuda::CachingAllocator::round_size(before + (size_t{64} << 20)));
   size_t free_before = 0, free_held = 0, free_after = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
   void* p = m.allocate(big);
@@ -1624,6 +1624,42 @@ TEST_F(CudaVsCpu, AllocatorSplitsLargeBlocksSoVaryingShapesDoNotPileUp) {
   void* whole = b.allocate(size_t{20} << 20);
   EXPECT_LE(alloc.reserved_bytes() - base, size_t{20} << 20) << "the pieces did not merge back";
   b.deallocate(whole, size_t{20} << 20);
+}
+
+// A 768-wide GPT's fp32 weights (2.25, 6.75, 9 and 9 MiB a layer): each used to round up to 2 MiB in
+// a cudaMalloc of its own (384 MiB for 324 MiB of weights, the same again for the gradients and each
+// optimizer state: a quarter of a GiB of GPT-2 small's step). Now blocks round up to 512 bytes and
+// requests under 10 MiB share 32 MiB segments: at most one segment's worth more than the bytes asked.
+// Requests of 10 MiB or more still take their own segment, rounded up to 2 MiB.
+TEST_F(CudaVsCpu, AllocatorPacksMidSizedBlocksIntoSharedSegments) {
+  using A = cuda::CachingAllocator;
+  DeviceMemory& b = gpu_memory();
+  b.synchronize();
+  A& alloc = cuda::context().allocator();
+  alloc.empty_cache();
+  const size_t base = alloc.reserved_bytes();
+  std::vector<std::pair<char*, size_t>> blocks;
+  size_t asked = 0;
+  for (int layer = 0; layer < 12; ++layer)
+    for (const size_t n : {768 * 768, 768 * 2304, 768 * 3072, 3072 * 768}) {
+      const size_t bytes = n * sizeof(float);
+      blocks.emplace_back(static_cast<char*>(b.allocate(bytes)), bytes);
+      asked += bytes;
+    }
+  EXPECT_EQ(asked, size_t{324} << 20);
+  EXPECT_LE(alloc.reserved_bytes() - base, asked + A::kSharedSegment) << "blocks were padded";
+  for (size_t i = 0; i < blocks.size(); ++i)  // no two blocks overlap
+    for (size_t j = i + 1; j < blocks.size(); ++j)
+      EXPECT_TRUE(blocks[i].first + blocks[i].second <= blocks[j].first ||
+                  blocks[j].first + blocks[j].second <= blocks[i].first)
+          << "blocks " << i << " and " << j << " overlap";
+  for (const auto& [p, bytes] : blocks) b.deallocate(p, bytes);
+  b.synchronize();
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.reserved_bytes(), base) << "the shared segments were not given back whole";
+  EXPECT_EQ(A::round_size(768 * 768 * 4), size_t{768 * 768 * 4});
+  EXPECT_EQ(A::segment_size(A::round_size((size_t{12} << 20) + 1)), size_t{14} << 20);
+  EXPECT_EQ(A::segment_size(A::round_size(size_t{3} << 20)), A::kSharedSegment);
 }
 
 // A graph-private pool: what a capture allocates comes from the blocks eager steps left in the cache

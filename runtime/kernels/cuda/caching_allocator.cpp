@@ -9,9 +9,10 @@
 
 namespace amp::cuda {
 
-size_t CachingAllocator::round_size(size_t bytes) {
-  const size_t unit = bytes < kSmallLimit ? kSmallUnit : kLargeUnit;
-  return (bytes + unit - 1) / unit * unit;
+size_t CachingAllocator::round_size(size_t bytes) { return (bytes + kUnit - 1) / kUnit * kUnit; }
+
+size_t CachingAllocator::segment_size(size_t rounded) {
+  return rounded < kSharedBelow ? kSharedSegment : (rounded + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -64,16 +65,19 @@ void* CachingAllocator::allocate_large_locked(size_t rounded) {
     if (it == free.end()) continue;
     b = *it;
     free.erase(it);
-    if (b->size - rounded >= kLargeUnit) {  // split: the rest stays cached where it was
-      Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next, from};
-      if (b->next) b->next->prev = rest;
-      b->next = rest;
-      b->size = rounded;
-      free.insert(rest);
-    }
     break;
   }
-  if (b == nullptr) b = new Block{static_cast<char*>(malloc_locked(rounded)), rounded, true, nullptr, nullptr};
+  if (b == nullptr) {
+    const size_t size = segment_size(rounded);
+    b = new Block{static_cast<char*>(malloc_locked(size)), size, true, nullptr, nullptr, active_pool_};
+  }
+  if (b->size - rounded >= kSmallLimit) {  // split: the rest stays cached in its pool
+    Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next, b->pool};
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = rounded;
+    pools_[rest->pool].large_free.insert(rest);
+  }
   b->pool = active_pool_;
   b->free = false;
   large_live_.emplace(b->ptr, b);

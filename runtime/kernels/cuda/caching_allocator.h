@@ -1,11 +1,15 @@
 // A caching device allocator: freed blocks are kept and handed out again, so a training loop stops
 // calling cudaMalloc (slow) and cudaFree (which synchronises the device) after its first step.
 //
-// - Small requests (under 1 MiB) round up to 512 bytes and reuse a cached block of exactly that size.
-// - Large requests round up to 2 MiB and take the smallest cached block that is large enough; what
-//   is left over, if 2 MiB or more, is split off and stays cached. Freed neighbours within one
-//   cudaMalloc segment merge again. So shapes that vary from step to step reuse memory instead of
-//   piling up new segments.
+// - Every request rounds up to 512 bytes.
+// - Small requests (under 1 MiB) reuse a cached block of exactly that size.
+// - Large requests take the smallest cached block that is large enough; what is left over, if 1 MiB
+//   or more, is split off and stays cached. Freed neighbours within one cudaMalloc segment merge
+//   again. So shapes that vary from step to step reuse memory instead of piling up new segments.
+// - A large request that finds no block takes a new segment (segment_size): one of 32 MiB that later
+//   requests share, for a request under 10 MiB; otherwise its own, rounded up to 2 MiB. Each request
+//   in a segment of its own rounded up to 2 MiB left a 768-wide model's weights and optimizer states
+//   (2.25, 6.75, 9 MiB) a quarter of a GiB of padding on GPT-2 small (docs/GPU.md).
 // - When cudaMalloc fails, the segments that are entirely free go back to the driver (this waits for
 //   the device, as cudaFree does) and the request is tried once more.
 //
@@ -63,8 +67,10 @@ class CachingAllocator {
   size_t reserved_bytes() const;  // bytes obtained from cudaMalloc, live and cached
   void reset_peak_bytes();
 
-  static constexpr size_t kSmallLimit = size_t{1} << 20, kSmallUnit = 512, kLargeUnit = size_t{2} << 20;
-  static size_t round_size(size_t bytes);
+  static constexpr size_t kSmallLimit = size_t{1} << 20, kUnit = 512, kSegmentUnit = size_t{2} << 20,
+                          kSharedSegment = size_t{32} << 20, kSharedBelow = size_t{10} << 20;
+  static size_t round_size(size_t bytes);         // a block's size: bytes rounded up to kUnit
+  static size_t segment_size(size_t rounded);     // the cudaMalloc a large block that finds none takes
 
  private:
   // A piece of a large segment; pieces of one segment form a list in address order.
