@@ -2484,6 +2484,34 @@ void expect_attention_close(DType dt, const Tensor& y, const Tensor& lse, const 
   check(dqkv.to(kCPU).to_vector(), want.dqkv, "dqkv");
 }
 
+// Every tensor the fused attention reads or writes must start on a 16-byte boundary (our kernels read
+// 16 bytes at a time; cuDNN's graphs declare every tensor so aligned): one that does not is refused
+// naming it, lse too (it was not checked: cuDNN would have refused it in the backward, where the op
+// cannot fall back).
+TEST_F(CudaVsCpu, FusedAttentionRefusesAMisalignedTensorNamingIt) {
+  const int64_t B = 1, T = 16, H = 2, D = 32, C = H * D;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const DType dt = DType::bf16;
+  const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 303).to(kGPU), gy = random_cpu({B, T, C}, dt, 304).to(kGPU);
+  const Tensor lse_buffer = empty({B * H * T + 1}, DType::f32, kGPU);
+  Tensor y = empty({B, T, C}, dt, kGPU), lse = empty({B, H, T}, DType::f32, kGPU), dqkv = empty({B, T, 3 * C}, dt, kGPU);
+  Tensor lse_off = lse_buffer.view(1, {B, H, T});  // 4 bytes in
+  const auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { gpu().attention_forward(qkv, H, scale, y, lse_off); }).find("lse must start on a 16-byte boundary"),
+            std::string::npos);
+  gpu().attention_forward(qkv, H, scale, y, lse);
+  EXPECT_NE(message([&] { gpu().attention_backward(qkv, y, lse_off, gy, H, scale, dqkv); }).find("lse must start on a 16-byte boundary"),
+            std::string::npos);
+  EXPECT_EQ(message([&] { gpu().attention_backward(qkv, y, lse, gy, H, scale, dqkv); }), "no error");
+}
+
 // Our fused attention against attention in double from the same inputs. T = 37, 70, 130 and 260:
 // partial row blocks (128 rows in the forward, 64 in the backward) and key tiles, keys of one to five
 // tiles (two buffers, each taken again).

@@ -506,6 +506,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t n_head, double sc
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
   check_aligned(qkv, "qkv");
   check_aligned(y, "y");
+  check_aligned(lse, "lse");
   if (d.B * d.T == 0) return;
   Context& ctx = context();
   if (which == FusedAttention::cudnn) {
@@ -532,7 +533,7 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   check_shape(gy, {d.B, d.T, d.C}, qkv.dtype(), "gy");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
   check_shape(dqkv, qkv.shape(), qkv.dtype(), "dqkv");
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&y, "y"}, {&gy, "gy"}, {&dqkv, "dqkv"}})
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&y, "y"}, {&gy, "gy"}, {&lse, "lse"}, {&dqkv, "dqkv"}})
     check_aligned(*t, what);
   if (d.B * d.T == 0) return;
   Context& ctx = context();

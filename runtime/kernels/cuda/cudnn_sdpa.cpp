@@ -15,6 +15,11 @@
 
 #include <cudnn_frontend.h>
 
+#include "runtime/kernels/cuda/cuda_context.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -71,9 +76,18 @@ Library load() {
     return lib;
   }
   lib.text = "cuDNN " + version_string(version) + " (" + path + ")";
-  if (version < static_cast<size_t>(CUDNN_VERSION))
+  // A libcudnn built for another CUDA major (a CUDA 12 wheel's) loads, then fails at its first graph.
+  using CudartVersion = size_t (*)();
+  const auto cudart = reinterpret_cast<CudartVersion>(dlsym(h, "cudnnGetCudartVersion"));
+  const size_t cuda_major = cudart != nullptr ? cudart() / 1000 : static_cast<size_t>(CUDART_VERSION / 1000);
+  if (cuda_major != static_cast<size_t>(CUDART_VERSION / 1000))
+    lib.why_not = "the node's cuDNN (" + path + ") is built for CUDA " + std::to_string(cuda_major) +
+                  ", this build for CUDA " + std::to_string(CUDART_VERSION / 1000) +
+                  ": put the CUDA " + std::to_string(CUDART_VERSION / 1000) + " build of cuDNN 9 first on LD_LIBRARY_PATH";
+  else if (version < static_cast<size_t>(CUDNN_VERSION))
     lib.why_not = "the node's cuDNN " + version_string(version) + " (" + path +
                   ") is older than the headers this was built with (" + version_string(CUDNN_VERSION) + ")";
+  if (!lib.why_not.empty()) lib.text += ", not used: " + lib.why_not;
   return lib;
 }
 
@@ -187,8 +201,40 @@ void build_backward(const Shape& s, Plan& plan, cudnnHandle_t h) {
   plan.graph = std::move(g);
 }
 
-// The shape's plan for one direction, built on first use (both directions at once: the backward
-// of a step must not be the first to meet the library's refusal).
+// Runs a plan on the stream; the cache's mutex is held.
+void run_locked(const Plan& p, cudnnHandle_t h, cudaStream_t stream, std::unordered_map<int64_t, void*> pack,
+                void* workspace, const char* what) {
+  if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error("cuDNN's attention: cudnnSetStream failed");
+  check(p.graph->execute(h, pack, workspace), what);
+}
+
+// Both graphs run once on zeroed scratch tensors where they are built: an error the library meets
+// only when it runs a plan (a misaligned pointer, an engine that fails to launch) is met at the
+// forward, where the op can still fall back, and not in the backward, where nothing can. Zeros make
+// uniform scores and zero gradients: nothing to overflow. Not under a capture (plan() refuses it).
+void trial_run(const Shape& s, const Plan& f, const Plan& b, cudnnHandle_t h, cudaStream_t stream) {
+  const size_t es = 2, tokens = static_cast<size_t>(s.B * s.T), C = static_cast<size_t>(s.H * s.D);
+  const auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t qkv = aligned(tokens * 3 * C * es), out = aligned(tokens * C * es);
+  const size_t stats = aligned(static_cast<size_t>(s.B * s.H * s.T) * sizeof(float));
+  const size_t workspace = aligned(static_cast<size_t>(std::max(f.workspace, b.workspace)));
+  const cuda::Scratch scratch(2 * qkv + 2 * out + stats + workspace);
+  char* p = scratch.as<char>();
+  char *x = p, *dx = x + qkv, *y = dx + qkv, *gy = y + out, *st = gy + out, *ws = st + stats;
+  if (cudaMemsetAsync(p, 0, 2 * qkv + 2 * out + stats, stream) != cudaSuccess)
+    throw std::runtime_error("cuDNN's attention: zeroing its trial run's tensors failed");
+  const size_t c = C * es;
+  run_locked(f, h, stream, {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kStats, st}}, ws, "a trial of the forward");
+  run_locked(b, h, stream,
+             {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kDO, gy}, {kStats, st}, {kDQ, dx}, {kDK, dx + c}, {kDV, dx + 2 * c}},
+             ws, "a trial of the backward");
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("cuDNN's attention: its trial run failed on the device: ") + cudaGetErrorString(e));
+}
+
+// The shape's plan for one direction, built on first use (both directions at once, and run once:
+// the backward of a step must not be the first to meet the library's refusal).
 const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
   const std::string why = unavailable(s.dtype, s.D);
   if (!why.empty()) throw std::runtime_error("cuDNN's attention: " + why);
@@ -208,9 +254,17 @@ const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
                                "): its graphs are built in an eager step before the capture");
     Plan f, b;
     try {
+      const auto start = std::chrono::steady_clock::now();
       const cudnnHandle_t h = handle_locked(s.device);
       build_forward(s, f, h);
       build_backward(s, b, h);
+      trial_run(s, f, b, h, stream);
+      // Once per shape, for whoever times a first step: the build compiles kernels (seconds).
+      std::fprintf(stderr, "cuDNN's attention: graphs for B %lld, T %lld, %lld heads of %lld, %s built and tried in %.1f s; workspace forward %.1f MiB, backward %.1f MiB\n",
+                   static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
+                   static_cast<long long>(s.D), s.dtype == DType::bf16 ? "bf16" : "fp16",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   static_cast<double>(f.workspace) / (1 << 20), static_cast<double>(b.workspace) / (1 << 20));
     } catch (const std::exception& e) {
       f.error = b.error = e.what();
     }
@@ -226,10 +280,7 @@ const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
 void execute(const Shape& s, const Plan& p, cudaStream_t stream, std::unordered_map<int64_t, void*> pack, void* workspace,
              const char* what) {
   std::lock_guard<std::mutex> lock(cache().mutex);
-  const cudnnHandle_t h = handle_locked(s.device);
-  if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS)
-    throw std::runtime_error("cuDNN's attention: cudnnSetStream failed");
-  check(p.graph->execute(h, pack, workspace), what);
+  run_locked(p, handle_locked(s.device), stream, std::move(pack), workspace, what);
 }
 
 }  // namespace
