@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <cstdio>
@@ -1544,7 +1545,8 @@ TEST_F(CudaVsCpu, DevicePeakBytesKeepsAReleasedSegment) {
   alloc.empty_cache();
   const size_t before = m.device_peak_bytes();
   ASSERT_GE(before, cuda::Context::kCublasWorkspaceBytes) << "cuBLAS's workspace is the process's";
-  const size_t big = cuda::CachingAllocator::segment_size(cuda::CachingAllocator::round_size(before + (size_t{64} << 20)));
+  const size_t big =
+      cuda::CachingAllocator::segment_size(cuda::CachingAllocator::round_size(before + (size_t{64} << 20)));
   size_t free_before = 0, free_held = 0, free_after = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
   void* p = m.allocate(big);
@@ -1636,6 +1638,8 @@ TEST_F(CudaVsCpu, AllocatorPacksMidSizedBlocksIntoSharedSegments) {
   DeviceMemory& b = gpu_memory();
   b.synchronize();
   A& alloc = cuda::context().allocator();
+  const bool packed = alloc.packed();  // off where freed blocks are poisoned (every cuda-emu test)
+  alloc.set_packed(true);
   alloc.empty_cache();
   const size_t base = alloc.reserved_bytes();
   std::vector<std::pair<char*, size_t>> blocks;
@@ -1660,7 +1664,90 @@ TEST_F(CudaVsCpu, AllocatorPacksMidSizedBlocksIntoSharedSegments) {
   EXPECT_EQ(A::round_size(768 * 768 * 4), size_t{768 * 768 * 4});
   EXPECT_EQ(A::segment_size(A::round_size((size_t{12} << 20) + 1)), size_t{14} << 20);
   EXPECT_EQ(A::segment_size(A::round_size(size_t{3} << 20)), A::kSharedSegment);
+  // Not packed (poisoning's checks): a large block rounds up to 2 MiB, in a segment of its own.
+  EXPECT_EQ(A::round_size(768 * 768 * 4, false), size_t{4} << 20);
+  EXPECT_EQ(A::segment_size(A::round_size(size_t{3} << 20, false), false), size_t{4} << 20);
+  const char* poison = std::getenv("AMP_CUDA_POISON_FREED");
+  EXPECT_EQ(packed, !(poison != nullptr && std::string(poison) == "1"));
+  alloc.set_packed(packed);
 }
+
+// A segment made during a capture gives the graph's pool the block asked for; the rest goes to the
+// global cache, where eager work may use it while the graph lives (it was the pool's, unusable until
+// the graph went).
+TEST_F(CudaVsCpu, ASegmentMadeDuringACaptureGivesThePoolOnlyTheBlockAskedFor) {
+  using A = cuda::CachingAllocator;
+  DeviceMemory& b = gpu_memory();
+  b.synchronize();
+  A& alloc = cuda::context().allocator();
+  const bool packed = alloc.packed();
+  alloc.set_packed(true);
+  alloc.empty_cache();
+  const size_t base = alloc.reserved_bytes(), asked = size_t{6} << 20, eager = size_t{8} << 20;
+  const cudaStream_t stream = cuda::context().stream();
+  const int pool = alloc.create_pool();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  alloc.use_pool(pool);
+  char* g = static_cast<char*>(b.allocate(asked));  // nothing cached: a new shared segment
+  alloc.use_pool(0);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(alloc.reserved_bytes() - base, A::kSharedSegment);
+  EXPECT_EQ(alloc.pool_bytes(pool), asked);
+  char* e = static_cast<char*>(b.allocate(eager));
+  EXPECT_EQ(alloc.reserved_bytes() - base, A::kSharedSegment) << "eager work did not get the segment's rest";
+  EXPECT_TRUE(e >= g + asked || e + eager <= g);
+  b.deallocate(e, eager);
+  b.deallocate(g, asked);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  alloc.release_pool(pool);
+  b.synchronize();
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.reserved_bytes(), base) << "the segment's pieces did not merge back whole";
+  alloc.set_packed(packed);
+}
+
+#if defined(AMP_CUDA_EMU)
+// Where the driver has no room for a shared segment, a request under 10 MiB takes a segment of its
+// own, rounded up to 2 MiB; where nothing fits, OutOfMemory names the request. Run in a child process
+// whose emulated GPU has 96 MiB (AMP_EMU_MEMORY_MB, read once per process).
+TEST_F(CudaVsCpu, AllocatorTakesASegmentOfItsOwnWhenTheDriverHasNoRoomForAShared) {
+  using A = cuda::CachingAllocator;
+  if (std::getenv("AMP_EMU_MEMORY_MB") == nullptr) {
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const int rc = std::system(("AMP_EMU_MEMORY_MB=96 '" + self +
+                                "' --gtest_filter=CudaVsCpu.AllocatorTakesASegmentOfItsOwnWhenTheDriverHasNoRoomForAShared")
+                                   .c_str());
+    EXPECT_EQ(rc, 0) << "the run with 96 MiB failed (its output is above)";
+    return;
+  }
+  DeviceMemory& b = gpu_memory();
+  b.synchronize();
+  A& alloc = cuda::context().allocator();
+  alloc.set_packed(true);
+  alloc.empty_cache();
+  size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  ASSERT_LE(total, size_t{96} << 20);
+  ASSERT_GT(free, size_t{24} << 20);
+  void* filler = nullptr;  // leaves 20 MiB: no room for 32
+  ASSERT_EQ(cudaMalloc(&filler, free - (size_t{20} << 20)), cudaSuccess);
+  const size_t base = alloc.reserved_bytes(), three = size_t{3} << 20;
+  void* p = b.allocate(three);
+  EXPECT_EQ(alloc.reserved_bytes() - base, size_t{4} << 20);
+  std::string what;
+  try {
+    b.allocate(size_t{30} << 20);
+  } catch (const cuda::OutOfMemory& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("tried to allocate 31457280 bytes"), std::string::npos) << what;
+  b.deallocate(p, three);
+  b.synchronize();
+  ASSERT_EQ(cudaFree(filler), cudaSuccess);
+  alloc.empty_cache();
+}
+#endif
 
 // A graph-private pool: what a capture allocates comes from the blocks eager steps left in the cache
 // (no cudaMalloc), returns to the pool when freed, and is not handed to eager work while the graph
@@ -1669,6 +1756,7 @@ TEST_F(CudaVsCpu, AllocationsDuringACaptureStayInTheGraphsPrivatePool) {
   DeviceMemory& b = gpu_memory();
   b.synchronize();
   cuda::CachingAllocator& alloc = cuda::context().allocator();
+  alloc.empty_cache();  // no piece left by an earlier test for the warm-up's blocks to come from
   const size_t small = 4096, large = size_t{6} << 20;
   // Warm-up: an eager step's blocks go back to the global cache.
   b.deallocate(b.allocate(small), small);
@@ -2494,20 +2582,22 @@ TEST_F(CudaVsCpu, FusedAttentionRefusesAMisalignedTensorNamingIt) {
   const DType dt = DType::bf16;
   const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 303).to(kGPU), gy = random_cpu({B, T, C}, dt, 304).to(kGPU);
   const Tensor lse_buffer = empty({B * H * T + 1}, DType::f32, kGPU);
-  Tensor y = empty({B, T, C}, dt, kGPU), lse = empty({B, H, T}, DType::f32, kGPU), dqkv = empty({B, T, 3 * C}, dt, kGPU);
+  Tensor y = empty({B, T, C}, dt, kGPU), lse = empty({B, H, T}, DType::f32, kGPU),
+         dqkv = empty({B, T, 3 * C}, dt, kGPU);
   Tensor lse_off = lse_buffer.view(1, {B, H, T});  // 4 bytes in
   const auto message = [](auto&& f) {
     try {
       f();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
+    } catch (const std::invalid_argument& e) { return std::string(e.what()); }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { gpu().attention_forward(qkv, H, scale, y, lse_off); }).find("lse must start on a 16-byte boundary"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] { gpu().attention_forward(qkv, H, scale, y, lse_off); }).find("lse must start on a 16-byte boundary"),
+      std::string::npos);
   gpu().attention_forward(qkv, H, scale, y, lse);
-  EXPECT_NE(message([&] { gpu().attention_backward(qkv, y, lse_off, gy, H, scale, dqkv); }).find("lse must start on a 16-byte boundary"),
+  EXPECT_NE(message([&] {
+              gpu().attention_backward(qkv, y, lse_off, gy, H, scale, dqkv);
+            }).find("lse must start on a 16-byte boundary"),
             std::string::npos);
   EXPECT_EQ(message([&] { gpu().attention_backward(qkv, y, lse, gy, H, scale, dqkv); }), "no error");
 }

@@ -9,10 +9,14 @@
 
 namespace amp::cuda {
 
-size_t CachingAllocator::round_size(size_t bytes) { return (bytes + kUnit - 1) / kUnit * kUnit; }
+size_t CachingAllocator::round_size(size_t bytes, bool packed) {
+  const size_t unit = packed || bytes < kSmallLimit ? kUnit : kSegmentUnit;
+  return (bytes + unit - 1) / unit * unit;
+}
 
-size_t CachingAllocator::segment_size(size_t rounded) {
-  return rounded < kSharedBelow ? kSharedSegment : (rounded + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
+size_t CachingAllocator::segment_size(size_t rounded, bool packed) {
+  const size_t own = (rounded + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
+  return packed && rounded < kSharedBelow ? kSharedSegment : own;
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -23,7 +27,13 @@ CachingAllocator::~CachingAllocator() {
   for (auto& [p, b] : large_live_) delete b;
 }
 
-void* CachingAllocator::malloc_locked(size_t rounded) {
+void CachingAllocator::out_of_memory_locked(size_t requested, size_t segment) const {
+  throw OutOfMemory("CUDA out of memory: tried to allocate " + std::to_string(requested) + " bytes (a segment of " +
+                    std::to_string(segment) + ") with " + std::to_string(current_) + " bytes in use and " +
+                    std::to_string(reserved_) + " reserved");
+}
+
+void* CachingAllocator::try_malloc_locked(size_t rounded) {
   void* p = nullptr;
   cudaError_t err;
   if (active_pool_ != 0) {
@@ -46,9 +56,7 @@ void* CachingAllocator::malloc_locked(size_t rounded) {
   }
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    throw std::runtime_error("CUDA out of memory: tried to allocate " + std::to_string(rounded) + " bytes with " +
-                             std::to_string(current_) + " bytes in use and " + std::to_string(reserved_) +
-                             " reserved");
+    return nullptr;
   }
   AMP_CUDA_CHECK(err);
   reserved_ += rounded;
@@ -67,12 +75,20 @@ void* CachingAllocator::allocate_large_locked(size_t rounded) {
     free.erase(it);
     break;
   }
-  if (b == nullptr) {
-    const size_t size = segment_size(rounded);
-    b = new Block{static_cast<char*>(malloc_locked(size)), size, true, nullptr, nullptr, active_pool_};
+  const bool fresh = b == nullptr;
+  if (fresh) {
+    // A shared segment; where the driver has no room for one, a segment of the request's own.
+    size_t size = segment_size(rounded, packed_);
+    const size_t own = segment_size(rounded, false);
+    void* p = try_malloc_locked(size);
+    if (p == nullptr && own < size) p = try_malloc_locked(size = own);
+    if (p == nullptr) out_of_memory_locked(rounded, size);
+    b = new Block{static_cast<char*>(p), size, true, nullptr, nullptr, active_pool_};
   }
-  if (b->size - rounded >= kSmallLimit) {  // split: the rest stays cached in its pool
-    Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next, b->pool};
+  // Split: the rest stays cached in its pool; a new segment's rest goes to the global cache (a
+  // capture that needs it takes it from there, and eager work may use it while the graph lives).
+  if (b->size - rounded >= kSmallLimit) {
+    Block* rest = new Block{b->ptr + rounded, b->size - rounded, true, b, b->next, fresh ? 0 : b->pool};
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = rounded;
@@ -86,11 +102,14 @@ void* CachingAllocator::allocate_large_locked(size_t rounded) {
 
 void* CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  const size_t rounded = round_size(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
+  const size_t rounded = round_size(bytes, packed_);
   void* p;
   if (rounded < kSmallLimit) {
-    if (!take_small_locked(active_pool_, rounded, &p) && !take_small_locked(0, rounded, &p)) p = malloc_locked(rounded);
+    if (!take_small_locked(active_pool_, rounded, &p) && !take_small_locked(0, rounded, &p)) {
+      p = try_malloc_locked(rounded);
+      if (p == nullptr) out_of_memory_locked(bytes, rounded);
+    }
     if (active_pool_ != 0) small_pool_[p] = active_pool_;
     small_live_.emplace(p, rounded);
   } else {

@@ -7,9 +7,14 @@
 //   or more, is split off and stays cached. Freed neighbours within one cudaMalloc segment merge
 //   again. So shapes that vary from step to step reuse memory instead of piling up new segments.
 // - A large request that finds no block takes a new segment (segment_size): one of 32 MiB that later
-//   requests share, for a request under 10 MiB; otherwise its own, rounded up to 2 MiB. Each request
-//   in a segment of its own rounded up to 2 MiB left a 768-wide model's weights and optimizer states
-//   (2.25, 6.75, 9 MiB) a quarter of a GiB of padding on GPT-2 small (docs/GPU.md).
+//   requests share, for a request under 10 MiB (its own, rounded up to 2 MiB, where the driver has
+//   no room for 32); otherwise its own, rounded up to 2 MiB. Each request in a segment of its own
+//   rounded up to 2 MiB left a 768-wide model's weights and optimizer states (2.25, 6.75, 9 MiB) a
+//   quarter of a GiB of padding on GPT-2 small (docs/GPU.md).
+// - With poisoning on (set_poison_freed: a checking run) blocks are not packed (set_packed(false)):
+//   each large request rounds up to 2 MiB in a segment of its own, so a read past a tensor's end meets
+//   poisoned padding, and the emulated GPU's and compute-sanitizer's checks, which know allocations by
+//   their cudaMalloc, see where it ends.
 // - When cudaMalloc fails, the segments that are entirely free go back to the driver (this waits for
 //   the device, as cudaFree does) and the request is tried once more.
 //
@@ -20,7 +25,8 @@
 // from it and blocks freed return to it, so memory a captured graph uses is never handed to eager
 // work while the graph lives (its replays write it again). A pool starts from the blocks that eager
 // steps left in the global cache (warm-up), so a capture needs no cudaMalloc; a miss calls cudaMalloc
-// in the relaxed capture mode (allowed during a capture: the allocation itself is not captured).
+// in the relaxed capture mode (allowed during a capture: the allocation itself is not captured); the
+// pool takes the block asked for, and the rest of a new segment goes to the global cache.
 // release_pool (the graph is destroyed) gives its free blocks back to the global cache, and its live
 // ones when they are freed. Pieces of different pools never merge.
 //
@@ -33,9 +39,16 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 namespace amp::cuda {
+
+// The driver had no room for a segment, even after the cache's free segments went back to it.
+struct OutOfMemory : std::runtime_error {
+  explicit OutOfMemory(const std::string& what) : std::runtime_error(what) {}
+};
 
 class CachingAllocator {
  public:
@@ -60,6 +73,16 @@ class CachingAllocator {
   void set_poison_freed(bool on, cudaStream_t stream) {
     poison_ = on;
     poison_stream_ = stream;
+    packed_ = !on;
+  }
+  // Large blocks packed into shared segments (the default), or each in its own (poisoning's checks).
+  void set_packed(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_ = on;
+  }
+  bool packed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return packed_;
   }
 
   size_t current_bytes() const;   // bytes requested by live allocations
@@ -69,8 +92,10 @@ class CachingAllocator {
 
   static constexpr size_t kSmallLimit = size_t{1} << 20, kUnit = 512, kSegmentUnit = size_t{2} << 20,
                           kSharedSegment = size_t{32} << 20, kSharedBelow = size_t{10} << 20;
-  static size_t round_size(size_t bytes);         // a block's size: bytes rounded up to kUnit
-  static size_t segment_size(size_t rounded);     // the cudaMalloc a large block that finds none takes
+  // A block's size: bytes rounded up to kUnit (not packed: a large one up to kSegmentUnit).
+  static size_t round_size(size_t bytes, bool packed = true);
+  // The cudaMalloc a large block that finds none takes.
+  static size_t segment_size(size_t rounded, bool packed = true);
 
  private:
   // A piece of a large segment; pieces of one segment form a list in address order.
@@ -94,7 +119,9 @@ class CachingAllocator {
   void* allocate_large_locked(size_t rounded);
   bool take_small_locked(int pool, size_t rounded, void** p);
   void free_large_locked(Block* b);     // into its pool's free set, merged with free neighbours of that pool
-  void* malloc_locked(size_t rounded);  // cudaMalloc, retried once after releasing free segments
+  // cudaMalloc, retried once after releasing free segments: null if out of memory.
+  void* try_malloc_locked(size_t rounded);
+  [[noreturn]] void out_of_memory_locked(size_t requested, size_t segment) const;  // throws OutOfMemory
   void release_free_segments_locked();
   static void absorb_next(Block* b);
 
@@ -105,7 +132,7 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> large_live_;
   int active_pool_ = 0, next_pool_ = 1;
   size_t current_ = 0, peak_ = 0, reserved_ = 0;
-  bool poison_ = false;
+  bool poison_ = false, packed_ = true;
   cudaStream_t poison_stream_ = nullptr;
 };
 

@@ -533,7 +533,8 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   check_shape(gy, {d.B, d.T, d.C}, qkv.dtype(), "gy");
   check_shape(lse, {d.B, d.H, d.T}, DType::f32, "lse");
   check_shape(dqkv, qkv.shape(), qkv.dtype(), "dqkv");
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&y, "y"}, {&gy, "gy"}, {&lse, "lse"}, {&dqkv, "dqkv"}})
+  for (const auto& [t, what] :
+       {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&y, "y"}, {&gy, "gy"}, {&lse, "lse"}, {&dqkv, "dqkv"}})
     check_aligned(*t, what);
   if (d.B * d.T == 0) return;
   Context& ctx = context();

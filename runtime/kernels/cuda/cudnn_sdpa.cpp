@@ -82,8 +82,8 @@ Library load() {
   const size_t cuda_major = cudart != nullptr ? cudart() / 1000 : static_cast<size_t>(CUDART_VERSION / 1000);
   if (cuda_major != static_cast<size_t>(CUDART_VERSION / 1000))
     lib.why_not = "the node's cuDNN (" + path + ") is built for CUDA " + std::to_string(cuda_major) +
-                  ", this build for CUDA " + std::to_string(CUDART_VERSION / 1000) +
-                  ": put the CUDA " + std::to_string(CUDART_VERSION / 1000) + " build of cuDNN 9 first on LD_LIBRARY_PATH";
+                  ", this build for CUDA " + std::to_string(CUDART_VERSION / 1000) + ": put the CUDA " +
+                  std::to_string(CUDART_VERSION / 1000) + " build of cuDNN 9 first on LD_LIBRARY_PATH";
   else if (version < static_cast<size_t>(CUDNN_VERSION))
     lib.why_not = "the node's cuDNN " + version_string(version) + " (" + path +
                   ") is older than the headers this was built with (" + version_string(CUDNN_VERSION) + ")";
@@ -222,15 +222,32 @@ void trial_run(const Shape& s, const Plan& f, const Plan& b, cudnnHandle_t h, cu
   const cuda::Scratch scratch(2 * qkv + 2 * out + stats + workspace);
   char* p = scratch.as<char>();
   char *x = p, *dx = x + qkv, *y = dx + qkv, *gy = y + out, *st = gy + out, *ws = st + stats;
-  if (cudaMemsetAsync(p, 0, 2 * qkv + 2 * out + stats, stream) != cudaSuccess)
-    throw std::runtime_error("cuDNN's attention: zeroing its trial run's tensors failed");
+  // Work queued before is finished first, so that its fault is not taken for the library's.
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+    throw std::runtime_error(std::string("the device failed before cuDNN's attention ran: ") + cudaGetErrorString(e));
+  if (const cudaError_t e = cudaMemsetAsync(p, 0, 2 * qkv + 2 * out + stats, stream); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("cuDNN's attention: zeroing its trial run's tensors failed: ") +
+                             cudaGetErrorString(e));
+  }
   const size_t c = C * es;
-  run_locked(f, h, stream, {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kStats, st}}, ws, "a trial of the forward");
+  run_locked(f, h, stream, {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kStats, st}}, ws,
+             "a trial of the forward");
   run_locked(b, h, stream,
-             {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kDO, gy}, {kStats, st}, {kDQ, dx}, {kDK, dx + c}, {kDV, dx + 2 * c}},
+             {{kQ, x},
+              {kK, x + c},
+              {kV, x + 2 * c},
+              {kO, y},
+              {kDO, gy},
+              {kStats, st},
+              {kDQ, dx},
+              {kDK, dx + c},
+              {kDV, dx + 2 * c}},
              ws, "a trial of the backward");
   const cudaError_t e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) throw std::runtime_error(std::string("cuDNN's attention: its trial run failed on the device: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("cuDNN's attention: its trial run failed on the device: ") +
+                             cudaGetErrorString(e));
 }
 
 // The shape's plan for one direction, built on first use (both directions at once, and run once:
@@ -260,11 +277,15 @@ const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
       build_backward(s, b, h);
       trial_run(s, f, b, h, stream);
       // Once per shape, for whoever times a first step: the build compiles kernels (seconds).
-      std::fprintf(stderr, "cuDNN's attention: graphs for B %lld, T %lld, %lld heads of %lld, %s built and tried in %.1f s; workspace forward %.1f MiB, backward %.1f MiB\n",
+      std::fprintf(stderr,
+                   "cuDNN's attention: graphs for B %lld, T %lld, %lld heads of %lld, %s built and tried in %.1f s; "
+                   "workspace forward %.1f MiB, backward %.1f MiB\n",
                    static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
                    static_cast<long long>(s.D), s.dtype == DType::bf16 ? "bf16" : "fp16",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                    static_cast<double>(f.workspace) / (1 << 20), static_cast<double>(b.workspace) / (1 << 20));
+    } catch (const cuda::OutOfMemory&) {
+      throw;  // the device's state, not the library's refusal: the shape's next forward tries again
     } catch (const std::exception& e) {
       f.error = b.error = e.what();
     }

@@ -49,9 +49,10 @@ std::string describe();
 // The device workspace each direction needs for the shape, in bytes. The shape's first call builds
 // both directions' graphs and runs each once on zeroed scratch tensors (the library's refusal of
 // either, at its build or its first run, is met at the forward, where the op can still fall back),
-// once per process, and says on stderr how long that took and the workspaces' sizes; a shape first met while `stream` captures a CUDA graph is
-// refused (std::runtime_error): the trainer's eager steps come first. T = 1 is refused (cuDNN's
-// backward does not take it).
+// once per process, and says on stderr how long that took and the workspaces' sizes. A shape first
+// met while `stream` captures a CUDA graph is refused (std::runtime_error): the trainer's eager steps
+// come first. T = 1 is refused (cuDNN's backward does not take it). The allocator's OutOfMemory
+// passes through, not kept as the shape's error: its next forward tries again.
 size_t forward_workspace(const Shape& s, cudaStream_t stream);
 size_t backward_workspace(const Shape& s, cudaStream_t stream);
 
