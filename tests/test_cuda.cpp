@@ -2645,33 +2645,42 @@ TEST_F(CudaVsCpu, CudnnAttentionMatchesAttentionWrittenOutInDouble) {
   const std::string why = gpu().cudnn_attention_unavailable(DType::bf16, 64);
   if (!why.empty()) GTEST_SKIP() << why;
   for (DType dt : {DType::bf16, DType::f16}) {
-    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
-                                     std::array<int64_t, 4>{1, 40, 2, 48}, std::array<int64_t, 4>{1, 33, 1, 128}}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
-                   std::to_string(H) + " D " + std::to_string(D));
-      ASSERT_EQ(gpu().cudnn_attention_unavailable(dt, D), "");
-      const int64_t C = H * D;
-      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-      const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 303, -1.5, 1.5), gy = random_cpu({B, T, C}, dt, 304);
-      const Tensor q = qkv.to(kGPU), g = gy.to(kGPU);
-      Tensor y[2], lse[2], dqkv[2];
-      for (int run = 0; run < 2; ++run) {
-        y[run] = empty({B, T, C}, dt, kGPU);
-        lse[run] = empty({B, H, T}, DType::f32, kGPU);
-        dqkv[run] = empty({B, T, 3 * C}, dt, kGPU);
-        gpu().attention_forward(q, H, scale, y[run], lse[run], FusedAttention::cudnn);
-        gpu().attention_backward(q, y[run], lse[run], g, H, scale, dqkv[run], FusedAttention::cudnn);
-      }
-      expect_attention_close(dt, y[0], lse[0], dqkv[0], attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
-      EXPECT_TRUE(matches(y[1], y[0], 0));
-      EXPECT_TRUE(matches(dqkv[1], dqkv[0], 0)) << "the backward is not deterministic";
-      for (AttentionKernels k : {AttentionKernels::automatic, AttentionKernels::cudnn}) {
-        Tensor leaf = q.clone();
-        leaf.set_requires_grad(true);
-        const Tensor out = causal_attention(leaf, H, {.dropout_p = 0.0, .dropout = {}, .kernels = k});
-        EXPECT_TRUE(matches(out, y[0], 0));
-        out.backward(g);
-        EXPECT_TRUE(matches(leaf.grad(), dqkv[0], 0));
+    // B H T a multiple of 4 first: cudnn-frontend puts a B H T float buffer at the start of the
+    // backward's workspace unrounded, so the last two shapes give cuDNN a workspace 8 or 4 bytes
+    // aligned (GPT-2's shapes do not). A shape the library refuses is a failure named by its shape,
+    // and the others still run.
+    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 40, 2, 48},
+                                     std::array<int64_t, 4>{1, 70, 3, 64}, std::array<int64_t, 4>{1, 33, 1, 128}}) {
+      try {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
+                     std::to_string(H) + " D " + std::to_string(D));
+        ASSERT_EQ(gpu().cudnn_attention_unavailable(dt, D), "");
+        const int64_t C = H * D;
+        const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+        const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 303, -1.5, 1.5), gy = random_cpu({B, T, C}, dt, 304);
+        const Tensor q = qkv.to(kGPU), g = gy.to(kGPU);
+        Tensor y[2], lse[2], dqkv[2];
+        for (int run = 0; run < 2; ++run) {
+          y[run] = empty({B, T, C}, dt, kGPU);
+          lse[run] = empty({B, H, T}, DType::f32, kGPU);
+          dqkv[run] = empty({B, T, 3 * C}, dt, kGPU);
+          gpu().attention_forward(q, H, scale, y[run], lse[run], FusedAttention::cudnn);
+          gpu().attention_backward(q, y[run], lse[run], g, H, scale, dqkv[run], FusedAttention::cudnn);
+        }
+        expect_attention_close(dt, y[0], lse[0], dqkv[0],
+                               attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
+        EXPECT_TRUE(matches(y[1], y[0], 0));
+        EXPECT_TRUE(matches(dqkv[1], dqkv[0], 0)) << "the backward is not deterministic";
+        for (AttentionKernels k : {AttentionKernels::automatic, AttentionKernels::cudnn}) {
+          Tensor leaf = q.clone();
+          leaf.set_requires_grad(true);
+          const Tensor out = causal_attention(leaf, H, {.dropout_p = 0.0, .dropout = {}, .kernels = k});
+          EXPECT_TRUE(matches(out, y[0], 0));
+          out.backward(g);
+          EXPECT_TRUE(matches(leaf.grad(), dqkv[0], 0));
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << dtype_name(dt) << " B " << B << " T " << T << " H " << H << " D " << D << ": " << e.what();
       }
     }
   }
