@@ -15,8 +15,6 @@
 
 #include <cudnn_frontend.h>
 
-#include "runtime/kernels/cuda/cuda_context.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +26,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "runtime/kernels/cuda/cuda_context.h"
 
 // The frontend's dynamic loading reads the library's handle from here.
 namespace cudnn_frontend {
@@ -201,9 +201,24 @@ void build_backward(const Shape& s, Plan& plan, cudnnHandle_t h) {
   plan.graph = std::move(g);
 }
 
+// The graphs' tensors by uid: q, k and v (and their gradients) side by side in each row of qkv (dqkv),
+// C 16-bit elements apart; o and dO as [B, T, C].
+using Pack = std::unordered_map<int64_t, void*>;
+Pack forward_pack(const Shape& s, const void* qkv, void* y, float* stats) {
+  char* x = static_cast<char*>(const_cast<void*>(qkv));
+  const int64_t c = s.H * s.D * 2;
+  return {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kStats, stats}};
+}
+Pack backward_pack(const Shape& s, const void* qkv, const void* y, const void* gy, const float* stats, void* dqkv) {
+  Pack pack = forward_pack(s, qkv, const_cast<void*>(y), const_cast<float*>(stats));
+  char* d = static_cast<char*>(dqkv);
+  const int64_t c = s.H * s.D * 2;
+  pack.insert({{kDO, const_cast<void*>(gy)}, {kDQ, d}, {kDK, d + c}, {kDV, d + 2 * c}});
+  return pack;
+}
+
 // Runs a plan on the stream; the cache's mutex is held.
-void run_locked(const Plan& p, cudnnHandle_t h, cudaStream_t stream, std::unordered_map<int64_t, void*> pack,
-                void* workspace, const char* what) {
+void run_locked(const Plan& p, cudnnHandle_t h, cudaStream_t stream, Pack pack, void* workspace, const char* what) {
   if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN's attention: cudnnSetStream failed");
   check(p.graph->execute(h, pack, workspace), what);
@@ -230,20 +245,9 @@ void trial_run(const Shape& s, const Plan& f, const Plan& b, cudnnHandle_t h, cu
     throw std::runtime_error(std::string("cuDNN's attention: zeroing its trial run's tensors failed: ") +
                              cudaGetErrorString(e));
   }
-  const size_t c = C * es;
-  run_locked(f, h, stream, {{kQ, x}, {kK, x + c}, {kV, x + 2 * c}, {kO, y}, {kStats, st}}, ws,
-             "a trial of the forward");
-  run_locked(b, h, stream,
-             {{kQ, x},
-              {kK, x + c},
-              {kV, x + 2 * c},
-              {kO, y},
-              {kDO, gy},
-              {kStats, st},
-              {kDQ, dx},
-              {kDK, dx + c},
-              {kDV, dx + 2 * c}},
-             ws, "a trial of the backward");
+  float* stats_at = reinterpret_cast<float*>(st);
+  run_locked(f, h, stream, forward_pack(s, x, y, stats_at), ws, "a trial of the forward");
+  run_locked(b, h, stream, backward_pack(s, x, y, gy, stats_at, dx), ws, "a trial of the backward");
   const cudaError_t e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("cuDNN's attention: its trial run failed on the device: ") +
@@ -298,8 +302,7 @@ const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
 }
 
 // The handle is the device's one: its stream is set and the graph run under the lock.
-void execute(const Shape& s, const Plan& p, cudaStream_t stream, std::unordered_map<int64_t, void*> pack, void* workspace,
-             const char* what) {
+void execute(const Shape& s, const Plan& p, cudaStream_t stream, Pack pack, void* workspace, const char* what) {
   std::lock_guard<std::mutex> lock(cache().mutex);
   run_locked(p, handle_locked(s.device), stream, std::move(pack), workspace, what);
 }
@@ -318,23 +321,12 @@ size_t forward_workspace(const Shape& s, cudaStream_t stream) { return static_ca
 size_t backward_workspace(const Shape& s, cudaStream_t stream) { return static_cast<size_t>(plan(s, true, stream).workspace); }
 
 void forward(const Shape& s, cudaStream_t stream, const void* qkv, void* y, float* stats, void* workspace) {
-  const int64_t C = s.H * s.D, es = 2;
-  char* base = static_cast<char*>(const_cast<void*>(qkv));
-  execute(s, plan(s, false, stream), stream,
-          {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, y}, {kStats, stats}}, workspace,
-          "the forward");
+  execute(s, plan(s, false, stream), stream, forward_pack(s, qkv, y, stats), workspace, "the forward");
 }
 
 void backward(const Shape& s, cudaStream_t stream, const void* qkv, const void* y, const void* gy, const float* stats,
               void* dqkv, void* workspace) {
-  const int64_t C = s.H * s.D, es = 2;
-  char* base = static_cast<char*>(const_cast<void*>(qkv));
-  char* grad = static_cast<char*>(dqkv);
-  execute(s, plan(s, true, stream), stream,
-          {{kQ, base}, {kK, base + C * es}, {kV, base + 2 * C * es}, {kO, const_cast<void*>(y)},
-           {kDO, const_cast<void*>(gy)}, {kStats, const_cast<float*>(stats)}, {kDQ, grad}, {kDK, grad + C * es},
-           {kDV, grad + 2 * C * es}},
-          workspace, "the backward");
+  execute(s, plan(s, true, stream), stream, backward_pack(s, qkv, y, gy, stats, dqkv), workspace, "the backward");
 }
 
 }  // namespace amp::cudnn_sdpa
