@@ -32,6 +32,7 @@
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/kernels/cuda/broadcast_index.h"
+#include "runtime/kernels/cuda/cuda_backend.h"
 #include "runtime/kernels/cuda/cuda_context.h"
 #include "runtime/kernels/cuda/cuda_graph.h"
 #include "runtime/kernels/cuda/device_elem.cuh"
@@ -2620,6 +2621,13 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
       Tensor dqkv = empty({B, T, 3 * C}, dt, kGPU);
       gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, dqkv);
       expect_attention_close(dt, y, lse, dqkv, attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
+      {  // The backward's tiles of dS a batch and head at a time (a scratch limit under one's tiles): the same bits
+        const int64_t limit = cuda::set_attention_ds_limit(1);
+        Tensor grouped = empty({B, T, 3 * C}, dt, kGPU);
+        gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, grouped);
+        cuda::set_attention_ds_limit(limit);
+        EXPECT_TRUE(matches(grouped, dqkv, 0));
+      }
       // The op takes these kernels without dropout (--attention fused): its output and, through
       // autograd, qkv's gradient are theirs bit for bit (with dropout it takes the composite).
       Tensor leaf = qkv.to(kGPU);

@@ -7,12 +7,23 @@
 // type before their product with v (k, q, gy); the softmax statistics and every sum are fp32. Every
 // output element is written once (no atomics), so the results are deterministic.
 //
+// The backward computes the scores once: its dk/dv pass, a block per 64 keys walking the queries,
+// also writes each tile of the scores' gradient dS (rounded to the input type, as its products take
+// it) to a scratch buffer, and the dq pass is then the product dS K, a block per 64 queries walking
+// those tiles. FlashAttention-2 adds dq from the dk/dv pass with atomics instead, which is not
+// deterministic; recomputing QK^T, P and dP for dq (this file's earlier dq pass) cost 4 of the
+// backward's 14 T^2 D products. The scratch holds the causal half of dS in 64 x 64 tiles, 2 T^2 bytes
+// a batch and head (GPT-2 small at batch 8: 107 MB), taken a layer at a time; batches and heads go
+// through in groups so that it stays under kDsScratchLimit (one batch and head at least).
+//
 // A block is a number of warps over consecutive rows, 16 a warp: 128 query rows in the forward (8
 // warps), 64 query rows in the dq pass and 64 key rows in the dk/dv pass (4 warps). Tiles of kTile
 // rows of the other side are copied into shared memory row-major by cp.async, the next tile while the
 // block computes on the last (two buffers: async_copy.cuh); a product that reads a tile along its rows
 // takes its B fragments with ldmatrix.trans, so no tile is transposed. Each warp's results go out
 // through shared memory, 16 bytes a store.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -36,6 +47,9 @@ constexpr int kTile = 64;          // rows of a shared tile: keys (forward, dq) 
 constexpr int kForwardWarps = 8;   // 128 query rows a block, FlashAttention-2's tile for head size 64
 constexpr int kBackwardWarps = 4;  // 64 rows a block
 constexpr float kLog2e = 1.4426950408889634f;
+// The most scratch the backward's tiles of dS take (one batch and head's at least). 128 MiB holds
+// GPT-2 small's at batch 8 (107 MB) in one group; set_attention_ds_limit changes it (tests).
+std::atomic<int64_t> ds_scratch_limit{int64_t{128} << 20};
 
 // A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that the 8 rows
 // of 16 bytes an ldmatrix phase (or a warp's row of stores) touches fall in 32 distinct banks; rows
@@ -192,13 +206,14 @@ __device__ void store_rows(const float (&acc)[D / 8][4], Words<R, D>& stage, int
 // warp's rows from `base`, its fragment rows r0 = base + g and r0 + 8, and the head's D columns in
 // qkv, whose rows hold q, k and v (C columns each: stride 3C). Causal rows cost in proportion to their
 // number in the forward and the dq pass: there the first blocks take the last rows (`reversed`), so
-// that the longest run first and the shortest fill the tail.
+// that the longest run first and the shortest fill the tail. The backward's grid covers the batches
+// and heads from bh0 on (a group: see kDsScratchLimit).
 template <int D, int Rows>
 struct Frag {
   int lane, g, t;
   int64_t bh, b, h, C, stride, first, base, r0;
-  __device__ Frag(int64_t heads, bool reversed)
-      : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(blockIdx.y), b(bh / heads),
+  __device__ Frag(int64_t heads, bool reversed, int64_t bh0 = 0)
+      : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(bh0 + blockIdx.y), b(bh / heads),
         h(bh % heads), C(heads * D), stride(3 * C),
         first(static_cast<int64_t>(reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Rows),
         base(first + 16 * (static_cast<int>(threadIdx.x) / 32)), r0(base + g) {}
@@ -279,91 +294,52 @@ __global__ void __launch_bounds__(32 * kForwardWarps, 2)
   store_rows<T, D>(o, sm.out[0], at.first, rows, y + at.b * rows * at.C + at.h * D, at.C);
 }
 
-// The backward's first pass, a warp per 16 query rows: delta_i = gy_i . y_i (kept for the second
-// pass), and dq_i = scale sum_j ds_ij k_j with p_ij = exp(scale q_i . k_j - lse_i),
-// ds_ij = p_ij (gy_i . v_j - delta_i). A tile's 64 keys are taken 32 at a time (fewer live registers).
+// The tiles of dS for one batch and head: the causal half of [T, T] in kTile x kTile tiles, tile
+// (query tile qi, key tile kj <= qi) at qi (qi + 1) / 2 + kj, each row-major with its rows the keys
+// and its columns the queries (the dk/dv pass's accumulators' layout).
+__host__ __device__ constexpr int64_t ds_tiles(int64_t rows) {
+  const int64_t n = (rows + kTile - 1) / kTile;
+  return n * (n + 1) / 2;
+}
+constexpr int64_t kDsTileElems = int64_t{kTile} * kTile;
+
+// The backward's first step: delta_i = gy_i . y_i over a head's D columns, a thread per row and head.
 template <class T, int D>
-__global__ void __launch_bounds__(32 * kBackwardWarps, 3)
-    attention_dq_kernel(const T* qkv, const T* y, const float* lse, const T* gy, int64_t rows, int64_t heads,
-                        float scale, float* delta, T* dqkv) {
-  constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
-  using Smem = Shared<D, kRows, 1>;
-  AMP_SHARED(Smem, sm);
-  const Frag<D, kRows> at(heads, true);
-  const int t = at.t;
-  const T* gbase = gy + at.b * rows * at.C + at.h * D;
-  const T* ybase = y + at.b * rows * at.C + at.h * D;
-  uint32_t qa[D / 16][4], ga[D / 16][4];
-  float di[2] = {0.0f, 0.0f}, li[2];
-  {
-    uint32_t ya[D / 16][4];
-    a_frags<T, D>(gbase, at.r0, rows, at.C, t, ga);
-    a_frags<T, D>(ybase, at.r0, rows, at.C, t, ya);
-    #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      #pragma unroll
-      for (int w = 0; w < 4; ++w)
-        di[w % 2] += pair_lo<T>(ga[kk][w]) * pair_lo<T>(ya[kk][w]) + pair_hi<T>(ga[kk][w]) * pair_hi<T>(ya[kk][w]);
-  }
-  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
+__global__ void attention_delta_kernel(const T* y, const T* gy, int64_t count, int64_t rows, int64_t heads,
+                                       float* delta) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t bt = i / heads, h = i % heads;  // row bt of [B T, C], head h: consecutive threads, consecutive bytes
+  const T* yr = y + bt * heads * D + h * D;
+  const T* gr = gy + bt * heads * D + h * D;
+  float part[4] = {};  // over the columns 8 c + 2 w and 8 c + 2 w + 1, as the mma fragments split a row
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = at.r0 + 8 * r;
-    di[r] = group_sum(di[r]);
-    li[r] = row < rows ? lse[at.bh * rows + row] * kLog2e : 0.0f;
-    if (t == 0 && row < rows) delta[at.bh * rows + row] = di[r];
+  for (int c = 0; c < D; c += 8) {
+    uint32_t yw[4], gw[4];
+    load_quad(yr + c, yw);
+    load_quad(gr + c, gw);
+    #pragma unroll
+    for (int w = 0; w < 4; ++w)
+      part[w] += pair_lo<T>(gw[w]) * pair_lo<T>(yw[w]) + pair_hi<T>(gw[w]) * pair_hi<T>(yw[w]);
   }
-  const float sl2 = scale * kLog2e;
-  float dq[D / 8][4] = {};
-  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
-  auto stage = [&](int64_t i) { stage_keys_values<kThreads, T, D>(at, qkv, rows, i, sm); };
-  pipeline(last / kTile + 1, stage, [&](int64_t i) {
-    const Tile<D>& ks = sm.stage[i % 2].a;
-    const Tile<D>& vs = sm.stage[i % 2].b;
-    const int64_t j0 = i * kTile;
-    const int diag = static_cast<int>(at.r0 - j0);
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      constexpr int kN = kTile / 16;  // n-tiles of a half
-      if (j0 + kN * 8 * half > at.base + 15) continue;  // every key of the half is after the warp's rows
-      const bool masked = j0 + kN * 8 * (half + 1) - 1 > at.base;
-      float s[kN][4] = {}, dp[kN][4] = {};
-      #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        mma_row<false, T>(s, qa[kk], ks, kk, at.lane, kN * half);
-        mma_row<false, T>(dp, ga[kk], vs, kk, at.lane, kN * half);
-      }
-      #pragma unroll
-      for (int n = 0; n < kN; ++n)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * (kN * half + n) + 2 * t + e % 2;
-          const bool keep = !masked || c <= diag + 8 * (e / 2);
-          const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
-          s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
-        }
-      mma_acc<T>(dq, s, ks, kN / 2 * half, at.lane);  // s holds ds
-    }
-  });
-  #pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-    #pragma unroll
-    for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
-  store_rows<T, D>(dq, sm.out[0], at.first, rows, dqkv + at.b * rows * at.stride + at.h * D, at.stride);
+  delta[((bt / rows) * heads + h) * rows + bt % rows] = (part[0] + part[1]) + (part[2] + part[3]);
 }
 
 // The second pass, a warp per 16 key rows: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i,
-// from the transposed products (rows: keys, columns: queries), a tile's 64 queries 32 at a time.
+// from the transposed products (rows: keys, columns: queries), a tile's 64 queries 32 at a time, with
+// p_ij = exp(scale q_i . k_j - lse_i) and ds_ij = p_ij (gy_i . v_j - delta_i). Each tile of ds goes
+// to ds (ds_tiles' layout, the group's batch and head blockIdx.y) as the products take it, rounded to
+// T, zeros where the causal mask empties it, so that the dq pass reads every element it was written.
 template <class T, int D>
 __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
-    attention_dkdv_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows,
-                          int64_t heads, float scale, T* dqkv) {
+    attention_dkdv_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows, int64_t heads,
+                          int64_t bh0, float scale, T* dqkv, T* ds) {
   constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
   using Smem = Shared<D, kRows, 2>;
   AMP_SHARED(Smem, sm);
   AMP_SHARED(float[2][kTile], ls);  // the tile's lse (log2 units) and delta, in the buffer of its tile
   AMP_SHARED(float[2][kTile], dl);
-  const Frag<D, kRows> at(heads, false);
+  const Frag<D, kRows> at(heads, false, bh0);
   const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   uint32_t ka[D / 16][4], va[D / 16][4];
@@ -372,6 +348,14 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
   const float sl2 = scale * kLog2e;
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   const int64_t tiles = at.first < rows ? (rows - at.first + kTile - 1) / kTile : 0;  // queries from the first key on
+  const int64_t kj = at.first / kTile;
+  // This warp's rows (keys r0 - first and 8 on) of the tile for query tile kj + i, as words.
+  uint32_t* const ds_rows = reinterpret_cast<uint32_t*>(ds + blockIdx.y * ds_tiles(rows) * kDsTileElems) +
+                            (at.r0 - at.first) * (kTile / 2) + t;
+  auto ds_tile = [&](int64_t i) {
+    const int64_t qi = kj + i;
+    return ds_rows + (qi * (qi + 1) / 2 + kj) * (kDsTileElems / 2);
+  };
   auto stage = [&](int64_t i) {
     const int64_t i0 = at.first + i * kTile;
     stage_rows<kThreads, T, D>(at.head(qkv, rows, 0), i0, rows, at.stride, sm.stage[i % 2].a);
@@ -392,11 +376,18 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     const int64_t i0 = at.first + i * kTile;
     const int diag = static_cast<int>(at.r0 - i0);  // queries of the tile from key r0 on: diag ..
     const int valid = static_cast<int>(rows - i0 < kTile ? rows - i0 : kTile);  // queries that exist
+    uint32_t* const out = ds_tile(i);
     #pragma unroll
     for (int half = 0; half < 2; ++half) {  // 32 queries at a time: fewer live registers
       constexpr int kN = kTile / 16;        // n-tiles of a half
-      if (i0 + kN * 8 * (half + 1) - 1 < at.base) continue;  // every query of the half is before the warp's keys
-      if (i0 + kN * 8 * half >= rows) continue;               // or past the last row
+      // Every query of the half is before the warp's keys, or past the last row: ds is 0 there.
+      if (i0 + kN * 8 * (half + 1) - 1 < at.base || i0 + kN * 8 * half >= rows) {
+        #pragma unroll
+        for (int n = 0; n < kN; ++n)
+          #pragma unroll
+          for (int r = 0; r < 2; ++r) out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = 0u;
+        continue;
+      }
       const bool masked = i0 + kN * 8 * half < at.base + 15 || valid < kTile;
       float s[kN][4] = {}, dp[kN][4] = {};
       #pragma unroll
@@ -414,6 +405,11 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dli[c]);  // ds
         }
+      #pragma unroll
+      for (int n = 0; n < kN; ++n)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r)
+          out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = pack_pair<T>(dp[n][2 * r], dp[n][2 * r + 1]);
       mma_acc<T>(dv, s, gs, kN / 2 * half, at.lane);
       mma_acc<T>(dk, dp, qs, kN / 2 * half, at.lane);  // dp holds ds
     }
@@ -425,6 +421,48 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
   T* out = dqkv + at.b * rows * at.stride + at.h * D;
   store_rows<T, D>(dk, sm.out[0], at.first, rows, out + at.C, at.stride);
   store_rows<T, D>(dv, sm.out[1], at.first, rows, out + 2 * at.C, at.stride);
+}
+
+// The last pass, a warp per 16 query rows: dq_i = scale sum_j<=i ds_ij k_j, from the tiles of ds the
+// dk/dv pass wrote. A tile's rows are the keys, so a warp takes its A fragments (its 16 queries, 16
+// keys at a time) with ldmatrix.trans, and k's B fragments along its rows as the other passes do.
+template <class T, int D>
+__global__ void __launch_bounds__(32 * kBackwardWarps, 4)
+    attention_dq_kernel(const T* qkv, const T* ds, int64_t rows, int64_t heads, int64_t bh0, float scale, T* dqkv) {
+  constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
+  union Smem {
+    struct {
+      Tile<kTile> s;  // ds's tile
+      Tile<D> k;
+    } stage[2];
+    Words<kRows, D> out[1];
+  };
+  AMP_SHARED(Smem, sm);
+  const Frag<D, kRows> at(heads, true, bh0);
+  const int lane = at.lane, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t qi = at.first / kTile;
+  const T* tiles = ds + (blockIdx.y * ds_tiles(rows) + qi * (qi + 1) / 2) * kDsTileElems;  // key tile 0's
+  float dq[D / 8][4] = {};
+  auto stage = [&](int64_t i) {
+    stage_rows<kThreads, T, kTile>(tiles + i * kDsTileElems, 0, kTile, kTile, sm.stage[i % 2].s);
+    stage_rows<kThreads, T, D>(at.head(qkv, rows, 1), i * kTile, rows, at.stride, sm.stage[i % 2].k);
+    cp_async_commit();
+  };
+  pipeline(qi + 1, stage, [&](int64_t i) {
+    const auto& st = sm.stage[i % 2];
+    #pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      if (i * kTile + 16 * kk > at.base + 15) break;  // these keys are after the warp's rows: ds is 0
+      uint32_t a[4];  // matrix lane / 8: queries 8 ((lane / 8) % 2) .., keys 16 kk + 8 (lane / 16) ..
+      ldmatrix_x4_trans(a, &st.s.w[16 * kk + 8 * (lane / 16) + lane % 8][8 * warp + 4 * ((lane / 8) % 2)]);
+      mma_row<true, T>(dq, a, st.k, kk, lane);
+    }
+  });
+  #pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
+  store_rows<T, D>(dq, sm.out[0], at.first, rows, dqkv + at.b * rows * at.stride + at.h * D, at.stride);
 }
 
 struct Dims {
@@ -547,19 +585,38 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   }
   Scratch delta(sizeof(float) * static_cast<size_t>(d.B * d.H * d.T));
   dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
-    const int64_t es = static_cast<int64_t>(sizeof(T)), pairs = d.B * d.H * d.T * (d.T + 1) / 2;
-    const int64_t stats = 4 * d.B * d.H * d.T;
-    declare_launch_cost(d.B * d.T * (2 * d.C + 2 * d.C) * es + stats, d.B * d.T * d.C * es + stats, 6 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dq_kernel<T, decltype(dim)::value>)(
-        qkv.data<T>(), y.data<T>(), lse.data<float>(), gy.data<T>(), d.T, d.H, static_cast<float>(scale),
-        delta.as<float>(), dqkv.data<T>());
+    constexpr int D = decltype(dim)::value;
+    const int64_t es = static_cast<int64_t>(sizeof(T)), BH = d.B * d.H, stats = 4 * BH * d.T;
+    const int64_t per_bh = ds_tiles(d.T) * kDsTileElems * es;  // dS's tiles for one batch and head
+    const int64_t limit = ds_scratch_limit.load();
+    const int64_t groups = std::min(BH, std::max<int64_t>(1, (BH * per_bh + limit - 1) / limit));
+    const int64_t group = (BH + groups - 1) / groups;
+    const Scratch ds(static_cast<size_t>(group * per_bh));
+    const int64_t rows = d.B * d.T * d.H;
+    declare_launch_cost(2 * d.B * d.T * d.C * es, stats, 2 * d.B * d.T * d.C);
+    AMP_LAUNCH(dim3(static_cast<unsigned>((rows + 255) / 256)), 256, 0, ctx.stream(), attention_delta_kernel<T, D>)(
+        y.data<T>(), gy.data<T>(), rows, d.T, d.H, delta.as<float>());
     AMP_CUDA_CHECK_LAUNCH();
-    declare_launch_cost(d.B * d.T * (3 * d.C + d.C) * es + 2 * stats, 2 * d.B * d.T * d.C * es, 8 * pairs * d.D);
-    AMP_LAUNCH(attention_grid(d, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dkdv_kernel<T, decltype(dim)::value>)(
-        qkv.data<T>(), lse.data<float>(), gy.data<T>(), delta.as<float>(), d.T, d.H, static_cast<float>(scale),
-        dqkv.data<T>());
-    AMP_CUDA_CHECK_LAUNCH();
+    for (int64_t bh0 = 0; bh0 < BH; bh0 += group) {
+      const int64_t n = std::min(group, BH - bh0), pairs = n * d.T * (d.T + 1) / 2, part = n * d.T * d.D * es;
+      Dims g = d;  // the group's grid: n batches x heads
+      g.B = n;
+      g.H = 1;
+      declare_launch_cost(4 * part + 2 * 4 * n * d.T, 2 * part + n * per_bh, 8 * pairs * d.D);
+      AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dkdv_kernel<T, D>)(
+          qkv.data<T>(), lse.data<float>(), gy.data<T>(), delta.as<float>(), d.T, d.H, bh0,
+          static_cast<float>(scale), dqkv.data<T>(), ds.as<T>());
+      AMP_CUDA_CHECK_LAUNCH();
+      declare_launch_cost(part + n * per_bh, part, 2 * pairs * d.D);
+      AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dq_kernel<T, D>)(
+          qkv.data<T>(), ds.as<T>(), d.T, d.H, bh0, static_cast<float>(scale), dqkv.data<T>());
+      AMP_CUDA_CHECK_LAUNCH();
+    }
   });
+}
+
+int64_t set_attention_ds_limit(int64_t bytes) {
+  return ds_scratch_limit.exchange(std::max<int64_t>(bytes, 1));
 }
 
 }  // namespace amp::cuda

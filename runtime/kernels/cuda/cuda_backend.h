@@ -127,4 +127,8 @@ void require_cuda(const Tensor& t, const char* what);
 int64_t block_flag_count(const std::vector<Tensor>& xs);
 void fold_block_flags(const std::vector<Tensor>& xs, const double* block_flags, float* per_tensor);
 
+// The most scratch our attention's backward takes for its tiles of dS (cuda_attention.cu: batches and
+// heads go through in groups under it, one at least; 128 MiB by default). Returns the previous limit.
+int64_t set_attention_ds_limit(int64_t bytes);
+
 }  // namespace amp::cuda
