@@ -2603,12 +2603,21 @@ TEST_F(CudaVsCpu, FusedAttentionRefusesAMisalignedTensorNamingIt) {
   EXPECT_EQ(message([&] { gpu().attention_backward(qkv, y, lse, gy, H, scale, dqkv); }), "no error");
 }
 
+// The attention backward's policy for dS's tiles (cuda_backend.h) for a scope.
+struct DsPolicy {
+  explicit DsPolicy(cuda::AttentionDsPolicy p) : old(cuda::set_attention_ds_policy(p)) {}
+  ~DsPolicy() { cuda::set_attention_ds_policy(old); }
+  DsPolicy(const DsPolicy&) = delete;
+  DsPolicy& operator=(const DsPolicy&) = delete;
+  cuda::AttentionDsPolicy old;
+};
+
 // Our fused attention against attention in double from the same inputs. T = 37, 70, 130 and 260:
 // partial row blocks (128 rows in the forward, 64 in the backward) and key tiles, keys of one to five
 // tiles (two buffers, each taken again).
 TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
   for (DType dt : {DType::bf16, DType::f16}) {
-    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
+    for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{3, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
                                      std::array<int64_t, 4>{1, 130, 1, 64}, std::array<int64_t, 4>{1, 260, 2, 32}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
                    std::to_string(H) + " D " + std::to_string(D));
@@ -2620,13 +2629,33 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
       gpu().attention_forward(qkv.to(kGPU), H, scale, y, lse);
       Tensor dqkv = empty({B, T, 3 * C}, dt, kGPU);
       gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, dqkv);
-      expect_attention_close(dt, y, lse, dqkv, attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
-      {  // The backward's tiles of dS a batch and head at a time (a scratch limit under one's tiles): the same bits
-        const int64_t limit = cuda::set_attention_ds_limit(1);
-        Tensor grouped = empty({B, T, 3 * C}, dt, kGPU);
-        gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, grouped);
-        cuda::set_attention_ds_limit(limit);
-        EXPECT_TRUE(matches(grouped, dqkv, 0));
+      const AttentionInDouble want = attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale);
+      expect_attention_close(dt, y, lse, dqkv, want);
+      // The backward keeps dS's tiles (so far, in one group) or, past its policy, computes them again
+      // in the dq pass. Kept, it takes batches in groups (here of 2, the last of 1 where B = 3, and of
+      // 1), its scratch a group's tiles: the same bits. Computed again, no scratch, and the same bits
+      // on the emulated GPU, whose mma.sync adds a product's terms in one order whichever operand is
+      // A; on a GPU, within bounds.
+      const int64_t tiles = (T + 63) / 64, per_batch = tiles * (tiles + 1) / 2 * 64 * 64 * 2 * H;
+      for (const cuda::AttentionDsPolicy policy : {cuda::AttentionDsPolicy{0, 0}, cuda::AttentionDsPolicy{2 * per_batch, 0},
+                                                   cuda::AttentionDsPolicy{per_batch, 0}}) {
+        SCOPED_TRACE("dS scratch limit " + std::to_string(policy.limit_bytes));
+        Tensor other = empty({B, T, 3 * C}, dt, kGPU), q = qkv.to(kGPU), g = gy.to(kGPU);
+        cuda::CudaBackend& memory = cuda::cuda_backend();
+        memory.reset_peak_bytes();
+        const size_t before = memory.current_bytes();
+        {
+          const DsPolicy scoped(policy);
+          gpu().attention_backward(q, y, lse, g, H, scale, other);
+        }
+        const int64_t scratch = static_cast<int64_t>(memory.peak_bytes() - before);  // delta's and dS's
+        if (policy.limit_bytes == 0) EXPECT_LT(scratch, per_batch);
+        else EXPECT_GE(scratch, std::min(policy.limit_bytes / per_batch, B) * per_batch);
+        expect_attention_close(dt, y, lse, other, want);
+#if !defined(AMP_CUDA_EMU)
+        if (policy.limit_bytes == 0) continue;
+#endif
+        EXPECT_TRUE(matches(other, dqkv, 0));
       }
       // The op takes these kernels without dropout (--attention fused): its output and, through
       // autograd, qkv's gradient are theirs bit for bit (with dropout it takes the composite).

@@ -7,14 +7,16 @@
 // type before their product with v (k, q, gy); the softmax statistics and every sum are fp32. Every
 // output element is written once (no atomics), so the results are deterministic.
 //
-// The backward computes the scores once: its dk/dv pass, a block per 64 keys walking the queries,
-// also writes each tile of the scores' gradient dS (rounded to the input type, as its products take
-// it) to a scratch buffer, and the dq pass is then the product dS K, a block per 64 queries walking
-// those tiles. FlashAttention-2 adds dq from the dk/dv pass with atomics instead, which is not
-// deterministic; recomputing QK^T, P and dP for dq (this file's earlier dq pass) cost 4 of the
-// backward's 14 T^2 D products. The scratch holds the causal half of dS in 64 x 64 tiles, 2 T^2 bytes
-// a batch and head (GPT-2 small at batch 8: 107 MB), taken a layer at a time; batches and heads go
-// through in groups so that it stays under kDsScratchLimit (one batch and head at least).
+// The backward computes the scores once where its scratch allows: its dk/dv pass, a block per 64
+// keys walking the queries, also writes each tile of the scores' gradient dS (rounded to the input
+// type, as its products take it) to a scratch buffer, and the dq pass is then the product dS k, a
+// block per 64 queries walking those tiles. FlashAttention-2 adds dq from the dk/dv pass with atomics
+// instead, which is not deterministic. The scratch holds the causal half of dS in 64 x 64 tiles,
+// T (T + 64) bytes a batch and head for 16-bit types (GPT-2 small at batch 8: 107 MB), taken a layer
+// at a time, batches in groups under a limit (128 MiB: ds_limit). Where a group would be too small to
+// fill the GPU (long sequences: a head's tiles grow as T^2), the dq pass recomputes QK^T,
+// P and dP from q, k, v and gy instead, with no scratch: two of the backward's seven tile products
+// done twice. Both give the same dS, rounded the same way, and add it in the same order.
 //
 // A block is a number of warps over consecutive rows, 16 a warp: 128 query rows in the forward (8
 // warps), 64 query rows in the dq pass and 64 key rows in the dk/dv pass (4 warps). Tiles of kTile
@@ -47,9 +49,12 @@ constexpr int kTile = 64;          // rows of a shared tile: keys (forward, dq) 
 constexpr int kForwardWarps = 8;   // 128 query rows a block, FlashAttention-2's tile for head size 64
 constexpr int kBackwardWarps = 4;  // 64 rows a block
 constexpr float kLog2e = 1.4426950408889634f;
-// The most scratch the backward's tiles of dS take (one batch and head's at least). 128 MiB holds
-// GPT-2 small's at batch 8 (107 MB) in one group; set_attention_ds_limit changes it (tests).
-std::atomic<int64_t> ds_scratch_limit{int64_t{128} << 20};
+// When the backward keeps dS's tiles: at most limit bytes of scratch (GPT-2 small's 107 MB at batch
+// 8 in one group), in groups of batches that launch min_blocks blocks or more (2.6 waves of three
+// blocks on 132 SMs), unless one group takes them all; else the dq pass recomputes.
+// set_attention_ds_policy changes it (tests).
+std::atomic<int64_t> ds_limit{int64_t{128} << 20};
+std::atomic<int64_t> ds_min_blocks{1024};
 
 // A shared tile: R rows of N elements as N / 2 words, each row padded by 4 words so that the 8 rows
 // of 16 bytes an ldmatrix phase (or a warp's row of stores) touches fall in 32 distinct banks; rows
@@ -206,14 +211,13 @@ __device__ void store_rows(const float (&acc)[D / 8][4], Words<R, D>& stage, int
 // warp's rows from `base`, its fragment rows r0 = base + g and r0 + 8, and the head's D columns in
 // qkv, whose rows hold q, k and v (C columns each: stride 3C). Causal rows cost in proportion to their
 // number in the forward and the dq pass: there the first blocks take the last rows (`reversed`), so
-// that the longest run first and the shortest fill the tail. The backward's grid covers the batches
-// and heads from bh0 on (a group: see kDsScratchLimit).
+// that the longest run first and the shortest fill the tail.
 template <int D, int Rows>
 struct Frag {
   int lane, g, t;
   int64_t bh, b, h, C, stride, first, base, r0;
-  __device__ Frag(int64_t heads, bool reversed, int64_t bh0 = 0)
-      : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(bh0 + blockIdx.y), b(bh / heads),
+  __device__ Frag(int64_t heads, bool reversed)
+      : lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4), bh(blockIdx.y), b(bh / heads),
         h(bh % heads), C(heads * D), stride(3 * C),
         first(static_cast<int64_t>(reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Rows),
         base(first + 16 * (static_cast<int>(threadIdx.x) / 32)), r0(base + g) {}
@@ -325,21 +329,21 @@ __global__ void attention_delta_kernel(const T* y, const T* gy, int64_t count, i
   delta[((bt / rows) * heads + h) * rows + bt % rows] = (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-// The second pass, a warp per 16 key rows: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i,
+// The dk/dv pass, a warp per 16 key rows: dv_j = sum_i>=j p_ij gy_i, dk_j = scale sum_i>=j ds_ij q_i,
 // from the transposed products (rows: keys, columns: queries), a tile's 64 queries 32 at a time, with
-// p_ij = exp(scale q_i . k_j - lse_i) and ds_ij = p_ij (gy_i . v_j - delta_i). Each tile of ds goes
-// to ds (ds_tiles' layout, the group's batch and head blockIdx.y) as the products take it, rounded to
-// T, zeros where the causal mask empties it, so that the dq pass reads every element it was written.
-template <class T, int D>
+// p_ij = exp(scale q_i . k_j - lse_i) and ds_ij = p_ij (gy_i . v_j - delta_i). With Keep, each tile
+// of ds goes to ds (ds_tiles' layout, batch and head blockIdx.y) as the products take it,
+// rounded to T, zeros where the causal mask empties it, so that the dq pass reads only what was written.
+template <class T, int D, bool Keep>
 __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     attention_dkdv_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows, int64_t heads,
-                          int64_t bh0, float scale, T* dqkv, T* ds) {
+                          float scale, T* dqkv, T* ds) {
   constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
   using Smem = Shared<D, kRows, 2>;
   AMP_SHARED(Smem, sm);
   AMP_SHARED(float[2][kTile], ls);  // the tile's lse (log2 units) and delta, in the buffer of its tile
   AMP_SHARED(float[2][kTile], dl);
-  const Frag<D, kRows> at(heads, false, bh0);
+  const Frag<D, kRows> at(heads, false);
   const int t = at.t;
   const T* gbase = gy + at.b * rows * at.C + at.h * D;
   uint32_t ka[D / 16][4], va[D / 16][4];
@@ -376,16 +380,18 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
     const int64_t i0 = at.first + i * kTile;
     const int diag = static_cast<int>(at.r0 - i0);  // queries of the tile from key r0 on: diag ..
     const int valid = static_cast<int>(rows - i0 < kTile ? rows - i0 : kTile);  // queries that exist
-    uint32_t* const out = ds_tile(i);
+    uint32_t* const out = Keep ? ds_tile(i) : nullptr;
     #pragma unroll
     for (int half = 0; half < 2; ++half) {  // 32 queries at a time: fewer live registers
       constexpr int kN = kTile / 16;        // n-tiles of a half
       // Every query of the half is before the warp's keys, or past the last row: ds is 0 there.
       if (i0 + kN * 8 * (half + 1) - 1 < at.base || i0 + kN * 8 * half >= rows) {
-        #pragma unroll
-        for (int n = 0; n < kN; ++n)
+        if constexpr (Keep) {
           #pragma unroll
-          for (int r = 0; r < 2; ++r) out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = 0u;
+          for (int n = 0; n < kN; ++n)
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = 0u;
+        }
         continue;
       }
       const bool masked = i0 + kN * 8 * half < at.base + 15 || valid < kTile;
@@ -405,11 +411,13 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dli[c]);  // ds
         }
-      #pragma unroll
-      for (int n = 0; n < kN; ++n)
+      if constexpr (Keep) {
         #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = pack_pair<T>(dp[n][2 * r], dp[n][2 * r + 1]);
+        for (int n = 0; n < kN; ++n)
+          #pragma unroll
+          for (int r = 0; r < 2; ++r)
+            out[8 * r * (kTile / 2) + 4 * (kN * half + n)] = pack_pair<T>(dp[n][2 * r], dp[n][2 * r + 1]);
+      }
       mma_acc<T>(dv, s, gs, kN / 2 * half, at.lane);
       mma_acc<T>(dk, dp, qs, kN / 2 * half, at.lane);  // dp holds ds
     }
@@ -423,12 +431,12 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
   store_rows<T, D>(dv, sm.out[1], at.first, rows, out + 2 * at.C, at.stride);
 }
 
-// The last pass, a warp per 16 query rows: dq_i = scale sum_j<=i ds_ij k_j, from the tiles of ds the
-// dk/dv pass wrote. A tile's rows are the keys, so a warp takes its A fragments (its 16 queries, 16
+// The dq pass after the dk/dv pass that kept ds, a warp per 16 query rows: dq_i = scale sum_j<=i ds_ij
+// k_j, from the tiles of ds the dk/dv pass wrote. A tile's rows are the keys, so a warp takes its A fragments (its 16 queries, 16
 // keys at a time) with ldmatrix.trans, and k's B fragments along its rows as the other passes do.
 template <class T, int D>
 __global__ void __launch_bounds__(32 * kBackwardWarps, 4)
-    attention_dq_kernel(const T* qkv, const T* ds, int64_t rows, int64_t heads, int64_t bh0, float scale, T* dqkv) {
+    attention_dq_kept_kernel(const T* qkv, const T* ds, int64_t rows, int64_t heads, float scale, T* dqkv) {
   constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
   union Smem {
     struct {
@@ -438,7 +446,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 4)
     Words<kRows, D> out[1];
   };
   AMP_SHARED(Smem, sm);
-  const Frag<D, kRows> at(heads, true, bh0);
+  const Frag<D, kRows> at(heads, true);
   const int lane = at.lane, warp = static_cast<int>(threadIdx.x) / 32;
   const int64_t qi = at.first / kTile;
   const T* tiles = ds + (blockIdx.y * ds_tiles(rows) + qi * (qi + 1) / 2) * kDsTileElems;  // key tile 0's
@@ -456,6 +464,67 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 4)
       uint32_t a[4];  // matrix lane / 8: queries 8 ((lane / 8) % 2) .., keys 16 kk + 8 (lane / 16) ..
       ldmatrix_x4_trans(a, &st.s.w[16 * kk + 8 * (lane / 16) + lane % 8][8 * warp + 4 * ((lane / 8) % 2)]);
       mma_row<true, T>(dq, a, st.k, kk, lane);
+    }
+  });
+  #pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] *= scale;
+  store_rows<T, D>(dq, sm.out[0], at.first, rows, dqkv + at.b * rows * at.stride + at.h * D, at.stride);
+}
+
+// The dq pass without ds kept, a warp per 16 query rows: dq_i = scale sum_j ds_ij k_j, ds computed
+// again from q, k, v, gy, lse and delta as the dk/dv pass computes it. A tile's 64 keys are taken 32 at
+// a time (fewer live registers).
+template <class T, int D>
+__global__ void __launch_bounds__(32 * kBackwardWarps, 3)
+    attention_dq_kernel(const T* qkv, const float* lse, const T* gy, const float* delta, int64_t rows,
+                        int64_t heads, float scale, T* dqkv) {
+  constexpr int kRows = 16 * kBackwardWarps, kThreads = 32 * kBackwardWarps;
+  using Smem = Shared<D, kRows, 1>;
+  AMP_SHARED(Smem, sm);
+  const Frag<D, kRows> at(heads, true);
+  const int t = at.t;
+  uint32_t qa[D / 16][4], ga[D / 16][4];
+  a_frags<T, D>(gy + at.b * rows * at.C + at.h * D, at.r0, rows, at.C, t, ga);
+  a_frags<T, D>(at.head(qkv, rows, 0), at.r0, rows, at.stride, t, qa);
+  float di[2], li[2];
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = at.r0 + 8 * r;
+    li[r] = row < rows ? lse[at.bh * rows + row] * kLog2e : 0.0f;
+    di[r] = row < rows ? delta[at.bh * rows + row] : 0.0f;
+  }
+  const float sl2 = scale * kLog2e;
+  float dq[D / 8][4] = {};
+  const int64_t last = (at.first + kRows < rows ? at.first + kRows : rows) - 1;
+  auto stage = [&](int64_t i) { stage_keys_values<kThreads, T, D>(at, qkv, rows, i, sm); };
+  pipeline(last / kTile + 1, stage, [&](int64_t i) {
+    const Tile<D>& ks = sm.stage[i % 2].a;
+    const Tile<D>& vs = sm.stage[i % 2].b;
+    const int64_t j0 = i * kTile;
+    const int diag = static_cast<int>(at.r0 - j0);
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      constexpr int kN = kTile / 16;  // n-tiles of a half
+      if (j0 + kN * 8 * half > at.base + 15) continue;  // every key of the half is after the warp's rows
+      const bool masked = j0 + kN * 8 * (half + 1) - 1 > at.base;
+      float s[kN][4] = {}, dp[kN][4] = {};
+      #pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma_row<false, T>(s, qa[kk], ks, kk, at.lane, kN * half);
+        mma_row<false, T>(dp, ga[kk], vs, kk, at.lane, kN * half);
+      }
+      #pragma unroll
+      for (int n = 0; n < kN; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * (kN * half + n) + 2 * t + e % 2;
+          const bool keep = !masked || c <= diag + 8 * (e / 2);
+          const float p = keep ? exp2f(s[n][e] * sl2 - li[e / 2]) : 0.0f;
+          s[n][e] = p * (dp[n][e] - di[e / 2]);  // ds
+        }
+      mma_acc<T>(dq, s, ks, kN / 2 * half, at.lane);  // s holds ds
     }
   });
   #pragma unroll
@@ -587,36 +656,49 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   dispatch_attention(qkv.dtype(), d.D, [&](auto T_tag, auto dim) { using T = decltype(T_tag);
     constexpr int D = decltype(dim)::value;
     const int64_t es = static_cast<int64_t>(sizeof(T)), BH = d.B * d.H, stats = 4 * BH * d.T;
-    const int64_t per_bh = ds_tiles(d.T) * kDsTileElems * es;  // dS's tiles for one batch and head
-    const int64_t limit = ds_scratch_limit.load();
-    const int64_t groups = std::min(BH, std::max<int64_t>(1, (BH * per_bh + limit - 1) / limit));
-    const int64_t group = (BH + groups - 1) / groups;
-    const Scratch ds(static_cast<size_t>(group * per_bh));
     const int64_t rows = d.B * d.T * d.H;
     declare_launch_cost(2 * d.B * d.T * d.C * es, stats, 2 * d.B * d.T * d.C);
     AMP_LAUNCH(dim3(static_cast<unsigned>((rows + 255) / 256)), 256, 0, ctx.stream(), attention_delta_kernel<T, D>)(
         y.data<T>(), gy.data<T>(), rows, d.T, d.H, delta.as<float>());
     AMP_CUDA_CHECK_LAUNCH();
-    for (int64_t bh0 = 0; bh0 < BH; bh0 += group) {
-      const int64_t n = std::min(group, BH - bh0), pairs = n * d.T * (d.T + 1) / 2, part = n * d.T * d.D * es;
-      Dims g = d;  // the group's grid: n batches x heads
-      g.B = n;
-      g.H = 1;
-      declare_launch_cost(4 * part + 2 * 4 * n * d.T, 2 * part + n * per_bh, 8 * pairs * d.D);
-      AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dkdv_kernel<T, D>)(
-          qkv.data<T>(), lse.data<float>(), gy.data<T>(), delta.as<float>(), d.T, d.H, bh0,
-          static_cast<float>(scale), dqkv.data<T>(), ds.as<T>());
+    // Keep dS's tiles where a group of batches fits the limit and fills the GPU (ds_limit); groups of
+    // whole batches, as even as they go, so that a group's tensors start at a batch's rows.
+    const int64_t per_batch = d.H * ds_tiles(d.T) * kDsTileElems * es;  // dS's tiles for one batch
+    const int64_t most = std::min(d.B, ds_limit.load() / per_batch), blocks = (d.T + kTile - 1) / kTile;
+    const int64_t groups = most > 0 ? (d.B + most - 1) / most : 0, group = groups > 0 ? (d.B + groups - 1) / groups : 0;
+    const bool kept = groups == 1 || (groups > 1 && group * d.H * blocks >= ds_min_blocks.load());
+    const auto dkdv = kept ? attention_dkdv_kernel<T, D, true> : attention_dkdv_kernel<T, D, false>;
+    const Scratch ds(kept ? static_cast<size_t>(group * per_batch) : 0);
+    const int64_t step = kept ? group : d.B;
+    for (int64_t b0 = 0; b0 < d.B; b0 += step) {
+      Dims g = d;  // the group's batches, from b0 on
+      g.B = std::min(step, d.B - b0);
+      const int64_t pairs = g.B * d.H * d.T * (d.T + 1) / 2, part = g.B * d.T * d.C * es, st = g.B * d.H * d.T;
+      const T* q = qkv.data<T>() + b0 * d.T * 3 * d.C;
+      const T* gyb = gy.data<T>() + b0 * d.T * d.C;
+      const float *lseb = lse.data<float>() + b0 * d.H * d.T, *deltab = delta.as<float>() + b0 * d.H * d.T;
+      T* dq = dqkv.data<T>() + b0 * d.T * 3 * d.C;
+      declare_launch_cost(4 * part + 2 * 4 * st, 2 * part + (kept ? g.B * per_batch : 0), 8 * pairs * d.D);
+      AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), dkdv)(
+          q, lseb, gyb, deltab, d.T, d.H, static_cast<float>(scale), dq, ds.as<T>());
       AMP_CUDA_CHECK_LAUNCH();
-      declare_launch_cost(part + n * per_bh, part, 2 * pairs * d.D);
-      AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dq_kernel<T, D>)(
-          qkv.data<T>(), ds.as<T>(), d.T, d.H, bh0, static_cast<float>(scale), dqkv.data<T>());
+      if (kept) {
+        declare_launch_cost(part + g.B * per_batch, part, 2 * pairs * d.D);
+        AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(),
+                   attention_dq_kept_kernel<T, D>)(q, ds.as<T>(), d.T, d.H, static_cast<float>(scale), dq);
+      } else {
+        declare_launch_cost(4 * part + 2 * 4 * st, part, 6 * pairs * d.D);
+        AMP_LAUNCH(attention_grid(g, kBackwardWarps), 32 * kBackwardWarps, 0, ctx.stream(), attention_dq_kernel<T, D>)(
+            q, lseb, gyb, deltab, d.T, d.H, static_cast<float>(scale), dq);
+      }
       AMP_CUDA_CHECK_LAUNCH();
     }
   });
 }
 
-int64_t set_attention_ds_limit(int64_t bytes) {
-  return ds_scratch_limit.exchange(std::max<int64_t>(bytes, 1));
+AttentionDsPolicy set_attention_ds_policy(AttentionDsPolicy policy) {
+  return {ds_limit.exchange(std::max<int64_t>(policy.limit_bytes, 0)),
+          ds_min_blocks.exchange(std::max<int64_t>(policy.min_blocks, 0))};
 }
 
 }  // namespace amp::cuda

@@ -127,8 +127,12 @@ void require_cuda(const Tensor& t, const char* what);
 int64_t block_flag_count(const std::vector<Tensor>& xs);
 void fold_block_flags(const std::vector<Tensor>& xs, const double* block_flags, float* per_tensor);
 
-// The most scratch our attention's backward takes for its tiles of dS (cuda_attention.cu: batches and
-// heads go through in groups under it, one at least; 128 MiB by default). Returns the previous limit.
-int64_t set_attention_ds_limit(int64_t bytes);
+// When our attention's backward keeps its tiles of dS (cuda_attention.cu): in at most limit_bytes of
+// scratch (128 MiB), batches in groups that launch at least min_blocks blocks (1024) unless
+// one group takes them all; else its dq pass computes them again. Returns the previous policy (tests).
+struct AttentionDsPolicy {
+  int64_t limit_bytes, min_blocks;
+};
+AttentionDsPolicy set_attention_ds_policy(AttentionDsPolicy policy);
 
 }  // namespace amp::cuda
