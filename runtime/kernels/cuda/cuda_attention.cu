@@ -16,7 +16,9 @@
 // at a time, batches in groups under a limit (128 MiB: ds_limit). Where a group would be too small to
 // fill the GPU (long sequences: a head's tiles grow as T^2), the dq pass recomputes QK^T,
 // P and dP from q, k, v and gy instead, with no scratch: two of the backward's seven tile products
-// done twice. Both give the same dS, rounded the same way, and add it in the same order.
+// done twice. Both round dS the same way and add it in the same order; they compute it as the
+// transposed products K Q^T and Q K^T, which the emulated GPU sums alike (so the two give the same
+// bits there) and a GPU's mma.sync may not.
 //
 // A block is a number of warps over consecutive rows, 16 a warp: 128 query rows in the forward (8
 // warps), 64 query rows in the dq pass and 64 key rows in the dk/dv pass (4 warps). Tiles of kTile
