@@ -2618,7 +2618,7 @@ struct DsPolicy {
 TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
   for (DType dt : {DType::bf16, DType::f16}) {
     for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{3, 37, 2, 32}, std::array<int64_t, 4>{1, 70, 3, 64},
-                                     std::array<int64_t, 4>{1, 130, 1, 64}, std::array<int64_t, 4>{1, 260, 2, 32}}) {
+                                     std::array<int64_t, 4>{3, 130, 1, 64}, std::array<int64_t, 4>{1, 260, 2, 32}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " B " + std::to_string(B) + " T " + std::to_string(T) + " H " +
                    std::to_string(H) + " D " + std::to_string(D));
       ASSERT_TRUE(gpu().has_fused_attention(dt, D));
@@ -2631,15 +2631,26 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
       gpu().attention_backward(qkv.to(kGPU), y, lse, gy.to(kGPU), H, scale, dqkv);
       const AttentionInDouble want = attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale);
       expect_attention_close(dt, y, lse, dqkv, want);
-      // The backward keeps dS's tiles (so far, in one group) or, past its policy, computes them again
-      // in the dq pass. Kept, it takes batches in groups (here of 2, the last of 1 where B = 3, and of
-      // 1), its scratch a group's tiles: the same bits. Computed again, no scratch, and the same bits
-      // on the emulated GPU, whose mma.sync adds a product's terms in one order whichever operand is
-      // A; on a GPU, within bounds.
+      // The backward keeps dS's tiles (so far, in one group of every batch) or, past its policy,
+      // computes them again in the dq pass, with no scratch. Kept, it takes batches in groups as even
+      // as they go, its scratch a group's tiles: the same bits. Computed again, the same bits on the
+      // emulated GPU, whose mma.sync adds a product's terms in one order whichever operand is A; on a
+      // GPU, within bounds. Each case names the batches a group takes (0: computed again), and the
+      // scratch is exactly delta's bytes and the group's tiles (the allocator counts requested bytes).
       const int64_t tiles = (T + 63) / 64, per_batch = tiles * (tiles + 1) / 2 * 64 * 64 * 2 * H;
-      for (const cuda::AttentionDsPolicy policy : {cuda::AttentionDsPolicy{0, 0}, cuda::AttentionDsPolicy{2 * per_batch, 0},
-                                                   cuda::AttentionDsPolicy{per_batch, 0}}) {
-        SCOPED_TRACE("dS scratch limit " + std::to_string(policy.limit_bytes));
+      constexpr int64_t kAny = std::numeric_limits<int64_t>::max();  // no group fills the GPU
+      const std::vector<std::pair<cuda::AttentionDsPolicy, int64_t>> cases = {
+          {{0, 0}, 0},                               // no scratch allowed
+          {{per_batch - 1, 0}, 0},                   // under one batch's tiles
+          {{per_batch, 0}, 1},                       // a batch a group
+          {{2 * per_batch, 0}, std::min<int64_t>(B, 2)},  // B = 3: groups of 2 and 1
+          {{3 * per_batch - 1, 0}, std::min<int64_t>(B, 2)},
+          {{per_batch, kAny}, B == 1 ? 1 : 0},       // several groups, none filling the GPU; one group keeps
+          {{B * per_batch, kAny}, B},                // every batch in one group keeps however few its blocks
+      };
+      for (const auto& [policy, group] : cases) {
+        SCOPED_TRACE("dS scratch limit " + std::to_string(policy.limit_bytes) + ", at least " +
+                     std::to_string(policy.min_blocks) + " blocks");
         Tensor other = empty({B, T, 3 * C}, dt, kGPU), q = qkv.to(kGPU), g = gy.to(kGPU);
         cuda::CudaBackend& memory = cuda::cuda_backend();
         memory.reset_peak_bytes();
@@ -2648,12 +2659,10 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
           const DsPolicy scoped(policy);
           gpu().attention_backward(q, y, lse, g, H, scale, other);
         }
-        const int64_t scratch = static_cast<int64_t>(memory.peak_bytes() - before);  // delta's and dS's
-        if (policy.limit_bytes == 0) EXPECT_LT(scratch, per_batch);
-        else EXPECT_GE(scratch, std::min(policy.limit_bytes / per_batch, B) * per_batch);
+        EXPECT_EQ(static_cast<int64_t>(memory.peak_bytes() - before), 4 * B * H * T + group * per_batch);
         expect_attention_close(dt, y, lse, other, want);
 #if !defined(AMP_CUDA_EMU)
-        if (policy.limit_bytes == 0) continue;
+        if (group == 0) continue;
 #endif
         EXPECT_TRUE(matches(other, dqkv, 0));
       }

@@ -108,7 +108,7 @@ TEST(EmuDryRun, GptBf16FusedAttention) {
     const auto r = train(true, std::string("--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 16 --batch-size 4 "
                                            "--amp bf16 --eval-every 0 --sample-tokens 0 --attention ") + kernels);
     ASSERT_EQ(r.code, 0) << r.out;
-    int cudnn = 0, ours = 0;
+    int cudnn = 0, ours = 0, dq_from_ds = 0;
     for (const nlohmann::json& op : r.steps.back().ops) {
       if (op["op"] != "kernel") continue;
       const std::string name = op["name"].get<std::string>();
@@ -117,10 +117,12 @@ TEST(EmuDryRun, GptBf16FusedAttention) {
         EXPECT_GT(op["flops"].get<int64_t>(), 0) << op.dump();
       }
       ours += name.starts_with("attention_");  // the prefix the cost model prices our kernels' FLOPs by
+      dq_from_ds += name.starts_with("attention_dq_kept_kernel");
     }
     EXPECT_EQ(cudnn, std::string(kernels) == "auto" ? 2 : 0) << kernels << ": a forward a layer";
     // Ours: the forward, then delta, dk/dv and dq (from the dS dk/dv kept) a layer, each named so.
     EXPECT_EQ(ours, std::string(kernels) == "fused" ? 8 : 0) << kernels;
+    EXPECT_EQ(dq_from_ds, std::string(kernels) == "fused" ? 2 : 0) << kernels;
   }
 }
 

@@ -13,10 +13,10 @@
 // block per 64 queries walking those tiles. FlashAttention-2 adds dq from the dk/dv pass with atomics
 // instead, which is not deterministic. The scratch holds the causal half of dS in 64 x 64 tiles,
 // T (T + 64) bytes a batch and head for 16-bit types (GPT-2 small at batch 8: 107 MB), taken a layer
-// at a time, batches in groups under a limit (128 MiB: ds_limit). Where a group would be too small to
-// fill the GPU (long sequences: a head's tiles grow as T^2), the dq pass recomputes QK^T,
-// P and dP from q, k, v and gy instead, with no scratch: two of the backward's seven tile products
-// done twice. Both round dS the same way and add it in the same order; they compute it as the
+// at a time, batches in groups under a limit (128 MiB: ds_limit). Where a batch's tiles pass it, or
+// the batches take several groups each too small to fill the GPU (long sequences: a head's tiles
+// grow as T^2), the dq pass recomputes QK^T, P and dP from q, k, v and gy instead, with no scratch:
+// two of the backward's seven tile products done twice. Both round dS the same way and add it in the same order; they compute it as the
 // transposed products K Q^T and Q K^T, which the emulated GPU sums alike (so the two give the same
 // bits there) and a GPU's mma.sync may not.
 //
@@ -356,8 +356,9 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 3)
   const int64_t tiles = at.first < rows ? (rows - at.first + kTile - 1) / kTile : 0;  // queries from the first key on
   const int64_t kj = at.first / kTile;
   // This warp's rows (keys r0 - first and 8 on) of the tile for query tile kj + i, as words.
-  uint32_t* const ds_rows = reinterpret_cast<uint32_t*>(ds + blockIdx.y * ds_tiles(rows) * kDsTileElems) +
-                            (at.r0 - at.first) * (kTile / 2) + t;
+  uint32_t* const ds_rows = Keep ? reinterpret_cast<uint32_t*>(ds + blockIdx.y * ds_tiles(rows) * kDsTileElems) +
+                                       (at.r0 - at.first) * (kTile / 2) + t
+                                 : nullptr;  // ds is null then
   auto ds_tile = [&](int64_t i) {
     const int64_t qi = kj + i;
     return ds_rows + (qi * (qi + 1) / 2 + kj) * (kDsTileElems / 2);
