@@ -2632,21 +2632,23 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesAttentionWrittenOutInDouble) {
       const AttentionInDouble want = attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale);
       expect_attention_close(dt, y, lse, dqkv, want);
       // The backward keeps dS's tiles (so far, in one group of every batch) or, past its policy,
-      // computes them again in the dq pass, with no scratch. Kept, it takes batches in groups as even
-      // as they go, its scratch a group's tiles: the same bits. Computed again, the same bits on the
+      // computes them again in the dq pass, with no scratch; which, whatever the number of batches
+      // (so, of ranks). Kept, it takes batches in groups as even as they go, its scratch a group's
+      // tiles: the same bits. Computed again, the same bits on the
       // emulated GPU, whose mma.sync adds a product's terms in one order whichever operand is A; on a
       // GPU, within bounds. Each case names the batches a group takes (0: computed again), and the
       // scratch is exactly delta's bytes and the group's tiles (the allocator counts requested bytes).
       const int64_t tiles = (T + 63) / 64, per_batch = tiles * (tiles + 1) / 2 * 64 * 64 * 2 * H;
-      constexpr int64_t kAny = std::numeric_limits<int64_t>::max();  // no group fills the GPU
+      const int64_t blocks = H * tiles;  // a batch's blocks
       const std::vector<std::pair<cuda::AttentionDsPolicy, int64_t>> cases = {
-          {{0, 0}, 0},                               // no scratch allowed
-          {{per_batch - 1, 0}, 0},                   // under one batch's tiles
-          {{per_batch, 0}, 1},                       // a batch a group
-          {{2 * per_batch, 0}, std::min<int64_t>(B, 2)},  // B = 3: groups of 2 and 1
+          {{0, 0}, 0},                                               // no scratch allowed
+          {{per_batch - 1, 0}, 0},                                   // under one batch's tiles
+          {{per_batch, 0}, 1},                                       // a batch a group
+          {{2 * per_batch, 0}, std::min<int64_t>(B, 2)},             // B = 3: groups of 2 and 1
           {{3 * per_batch - 1, 0}, std::min<int64_t>(B, 2)},
-          {{per_batch, kAny}, B == 1 ? 1 : 0},       // several groups, none filling the GPU; one group keeps
-          {{B * per_batch, kAny}, B},                // every batch in one group keeps however few its blocks
+          {{per_batch, blocks + 1}, 0},                              // too few blocks, whatever B
+          {{2 * per_batch, 2 * blocks}, std::min<int64_t>(B, 2)},    // two batches' blocks: kept, B = 1 too
+          {{2 * per_batch, 2 * blocks + 1}, 0},
       };
       for (const auto& [policy, group] : cases) {
         SCOPED_TRACE("dS scratch limit " + std::to_string(policy.limit_bytes) + ", at least " +

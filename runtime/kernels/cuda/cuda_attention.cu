@@ -14,11 +14,13 @@
 // instead, which is not deterministic. The scratch holds the causal half of dS in 64 x 64 tiles,
 // T (T + 64) bytes a batch and head for 16-bit types (GPT-2 small at batch 8: 107 MB), taken a layer
 // at a time, batches in groups under a limit (128 MiB: ds_limit). Where a batch's tiles pass it, or
-// the batches take several groups each too small to fill the GPU (long sequences: a head's tiles
-// grow as T^2), the dq pass recomputes QK^T, P and dP from q, k, v and gy instead, with no scratch:
-// two of the backward's seven tile products done twice. Both round dS the same way and add it in the same order; they compute it as the
-// transposed products K Q^T and Q K^T, which the emulated GPU sums alike (so the two give the same
-// bits there) and a GPU's mma.sync may not.
+// the batches it holds launch too few blocks to fill the GPU (long sequences: a head's tiles grow as
+// T^2), the dq pass recomputes QK^T, P and dP from q, k, v and gy instead, with no scratch: two of
+// the backward's seven tile products done twice. The choice depends on a batch's shape, not on the
+// number of batches, so that a rank takes the same kernels whatever the number of ranks. Both round
+// dS the same way and add it in the same order; they compute it as the transposed products K Q^T and
+// Q K^T, which the emulated GPU sums alike (the two give the same bits there) and a GPU's mma.sync
+// may not.
 //
 // A block is a number of warps over consecutive rows, 16 a warp: 128 query rows in the forward (8
 // warps), 64 query rows in the dq pass and 64 key rows in the dk/dv pass (4 warps). Tiles of kTile
@@ -51,9 +53,9 @@ constexpr int kTile = 64;          // rows of a shared tile: keys (forward, dq) 
 constexpr int kForwardWarps = 8;   // 128 query rows a block, FlashAttention-2's tile for head size 64
 constexpr int kBackwardWarps = 4;  // 64 rows a block
 constexpr float kLog2e = 1.4426950408889634f;
-// When the backward keeps dS's tiles: at most limit bytes of scratch (GPT-2 small's 107 MB at batch
-// 8 in one group), in groups of batches that launch min_blocks blocks or more (2.6 waves of three
-// blocks on 132 SMs), unless one group takes them all; else the dq pass recomputes.
+// When the backward keeps dS's tiles: where the batches whose tiles fit in limit bytes (GPT-2 small:
+// 10, 13 MB each) launch min_blocks blocks or more (2.6 waves of three blocks on 132 SMs); else the
+// dq pass recomputes.
 // set_attention_ds_policy changes it (tests).
 std::atomic<int64_t> ds_limit{int64_t{128} << 20};
 std::atomic<int64_t> ds_min_blocks{1024};
@@ -665,12 +667,14 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
     AMP_LAUNCH(dim3(static_cast<unsigned>((rows + 255) / 256)), 256, 0, ctx.stream(), attention_delta_kernel<T, D>)(
         y.data<T>(), gy.data<T>(), rows, d.T, d.H, delta.as<float>());
     AMP_CUDA_CHECK_LAUNCH();
-    // Keep dS's tiles where a group of batches fits the limit and fills the GPU (ds_limit); groups of
-    // whole batches, as even as they go, so that a group's tensors start at a batch's rows.
+    // Keep dS's tiles where the batches the limit holds fill the GPU (ds_limit); groups of whole
+    // batches, as even as they go, so that a group's tensors start at a batch's rows.
     const int64_t per_batch = d.H * ds_tiles(d.T) * kDsTileElems * es;  // dS's tiles for one batch
-    const int64_t most = std::min(d.B, ds_limit.load() / per_batch), blocks = (d.T + kTile - 1) / kTile;
-    const int64_t groups = most > 0 ? (d.B + most - 1) / most : 0, group = groups > 0 ? (d.B + groups - 1) / groups : 0;
-    const bool kept = groups == 1 || (groups > 1 && group * d.H * blocks >= ds_min_blocks.load());
+    const int64_t fits = ds_limit.load() / per_batch, blocks = d.H * ((d.T + kTile - 1) / kTile);  // a batch's
+    const int64_t min_blocks = ds_min_blocks.load();
+    const bool kept = fits > 0 && fits >= min_blocks / blocks + (min_blocks % blocks != 0);  // not on B: see above
+    const int64_t most = std::min(d.B, fits), groups = kept ? (d.B + most - 1) / most : 0;
+    const int64_t group = kept ? (d.B + groups - 1) / groups : 0;
     const Scratch ds(kept ? static_cast<size_t>(group * per_batch) : 0);
     const int64_t step = kept ? group : d.B;
     for (int64_t b0 = 0; b0 < d.B; b0 += step) {

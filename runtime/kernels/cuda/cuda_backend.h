@@ -127,9 +127,10 @@ void require_cuda(const Tensor& t, const char* what);
 int64_t block_flag_count(const std::vector<Tensor>& xs);
 void fold_block_flags(const std::vector<Tensor>& xs, const double* block_flags, float* per_tensor);
 
-// When our attention's backward keeps its tiles of dS (cuda_attention.cu): in at most limit_bytes of
-// scratch (128 MiB), batches in groups that launch at least min_blocks blocks (1024) unless
-// one group takes them all; else its dq pass computes them again. Returns the previous policy (tests).
+// When our attention's backward keeps its tiles of dS (cuda_attention.cu): where the batches whose
+// tiles fit in limit_bytes (128 MiB) launch at least min_blocks blocks (1024), whatever the number of
+// batches; it then takes batches in groups under the limit. Else its dq pass computes them again.
+// Returns the previous policy (tests).
 struct AttentionDsPolicy {
   int64_t limit_bytes, min_blocks;
 };
