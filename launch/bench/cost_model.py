@@ -57,7 +57,8 @@ ATTENTION_FLOPS = 77e12     # the fused attention's kernels (attention_*: mma.sy
                             # their declared FLOPs over their time on an H200 (same SMs and clocks as an H100
                             # SXM), 2026-11-26, GPT-2 small: 90 forward, 87 dq, 66 dk/dv, 77 in all (TFLOP/s).
                             # The kernels changed since (cp.async, ldmatrix.trans, 128-row forward blocks:
-                            # docs/GPU.md) and are priced at the old ones' rate until hardware times them
+                            # docs/GPU.md), and the dq pass became one product a tile from the dS the dk/dv
+                            # pass keeps; all are priced at the old ones' rate until hardware times them
 CUDNN_SDPA_FORWARD_FLOPS = 276e12   # cuDNN's fused attention (cudnn_reference_*): PyTorch's cuDNN SDPA kernels on an
 CUDNN_SDPA_BACKWARD_FLOPS = 204e12  # H100 SXM (issue 36, ncu), GPT-2 small (B 8, T 1024, 12 x 64, 12 layers):
                             # forward 0.56 ms for 155 GFLOP (causal), backward 1.49 + 0.40 ms (its dO.O and
