@@ -2749,6 +2749,107 @@ TEST_F(CudaVsCpu, CudnnAttentionMatchesAttentionWrittenOutInDouble) {
   }
 }
 
+#if defined(AMP_CUDA_EMU)
+// Where cuDNN's backward finds no room for its workspace (its deterministic algorithm keeps dS, B H
+// T^2 2 bytes, asked for at the step's peak, where the forward's trial run had room): under
+// automatic, our kernels take the backward from cuDNN's y and lse, bit for bit what they give from
+// them, it says so once, and the shape keeps to ours; under cudnn, OutOfMemory names the workspace
+// and the flag that needs none. Run in a child process whose emulated GPU has 96 MiB, filled to 3 MiB
+// short of it before the backward.
+TEST_F(CudaVsCpu, CudnnAttentionFallsBackWhereItsBackwardsWorkspaceFindsNoRoom) {
+  if (std::getenv("AMP_EMU_MEMORY_MB") == nullptr) {
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const int rc = std::system(
+        ("AMP_EMU_MEMORY_MB=96 '" + self +
+         "' --gtest_filter=CudaVsCpu.CudnnAttentionFallsBackWhereItsBackwardsWorkspaceFindsNoRoom")
+            .c_str());
+    EXPECT_EQ(rc, 0) << "the run with 96 MiB failed (its output is above)";
+    return;
+  }
+  const std::string why = gpu().cudnn_attention_unavailable(DType::bf16, 32);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int64_t B = 1, T = 1024, H = 2, D = 32, C = H * D;  // cuDNN's backward's workspace: 4 MiB and 8 KiB
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const DType dt = DType::bf16;
+  const DsPolicy recompute({0, 0});  // our backward without dS's scratch: 8 KiB of delta
+  const Tensor qkv = random_cpu({B, T, 3 * C}, dt, 311, -1.5, 1.5), gy = random_cpu({B, T, C}, dt, 312);
+  const Tensor q = qkv.to(kGPU), g = gy.to(kGPU);
+  DeviceMemory& b = gpu_memory();
+  cuda::CachingAllocator& alloc = cuda::context().allocator();
+  // The op's backward with the device's memory filled to 3 MiB short; its error, and what it said.
+  const auto backward_without_room = [&](const Tensor& out, std::string& error) {
+    b.synchronize();
+    alloc.empty_cache();
+    size_t free = 0, total = 0;
+    EXPECT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+    EXPECT_GT(free, size_t{8} << 20);
+    void* filler = nullptr;
+    EXPECT_EQ(cudaMalloc(&filler, free - (size_t{3} << 20)), cudaSuccess);
+    testing::internal::CaptureStderr();
+    try {
+      out.backward(g);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const std::string said = testing::internal::GetCapturedStderr();
+    b.synchronize();
+    EXPECT_EQ(cudaFree(filler), cudaSuccess);
+    return said;
+  };
+  {  // Asked for: no other kernels, and the message says what the memory was for.
+    Tensor leaf = q.clone();
+    leaf.set_requires_grad(true);
+    const Tensor out = causal_attention(leaf, H, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::cudnn});
+    std::string error;
+    backward_without_room(out, error);
+    EXPECT_NE(error.find("CUDA out of memory"), std::string::npos) << error;
+    EXPECT_NE(error.find("cuDNN's attention backward's workspace, 4 MiB for batch 1 x block 1024 x 2 heads"),
+              std::string::npos) << error;
+    EXPECT_NE(error.find("--attention fused needs no such workspace"), std::string::npos) << error;
+    EXPECT_FALSE(leaf.grad().defined());
+  }
+  Tensor y_cudnn = empty({B, T, C}, dt, kGPU), lse_cudnn = empty({B, H, T}, DType::f32, kGPU);
+  Tensor y_own = empty({B, T, C}, dt, kGPU), lse_own = empty({B, H, T}, DType::f32, kGPU);
+  Tensor want_dqkv = empty({B, T, 3 * C}, dt, kGPU);
+  gpu().attention_forward(q, H, scale, y_cudnn, lse_cudnn, FusedAttention::cudnn);
+  gpu().attention_backward(q, y_cudnn, lse_cudnn, g, H, scale, want_dqkv, FusedAttention::own);
+  gpu().attention_forward(q, H, scale, y_own, lse_own, FusedAttention::own);
+  ASSERT_FALSE(matches(y_own, y_cudnn, 0)) << "this input cannot tell our forward from cuDNN's";
+  {  // Automatic: cuDNN's forward, our backward from its y and lse, said once.
+    Tensor leaf = q.clone();
+    leaf.set_requires_grad(true);
+    const Tensor out = causal_attention(leaf, H);
+    EXPECT_TRUE(matches(out, y_cudnn, 0));
+    std::string error;
+    const std::string said = backward_without_room(out, error);
+    EXPECT_EQ(error, "");
+    EXPECT_NE(said.find("notice: attention: not cuDNN's fused attention (CUDA out of memory"), std::string::npos)
+        << said;
+    EXPECT_NE(said.find("our own fused kernels instead"), std::string::npos) << said;
+    ASSERT_TRUE(leaf.grad().defined());
+    EXPECT_TRUE(matches(leaf.grad(), want_dqkv, 0));
+    expect_attention_close(dt, y_cudnn, lse_cudnn, leaf.grad(),
+                           attention_in_double(qkv.to_vector(), gy.to_vector(), B, T, H, D, scale));
+  }
+  {  // The shape keeps to ours, saying nothing more; cuDNN's library still serves the others.
+    Tensor leaf = q.clone();
+    leaf.set_requires_grad(true);
+    testing::internal::CaptureStderr();
+    const Tensor out = causal_attention(leaf, H);
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+    EXPECT_TRUE(matches(out, y_own, 0));
+    Tensor other = random_cpu({B, 256, 3 * C}, dt, 313, -1.5, 1.5).to(kGPU);
+    Tensor y_other = empty({B, 256, C}, dt, kGPU), y_other_own = empty({B, 256, C}, dt, kGPU);
+    Tensor lse_other = empty({B, H, 256}, DType::f32, kGPU);
+    other.set_requires_grad(true);
+    gpu().attention_forward(other, H, scale, y_other, lse_other, FusedAttention::cudnn);
+    gpu().attention_forward(other, H, scale, y_other_own, lse_other, FusedAttention::own);
+    ASSERT_FALSE(matches(y_other_own, y_other, 0)) << "this input cannot tell our forward from cuDNN's";
+    EXPECT_TRUE(matches(causal_attention(other, H), y_other, 0));
+  }
+}
+#endif
+
 // A node without libcudnn (the emulated GPU's stand-in switched off): cuDNN's attention says why it
 // cannot run; AttentionKernels::automatic takes our kernels, bit for bit ::fused's, and ::cudnn is
 // refused naming the library.

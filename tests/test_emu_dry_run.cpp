@@ -33,7 +33,7 @@ struct Run {
   std::vector<std::string> marks;  // the log's step and profiler marks, in order
 };
 
-Run train(bool dry, const std::string& args) {
+Run train(bool dry, const std::string& args, const std::string& env = "") {
   const fs::path dir = fs::temp_directory_path() / ("amp_emu_dry_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string text = (dir / "text").string(), log = (dir / "log.jsonl").string();
@@ -42,7 +42,7 @@ Run train(bool dry, const std::string& args) {
     for (int i = 0; i < 2000; ++i) t << "the quick brown fox jumps over the lazy dog " << i << "\n";
   }
   const std::string cmd = std::string("env -i PATH=\"$PATH\" HOME=\"$HOME\" ASAN_OPTIONS=detect_leaks=0 ") +
-                          (dry ? "AMP_EMU_DRY_RUN=1 " : "AMP_CUDA_POISON_FREED=0 ") + "AMP_EMU_LAUNCH_LOG=" + log +
+                          (dry ? "AMP_EMU_DRY_RUN=1 " : "AMP_CUDA_POISON_FREED=0 ") + env + "AMP_EMU_LAUNCH_LOG=" + log +
                           " timeout 300 " + AMP_TRAIN_BIN + " --device cuda --threads 1 --steps 3 --log-every 1 " +
                           args + (args.find("gpt") != std::string::npos ? " --data " + text : "") + " 2>&1";
   Run r;
@@ -124,6 +124,35 @@ TEST(EmuDryRun, GptBf16FusedAttention) {
     EXPECT_EQ(ours, std::string(kernels) == "fused" ? 8 : 0) << kernels;
     EXPECT_EQ(dq_from_ds, std::string(kernels) == "fused" ? 2 : 0) << kernels;
   }
+}
+
+// cuDNN's deterministic backward keeps dS in its workspace (batch x heads x block^2 x 2 bytes), asked
+// for at the step's peak. On an emulated GPU of 80 MiB, a GPT at block 1024 has room for everything
+// but that (16 MiB): --attention auto says so once and trains to the end on our kernels (the last
+// step's attention is ours: a forward, delta, dk/dv and dq a layer); --attention cudnn stops with a
+// message that names the workspace and the flag that needs none.
+TEST(EmuDryRun, GptAutoAttentionFallsBackWhereCudnnsWorkspaceFindsNoRoom) {
+  const std::string args = "--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 1024 --batch-size 4 --amp bf16 "
+                           "--eval-every 0 --sample-tokens 0 --attention ";
+  const auto fallback = train(true, args + "auto", "AMP_EMU_MEMORY_MB=80 ");
+  ASSERT_EQ(fallback.code, 0) << fallback.out;
+  EXPECT_NE(fallback.out.find("notice: attention: not cuDNN's fused attention (CUDA out of memory"), std::string::npos)
+      << fallback.out;
+  ASSERT_EQ(fallback.steps.size(), 3u) << fallback.out;
+  int cudnn = 0, ours = 0;
+  for (const nlohmann::json& op : fallback.steps.back().ops) {
+    if (op["op"] != "kernel") continue;
+    const std::string name = op["name"].get<std::string>();
+    cudnn += name.starts_with("cudnn_reference_");
+    ours += name.starts_with("attention_");
+  }
+  EXPECT_EQ(cudnn, 0);
+  EXPECT_EQ(ours, 8);
+  const auto asked = train(true, args + "cudnn", "AMP_EMU_MEMORY_MB=80 ");
+  EXPECT_NE(asked.code, 0) << asked.out;
+  EXPECT_NE(asked.out.find("it was cuDNN's attention backward's workspace, 16 MiB for batch 4 x block 1024 x 2 heads"),
+            std::string::npos) << asked.out;
+  EXPECT_NE(asked.out.find("--attention fused needs no such workspace"), std::string::npos) << asked.out;
 }
 
 // GPT-2's GELU (--gelu tanh) in the GEMMs: a layer's MLP forward is one cuBLASLt matmul with the

@@ -120,7 +120,10 @@ inline Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset)
 // Which kernels compute a causal attention (with dropout: always the composite's primitives):
 //   automatic  cuDNN's fused attention where it runs (a CUDA device, the library found, bf16/fp16,
 //              a head size it takes), else the backend's own fused kernels, else the composite's;
-//              where cuDNN's cannot run on a CUDA device it says why, once, on stderr
+//              where cuDNN's cannot run on a CUDA device it says why, once, on stderr; where it
+//              fails at run time (a graph it would not build, a workspace that did not fit: its
+//              deterministic backward keeps dS, B H T^2 2 bytes), a backward included, that shape
+//              takes the backend's own kernels from then on, said once
 //   cudnn      cuDNN's, or std::invalid_argument saying why it cannot run (dropout among the reasons)
 //   fused      the backend's own fused kernels where it has them, else the composite's
 //   composite  the primitives (permute, bmm, causal softmax, dropout, bmm)

@@ -11,6 +11,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/autograd.h"
@@ -237,9 +238,27 @@ std::optional<FusedAttention> fall_back_from_cudnn(Backend& be, DType dtype, int
   return std::nullopt;
 }
 
+// The shapes (dtype, B, T, H, D) whose cuDNN attention failed at run time under automatic: its
+// graphs, or a workspace the device had no room for (the deterministic backward keeps dS, which
+// grows as T^2, and is asked for at the step's peak, where the forward's trial run had room). They
+// keep to our kernels, so that a step does not fail again at every layer. A process-wide choice,
+// as the library's plans are.
+using AttentionShape = std::tuple<DType, int64_t, int64_t, int64_t, int64_t>;
+std::mutex refused_mutex;
+std::set<AttentionShape> refused_shapes;
+
+bool cudnn_refused(const AttentionShape& s) {
+  std::lock_guard<std::mutex> lock(refused_mutex);
+  return refused_shapes.count(s) != 0;
+}
+void refuse_cudnn(const AttentionShape& s) {
+  std::lock_guard<std::mutex> lock(refused_mutex);
+  refused_shapes.insert(s);
+}
+
 // The fused kernels options.kernels asks for (AttentionKernels), or nullopt for the composite.
 std::optional<FusedAttention> fused_attention_for(Backend& be, AttentionKernels kernels, const Tensor& qkv, int64_t D,
-                                                  double dropout_p) {
+                                                  double dropout_p, const AttentionShape& shape) {
   if (kernels == AttentionKernels::composite) return std::nullopt;
   // Without autograd (evaluation, sampling) cuDNN's is not asked: it builds graphs per shape, and a
   // sampler grows its sequence a token at a time (from one, which its backward does not take).
@@ -257,7 +276,7 @@ std::optional<FusedAttention> fused_attention_for(Backend& be, AttentionKernels 
   // fp32 and fp64 are not cuDNN's to run: nothing to say there.
   if (kernels == AttentionKernels::automatic && qkv.device().is_cuda() && is_reduced_float(qkv.dtype())) {
     const std::string why = be.cudnn_attention_unavailable(qkv.dtype(), D);
-    if (why.empty()) return FusedAttention::cudnn;
+    if (why.empty() && !cudnn_refused(shape)) return FusedAttention::cudnn;
     return fall_back_from_cudnn(be, qkv.dtype(), D, why, false);
   }
   if (be.has_fused_attention(qkv.dtype(), D)) return FusedAttention::own;
@@ -278,25 +297,39 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOpt
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H, BH = B * H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Backend& be = backend_for(qkv.device());
-  std::optional<FusedAttention> which = fused_attention_for(be, options.kernels, qkv, D, dropout_p);
+  const AttentionShape shape{qkv.dtype(), B, T, H, D};
+  const bool automatic = options.kernels == AttentionKernels::automatic;
+  std::optional<FusedAttention> which = fused_attention_for(be, options.kernels, qkv, D, dropout_p, shape);
   if (which) {
     // Without dropout, where fused kernels run: the scores stay on chip (attention_forward).
     Tensor out = empty({B, T, C}, qkv.dtype(), qkv.device()), lse = empty({B, H, T}, DType::f32, qkv.device());
     try {
       be.attention_forward(qkv, H, scale, out, lse, *which);
-    } catch (const std::runtime_error& e) {  // cuDNN would not build this shape's graphs
-      if (*which != FusedAttention::cudnn || options.kernels != AttentionKernels::automatic) throw;
+    } catch (const std::runtime_error& e) {  // cuDNN would not build this shape's graphs, or had no room
+      if (*which != FusedAttention::cudnn || !automatic) throw;
+      refuse_cudnn(shape);
       which = fall_back_from_cudnn(be, qkv.dtype(), D, e.what(), true);
       if (!which) return causal_attention(qkv, n_head, {.dropout_p = 0.0, .dropout = {}, .kernels = AttentionKernels::composite});
       be.attention_forward(qkv, H, scale, out, lse, *which);
     }
     const Tensor saved = out.view(0, out.shape());  // y's values, without y's own grad_fn (no cycle)
     return record("CausalAttentionBackward", out, {qkv},
-                  [qkv, saved, lse, H, scale, which = *which](const Tensor& g_in) {
+                  [qkv, saved, lse, H, D, scale, which = *which, automatic, shape](const Tensor& g_in) {
                     if (GradMode::enabled()) throw std::logic_error("causal_attention: double backward is not supported");
                     const Tensor g = g_in.dtype() == qkv.dtype() ? g_in : g_in.to(qkv.dtype());
                     Tensor dqkv = empty(qkv.shape(), qkv.dtype(), qkv.device());
-                    backend_for(g.device()).attention_backward(qkv, saved, lse, g, H, scale, dqkv, which);
+                    Backend& bg = backend_for(g.device());
+                    try {
+                      bg.attention_backward(qkv, saved, lse, g, H, scale, dqkv, which);
+                    } catch (const std::runtime_error& e) {
+                      // cuDNN's backward failed where its forward ran (its workspace, asked for at
+                      // the step's peak): ours take its y and lse (the same log-sum-exp), and the
+                      // shape keeps to ours.
+                      if (which != FusedAttention::cudnn || !automatic || !bg.has_fused_attention(qkv.dtype(), D)) throw;
+                      refuse_cudnn(shape);
+                      bg.attention_backward(qkv, saved, lse, g, H, scale, dqkv,
+                                            *fall_back_from_cudnn(bg, qkv.dtype(), D, e.what(), true));
+                    }
                     return std::vector<Tensor>{dqkv};
                   });
   }

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -653,9 +654,19 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
   Context& ctx = context();
   if (which == FusedAttention::cudnn) {
     const cudnn_sdpa::Shape s = sdpa_shape(d, qkv.dtype(), scale);
-    const Scratch workspace(cudnn_sdpa::backward_workspace(s, ctx.stream()));
+    const size_t bytes = cudnn_sdpa::backward_workspace(s, ctx.stream());
+    std::optional<Scratch> workspace;
+    try {
+      workspace.emplace(bytes);
+    } catch (const OutOfMemory& e) {  // at the step's peak, where the forward's trial run had room
+      throw OutOfMemory(std::string(e.what()) + "; it was cuDNN's attention backward's workspace, " +
+                        std::to_string(bytes >> 20) + " MiB for batch " + std::to_string(d.B) + " x block " +
+                        std::to_string(d.T) + " x " + std::to_string(d.H) +
+                        " heads (its deterministic algorithm keeps dS, batch x heads x block^2 x 2 bytes): "
+                        "--attention fused needs no such workspace, and --attention auto falls back to it");
+    }
     cudnn_sdpa::backward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), gy.data_ptr(), lse.data<float>(),
-                         dqkv.data_ptr(), workspace.as<void>());
+                         dqkv.data_ptr(), workspace->as<void>());
     return;
   }
   Scratch delta(sizeof(float) * static_cast<size_t>(d.B * d.H * d.T));

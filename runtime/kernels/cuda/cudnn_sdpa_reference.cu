@@ -179,9 +179,15 @@ size_t forward_workspace(const Shape& s, cudaStream_t stream) {
   return 0;
 }
 
+// The library's: each row's dO . O (B H T floats, at its start; the stand-in's kernels use only
+// these), then the deterministic backward's dS, B H T^2 elements of 2 bytes (T padded to 64): on a
+// Hopper GPU, cudnn-frontend 1.19 (launch/setup.sh's pin) builds a deterministic backward by keeping
+// dS in the workspace and taking dQ as a product of its own. So the emulated GPU's step holds what a
+// GPU's would, and the dry run's memory is the GPU's.
 size_t backward_workspace(const Shape& s, cudaStream_t stream) {
   build_rules(s, stream);
-  return static_cast<size_t>(s.B * s.H * s.T) * sizeof(float);
+  const int64_t padded = (s.T + 63) / 64 * 64;
+  return static_cast<size_t>(s.B * s.H * s.T) * sizeof(float) + static_cast<size_t>(s.B * s.H * padded * padded) * 2;
 }
 
 void forward(const Shape& s, cudaStream_t stream, const void* qkv, void* y, float* stats, void*) {
