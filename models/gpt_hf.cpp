@@ -1,6 +1,7 @@
 #include "models/gpt_hf.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -29,15 +30,23 @@ bool is_conv1d_weight(const std::string& name) {
 }  // namespace
 
 bool is_hf_gpt2(const safetensors::NamedTensors& tensors) {
+  // Without the prefix the names are the hub's (ours always carry it), whatever a tensor's shape: a
+  // wrong one is then named with both shapes by the load, not taken for our layout.
   for (const auto& [name, t] : tensors)
-    if (without_prefix(name) == "h.0.attn.c_attn.weight") return t.dim() == 2 && t.size(1) == 3 * t.size(0);
+    if (without_prefix(name) == "h.0.attn.c_attn.weight")
+      return name.rfind(kPrefix, 0) != 0 || (t.dim() == 2 && t.size(1) == 3 * t.size(0));
   return false;
 }
 
 safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source) {
   safetensors::NamedTensors ours;
+  std::map<std::string, std::string> seen;  // a parameter's name without the prefix -> the file's name for it
   for (const auto& [name, t] : theirs) {
     const std::string n = without_prefix(name);
+    // With and without the prefix, one file could give a parameter twice, and the first would win.
+    if (const auto [it, fresh] = seen.emplace(n, name); !fresh)
+      throw std::invalid_argument(source + ": holds both '" + it->second + "' and '" + name +
+                                  "': one parameter given twice");
     if (n.rfind("h.", 0) == 0 && (ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias"))) continue;
     if (n == "lm_head.weight" || name == "lm_head.weight") {
       ours.emplace_back("lm_head.weight", t);  // checked against wte by load_state_dict (tied)

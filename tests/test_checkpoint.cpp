@@ -296,6 +296,31 @@ TEST(Checkpoint, ResumedRunTakesItsOwnLearningRate) {
   EXPECT_EQ(lrs, (std::vector<double>{3e-3, 3e-3, 3e-3, 1e-3, 1e-3}));
 }
 
+// A checkpoint kept elsewhere and linked into --checkpoint-dir is resumed through the link, and
+// pruning removes the link, never the files of what it names; an entry with a checkpoint's name that
+// is not a directory is refused before any step (exit 2), not replaced by the checkpoint of its step.
+TEST(Checkpoint, PruningRemovesALinkNotWhatItNamesAndAFileWithACheckpointsNameIsRefused) {
+  TempDir d;
+  ASSERT_EQ(run(gpt_args("off") + " --steps 4 --checkpoint-every 2 --checkpoint-dir " + d.file("ck")).code, 0);
+  fs::create_directories(d.file("kept"));
+  fs::rename(d.file("ck/step-00000002"), d.file("kept/step-00000002"));
+  fs::create_directory_symlink(d.file("kept/step-00000002"), d.file("ck/step-00000002"));
+  fs::remove_all(d.file("ck/step-00000004"));
+  const RunResult r = run(gpt_args("off") + " --steps 6 --checkpoint-every 2 --keep-checkpoints 1 --resume " +
+                          "--checkpoint-dir " + d.file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step-00000002"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(fs::symlink_status(d.file("ck/step-00000002")))) << "the link was kept";
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer.json"})
+    EXPECT_TRUE(fs::exists(d.file("kept/step-00000002/") + f)) << f << " of the linked checkpoint was deleted";
+  std::ofstream(d.file("ck/step-00000008")) << "mine";
+  const RunResult f = run(gpt_args("off") + " --steps 10 --checkpoint-every 2 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(f.code, 2) << f.out;
+  EXPECT_NE(f.out.find("step-00000008 has a checkpoint's name but is not a directory"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("step 7"), std::string::npos) << "trained before refusing:\n" << f.out;
+  EXPECT_EQ(bytes_of(d.file("ck/step-00000008")), "mine");
+}
+
 TEST(Checkpoint, FlagsAreChecked) {
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --resume").code, 2);             // no --checkpoint-dir
   EXPECT_EQ(run(gpt_args("off") + " --steps 2 --checkpoint-every 1").code, 2);  // likewise

@@ -712,13 +712,11 @@ TEST(Cli, StaleTemporariesOfAKilledSaveAreRemoved) {
 
 // The progress line says "nan" as PyTorch does, never the C library's "-nan".
 TEST(Cli, ProgressLinePrintsNanPlainly) {
-  TempDir d;
-  ASSERT_EQ(run(kSmall + "--save-weights " + d.file("w.safetensors")).code, 0);
-  auto sd = safetensors::load(d.file("w.safetensors"));
-  for (auto& [name, t] : sd) t = mul(t, std::numeric_limits<double>::quiet_NaN());
-  safetensors::save(d.file("nan.safetensors"), sd);
+  TempDir d;  // data whose inputs are NaN (weights that are would be refused at load)
+  safetensors::save(d.file("nan.safetensors"),
+                    {{"x", full({16, 8}, std::numeric_limits<double>::quiet_NaN())}, {"y", zeros({16, 8})}});
   const RunResult r = run("--width 8 --layers 2 --batch-size 4 --threads 1 --steps 2 --log-every 1 --amp fp16 "
-                          "--init-weights " + d.file("nan.safetensors"));
+                          "--data " + d.file("nan.safetensors"));
   EXPECT_EQ(r.code, 1) << "every step was skipped: " << r.out;
   EXPECT_NE(r.out.find("loss nan"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("-nan"), std::string::npos) << r.out;
@@ -864,6 +862,90 @@ TEST(Cli, ADirectoryOrDeviceGivenAsAnInputFileIsNamed) {
       EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
       EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
     }
+}
+
+// A Hugging Face file that gives a parameter twice (with and without the "transformer." prefix) is
+// refused naming both (the first one used to win, silently); one whose c_attn weight is in our
+// layout under the hub's name is refused naming that tensor and both shapes (it used to name a bias
+// the file rightly held, as "unexpected").
+TEST(Cli, AHuggingFaceFileWithAParameterTwiceOrATransposedWeightIsNamed) {
+  TempDir d;
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("cli_hf", 4000) +
+                          " --n-layer 2 --n-head 2 --n-embd 16 --block-size 8 --batch-size 2 --threads 1 --log-every 0 ";
+  ASSERT_EQ(run(gpt + "--steps 1 --save-weights " + d.file("hf.safetensors") + " --save-weights-format hf").code, 0);
+  safetensors::NamedTensors twice = safetensors::load(d.file("hf.safetensors"));
+  twice.emplace_back("transformer.h.0.ln_1.weight", full({16}, 5.0));
+  safetensors::save(d.file("twice.safetensors"), twice);
+  const RunResult r = run(gpt + "--steps 1 --init-weights " + d.file("twice.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("holds both 'h.0.ln_1.weight' and 'transformer.h.0.ln_1.weight': one parameter given twice"),
+            std::string::npos) << r.out;
+  safetensors::NamedTensors ours = safetensors::load(d.file("hf.safetensors"));
+  for (auto& [name, t] : ours)
+    if (name == "h.0.attn.c_attn.weight") t = transpose(t, 0, 1);
+  safetensors::save(d.file("ours.safetensors"), ours);
+  const RunResult o = run(gpt + "--steps 1 --init-weights " + d.file("ours.safetensors"));
+  EXPECT_EQ(o.code, 2) << o.out;
+  EXPECT_NE(o.out.find("h.0.attn.c_attn.weight' has shape [16, 48], expected [48, 16]"), std::string::npos) << o.out;
+}
+
+// A FIFO where a data or vocabulary file belongs (alone, in a glob, as --val-data), and a directory
+// given as --vocab-file: exit 2 naming it, at once. Each FIFO used to wait in open() for a writer that
+// never came, and the directory aborted the run (an uncaught std::ios_base::failure).
+TEST(Cli, AFifoOrDirectoryGivenAsDataOrVocabularyIsNamedAtOnce) {
+  TempDir d;
+  fs::create_directories(d.file("glob"));
+  for (const char* f : {"fifo.txt", "fifo.bin", "glob/b.bin"}) ASSERT_EQ(::mkfifo(d.file(f).c_str(), 0600), 0) << f;
+  std::vector<uint16_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
+  test::write_llmc_shard(d.file("glob/a.bin"), tokens);
+  const std::string shards = "'" + test::generated_token_shards("cli_fifo", 2, 300) + "' --vocab-size 300 ";
+  const std::string gpt = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 1 "
+                          "--threads 1 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {gpt + "--data " + d.file("fifo.txt"), d.file("fifo.txt") + ": --data must be a text file"},
+      {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300", d.file("fifo.bin")},
+      {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300 --data-format u16",
+       "--data: " + d.file("fifo.bin") + ": not a regular file (a device, FIFO or socket)"},
+      {gpt + "--data '" + d.file("glob") + "/*.bin' --vocab-size 300",
+       "--data: " + d.file("glob/b.bin") + ": not a regular file"},
+      {gpt + "--data " + shards + "--val-data " + d.file("fifo.bin"),
+       "--val-data: " + d.file("fifo.bin") + ": not a regular file"},
+      {"--steps 1 --width 8 --data " + d.file("fifo.bin"), d.file("fifo.bin")},
+      {gpt + "--data " + shards + "--vocab-file " + d.file("fifo.txt"),
+       "--vocab-file " + d.file("fifo.txt") + ": is not a regular file"},
+      {gpt + "--data " + shards + "--vocab-file " + d.file("glob"), "--vocab-file " + d.file("glob") + ": is a directory"},
+  };
+  for (const auto& [args, says] : cases) {
+    const RunResult r = run(args, "timeout 60");
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+  }
+}
+
+// Weights that hold inf or NaN (a diverged run's, or a damaged file's) are refused at load, naming
+// the file and the tensor (exit 2): they trained to NaN, or under fp16 skipped every step until the
+// scale collapsed, and the message named neither.
+TEST(Cli, InitWeightsThatHoldInfOrNanAreRefusedNamingTheTensor) {
+  TempDir d;
+  const std::string gpt = " --model gpt --data " + test::generated_text_file("cli_nan", 4000) +
+                          " --n-layer 1 --n-head 2 --n-embd 16 --block-size 8 --batch-size 2 --threads 1 --log-every 0 ";
+  ASSERT_EQ(run(gpt + "--steps 1 --save-weights " + d.file("w.safetensors")).code, 0);
+  for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    safetensors::NamedTensors w = safetensors::load(d.file("w.safetensors"));
+    for (auto& [name, t] : w)
+      if (name == "transformer.ln_f.bias") {
+        std::vector<double> v = t.to_vector();
+        v[3] = bad;
+        t = from_vector(v, t.shape(), t.dtype());
+      }
+    safetensors::save(d.file("bad.safetensors"), w);
+    const RunResult r = run(gpt + "--steps 3 --amp fp16 --init-weights " + d.file("bad.safetensors"));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--init-weights " + d.file("bad.safetensors") + ": transformer.ln_f.bias holds inf or NaN"),
+              std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "trained before refusing:\n" << r.out;
+  }
 }
 
 }  // namespace

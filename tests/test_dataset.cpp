@@ -1,9 +1,13 @@
 // The text stream (--model gpt) follows the layout that the README states ("A GPT on real text", Data)
 // to the byte; and the synthetic data stream: a pool of samples that repeats, each sample a function of its index
 // alone (never of the batch, the chunk it was generated in, or the device), as a file would be.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -123,6 +127,41 @@ TEST(TokenData, RowsFollowTheLayoutAcrossShards) {
   EXPECT_EQ(id["data_tokens"], 100);
   EXPECT_EQ(id["data_shards"].dump(),
             R"j(["train_0.bin (37 tokens)","train_1.bin (0 tokens)","train_2.bin (50 tokens)","train_3.bin (13 tokens)"])j");
+}
+
+// A shard that shrinks while it is mapped (another process truncates it, or rewrites it in place)
+// makes the read throw naming it and the flag, where the pages past its new end used to end the
+// process with SIGBUS and no word.
+TEST(TokenData, AShardThatShrinksDuringTheRunIsNamedNotACrash) {
+  Dir d("shrinks");
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 31 % 1000);
+  test::write_llmc_shard(d.file("train_0.bin"), tokens);
+  models::TokenDataOptions o;
+  o.train = d.file("train_0.bin");
+  o.vocab_size = 1000;
+  o.block_size = 16;
+  auto data = models::load_token_dataset(o, kCPU);
+  (void)data->rows(500, 4);  // mapped, and tokens 8000 on (past the first pages) read once
+  std::filesystem::resize_file(d.file("train_0.bin"), 1024);  // the header alone
+  try {
+    (void)data->rows(500, 4);
+    ADD_FAILURE() << "read tokens of a shard that no longer holds them";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("--data: " + d.file("train_0.bin") + ": the file shrank while it was read"),
+              std::string::npos) << e.what();
+  }
+  // A SIGBUS anywhere else still ends the process, as before the handler was there.
+  EXPECT_EXIT(
+      {
+        const int fd = ::open(d.file("other").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || ::ftruncate(fd, 1 << 16) != 0) std::_Exit(3);
+        const auto* p = static_cast<const volatile char*>(::mmap(nullptr, 1 << 16, PROT_READ, MAP_SHARED, fd, 0));
+        if (::ftruncate(fd, 0) != 0) std::_Exit(4);
+        (void)p[40000];
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 // Each bad file is refused at load with a message naming it and what is wrong.

@@ -76,6 +76,15 @@ TEST(FailureModes, AScaleThatCollapsesStopsTheRun) {
     ASSERT_FALSE(recs.empty());
     EXPECT_EQ(recs.back().value("event", ""), "failed") << "the metrics end with the failure, not an end record";
   }
+  // fp16: 6e-8 (at least 2^-24, so not refused at start) halves to 3e-8, below 2^-24, where every
+  // scaled gradient under 1 flushes to zero: step 2 trains nothing (and is not skipped), and the run
+  // goes no further (it used to train on to the end, and save).
+  TempDir d;
+  const RunResult r = run(kMlp + "--steps 4 --amp fp16 --init-scale 6e-8 --inject-nonfinite 1 --save-weights " +
+                          d.file("w.safetensors"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "step 2: the loss scale has collapsed to 3e-08, below 2^-24")) << r.out;
+  EXPECT_FALSE(fs::exists(d.file("w.safetensors"))) << r.out;
 }
 
 // Weights that went non-finite in the last step (whose loss was finite) are never saved, nor is the
@@ -134,6 +143,7 @@ TEST(FailureModes, TheEndRecordComesAfterTheOutputs) {
                                 "--steps 3 --metrics m.jsonl --save-weights w.safetensors; echo exit=$?", d);
   EXPECT_TRUE(has(out, "exit=1")) << out;
   EXPECT_TRUE(has(out, "--save-weights")) << out;
+  EXPECT_TRUE(has(out, "write failed: File too large")) << "the cause, as the checkpoint's says it: " << out;
   const auto recs = read_jsonl(d.file("m.jsonl"));
   ASSERT_EQ(recs.size(), 4u) << out;
   EXPECT_EQ(recs.back().value("event", ""), "failed") << recs.back().dump();

@@ -152,6 +152,15 @@ void check_checkpoint_dir(const std::string& dir) {
   if (ec) throw std::invalid_argument("--checkpoint-dir " + dir + ": cannot create the directory: " + ec.message());
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::invalid_argument("--checkpoint-dir " + dir + ": the directory is not writable");
+  // An entry with a checkpoint's name that is not a directory (a file the user keeps there) would be
+  // passed over by --resume and replaced by the checkpoint of its step: refused before any step.
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code st;
+    if (step_of(it->path().filename().string()) >= 0 && !fs::is_directory(it->path(), st))
+      throw std::invalid_argument("--checkpoint-dir " + dir + ": " + it->path().filename().string() +
+                                  " has a checkpoint's name but is not a directory: move it out of the way (the "
+                                  "checkpoint of its step would replace it)");
+  }
 }
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
@@ -175,6 +184,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const safetens
     write_synced(tmp / kOptimizer, opt_bytes);
     write_synced(tmp / kMeta, meta.dump(2) + "\n");  // last: its presence means the others are there
     sync_directory(tmp);
+    if (fs::exists(fs::symlink_status(final_path, ec)) && !fs::is_directory(final_path, ec))
+      throw std::runtime_error(final_path.string() + ": exists and is not a checkpoint directory: not replaced");
     if (fs::exists(final_path, ec)) {  // a rerun of the same step replaces it: out of the step-* names first
       const fs::path old = fs::path(dir) / (kTrashPrefix + step_name(step).substr(5) + "." + std::to_string(::getpid()));
       fs::rename(final_path, old, ec);
@@ -200,9 +211,14 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::function
     const fs::path from = all[i];
     const fs::path trash = fs::path(dir) / (kTrashPrefix + from.filename().string().substr(5) + "." + std::to_string(::getpid()));
     std::error_code ec;
+    const bool link = fs::is_symlink(from, ec);  // a checkpoint kept elsewhere, linked in: the link goes, not it
     fs::rename(from, trash, ec);
     if (ec) continue;  // still complete where it is: kept, and tried again by the next checkpoint
     sync_directory(dir);
+    if (link) {
+      fs::remove(trash, ec);
+      continue;
+    }
     for (fs::directory_iterator it(trash, ec), end; !ec && it != end; it.increment(ec)) {
       std::error_code rm;
       fs::remove_all(it->path(), rm);

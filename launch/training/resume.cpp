@@ -185,9 +185,11 @@ void Trainer::resume() {
       if (scaler_state.count("_hysteresis_left"))
         scaler_state["_hysteresis_left"] = std::min(scaler_state["_hysteresis_left"], static_cast<double>(mine.hysteresis));
       const auto scale = scaler_state.find("scale");
-      if (scale != scaler_state.end() && (!(scale->second > 0.0) || scale_collapsed(scale->second)))
+      if (scale != scaler_state.end() &&
+          (!(scale->second > 0.0) || !scale_collapse(scale->second, cfg_.amp == AmpMode::fp16).empty()))
         throw std::invalid_argument(meta_file + ": corrupt: scaler.scale " + number_str(scale->second) +
-                                    " is not a usable loss scale (positive, with an inverse finite in float32)");
+                                    " is not a usable loss scale (positive, with an inverse finite in float32, and "
+                                    "at least 2^-24 under fp16)");
       try {
         scaler_->load_state_dict(scaler_state);
       } catch (const std::exception& e) {

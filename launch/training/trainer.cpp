@@ -30,6 +30,30 @@ namespace amp::launch {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Weights that hold inf or NaN train to NaN, or under fp16 skip every step until the loss scale
+// collapses: refused at load (exit 2), naming the file and the tensors.
+void require_finite_weights(const safetensors::NamedTensors& weights, const std::string& file) {
+  std::vector<Tensor> xs;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : weights)
+    if (is_floating(t.dtype()) && t.device().is_cpu()) {
+      xs.push_back(t);
+      names.push_back(name);
+    }
+  Tensor found = zeros({1}, DType::f32, kCPU), flags = zeros({static_cast<int64_t>(xs.size())}, DType::f32, kCPU);
+  backend_for(kCPU).check_finite(xs, Tensor(), found, flags);
+  if (found.item() == 0.0) return;
+  std::string bad;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (flags.data<float>()[i] != 0.0f) bad += (bad.empty() ? "" : ", ") + names[i];
+  throw std::invalid_argument("--init-weights " + file + ": " + bad + (bad.find(',') == std::string::npos ? " holds" : " hold") +
+                              " inf or NaN: no weights to train from");
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device device)
     : cfg_(config), comm_(comm), device_(device) {
   Generator gen(cfg_.seed);
@@ -44,8 +68,10 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
                                 ") has no validation split");
   if (!cfg_.init_weights.empty()) {
-    nn::load_state_dict(model_->module(), spec_->import_weights(safetensors::load(cfg_.init_weights), cfg_.init_weights),
-                        cfg_.init_weights);
+    const safetensors::NamedTensors weights =
+        spec_->import_weights(safetensors::load(cfg_.init_weights), cfg_.init_weights);
+    require_finite_weights(weights, cfg_.init_weights);
+    nn::load_state_dict(model_->module(), weights, cfg_.init_weights);
   }
   // Parameter groups: a model that names its decayed parameters (the GPT: tensors of 2+ dims, as
   // nanoGPT) gets weight decay on those only; otherwise every parameter decays.
@@ -316,13 +342,16 @@ TrainResult Trainer::run() {
                                " and no loss scaler skipped the step (non-finite data or weights, or a learning "
                                "rate that diverges); stopping before the weights are corrupted");
     // A scale whose float32 inverse is infinite unscales every gradient to inf or NaN, so the step
-    // was skipped, and every step from here would be. The same figures on every rank, so every rank
-    // stops here.
-    if (scaler_->is_enabled() && r.skipped && scale_collapsed(r.scale))
+    // was skipped, and every step from here would be; under fp16 one below 2^-24 flushes the scaled
+    // gradients to zero, so the step trained nothing and was not skipped. (A scale of 0 on a step
+    // not skipped is the emulated GPU's dry run, whose read-backs are zeros.) The same figures on
+    // every rank, so every rank stops here.
+    if (const std::string why = scale_collapse(r.scale, cfg_.amp == AmpMode::fp16);
+        scaler_->is_enabled() && (r.skipped || r.scale > 0.0) && !why.empty())
       throw JobError("step " + std::to_string(r.step) + ": the loss scale has collapsed to " + number_str(r.scale) +
-                     ", whose inverse is not finite in float32: every step from here would be skipped. The "
-                     "gradients overflowed at every scale tried: look for non-finite data or weights, or a learning "
-                     "rate that diverges (--min-scale sets a floor for the scale)");
+                     ", " + why + ": no step from here would train. The gradients overflowed at every scale tried: "
+                     "look for non-finite data or weights, or a learning rate that diverges (--min-scale sets a "
+                     "floor for the scale)");
     result.records.push_back(r);
     position_.skipped_steps += r.skipped;
     result.skipped_steps = position_.skipped_steps;
@@ -405,11 +434,11 @@ TrainResult Trainer::run() {
     comm_.set_context("the end-of-run replica check");
     result.final_scale = scaler_->get_scale();
     // Only a skipped step backs the scale off: after one, the scale it left may have collapsed.
-    if (scaler_->is_enabled() && !result.records.empty() && result.records.back().skipped &&
-        scale_collapsed(result.final_scale))
+    if (const std::string why = scale_collapse(result.final_scale, cfg_.amp == AmpMode::fp16);
+        scaler_->is_enabled() && !result.records.empty() && result.records.back().skipped && !why.empty())
       throw JobError("after step " + std::to_string(result.steps_done) + ": the loss scale has collapsed to " +
-                     number_str(result.final_scale) + ", whose inverse is not finite in float32: nothing more can be "
-                     "trained from this state, and it is not saved");
+                     number_str(result.final_scale) + ", " + why +
+                     ": nothing more can be trained from this state, and it is not saved");
     const comm::ReplicaReport rep = check_replicas(&result);
     if (stopping) result.interrupted_by = interrupt_signal() != 0 ? interrupt_signal() : SIGTERM;
     require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved

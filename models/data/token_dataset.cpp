@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
@@ -29,9 +32,10 @@ constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A file open for reading, closed on scope exit.
+// A file open for reading, closed on scope exit. Opened without blocking, so that a FIFO (which
+// file_size then refuses) does not wait for a writer.
 struct File {
-  explicit File(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit File(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     if (fd < 0) throw std::invalid_argument(path + ": cannot open: " + errno_text());
   }
   ~File() { ::close(fd); }
@@ -43,8 +47,58 @@ struct File {
 int64_t file_size(const File& f, const std::string& path) {
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw std::invalid_argument(path + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) throw std::invalid_argument(path + ": not a regular file");
+  if (!S_ISREG(st.st_mode))
+    throw std::invalid_argument(path + ": not a regular file (" +
+                                (S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket") + ")");
   return static_cast<int64_t>(st.st_size);
+}
+
+// A mapped file that shrinks while mapped (another process truncates a shard, or rewrites it in
+// place) faults with SIGBUS on the pages past its new end, which would end the process without a
+// word. Reads out of a mapping run under a handler that jumps back to them, and the caller throws
+// naming the file; any other SIGBUS goes to the handler that was there before (the default: a core).
+thread_local sigjmp_buf* volatile t_mapped_read = nullptr;  // volatile: the handler reads it, not the code
+struct sigaction g_previous_sigbus {};
+
+void on_sigbus(int, siginfo_t*, void*) {
+  if (t_mapped_read != nullptr) siglongjmp(*t_mapped_read, 1);
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);  // not ours: delivered again, to the previous handler,
+  ::raise(SIGBUS);                                   // once this one returns (SIGBUS is blocked in it)
+}
+
+// Once per process (not per read_mapped instance: a second install would keep ours as the previous).
+void install_sigbus_handler() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+// Runs read() (plain loads and stores, nothing to unwind); false where a page of the mapping was gone.
+template <class Read>
+bool read_mapped(Read&& read) {
+  install_sigbus_handler();
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) {
+    t_mapped_read = nullptr;
+    return false;
+  }
+  t_mapped_read = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the guard is set before the first load, cleared after the last
+  read();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_mapped_read = nullptr;
+  return true;
+}
+
+[[noreturn]] void shard_changed(const std::string& path, const std::string& flag) {
+  throw std::runtime_error(flag + ": " + path +
+                           ": the file shrank while it was read (truncated, or rewritten in place): a token file "
+                           "must not change during a run");
 }
 
 
@@ -114,7 +168,9 @@ void check_tokens(const Shard& s, int64_t vocab_size, const std::string& flag) {
   if (s.tokens == 0) return;
   const Mapping m(s.path, s.header + 2 * s.tokens);
   const auto* t = reinterpret_cast<const uint16_t*>(m.data() + s.header);
-  const auto* bad = std::find_if(t, t + s.tokens, [&](uint16_t v) { return v >= vocab_size; });
+  const uint16_t* bad = nullptr;
+  if (!read_mapped([&] { bad = std::find_if(t, t + s.tokens, [&](uint16_t v) { return v >= vocab_size; }); }))
+    shard_changed(s.path, flag);
   if (bad == t + s.tokens) return;
   const int64_t index = bad - t;
   throw std::invalid_argument(s.path + ": token " + std::to_string(*bad) + " at byte offset " +
@@ -129,7 +185,12 @@ class ShardStream {
   ShardStream(const std::string& pattern, const std::string& flag, TokenFormat format, int64_t vocab_size)
       : flag_(flag) {
     for (const std::string& path : expand_data_pattern(pattern, flag)) {
-      Shard s = open_shard(path, format);
+      Shard s;
+      try {
+        s = open_shard(path, format);
+      } catch (const std::invalid_argument& e) {  // named by its flag: a glob's files are not on the command line
+        throw std::invalid_argument(flag + ": " + e.what());
+      }
       check_tokens(s, vocab_size, flag);
       s.first = total_;
       total_ += s.tokens;
@@ -151,7 +212,10 @@ class ShardStream {
       const Shard& s = shards_[i];
       const int64_t at = start - s.first, take = std::min(n, s.tokens - at);
       const auto* t = reinterpret_cast<const uint16_t*>(mapped(i) + s.header) + at;
-      for (int64_t k = 0; k < take; ++k) out[k] = t[k];
+      if (!read_mapped([&] {
+            for (int64_t k = 0; k < take; ++k) out[k] = t[k];
+          }))
+        shard_changed(s.path, flag_);
       out += take;
       start += take;
       n -= take;
@@ -276,7 +340,7 @@ std::vector<std::string> expand_data_pattern(const std::string& pattern, const s
 }
 
 bool has_llmc_magic(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: no wait (its loader refuses it)
   if (fd < 0) return false;
   int32_t v = 0;
   const bool read = ::pread(fd, &v, sizeof v, 0) == static_cast<ssize_t>(sizeof v);

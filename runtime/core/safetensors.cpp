@@ -1,7 +1,9 @@
 #include "runtime/core/safetensors.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -108,10 +110,20 @@ void save(const std::string& path, const NamedTensors& tensors) {
     write_to(out, tensors);
     out.flush();
     if (!out) {
+      const int err = errno;  // the failed write's (EFBIG under ulimit -f, ENOSPC)
       std::remove(tmp.c_str());
-      fail(path, "write failed (disk full?)");
+      fail(path, std::string("write failed: ") + std::strerror(err) + " (disk full?)");
     }
   }
+  // On the disk before it takes the name: a crash after the rename never leaves it on an empty file.
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    std::remove(tmp.c_str());
+    fail(path, std::string("cannot flush to disk: ") + std::strerror(err));
+  }
+  ::close(fd);
   if (std::rename(tmp.c_str(), target.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail(path, std::string("cannot rename temporary file: ") + std::strerror(errno));
