@@ -31,23 +31,25 @@ class EmulatedGpuObserver final : public StepObserver {
                          to.graph_ops - from_.graph_ops,         to.allocations - from_.allocations};
     total_.launches += d.launches, total_.host_syncs += d.host_syncs, total_.d2h_copies += d.d2h_copies;
     total_.graph_launches += d.graph_launches, total_.graph_ops += d.graph_ops, total_.allocations += d.allocations;
+    ++steps_;
     emu::log_step(step, memory_for(device_).peak_bytes());
     return d;
   }
-  void run_end(int rank, int64_t steps) override {
+  void run_end(int rank) override {
     // Every rank, not only rank 0 (whose figures the metrics hold): a sync on one rank is a sync.
     std::printf("amp_train: rank %d: emulated GPU: %lld host syncs, %lld kernel launches, %lld D2H copies, %lld "
                 "CUDA graph launches (%lld operations) in %lld training steps; at most %zu bytes in cudaMalloc "
                 "allocations\n",
                 rank, static_cast<long long>(total_.host_syncs), static_cast<long long>(total_.launches),
                 static_cast<long long>(total_.d2h_copies), static_cast<long long>(total_.graph_launches),
-                static_cast<long long>(total_.graph_ops), static_cast<long long>(steps), emu::device_bytes_high_water());
+                static_cast<long long>(total_.graph_ops), static_cast<long long>(steps_), emu::device_bytes_high_water());
     std::fflush(stdout);
   }
 
  private:
   Device device_;
   DeviceCounts from_, total_;
+  int64_t steps_ = 0;  // this process's, from 0 in a resumed run
 };
 
 }  // namespace

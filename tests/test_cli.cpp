@@ -209,7 +209,14 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
   const std::string text = test::generated_text_file("cli_tokens_text", 4000);
   const std::string gpt = " --model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1 ";
   std::ofstream(d.file("train.bin"), std::ios::binary) << std::string(400, '\1');  // headerless: nanoGPT's
+  fs::create_directories(d.file("text"));
+  std::ofstream(d.file("text/a.txt")) << std::string(400, 'a');
+  test::write_llmc_shard(d.file("odd.bin"), std::vector<uint16_t>(40, 1));
+  std::ofstream(d.file("odd.bin"), std::ios::binary | std::ios::app) << 'x';  // a byte past the header's count
   const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
+      {gpt + "--data '" + d.file("text") + "/*.txt'", {"no such file: a glob names token shards"}},
+      {gpt + "--data " + d.file("odd.bin") + " --vocab-size 300",
+       {"odd.bin: the header says 40 tokens but the file holds 40 and one byte (81 bytes after the header)"}},
       {gpt + "--data '" + shards + "'", {"--vocab-size", "holds tokens"}},
       {gpt + "--data '" + shards + "' --vocab-size 100", {"train_000.bin: token 1", "is not below --vocab-size 100"}},
       {gpt + "--data '" + shards + "' --vocab-size 70000", {"--vocab-size must be at most 65536"}},

@@ -24,8 +24,9 @@ class StepObserver {
   virtual void step_begin(int64_t step) = 0;
   // After all of step's work is issued: what the step issued.
   virtual DeviceCounts step_end(int64_t step) = 0;
-  // After the last step: this rank's totals over the run's steps, said on stdout.
-  virtual void run_end(int rank, int64_t steps) = 0;
+  // After the last step: this rank's totals over the steps this process ran (a resumed run's own,
+  // not its checkpoint's), said on stdout.
+  virtual void run_end(int rank) = 0;
 };
 
 // The observer of training steps on `device`, or null where nothing counts.

@@ -424,7 +424,7 @@ TrainResult Trainer::run() {
     result.device_memory_bytes = memory_for(device_).device_peak_bytes();
     if (rank0 && listeners_.progress && result.device_memory_bytes > 0)
       listeners_.progress->device_memory(result.device_memory_bytes);
-    if (listeners_.observer) listeners_.observer->run_end(comm_.rank(), result.steps_done);
+    if (listeners_.observer) listeners_.observer->run_end(comm_.rank());
     // skipped_steps counts from step 1 (a resumed run starts from its checkpoint's count). A run that
     // was interrupted stops as asked (exit 128 + signal, with its outputs), whatever it skipped.
     if (!stopping && result.skipped_steps == result.steps_done && result.steps_done > position_.start_step)

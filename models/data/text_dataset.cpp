@@ -71,8 +71,13 @@ std::unique_ptr<TextDataset> make_text_dataset(std::string bytes, int64_t block_
 std::unique_ptr<TextDataset> load_text_dataset(const std::string& path, int64_t block_size, Device device) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    throw std::invalid_argument(path + ": --data must be a text file (" +
-                                (std::filesystem::exists(path, ec) ? "this is not a regular file" : "no such file") + ")");
+    throw std::invalid_argument(
+        path + ": --data must be a text file (" +
+        (std::filesystem::exists(path, ec) ? "this is not a regular file"
+         : path.find_first_of("*?[") != std::string::npos
+             ? "no such file: a glob names token shards, llm.c's or --data-format u16's; text is one file"
+             : "no such file") +
+        ")");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(path + ": cannot open the --data file");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

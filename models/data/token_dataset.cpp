@@ -151,7 +151,7 @@ Shard open_shard(const std::string& path, TokenFormat format) {
     const int64_t body = size - kLlmcHeaderBytes;
     if (header[2] < 0 || body != 2 * static_cast<int64_t>(header[2]))
       throw std::invalid_argument(path + ": the header says " + std::to_string(header[2]) + " tokens but the file holds " +
-                                  std::to_string(body / 2) + (body % 2 ? " and a half" : "") + " (" +
+                                  std::to_string(body / 2) + (body % 2 ? " and one byte" : "") + " (" +
                                   std::to_string(body) + " bytes after the header)");
     s.tokens = header[2];
   } else {
