@@ -306,6 +306,7 @@ TEST(Checkpoint, PruningRemovesALinkNotWhatItNamesAndAFileWithACheckpointsNameIs
   fs::rename(d.file("ck/step-00000002"), d.file("kept/step-00000002"));
   fs::create_directory_symlink(d.file("kept/step-00000002"), d.file("ck/step-00000002"));
   fs::remove_all(d.file("ck/step-00000004"));
+  std::ofstream(d.file("ck/step-5")) << "notes";  // no name a checkpoint is written under: left alone
   const RunResult r = run(gpt_args("off") + " --steps 6 --checkpoint-every 2 --keep-checkpoints 1 --resume " +
                           "--checkpoint-dir " + d.file("ck"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -313,6 +314,7 @@ TEST(Checkpoint, PruningRemovesALinkNotWhatItNamesAndAFileWithACheckpointsNameIs
   EXPECT_FALSE(fs::exists(fs::symlink_status(d.file("ck/step-00000002")))) << "the link was kept";
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer.json"})
     EXPECT_TRUE(fs::exists(d.file("kept/step-00000002/") + f)) << f << " of the linked checkpoint was deleted";
+  EXPECT_EQ(bytes_of(d.file("ck/step-5")), "notes");
   std::ofstream(d.file("ck/step-00000008")) << "mine";
   const RunResult f = run(gpt_args("off") + " --steps 10 --checkpoint-every 2 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(f.code, 2) << f.out;

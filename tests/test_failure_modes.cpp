@@ -85,6 +85,13 @@ TEST(FailureModes, AScaleThatCollapsesStopsTheRun) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(has(r.out, "step 2: the loss scale has collapsed to 3e-08, below 2^-24")) << r.out;
   EXPECT_FALSE(fs::exists(d.file("w.safetensors"))) << r.out;
+  // Nor is a checkpoint written of that state (it used to be, and pruning then deleted the last good
+  // one, and --resume refused it as corrupt).
+  const RunResult ck = run(kMlp + "--steps 4 --amp fp16 --init-scale 6e-8 --inject-nonfinite 1 --checkpoint-every 1 "
+                                  "--checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(ck.code, 1) << ck.out;
+  EXPECT_TRUE(has(ck.out, "after step 1: the loss scale has collapsed to 3e-08, below 2^-24")) << ck.out;
+  EXPECT_TRUE(launch::list_checkpoints(d.file("ck")).empty()) << ck.out;
 }
 
 // Weights that went non-finite in the last step (whose loss was finite) are never saved, nor is the

@@ -156,7 +156,9 @@ void check_checkpoint_dir(const std::string& dir) {
   // passed over by --resume and replaced by the checkpoint of its step: refused before any step.
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code st;
-    if (step_of(it->path().filename().string()) >= 0 && !fs::is_directory(it->path(), st))
+    const std::string name = it->path().filename().string();
+    const int64_t step = step_of(name);  // only the names a checkpoint is written under (step-%08lld)
+    if (step >= 0 && name == step_name(step) && !fs::is_directory(it->path(), st))
       throw std::invalid_argument("--checkpoint-dir " + dir + ": " + it->path().filename().string() +
                                   " has a checkpoint's name but is not a directory: move it out of the way (the "
                                   "checkpoint of its step would replace it)");

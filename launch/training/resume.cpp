@@ -293,6 +293,13 @@ optim::OptimizerStateDict Trainer::with_padding(optim::OptimizerStateDict s) con
 
 void Trainer::save_checkpoint_at(int64_t step) {
   require_finite_parameters(step);
+  // A skipped step can back the scale off past what trains (figures.h): such a state is never saved
+  // (a resume would refuse it, and pruning would have deleted the last good checkpoint). The scale
+  // is the same on every rank; 0 is the emulated GPU's dry run, whose read-backs are zeros.
+  if (const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0; scale > 0.0)
+    if (const std::string why = scale_collapse(scale, cfg_.amp == AmpMode::fp16); !why.empty())
+      throw JobError("after step " + std::to_string(step) + ": the loss scale has collapsed to " + number_str(scale) +
+                     ", " + why + ": nothing more can be trained from this state, and it is not saved");
   comm_.set_context("writing the checkpoint of step " + std::to_string(step));
   std::string error, path;
   // Under ZeRO-1 the optimizer's state is gathered from every rank (a collective) into the file an

@@ -169,11 +169,15 @@ void check_tokens(const Shard& s, int64_t vocab_size, const std::string& flag) {
   const Mapping m(s.path, s.header + 2 * s.tokens);
   const auto* t = reinterpret_cast<const uint16_t*>(m.data() + s.header);
   const uint16_t* bad = nullptr;
-  if (!read_mapped([&] { bad = std::find_if(t, t + s.tokens, [&](uint16_t v) { return v >= vocab_size; }); }))
+  uint16_t value = 0;  // read under the guard too
+  if (!read_mapped([&] {
+        bad = std::find_if(t, t + s.tokens, [&](uint16_t v) { return v >= vocab_size; });
+        if (bad != t + s.tokens) value = *bad;
+      }))
     shard_changed(s.path, flag);
   if (bad == t + s.tokens) return;
   const int64_t index = bad - t;
-  throw std::invalid_argument(s.path + ": token " + std::to_string(*bad) + " at byte offset " +
+  throw std::invalid_argument(s.path + ": token " + std::to_string(value) + " at byte offset " +
                               std::to_string(s.header + 2 * index) + " (token " + std::to_string(index) +
                               " of the file) is not below --vocab-size " + std::to_string(vocab_size) + " (" + flag +
                               ")");

@@ -662,8 +662,11 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& y, const T
       throw OutOfMemory(std::string(e.what()) + "; it was cuDNN's attention backward's workspace, " +
                         std::to_string(bytes >> 20) + " MiB for batch " + std::to_string(d.B) + " x block " +
                         std::to_string(d.T) + " x " + std::to_string(d.H) +
-                        " heads (its deterministic algorithm keeps dS, batch x heads x block^2 x 2 bytes): "
-                        "--attention fused needs no such workspace, and --attention auto falls back to it");
+                        " heads (its deterministic algorithm keeps dS, batch x heads x block^2 x 2 bytes): " +
+                        (has_fused_attention(qkv.dtype(), d.D)
+                             ? "--attention fused needs no such workspace, and --attention auto falls back to it"
+                             : "our fused kernels do not take head size " + std::to_string(d.D) +
+                                   ", so a smaller --batch-size or --block-size is the way"));
     }
     cudnn_sdpa::backward(s, ctx.stream(), qkv.data_ptr(), y.data_ptr(), gy.data_ptr(), lse.data<float>(),
                          dqkv.data_ptr(), workspace->as<void>());

@@ -289,7 +289,8 @@ const Plan& plan(const Shape& s, bool backward, cudaStream_t stream) {
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                    static_cast<double>(f.workspace) / (1 << 20), static_cast<double>(b.workspace) / (1 << 20));
     } catch (const cuda::OutOfMemory&) {
-      throw;  // the device's state, not the library's refusal: the shape's next forward tries again
+      throw;  // the device's state, not the library's refusal: not kept (under --attention auto the op
+              // keeps the shape on our kernels from then on; asked for by name, the run stops)
     } catch (const std::exception& e) {
       f.error = b.error = e.what();
     }
