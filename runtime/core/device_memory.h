@@ -5,11 +5,19 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "runtime/core/tensor.h"
 
 namespace amp {
+
+// A device had no room for an allocation. A GPU's allocator throws its own kind of it
+// (cuda::OutOfMemory); the ops above the backends catch this one to fall back to kernels that need
+// less, and let every other failure through.
+struct DeviceOutOfMemory : std::runtime_error {
+  explicit DeviceOutOfMemory(const std::string& what) : std::runtime_error(what) {}
+};
 
 // Small device values on their way to the host: a copy that completes in the background, so that
 // logging can read a step's figures one step late without stalling the device.

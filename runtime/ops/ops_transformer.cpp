@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "runtime/core/device_memory.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/kernels/backend.h"
@@ -321,10 +322,10 @@ Tensor causal_attention(const Tensor& qkv_in, int64_t n_head, const AttentionOpt
                     Backend& bg = backend_for(g.device());
                     try {
                       bg.attention_backward(qkv, saved, lse, g, H, scale, dqkv, which);
-                    } catch (const std::runtime_error& e) {
-                      // cuDNN's backward failed where its forward ran (its workspace, asked for at
-                      // the step's peak): ours take its y and lse (the same log-sum-exp), and the
-                      // shape keeps to ours.
+                    } catch (const DeviceOutOfMemory& e) {
+                      // cuDNN's backward found no room where its forward ran (its workspace, asked
+                      // for at the step's peak): ours take its y and lse (the same log-sum-exp), and
+                      // the shape keeps to ours. Any other failure stops the run, as it should.
                       if (which != FusedAttention::cudnn || !automatic || !bg.has_fused_attention(qkv.dtype(), D)) throw;
                       refuse_cudnn(shape);
                       bg.attention_backward(qkv, saved, lse, g, H, scale, dqkv,

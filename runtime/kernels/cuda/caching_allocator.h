@@ -43,11 +43,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "runtime/core/device_memory.h"
+
 namespace amp::cuda {
 
 // The driver had no room for a segment, even after the cache's free segments went back to it.
-struct OutOfMemory : std::runtime_error {
-  explicit OutOfMemory(const std::string& what) : std::runtime_error(what) {}
+struct OutOfMemory : DeviceOutOfMemory {
+  explicit OutOfMemory(const std::string& what) : DeviceOutOfMemory(what) {}
 };
 
 class CachingAllocator {
