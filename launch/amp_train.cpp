@@ -33,6 +33,7 @@
 #include "launch/training/device_comm.h"
 #include "launch/training/trainer.h"
 #include "models/data/token_dataset.h"
+#include "runtime/core/fnv1a.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/cpu/threads.h"
 
@@ -199,6 +200,24 @@ std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
   return files;
 }
 
+// Whether this rank reads the data rank 0 reads: the same files (names, sizes, every byte's
+// checksum: models/data/dataset.h), compared over every rank. A node whose own copy of the data
+// differs would otherwise train its ranks on other samples, silently. "" when it does.
+std::string other_data_than_rank0(comm::Communicator& c, const models::Dataset& data, const std::string& flag_value) {
+  if (c.size() == 1) return "";
+  const std::string identity = data.resume_identity().dump() + data.content_checksums().dump();
+  const uint64_t h = fnv1a(identity.data(), identity.size());
+  Tensor mine = zeros({2}, DType::f64);  // two exact halves of the 64 bits
+  static_cast<double*>(mine.data_ptr())[0] = static_cast<double>(h >> 32);
+  static_cast<double*>(mine.data_ptr())[1] = static_cast<double>(h & 0xffffffffu);
+  const Tensor all = c.all_gather(mine);
+  const double* a = static_cast<const double*>(all.data_ptr());
+  const double* m = a + 2 * c.rank();
+  if (m[0] == a[0] && m[1] == a[1]) return "";
+  return "--data " + flag_value + " is not what rank 0 reads: another list of files, or the same names with other "
+         "sizes or bytes (" + data.describe() + "): each node must hold the same files";
+}
+
 int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, const std::string& gpu_chosen_from,
                         std::unique_ptr<comm::Communicator>& host_comm,
                         std::unique_ptr<comm::Communicator>& device_comm, std::unique_ptr<launch::Trainer>& trainer) {
@@ -290,6 +309,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   if (!agreed("creating the device communicator")) return code;
   attempt([&] { trainer = std::make_unique<launch::Trainer>(cfg, *c, device); });
   if (!agreed("building the model and loading the data")) return code;
+  attempt([&] {
+    const std::string other = other_data_than_rank0(*host_comm, trainer->data(), cfg.data);
+    if (!other.empty()) throw std::invalid_argument(other);
+  });
+  if (!agreed("checking that every rank reads the same data")) return code;
   if (rank0) {
     // Flags for the GPU only are not silently dropped on the CPU.
     if (!device.is_cuda() && cfg.allow_tf32) std::printf("notice: --allow-tf32 has no effect on the CPU\n");

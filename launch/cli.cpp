@@ -4,6 +4,7 @@
 #include "launch/training/train_config.h"
 #include "models/model_spec.h"
 #include "runtime/ops/ops.h"
+#include "runtime/core/file_kind.h"
 #include "runtime/core/number_format.h"
 
 #include <sys/resource.h>
@@ -462,8 +463,9 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       const std::string file = vm["config"].as<std::string>();
       c.config_file = file;
       std::error_code ec;
-      if (!std::filesystem::is_regular_file(file, ec))  // a directory, FIFO or /dev/zero: never read
-        throw UsageError("--config: '" + file + "' is not a regular file");
+      if (!std::filesystem::exists(file, ec)) throw UsageError("--config: '" + file + "': no such file");
+      if (const std::string kind = irregular_file(file); !kind.empty())  // a directory, FIFO or /dev/zero: never read
+        throw UsageError("--config: '" + file + "' is " + kind);
       std::ifstream raw(file, std::ios::binary);
       if (!raw) throw UsageError("--config: cannot open '" + file + "'");
       std::string text((std::istreambuf_iterator<char>(raw)), std::istreambuf_iterator<char>());

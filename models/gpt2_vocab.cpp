@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "runtime/core/file_kind.h"
+
 namespace amp::models {
 
 namespace {
@@ -40,13 +42,8 @@ std::vector<uint32_t> code_points(const std::string& s) {
 }  // namespace
 
 Gpt2Vocab Gpt2Vocab::load(const std::string& path, int64_t vocab_size) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);  // a directory or FIFO is never opened (a FIFO would block)
-  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    throw std::invalid_argument("--vocab-file " + path + ": " +
-                                (std::filesystem::is_directory(st) ? "is a directory"
-                                                                   : "is not a regular file (a device, FIFO or socket)") +
-                                ", not GPT-2's vocab.json");
+  if (const std::string kind = irregular_file(path); !kind.empty())  // never opened (a FIFO would block)
+    throw std::invalid_argument("--vocab-file " + path + ": is " + kind + ", not GPT-2's vocab.json");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("--vocab-file: cannot open " + path);
   nlohmann::json j;

@@ -126,6 +126,51 @@ TEST(Checkpoint, ATokenRunResumesAcrossShardsAndRefusesOtherShards) {
   EXPECT_NE(bad.out.find("train_004.bin (150 tokens)"), std::string::npos) << bad.out;
 }
 
+// A resume reads the data its checkpoint trained on: the same shards moved elsewhere resume; shards
+// made again under the same names and sizes (one token changed in the second) are refused naming the
+// shard, and so is a text file changed in place to the same size.
+TEST(Checkpoint, AResumeOnOtherBytesUnderTheSameNamesAndSizesIsRefused) {
+  const std::string shards = test::generated_token_shards("checkpoint_bytes", 3, 150);
+  const std::string args = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 "
+                           "--log-every 0 --threads 1";
+  const std::string tokens = args + " --vocab-size 300 --data ";
+  TempDir d;
+  ASSERT_EQ(run(tokens + "'" + shards + "' --steps 2 --checkpoint-dir " + d.file("ck")).code, 0);
+  fs::create_directories(d.file("copy"));
+  for (const auto& e : fs::directory_iterator(fs::path(shards).parent_path()))
+    fs::copy_file(e.path(), fs::path(d.file("copy")) / e.path().filename());
+  const std::string copy = "'" + d.file("copy") + "/train_*.bin'";
+  fs::copy(d.file("ck"), d.file("ck_moved"), fs::copy_options::recursive);
+  const RunResult moved = run(tokens + copy + " --steps 3 --resume --checkpoint-dir " + d.file("ck_moved"));
+  EXPECT_EQ(moved.code, 0) << moved.out;
+  auto change_byte = [](const std::string& path, std::streamoff at) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(at);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 1);  // a token below 256 stays below the vocabulary
+    f.seekp(at);
+    f.write(&c, 1);
+    ASSERT_TRUE(f.good()) << path;
+  };
+  change_byte(d.file("copy") + "/train_001.bin", 1024 + 2 * 100);  // token 100, after llm.c's header
+  const RunResult bad = run(tokens + copy + " --steps 3 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("shard 2 of 3, train_001.bin (150 tokens), holds other tokens than the checkpoint"),
+            std::string::npos)
+      << bad.out;
+  // Text: one checksum of the file.
+  const std::string text = d.file("a.txt");
+  fs::copy_file(test::generated_text_file("checkpoint_bytes", 4000), text);
+  ASSERT_EQ(run(args + " --data " + text + " --steps 2 --checkpoint-dir " + d.file("ck_text")).code, 0);
+  change_byte(text, 3999);  // the validation split's last byte: every byte counts
+  const RunResult bad_text = run(args + " --data " + text + " --steps 3 --resume --checkpoint-dir " + d.file("ck_text"));
+  EXPECT_EQ(bad_text.code, 2) << bad_text.out;
+  EXPECT_NE(bad_text.out.find("--data " + text + ": its bytes are not those of the file the checkpoint"),
+            std::string::npos)
+      << bad_text.out;
+}
+
 // Every model resumes bitwise, and an aggregator that draws (Random) continues its stream.
 TEST(Checkpoint, MlpAndMultiTaskWithARandomAggregatorResumeBitwise) {
   for (const std::string& args : {std::string("--width 16 --amp fp16 --log-every 0 --threads 1"),

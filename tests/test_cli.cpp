@@ -598,6 +598,29 @@ TEST(Cli, BadInputUnderMpirunStopsEveryRankCleanly) {
   EXPECT_EQ(r.out.find("/nonexistent/w.safetensors", at + says.size()), std::string::npos) << "printed twice: " << r.out;
 }
 
+// Every rank reads the data rank 0 reads: a rank given a file of the same size with other bytes (a
+// node whose own copy differs; here mpirun's MPMD form gives each rank its own --data) stops the job
+// at the set-up with exit 2 naming it, where each rank used to train on its own samples, silently.
+TEST(Cli, ARankWhoseDataDiffersFromRank0sIsNamedAtTheSetup) {
+  TempDir d;
+  const std::string a = d.file("a.txt"), b = d.file("b.txt");
+  fs::copy_file(test::generated_text_file("cli_rank_data", 3000), a);
+  std::string bytes = [&] {
+    std::ifstream in(a, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  bytes[10] = static_cast<char>(bytes[10] ^ 1);
+  std::ofstream(b, std::ios::binary) << bytes;
+  const std::string gpt = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 "
+                          "--threads 1 --comm-timeout 30 --data ";
+  const std::string one_rank = std::string(kMpirun).replace(std::string(kMpirun).find("-np 2"), 5, "-np 1");
+  const RunResult same = run(gpt + a + " : -np 1 " + AMP_TRAIN_BIN + " " + gpt + a, one_rank);
+  EXPECT_EQ(same.code, 0) << same.out;
+  const RunResult other = run(gpt + a + " : -np 1 " + AMP_TRAIN_BIN + " " + gpt + b, one_rank);
+  EXPECT_EQ(other.code, 2) << other.out;
+  EXPECT_NE(other.out.find("error (rank 1): --data " + b + " is not what rank 0 reads"), std::string::npos) << other.out;
+}
+
 // A rank that stops answering during the set-up: the others time out there, naming the set-up,
 // and the job ends with exit 1 (it used to escape every handler: SIGABRT, exit 134, a backtrace).
 TEST(Cli, ASetupCollectiveThatTimesOutIsReportedAndEndsTheJob) {
@@ -635,7 +658,7 @@ TEST(Cli, GptReportsValidationLossTokensPerSecondAndSamples) {
   std::ofstream(d.file("short.txt")) << "too short";
   for (const auto& [data, want] : std::vector<std::pair<std::string, std::string>>{
            {d.file("missing.txt"), "no such file"},
-           {d.path.string(), "not a regular file"},
+           {d.path.string(), "it is a directory"},
            {d.file("short.txt"), "fewer than --block-size + 2"}}) {
     const RunResult bad = run(gpt + "--data " + data + " --steps 1");
     EXPECT_EQ(bad.code, 2) << bad.out;
@@ -843,7 +866,8 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
       {"--wid 16", "--wid"},
       {"--amp fp16 bf16", "unexpected argument 'bf16'"},
       {"steps=5", "unexpected argument 'steps=5'"},
-      {"--config " + d.path.string(), "not a regular file"},
+      {"--config " + d.path.string(), "' is a directory"},
+      {"--config " + d.file("missing.cfg"), "missing.cfg': no such file"},
       {"--config /dev/zero", "not a regular file"},
       {"--config " + fifo, "not a regular file"},
       {"--config " + d.file("bad_value.cfg") + " --lr 0.1", "--config"},
@@ -913,11 +937,11 @@ TEST(Cli, AFifoOrDirectoryGivenAsDataOrVocabularyIsNamedAtOnce) {
       {gpt + "--data " + d.file("fifo.txt"), d.file("fifo.txt") + ": --data must be a text file"},
       {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300", d.file("fifo.bin")},
       {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300 --data-format u16",
-       "--data: " + d.file("fifo.bin") + ": not a regular file (a device, FIFO or socket)"},
+       "--data: " + d.file("fifo.bin") + ": is not a regular file (a device, FIFO or socket)"},
       {gpt + "--data '" + d.file("glob") + "/*.bin' --vocab-size 300",
-       "--data: " + d.file("glob/b.bin") + ": not a regular file"},
+       "--data: " + d.file("glob/b.bin") + ": is not a regular file"},
       {gpt + "--data " + shards + "--val-data " + d.file("fifo.bin"),
-       "--val-data: " + d.file("fifo.bin") + ": not a regular file"},
+       "--val-data: " + d.file("fifo.bin") + ": is not a regular file"},
       {"--steps 1 --width 8 --data " + d.file("fifo.bin"), d.file("fifo.bin")},
       {gpt + "--data " + shards + "--vocab-file " + d.file("fifo.txt"),
        "--vocab-file " + d.file("fifo.txt") + ": is not a regular file"},

@@ -128,6 +128,10 @@ TEST(TokenData, RowsFollowTheLayoutAcrossShards) {
   EXPECT_EQ(id["data_tokens"], 100);
   EXPECT_EQ(id["data_shards"].dump(),
             R"j(["train_0.bin (37 tokens)","train_1.bin (0 tokens)","train_2.bin (50 tokens)","train_3.bin (13 tokens)"])j");
+  // Each shard's checksum, of its tokens' bytes (fnv1a_words: four FNV-1a lanes over 64-bit words, a
+  // tail byte-wise; values from a Python implementation of runtime/core/fnv1a.h's description).
+  EXPECT_EQ(shards->content_checksums().dump(),
+            R"j(["dcc9b6360037fe3e","6f5ca67cf47c745d","bbc7f3a87b14ab5f","097dfa16c5eb347e"])j");
 }
 
 // A shard that shrinks while it is mapped (another process truncates it, or rewrites it in place)

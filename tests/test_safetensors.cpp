@@ -1,5 +1,6 @@
 // safetensors I/O: round trip, PyTorch's files, and rejection of corrupt or truncated files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -91,6 +92,20 @@ TEST(Safetensors, RejectsCorruptAndTruncatedFiles) {
   const std::string trunc = dir.file("trunc.safetensors");
   write_bytes(trunc, bytes.substr(0, bytes.size() - 10));
   expect_rejected(trunc, "truncated");
+
+  // A directory or a FIFO is named, never read (a FIFO would wait for a writer) nor replaced.
+  fs::create_directories(dir.file("dir.safetensors"));
+  expect_rejected(dir.file("dir.safetensors"), "dir.safetensors: is a directory, not a safetensors file");
+  ASSERT_EQ(::mkfifo(dir.file("fifo.safetensors").c_str(), 0600), 0);
+  expect_rejected(dir.file("fifo.safetensors"), "is not a regular file (a device, FIFO or socket), not a safetensors");
+  try {
+    safetensors::save(dir.file("fifo.safetensors"), {{"w", randn({4, 4}, g)}});
+    ADD_FAILURE() << "saved into a FIFO";
+  } catch (const safetensors::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exists and is not a regular file (a device, FIFO or socket); refusing"),
+              std::string::npos)
+        << e.what();
+  }
 
   const std::string tiny = dir.file("tiny.safetensors");
   write_bytes(tiny, "abc");

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "runtime/core/file_kind.h"
 #include "runtime/core/safetensors.h"
 
 namespace amp::launch {
@@ -29,7 +30,7 @@ void check_output_path(const char* flag, const std::string& path) {
   const fs::file_status st = fs::status(target, ec);
   if (fs::exists(st)) {
     if (fs::is_directory(st)) fail("is a directory; give a file name");
-    if (!fs::is_regular_file(st)) fail("exists and is not a regular file (a device, FIFO or socket)");
+    if (const std::string kind = irregular_file(st); !kind.empty()) fail("exists and is " + kind);
     if (::access(target.c_str(), W_OK) != 0) fail("exists and is not writable");
   }
   fs::path dir = target.parent_path();

@@ -26,6 +26,30 @@ nlohmann::json schedule_of(nlohmann::json schedule) {
     for (const char* unused : {"warmup_steps", "min_lr", "decay_steps"}) schedule.erase(unused);
   return schedule;
 }
+
+// The data's content against the checksums a checkpoint recorded (none in checkpoints written before
+// they were). Names and sizes already match (must_match), so a difference is other bytes under the
+// same names: shards made again from other documents or by another tokenizer, a text file edited.
+void check_same_data(const nlohmann::json& then, const nlohmann::json& now, const nlohmann::json& shard_names,
+                     const std::string& data, const std::string& meta_file) {
+  if (then.is_null() || then == now) return;
+  const std::string after =
+      ": a resumed run must read the data its checkpoint trained on (its numbers, and a resume on any "
+      "number of ranks, depend on it); give it those files, or start a new run in another --checkpoint-dir";
+  if (then.is_string() && now.is_string())
+    throw std::invalid_argument("--data " + data + ": its bytes are not those of the file the checkpoint " + meta_file +
+                                " trained on (the same size; checksum " + now.get<std::string>() + ", the checkpoint's " +
+                                then.get<std::string>() + ")" + after);
+  if (then.is_array() && now.is_array() && then.size() == now.size())
+    for (size_t i = 0; i < now.size(); ++i)
+      if (then[i] != now[i])
+        throw std::invalid_argument(
+            "--data " + data + ": shard " + std::to_string(i + 1) + " of " + std::to_string(now.size()) + ", " +
+            (shard_names.is_array() && i < shard_names.size() ? shard_names[i].get<std::string>() : "?") +
+            ", holds other tokens than the checkpoint " + meta_file + " trained on (checksum " + now[i].dump() +
+            ", the checkpoint's " + then[i].dump() + ")" + after);
+  throw std::invalid_argument(meta_file + ": corrupt: data_checksums " + then.dump() + " is not of this data's kind");
+}
 }  // namespace
 
 nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
@@ -42,6 +66,8 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
   return {{"format", kCheckpointFormat},
           {"must_match", must_match},
           {"data", cfg_.data},
+          // Of the data's bytes: checked by a resume, outside must_match so that older checkpoints resume.
+          {"data_checksums", data_->content_checksums()},
           {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
           // Samples of the stream consumed: step i uses [(i - 1) E, i E).
           {"data_position", {{"next_sample", step * E}}},
@@ -108,6 +134,8 @@ void Trainer::resume() {
       throw std::invalid_argument(meta_file + ": this run's " + key + " " + value.dump() + " does not match the checkpoint's " +
                                   was + hint);
     }
+    check_same_data(ck->meta.value("data_checksums", nlohmann::json()), now["data_checksums"],
+                    now["must_match"].value("data_shards", nlohmann::json()), cfg_.data, meta_file);
     // A requeued job reruns its command after the run ended: at --steps there is nothing left to do
     // (run() says so and exits 0, the outputs untouched). Beyond it, the flags ask for another run.
     if (ck->step > cfg_.steps)

@@ -36,6 +36,11 @@ class Dataset {
   // What a checkpoint records of the data and a resumed run must match (trainer.json's must_match):
   // {"data_samples": resume_size()} by default; token shards add their names and sizes.
   virtual nlohmann::json resume_identity() const { return {{"data_samples", resume_size()}}; }
+  // Checksums of the data's content (fnv1a_words, runtime/core/fnv1a.h) that a checkpoint records
+  // and a resumed run must match: same names and sizes with other bytes (shards made again) would
+  // otherwise resume silently on other data. Text: one, of the file; token data: one per shard, in
+  // resume_identity's order; null for data generated from the seed or read from safetensors.
+  virtual nlohmann::json content_checksums() const { return nullptr; }
 };
 
 // x ~ N(0, 1) from a counter-based stream (pool sample j uses counters j·width...), y = teacher(x)

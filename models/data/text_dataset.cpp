@@ -6,6 +6,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/core/file_kind.h"
+#include "runtime/core/fnv1a.h"
+
 namespace amp::models {
 
 namespace {
@@ -24,6 +27,7 @@ class Text final : public TextDataset {
     };
     check(train_, "training");
     check(n - train_, "validation");
+    checksum_ = hex64(fnv1a_words(bytes_.data(), bytes_.size()));
   }
   Batch rows(int64_t first, int64_t count) override { return batch(0, train_, first, count); }
   Batch validation_rows(int64_t first, int64_t count) override {
@@ -31,6 +35,7 @@ class Text final : public TextDataset {
   }
   int64_t train_bytes() const override { return train_; }
   int64_t validation_bytes() const override { return static_cast<int64_t>(bytes_.size()) - train_; }
+  nlohmann::json content_checksums() const override { return checksum_; }
   std::string describe() const override {
     return name_ + " (" + std::to_string(train_) + " training bytes, " + std::to_string(validation_bytes()) +
            " validation bytes)";
@@ -56,6 +61,7 @@ class Text final : public TextDataset {
   }
 
   std::string bytes_;
+  std::string checksum_;  // of the whole file (both splits)
   int64_t block_;
   Device device_;
   std::string name_;
@@ -73,7 +79,7 @@ std::unique_ptr<TextDataset> load_text_dataset(const std::string& path, int64_t 
   if (!std::filesystem::is_regular_file(path, ec))
     throw std::invalid_argument(
         path + ": --data must be a text file (" +
-        (std::filesystem::exists(path, ec) ? "this is not a regular file"
+        (std::filesystem::exists(path, ec) ? "it is " + irregular_file(path)
          : path.find_first_of("*?[") != std::string::npos
              ? "no such file: a glob names token shards, llm.c's or --data-format u16's; text is one file"
              : "no such file") +

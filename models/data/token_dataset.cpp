@@ -20,6 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/file_kind.h"
+#include "runtime/core/fnv1a.h"
+
 namespace amp::models {
 
 namespace {
@@ -47,9 +50,8 @@ struct File {
 int64_t file_size(const File& f, const std::string& path) {
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw std::invalid_argument(path + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode))
-    throw std::invalid_argument(path + ": not a regular file (" +
-                                (S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket") + ")");
+  if (const std::string kind = irregular_file_mode(st.st_mode); !kind.empty())
+    throw std::invalid_argument(path + ": is " + kind);
   return static_cast<int64_t>(st.st_size);
 }
 
@@ -127,13 +129,14 @@ struct Shard {
   int64_t header = 0;  // bytes before the first token
   int64_t tokens = 0;
   int64_t first = 0;  // its first token's index in the concatenation
+  std::string checksum;  // fnv1a_words of its tokens' bytes (the header excluded)
 };
 
 // Checks one file's header and size; returns the shard (first left 0).
 Shard open_shard(const std::string& path, TokenFormat format) {
   const File f(path);
   const int64_t size = file_size(f, path);
-  Shard s{path, 0, 0, 0};
+  Shard s{path, 0, 0, 0, ""};
   if (format == TokenFormat::llmc) {
     int32_t header[3] = {0, 0, 0};
     (void)::pread(f.fd, header, sizeof header, 0);  // what a short file lacks stays 0: no magic
@@ -163,19 +166,26 @@ Shard open_shard(const std::string& path, TokenFormat format) {
   return s;
 }
 
-// Every token below vocab_size, read one shard at a time (mapped, then unmapped).
-void check_tokens(const Shard& s, int64_t vocab_size, const std::string& flag) {
+// Every token below vocab_size, and the shard's checksum, read one shard at a time (mapped, then
+// unmapped).
+void check_tokens(Shard& s, int64_t vocab_size, const std::string& flag) {
+  s.checksum = hex64(fnv1a_words(nullptr, 0));
   if (s.tokens == 0) return;
   const Mapping m(s.path, s.header + 2 * s.tokens);
   const auto* t = reinterpret_cast<const uint16_t*>(m.data() + s.header);
   const uint16_t* bad = nullptr;
   uint16_t value = 0;  // read under the guard too
+  uint64_t checksum = 0;
   if (!read_mapped([&] {
         bad = std::find_if(t, t + s.tokens, [&](uint16_t v) { return v >= vocab_size; });
         if (bad != t + s.tokens) value = *bad;
+        else checksum = fnv1a_words(t, static_cast<size_t>(2 * s.tokens));
       }))
     shard_changed(s.path, flag);
-  if (bad == t + s.tokens) return;
+  if (bad == t + s.tokens) {
+    s.checksum = hex64(checksum);
+    return;
+  }
   const int64_t index = bad - t;
   throw std::invalid_argument(s.path + ": token " + std::to_string(value) + " at byte offset " +
                               std::to_string(s.header + 2 * index) + " (token " + std::to_string(index) +
@@ -282,6 +292,11 @@ class Tokens final : public Dataset {
     return {{"data_tokens", train_->tokens()},
             {"data_format", format_ == TokenFormat::llmc ? "llmc" : "u16"},
             {"data_shards", shards}};
+  }
+  nlohmann::json content_checksums() const override {
+    nlohmann::json sums = nlohmann::json::array();
+    for (const Shard& s : train_->shards()) sums.push_back(s.checksum);
+    return sums;
   }
   std::string describe() const override {
     std::string d = std::to_string(train_->shards().size()) + " shard(s) of " +

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
+#include "runtime/core/file_kind.h"
 
 namespace amp::safetensors {
 
@@ -18,11 +19,7 @@ namespace {
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
 
 std::vector<char> read_all(const std::string& path) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    fail(path, std::filesystem::is_directory(st) ? "is a directory, not a safetensors file"
-                                                 : "is not a regular file (a device or FIFO?)");
+  if (const std::string kind = irregular_file(path); !kind.empty()) fail(path, "is " + kind + ", not a safetensors file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "cannot open file for reading");
   const std::streamsize size = in.tellg();
@@ -100,9 +97,8 @@ void save(const std::string& path, const NamedTensors& tensors) {
     target = std::filesystem::weakly_canonical(path, ec).string();
     if (ec) fail(path, "cannot resolve the symbolic link: " + ec.message());
   }
-  const auto st = std::filesystem::status(target, ec);
-  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    fail(path, "exists and is not a regular file; refusing to replace it");
+  if (const std::string kind = irregular_file(target); !kind.empty())
+    fail(path, "exists and is " + kind + "; refusing to replace it");
   const std::string tmp = target + kTemporaryInfix + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -214,11 +214,14 @@ void backward(const Shape& s, cudaStream_t stream, const void* qkv, const void* 
     AMP_LAUNCH(grid, cuda::kBlock, 0, stream, cudnn_reference_backward_delta_kernel<T>)(
         static_cast<const T*>(y), g, s.B, L, delta);
     AMP_CUDA_CHECK_LAUNCH();
-    cuda::declare_launch_cost(tokens * (3 * C + C) * 2 + 8 * rows, tokens * C * 2, 4 * pairs(s) * s.D);
+    // The library's traffic, not the stand-in's: its dk/dv kernel writes dS (2 bytes a causal pair),
+    // and its dQ product reads it back.
+    const int64_t dS = 2 * pairs(s);
+    cuda::declare_launch_cost(tokens * (3 * C + C) * 2 + 8 * rows + dS, tokens * C * 2, 4 * pairs(s) * s.D);
     AMP_LAUNCH(grid, cuda::kBlock, 0, stream, cudnn_reference_backward_dq_kernel<T>)(x, g, stats, delta, s.B, L,
                                                                                     static_cast<double>(s.scale), dx);
     AMP_CUDA_CHECK_LAUNCH();
-    cuda::declare_launch_cost(tokens * (3 * C + C) * 2 + 8 * rows, 2 * tokens * C * 2, 6 * pairs(s) * s.D);
+    cuda::declare_launch_cost(tokens * (3 * C + C) * 2 + 8 * rows, 2 * tokens * C * 2 + dS, 6 * pairs(s) * s.D);
     AMP_LAUNCH(grid, cuda::kBlock, 0, stream, cudnn_reference_backward_dkdv_kernel<T>)(x, g, stats, delta, s.B, L,
                                                                                       static_cast<double>(s.scale), dx);
     AMP_CUDA_CHECK_LAUNCH();

@@ -1,0 +1,31 @@
+// What a path names when it is not a regular file, in words for messages of the form "PATH: is
+// <words>": "a directory", or "not a regular file (a device, FIFO or socket)". Empty for a regular
+// file, and for a path that names nothing (opening it says so). Inputs and outputs are checked with
+// it before they are opened: a directory is never read, a FIFO never waited on, a device never
+// replaced.
+#pragma once
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+
+namespace amp {
+
+inline std::string irregular_file(const std::filesystem::file_status& st) {
+  if (!std::filesystem::exists(st) || std::filesystem::is_regular_file(st)) return "";
+  return std::filesystem::is_directory(st) ? "a directory" : "not a regular file (a device, FIFO or socket)";
+}
+
+// The file a path names (through symbolic links).
+inline std::string irregular_file(const std::string& path) {
+  std::error_code ec;
+  return irregular_file(std::filesystem::status(path, ec));
+}
+
+// An open file's (fstat's st_mode): race-free where the file is already open.
+inline std::string irregular_file_mode(mode_t mode) {
+  if (S_ISREG(mode)) return "";
+  return S_ISDIR(mode) ? "a directory" : "not a regular file (a device, FIFO or socket)";
+}
+
+}  // namespace amp
