@@ -65,7 +65,7 @@ class GptSpec final : public ModelSpec {
     if (tokens && !data_.vocab_given)
       throw std::invalid_argument("--vocab-size: --data " + data + " holds tokens: give their vocabulary's size (50257 "
                                   "for GPT-2's tokenizer)");
-    if (!tokens && c_.vocab_size < 256)
+    if (!tokens && c_.vocab_size != 256)  // more would be rows no byte reaches, and a sample's id of 256 printed as a byte
       throw std::invalid_argument("--vocab-size: --data " + data + " is text (bytes): the vocabulary is 256, got " +
                                   std::to_string(c_.vocab_size));
     if (!tokens && !data_.validation.empty())

@@ -225,6 +225,7 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
       {gpt + "--data " + d.file("train.bin") + " --vocab-size 300 --data-format llmc", {"train.bin: not an llm.c token shard"}},
       {gpt + "--data " + text + " --val-data '" + shards + "'", {"--val-data", "is text"}},
       {gpt + "--data " + text + " --vocab-size 100", {"--vocab-size", "is text (bytes)"}},
+      {gpt + "--data " + text + " --vocab-size 512", {"--vocab-size", "the vocabulary is 256, got 512"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 5", {"--prompt-tokens"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 5,x", {"--prompt-tokens", "'x'"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 300", {"--prompt-tokens", "below --vocab-size 300"}},
