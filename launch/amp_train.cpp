@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -200,6 +201,63 @@ std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
   return files;
 }
 
+// Whether this rank was given rank 0's flags ("" when it was). A job whose ranks run other flags (an
+// MPMD launch, a --config file that differs from node to node) trains wrong in silence (another
+// seed: another teacher's data), or fails later in a collective whose sizes do not match, with MPI's
+// words. Where a rank's node may differ: --threads (its cores), --data and --val-data (compared by
+// content: other_data_than_rank0), --config (its keys are among the flags).
+std::string flags_unlike_rank0(comm::Communicator& c, const std::vector<std::string>& given) {
+  if (c.size() == 1) return "";
+  std::string text;
+  for (const std::string& f : given) {
+    const std::string name = f.substr(0, f.find(' '));
+    if (name != "threads" && name != "data" && name != "val-data" && name != "config") text += f + "\n";
+  }
+  const uint64_t h = fnv1a(text.data(), text.size());
+  Tensor mine = zeros({2}, DType::f64);  // two exact halves of the 64 bits
+  static_cast<double*>(mine.data_ptr())[0] = static_cast<double>(h >> 32);
+  static_cast<double*>(mine.data_ptr())[1] = static_cast<double>(h & 0xffffffffu);
+  const Tensor all = c.all_gather(mine);
+  const double* a = static_cast<const double*>(all.data_ptr());
+  bool same = true;
+  for (int r = 1; r < c.size(); ++r) same = same && a[2 * r] == a[0] && a[2 * r + 1] == a[1];
+  if (same) return "";
+  // Some rank differs (every rank sees it): rank 0's flags go to every rank, which names its differences.
+  constexpr int64_t kChars = 65536;
+  Tensor theirs = zeros({kChars}, DType::f64);
+  double* t = static_cast<double*>(theirs.data_ptr());
+  if (c.rank() == 0)
+    for (size_t i = 0; i < text.size() && i < static_cast<size_t>(kChars); ++i) t[i] = static_cast<unsigned char>(text[i]);
+  c.broadcast(theirs, 0);
+  if (a[2 * c.rank()] == a[0] && a[2 * c.rank() + 1] == a[1]) return "";
+  auto parse = [](const std::string& lines) {
+    std::map<std::string, std::string> m;
+    size_t at = 0;
+    for (size_t end; (end = lines.find('\n', at)) != std::string::npos; at = end + 1) {
+      const std::string line = lines.substr(at, end - at);
+      const size_t space = line.find(' ');
+      m[line.substr(0, space)] = space == std::string::npos ? "" : line.substr(space + 1);
+    }
+    return m;
+  };
+  std::string rank0_text;
+  for (int64_t i = 0; i < kChars && t[i] != 0; ++i) rank0_text.push_back(static_cast<char>(t[i]));
+  const auto ours = parse(text), rank0 = parse(rank0_text);
+  auto shown = [](const std::string& k, const std::string& v) { return "--" + k + (v.empty() ? "" : " " + v); };
+  std::string diff;
+  auto add = [&diff](const std::string& d) { diff += (diff.empty() ? "" : "; ") + d; };
+  for (const auto& [k, v] : ours) {
+    const auto it = rank0.find(k);
+    if (it == rank0.end()) add(shown(k, v) + " (rank 0: not given)");
+    else if (it->second != v) add(shown(k, v) + " (rank 0: " + shown(k, it->second) + ")");
+  }
+  for (const auto& [k, v] : rank0)
+    if (!ours.count(k)) add("no --" + k + " (rank 0: " + shown(k, v) + ")");
+  return "this rank's flags are not rank 0's: " + (diff.empty() ? std::string("they differ") : diff) +
+         ". Every rank of a job runs the same flags (an MPMD launch or a --config that differs between nodes "
+         "would train each rank otherwise); only --threads, --data and --val-data (compared by content) may differ";
+}
+
 // Whether this rank reads the data rank 0 reads: the same files (names, sizes, every byte's
 // checksum: models/data/dataset.h), compared over every rank. A node whose own copy of the data
 // differs would otherwise train its ranks on other samples, silently. "" when it does.
@@ -257,6 +315,12 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   // 1. What can fail on one rank alone: the outputs, the device, then the model, weights and data.
   const DebugStall stall = DebugStall::from_environment();
   stall.at(mpi.rank(), 0);
+  attempt([&] {
+    host_comm->set_context("the set-up (comparing the ranks' flags)");
+    const std::string unlike = flags_unlike_rank0(*host_comm, cfg.given_flags);
+    if (!unlike.empty()) throw std::invalid_argument(unlike);
+  });
+  if (!agreed("comparing the ranks' flags")) return code;
   Device device = kCPU;
   launch::OutputLocks locks;  // held until training ends: another live run cannot write our outputs
   attempt([&] {  // rank 0 writes the outputs: check and lock them before anything runs

@@ -12,11 +12,13 @@
 
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <type_traits>
@@ -223,6 +225,10 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
+  // A stop request (SIGINT, SIGTERM) is honoured between steps: a step of a billion micro-batches
+  // would never reach one. More than 65536 is no accumulation a run needs (a larger --batch-size is).
+  require(c.micro_batches <= 65536, "--micro-batches", c.micro_batches,
+          "must be at most 65536 (a stop request waits for the step in flight: use a larger --batch-size)");
 
   require(c.lr >= 0.0 && std::isfinite(c.lr), "--lr", c.lr, "must be a finite number >= 0");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum", c.momentum, "must be in [0, 1)");
@@ -325,17 +331,45 @@ void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect)
     }
 }
 
+// A flag given where it changes nothing is a mistake (a schedule's warmup on a constant lr, a scaler's
+// knobs without a scaler), not a value to ignore; so is an empty path (an unset variable in a
+// script), which would turn an output off.
+// Digits only: a number type would read -1 as 2^64 - 1.
+uint64_t parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || ec != std::errc() || ptr != end)
+    throw UsageError("--seed must be a whole number from 0 to 18446744073709551615, got '" + text + "'");
+  return v;
+}
+
 void check_flags_apply(const po::variables_map& vm, const TrainConfig& c) {
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   if (given("keep-checkpoints") && c.checkpoint_dir.empty())
     throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
+  auto only = [&](std::initializer_list<const char*> flags, bool applies, const std::string& who) {
+    for (const char* flag : flags)
+      if (given(flag) && !applies) throw UsageError(std::string("--") + flag + ": only " + who + " uses it");
+  };
+  only({"momentum"}, c.optimizer == OptimizerKind::sgd, "--optimizer sgd");
+  only({"beta1", "beta2"}, c.optimizer == OptimizerKind::adamw, "--optimizer adamw");
+  only({"warmup-steps", "min-lr", "decay-steps"}, c.lr_schedule == LrSchedule::cosine, "--lr-schedule cosine");
+  const GradScalerOptions scaler = scaler_options(c);
+  only({"init-scale", "growth-factor", "backoff-factor", "growth-interval", "hysteresis", "min-scale", "max-scale"},
+       scaler.enabled && scaler.dynamic,
+       "a dynamic loss scale (--amp fp16, or --loss-scale dynamic; this run's scale is " +
+           std::string(!scaler.enabled ? "off" : "the constant --loss-scale") + ")");
+  for (const char* flag : {"metrics", "save-weights", "checkpoint-dir", "init-weights", "resume-from", "data", "config"})
+    if (given(flag) && vm[flag].as<std::string>().empty())
+      throw UsageError(std::string("--") + flag + ": an empty path (an unset variable?): give one, or leave the flag out");
 }
 
 }  // namespace
 
 CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   TrainConfig c;
-  std::string config_file;
+  std::string config_file, seed_text;
   bool no_overlap = false;
 
   po::options_description general("General");
@@ -344,7 +378,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     ("config", po::value(&config_file), "read options from FILE (key = value, same names); the command line wins")
     ("device", po::value(&c.device)->default_value(c.device, "auto"), "auto|cpu|cuda (auto: CUDA when present)")
     ("threads", with_default(&c.threads), "CPU threads per rank (0: cores / ranks on the node)")
-    ("seed", with_default(&c.seed), "seed of the model init and the synthetic data")
+    ("seed", po::value(&seed_text)->default_value("0"), "seed of the model init and the synthetic data (0 to 2^64 - 1)")
     ("metrics", po::value(&c.metrics), "write per-step metrics as JSON Lines to FILE (rank 0)")
     ("log-every", with_default(&c.log_every), "progress line every N steps on rank 0 (0: off)");
   po::options_description model("Model");
@@ -453,6 +487,16 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     const std::vector<std::string> stray = po::collect_unrecognized(parsed.options, po::include_positional);
     if (!stray.empty()) throw UsageError("unexpected argument '" + stray.front() + "' (every value follows its flag)");
     po::store(parsed, vm);
+    std::map<std::string, std::string> given;  // name -> its values as written, the command line's first
+    auto record = [&given](const po::parsed_options& p) {
+      std::map<std::string, std::string> these;
+      for (const po::option& o : p.options) {
+        std::string& v = these[o.string_key];
+        for (const std::string& part : o.value) v += (v.empty() ? "" : ",") + part;
+      }
+      for (auto& [k, v] : these) given.emplace(k, v);  // a key already given keeps its value
+    };
+    record(parsed);
     if (vm.count("help")) {
       std::ostringstream os;
       os << all;
@@ -484,11 +528,14 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
         po::variables_map alone;
         po::store(from_file, alone);
         po::store(from_file, vm);  // values already set by the command line win
+        record(from_file);
       } catch (const po::error& e) {
         throw UsageError("--config " + file + ": " + e.what());
       }
     }
     po::notify(vm);
+    for (const auto& [k, v] : given) c.given_flags.push_back(k + " " + v);
+    c.seed = parse_seed(seed_text);
     c.overlap = !no_overlap;
     take_model_flags(vm, c, true);
     check_ranges(c, world_size);

@@ -296,6 +296,11 @@ ModelKind gpt_kind() {
     s.top_k = r.integer("top-k", 1);
     d.prompt_tokens = parse_token_list(r.text("prompt-tokens"), c.vocab_size);
     d.vocab_file = r.text("vocab-file");
+    if (s.tokens == 0)  // a flag that would change nothing is a mistake, not a default to ignore
+      for (const char* flag : {"temperature", "top-k", "prompt", "prompt-tokens", "vocab-file"})
+        if (r.given(flag))
+          throw std::invalid_argument(std::string("--") + flag + ": only a sample uses it, and --sample-tokens is 0 "
+                                      "(none is drawn)");
     return std::make_shared<GptSpec>(c, s, r.text("prompt"), std::move(d));
   };
   return k;

@@ -129,6 +129,7 @@ class FlagReader {
   std::string text(const std::string& name) const;
   int64_t integer(const std::string& name, int64_t min) const;  // a whole number >= min
   double number(const std::string& name) const;                 // any finite number
+  bool given(const std::string& name) const { return values_.count(name) > 0; }  // not its default
 
  private:
   const std::vector<ModelFlag>& flags_;

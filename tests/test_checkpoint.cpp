@@ -115,6 +115,15 @@ TEST(Checkpoint, ATokenRunResumesAcrossShardsAndRefusesOtherShards) {
   ASSERT_EQ(second.code, 0) << second.out;
   EXPECT_TRUE(bytes_of(d.file("full.safetensors")) == bytes_of(d.file("res.safetensors"))) << "weights differ";
   EXPECT_EQ(steps_of(d.file("full.jsonl")), steps_of(d.file("res.jsonl")));
+  // The resumed run's records follow one that says where it resumed from (a stopped run's records
+  // past its checkpoint would otherwise read as the same steps twice, unmarked).
+  const auto res = read_jsonl(d.file("res.jsonl"));
+  const auto at = std::find_if(res.begin(), res.end(), [](const auto& r) { return r.value("event", "") == "resume"; });
+  ASSERT_NE(at, res.end()) << "no resume record";
+  EXPECT_EQ((*at)["step"], 6);
+  EXPECT_EQ((*at)["checkpoint"], ck6);
+  ASSERT_NE(at + 1, res.end());
+  EXPECT_EQ((*(at + 1))["step"], 7);
   // The same tokens in four shards: another list, refused with both named.
   const std::string other = test::generated_token_shards("checkpoint_other", 4, 150);
   std::string changed = args;

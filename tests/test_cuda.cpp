@@ -72,7 +72,7 @@ TEST(CudaHost, SeamReportsAClearReasonOrInitialises) {
   try {
     cuda_init(0);
     ADD_FAILURE() << "cuda_init succeeded without a usable device";
-  } catch (const std::runtime_error& e) {
+  } catch (const std::invalid_argument& e) {  // what the machine has does not fit the request: exit 2
     const std::string what = e.what();
     EXPECT_NE(what.find(reason), std::string::npos) << what;
     std::printf("cuda_init(0) without a device: %s\n", e.what());
@@ -101,7 +101,7 @@ TEST(CudaHost, ADeviceSelectedBeforeMpiInitMustBeTheOneCudaInitIsGiven) {
         try {
           cuda_init(0, 2);
           std::_Exit(6);
-        } catch (const std::runtime_error& e) {
+        } catch (const std::invalid_argument& e) {  // the launch does not fit: exit 2
           std::fprintf(stderr, "%s\n", e.what());
         }
         cuda_init(1, 2);

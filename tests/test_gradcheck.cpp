@@ -116,6 +116,23 @@ TEST(Autograd, CastGradientHasTheInputDtype) {
   EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{0.5, 2.0, -1.0}));
 }
 
+// A graph a million nodes deep (an MLP of 100000 layers has one) is freed in a loop: it was freed by
+// nested destructors, a few stack frames a node, and overflowed the stack (SIGSEGV). Dropped twice:
+// unused, and after a backward through it (which frees the saved tensors as it goes).
+TEST(Autograd, AGraphAMillionNodesDeepIsFreedWithoutOverflowingTheStack) {
+  constexpr int kDepth = 1000000;
+  Tensor x = from_vector({1.0}, {1}).set_requires_grad(true);
+  {
+    Tensor y = x;
+    for (int i = 0; i < kDepth; ++i) y = mul(y, 1.0);
+  }  // freed here
+  Tensor y = x;
+  for (int i = 0; i < kDepth; ++i) y = add(y, 1.0);
+  sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{1.0}));
+  EXPECT_EQ(y.to_vector(), (std::vector<double>{1.0 + kDepth}));
+}
+
 TEST(Autograd, AccumulatesAcrossBackwardsAndRetainGraph) {
   Tensor x = from_vector({1.0, 2.0}, {2}).set_requires_grad(true);
   Tensor y = sum(mul(x, x));  // dy/dx = 2x

@@ -192,6 +192,31 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
   EXPECT_FALSE(fs::exists(d.file(".w.st.lock")));
 }
 
+// Output that nobody reads (mpirun, signalled, stops reading its ranks' output, then kills them a
+// second later): the run's progress lines fill the pipe and its write blocks; a SIGTERM then still
+// stops it after the step, with its weights and the metrics' end. It used to stay blocked in that
+// write (restarted after the handler) until killed, saving nothing.
+TEST(Reliability, ASigtermStopsARunBlockedOnOutputThatNobodyReads) {
+  TempDir d;
+  const std::string out = shell(
+      "mkfifo out.fifo; sleep 600 < out.fifo & r=$!; "  // a reader that never reads
+      "$AMP --width 16 --layers 1 --batch-size 2 --log-every 1 --threads 1 --steps 100000000 --save-weights w.st "
+      "--metrics m.jsonl > out.fifo 2>&1 & p=$!; "
+      "n=0; m=-1; while [ $n != $m ]; do m=$n; sleep 1; n=$(wc -l < m.jsonl 2>/dev/null || echo 0); done; "
+      "echo blocked_at=$n; kill -TERM $p; "
+      "for i in $(seq 150); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; "
+      "kill -0 $p 2>/dev/null && { echo still_blocked; kill -KILL $p; }; wait $p; echo exit=$?; kill $r", d);
+  ASSERT_TRUE(has(out, "blocked_at=")) << out;
+  EXPECT_FALSE(has(out, "blocked_at=0\n")) << out;
+  EXPECT_FALSE(has(out, "still_blocked")) << out;
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.back()["event"], "end") << out;
+  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM");
+}
+
 // --- 7. Sampling prints every byte, and stops when asked ------------------------------------------
 
 TEST(Reliability, SamplingPrintsEveryByteAndItsClosingLine) {
@@ -241,6 +266,13 @@ TEST(Reliability, ThreadsAndMicroBatchesBeyondTheirLimitsAreUsageErrors) {
   for (const std::string k : {"9223372036854775807", "4611686018427387904"}) {
     const RunResult r = run(kMlp + "--micro-batches " + k);
     expect_usage_error(r, "--micro-batches", k);
+  }
+  // A step of a trillion micro-batches never ends, and a stop request waits for the step in flight:
+  // it ran on, ignoring SIGTERM. At most 65536.
+  for (const std::string k : {"1000000000000", "65537"}) {
+    const RunResult r = run(kMlp + "--micro-batches " + k);
+    expect_usage_error(r, "--micro-batches", k);
+    EXPECT_NE(r.out.find("must be at most 65536"), std::string::npos) << r.out;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "launch/training/interrupt.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -7,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace amp::launch {
 
@@ -25,6 +28,38 @@ long long monotonic_ms() {
   return static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
+// Standard output and error, where they are a pipe or a terminal: descriptions of their own, which
+// the first stop request makes non-blocking. mpirun stops reading its ranks' output when it is
+// signalled and kills them a second or two later; a rank whose write to a full pipe blocked would
+// wait there, never saving. Its own description (reopened through /proc, so the shell's stays as it
+// was) lets the blocked write return at the signal, and every later line is dropped, not waited on,
+// where nobody reads. A regular file never blocks and is left alone (a reopening would lose its offset).
+int g_private_fds[2] = {-1, -1};
+
+void make_private(int fd, int slot) {
+  struct stat st {};
+  if (g_private_fds[slot] >= 0 || ::fstat(fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) return;
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  // O_NONBLOCK: a pipe whose reader is gone fails (ENXIO) rather than waits; cleared once open.
+  const int mine = ::open(self.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+  if (mine < 0) return;  // a socket, no /proc: left as it is
+  const int flags = ::fcntl(mine, F_GETFL);
+  if (flags < 0 || ::fcntl(mine, F_SETFL, flags & ~O_NONBLOCK) != 0 || ::dup2(mine, fd) < 0) {
+    ::close(mine);
+    return;
+  }
+  ::close(mine);
+  g_private_fds[slot] = fd;
+}
+
+void stop_blocking_on_output() {  // async-signal-safe: fcntl only
+  for (const int fd : g_private_fds)
+    if (fd >= 0) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    }
+}
+
 void say(const char* text) {  // write(2): the only output a handler may make
   const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
@@ -35,6 +70,7 @@ extern "C" void on_interrupt(int signum) {
   long long first = g_first_ms.load();
   if (first == 0 && g_first_ms.compare_exchange_strong(first, now)) {  // the first: the request
     g_signal.store(signum);
+    stop_blocking_on_output();
     return;
   }
   first = g_first_ms.load();
@@ -55,6 +91,10 @@ void install_interrupt_handlers() {
   sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time: the first-signal bookkeeping is not raced
   sigaddset(&sa.sa_mask, SIGTERM);
   sa.sa_flags = SA_RESTART;  // a blocking read or collective goes on
+  std::fflush(stdout);  // what is buffered goes out through the description it was written for
+  std::fflush(stderr);
+  make_private(STDOUT_FILENO, 0);
+  make_private(STDERR_FILENO, 1);
   g_signal.store(0);
   g_first_ms.store(0);
   sigaction(SIGINT, &sa, nullptr);

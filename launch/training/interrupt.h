@@ -12,7 +12,10 @@ namespace amp::launch {
 // Repeats of a stop signal within this many seconds of the first are copies of it.
 inline constexpr double kDuplicateWindowSeconds = 2.0;
 
-// Installs the handlers for SIGINT and SIGTERM (idempotent), and forgets any earlier request.
+// Installs the handlers for SIGINT and SIGTERM (idempotent), and forgets any earlier request. Where
+// standard output or error is a pipe or a terminal, it gets a description of its own, which the
+// first request makes non-blocking: a stop is never held up by output that nobody reads (mpirun,
+// signalled, stops reading its ranks' output), and lines it would wait for are dropped.
 void install_interrupt_handlers();
 // The number of the first signal received since install_interrupt_handlers(), or 0.
 int interrupt_signal();

@@ -47,6 +47,10 @@ void MetricsWriter::line(const std::string& json, int64_t step) {
   }
 }
 
+void MetricsWriter::write(const ResumeRecord& r) {
+  line(nlohmann::ordered_json{{"event", "resume"}, {"step", r.step}, {"checkpoint", r.checkpoint}}.dump(), r.step);
+}
+
 void MetricsWriter::write(const StepRecord& r) {
   if (fd_ < 0) return;
   nlohmann::ordered_json j = {{"step", r.step},       {"loss", num(r.loss)}, {"scale", num(r.scale)},

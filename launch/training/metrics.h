@@ -53,6 +53,13 @@ struct EndRecord {
 };
 
 // The run trained but an output could not be saved (the weights, the final checkpoint).
+// A resumed run's first record: the records after it are its own, and those of the steps past
+// `step` written before it (by the run that was stopped) are superseded by them.
+struct ResumeRecord {
+  int64_t step;            // the checkpoint's
+  std::string checkpoint;  // its directory
+};
+
 struct FailedRecord {
   int64_t steps;
   std::string error;
@@ -70,6 +77,7 @@ class MetricsWriter {
   void write(const EvalRecord& r);
   void write(const EndRecord& r);
   void write(const FailedRecord& r);
+  void write(const ResumeRecord& r);
   void close();  // flushes to the disk and closes; a failure is kept in error()
   // Empty while every line was written; else "--metrics: cannot write 'FILE' at step N: CAUSE".
   const std::string& error() const { return error_; }

@@ -35,7 +35,8 @@ void check_output_path(const char* flag, const std::string& path) {
   }
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
-  if (!fs::is_directory(dir, ec)) fail("the directory '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec))
+    fail(fs::exists(dir, ec) ? "'" + dir.string() + "' is not a directory" : "the directory '" + dir.string() + "' does not exist");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("the directory '" + dir.string() + "' is not writable");
 }
 

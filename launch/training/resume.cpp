@@ -246,6 +246,7 @@ void Trainer::resume() {
       aggregator_->set_calls(calls.get<uint64_t>());
     }
     position_.start_step = ck->step;
+    position_.resumed_from = ck->path;
     if (comm_.rank() == 0) {
       const nlohmann::json layout = ck->meta.value("batch_layout", nlohmann::json());
       const nlohmann::json mine = now["batch_layout"];

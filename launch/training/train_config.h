@@ -105,6 +105,9 @@ struct TrainConfig {
   // Output
   std::string metrics;
   std::string config_file;  // --config, an input the outputs must not overwrite
+  // The flags given (command line, then --config's keys it did not set), as "name value" in name
+  // order: what every rank of a job must share (amp_train compares them over the ranks).
+  std::vector<std::string> given_flags;
   int64_t log_every = 10;  // 0: no progress lines
 };
 

@@ -313,9 +313,10 @@ TrainResult Trainer::run() {
     std::printf("amp_train: note: each step is launched eagerly, not as a CUDA graph: %s\n", graph_blocker().c_str());
     std::fflush(stdout);
   }
-  // A resumed run appends to the metrics (the steps after the checkpoint that the first run wrote
-  // appear again, from the resumed run).
+  // A resumed run appends to the metrics, after a record that says so (the steps after the checkpoint
+  // that the stopped run wrote appear again, from the resumed run, which supersedes them).
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, position_.start_step > 0) : MetricsWriter();
+  if (position_.start_step > 0) metrics.write(ResumeRecord{position_.start_step, position_.resumed_from});
   // A metrics file that cannot be written is said at once and at the end (exit 1), and costs
   // nothing else: training goes on, and the weights and checkpoints are saved.
   bool warned = false;

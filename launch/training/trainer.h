@@ -141,6 +141,7 @@ class Trainer {
   // Where the run stands (resume.cpp sets it from a checkpoint; run() counts the skipped steps).
   struct Position {
     int64_t start_step = 0;     // the step the run continues from (0: a fresh run)
+    std::string resumed_from;   // the checkpoint's directory (a resumed run)
     int64_t skipped_steps = 0;  // skipped since step 1 (a resumed run starts from its checkpoint's count)
     // Resumed from a checkpoint at --steps: nothing to train, and the outputs are left as they are.
     std::string nothing_left;

@@ -153,6 +153,49 @@ Tensor leaf_of(const std::shared_ptr<Node>& node) {
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
+namespace {
+// What a dying node owned that may own further nodes (its producers; a closure's saved tensors,
+// whose grad_fns are nodes), freed by the outermost destruction in a loop: a node that dies inside
+// it only hands its own over, so the stack stays a few frames deep whatever the graph's depth.
+struct Graveyard {
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::vector<BackwardFn> closures;
+};
+// The outermost destruction's graveyard, on its stack (a pointer: nothing thread_local to destroy
+// at a thread's or the process's exit, when nodes may still die).
+thread_local Graveyard* t_graveyard = nullptr;
+
+void add(Graveyard& g, std::vector<std::shared_ptr<Node>>* nodes, BackwardFn* closure) {
+  if (nodes)
+    for (std::shared_ptr<Node>& n : *nodes)
+      if (n) g.nodes.push_back(std::move(n));  // (a bad_alloc here ends the process: a destructor)
+  if (closure && *closure) g.closures.push_back(std::move(*closure));
+}
+
+void bury(std::vector<std::shared_ptr<Node>>* nodes, BackwardFn* closure) noexcept {
+  if (t_graveyard) return add(*t_graveyard, nodes, closure);
+  Graveyard g;
+  add(g, nodes, closure);
+  t_graveyard = &g;
+  while (!g.nodes.empty() || !g.closures.empty()) {
+    if (!g.closures.empty()) {
+      BackwardFn dying = std::move(g.closures.back());
+      g.closures.pop_back();
+      dying = nullptr;  // may bury more: appended to g, freed by this loop
+    } else {
+      std::shared_ptr<Node> dying = std::move(g.nodes.back());
+      g.nodes.pop_back();
+      dying.reset();
+    }
+  }
+  t_graveyard = nullptr;
+}
+}  // namespace
+
+Node::~Node() { bury(&next, nullptr); }
+
+FunctionNode::~FunctionNode() { bury(nullptr, &fn_); }
+
 bool GradMode::enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool e) { t_grad_enabled = e; }
 

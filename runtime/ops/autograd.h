@@ -18,7 +18,9 @@ namespace amp {
 class Node {
  public:
   Node();
-  virtual ~Node() = default;
+  // Releases next through the graveyard below: a graph a million nodes deep is freed in a loop, not
+  // by a million nested destructors (which overflowed the stack: an MLP of 100000 layers crashed).
+  virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
@@ -38,6 +40,7 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  ~FunctionNode() override;  // fn_'s saved tensors (whose grad_fns are nodes) through the graveyard too
   std::vector<Tensor> apply(const Tensor& grad_output) override;
   std::string name() const override { return name_; }
   void release() override { fn_ = nullptr; }

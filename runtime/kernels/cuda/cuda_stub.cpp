@@ -25,7 +25,7 @@ std::string cudnn_attention_unavailable(DType, int64_t) { return "this build has
 std::string cudnn_describe() { return "no cuDNN: this build has no CUDA backend"; }
 
 void cuda_init(int, int) {
-  throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
+  throw std::invalid_argument("--device cuda: this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)");
 }
 
 }  // namespace amp

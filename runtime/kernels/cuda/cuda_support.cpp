@@ -102,15 +102,16 @@ void cuda_init(int local_rank, int local_size) {
                                 std::to_string(local_size));
   std::string reason;
   const int count = device_count(&reason);
-  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable: " + reason);
+  // What the machine or the launch gives does not fit the request: found before any step (exit 2).
+  if (count == 0) throw std::invalid_argument("CUDA device requested but none is usable: " + reason);
   const int device = device_of(local_rank, local_size, count);
   if (device < 0)
-    throw std::runtime_error(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
+    throw std::invalid_argument(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
                              " GPU(s) visible to this one (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own; "
                              "start at most " + std::to_string(count) + " rank(s) per node, or give each rank one GPU "
                              "(Slurm: --gpus-per-task=1)");
   if (g_selected_before_mpi >= 0 && g_selected_before_mpi != device)
-    throw std::runtime_error("GPU " + std::to_string(g_selected_before_mpi) +
+    throw std::invalid_argument("GPU " + std::to_string(g_selected_before_mpi) +
                              " was selected before MPI_Init from the launcher's node-local rank, but MPI places this "
                              "process at node-local rank " + std::to_string(local_rank) + " of " +
                              std::to_string(local_size) + ": the launcher and MPI disagree on the node's ranks");
