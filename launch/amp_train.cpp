@@ -201,6 +201,19 @@ std::vector<launch::NamedFile> files_of(const launch::TrainConfig& cfg) {
   return files;
 }
 
+// Whether each rank's `text` is rank 0's, by a 64-bit hash gathered over the ranks (collective).
+std::vector<bool> same_as_rank0(comm::Communicator& c, const std::string& text) {
+  const uint64_t h = fnv1a(text.data(), text.size());
+  Tensor mine = zeros({2}, DType::f64);  // two exact halves of the 64 bits
+  static_cast<double*>(mine.data_ptr())[0] = static_cast<double>(h >> 32);
+  static_cast<double*>(mine.data_ptr())[1] = static_cast<double>(h & 0xffffffffu);
+  const Tensor all = c.all_gather(mine);
+  const double* a = static_cast<const double*>(all.data_ptr());
+  std::vector<bool> same(static_cast<size_t>(c.size()));
+  for (int r = 0; r < c.size(); ++r) same[static_cast<size_t>(r)] = a[2 * r] == a[0] && a[2 * r + 1] == a[1];
+  return same;
+}
+
 // Whether this rank was given rank 0's flags ("" when it was). A job whose ranks run other flags (an
 // MPMD launch, a --config file that differs from node to node) trains wrong in silence (another
 // seed: another teacher's data), or fails later in a collective whose sizes do not match, with MPI's
@@ -213,15 +226,8 @@ std::string flags_unlike_rank0(comm::Communicator& c, const std::vector<std::str
     const std::string name = f.substr(0, f.find(' '));
     if (name != "threads" && name != "data" && name != "val-data" && name != "config") text += f + "\n";
   }
-  const uint64_t h = fnv1a(text.data(), text.size());
-  Tensor mine = zeros({2}, DType::f64);  // two exact halves of the 64 bits
-  static_cast<double*>(mine.data_ptr())[0] = static_cast<double>(h >> 32);
-  static_cast<double*>(mine.data_ptr())[1] = static_cast<double>(h & 0xffffffffu);
-  const Tensor all = c.all_gather(mine);
-  const double* a = static_cast<const double*>(all.data_ptr());
-  bool same = true;
-  for (int r = 1; r < c.size(); ++r) same = same && a[2 * r] == a[0] && a[2 * r + 1] == a[1];
-  if (same) return "";
+  const std::vector<bool> same = same_as_rank0(c, text);
+  if (std::all_of(same.begin(), same.end(), [](bool b) { return b; })) return "";
   // Some rank differs (every rank sees it): rank 0's flags go to every rank, which names its differences.
   constexpr int64_t kChars = 65536;
   Tensor theirs = zeros({kChars}, DType::f64);
@@ -229,7 +235,7 @@ std::string flags_unlike_rank0(comm::Communicator& c, const std::vector<std::str
   if (c.rank() == 0)
     for (size_t i = 0; i < text.size() && i < static_cast<size_t>(kChars); ++i) t[i] = static_cast<unsigned char>(text[i]);
   c.broadcast(theirs, 0);
-  if (a[2 * c.rank()] == a[0] && a[2 * c.rank() + 1] == a[1]) return "";
+  if (same[static_cast<size_t>(c.rank())]) return "";
   auto parse = [](const std::string& lines) {
     std::map<std::string, std::string> m;
     size_t at = 0;
@@ -263,15 +269,8 @@ std::string flags_unlike_rank0(comm::Communicator& c, const std::vector<std::str
 // differs would otherwise train its ranks on other samples, silently. "" when it does.
 std::string other_data_than_rank0(comm::Communicator& c, const models::Dataset& data, const std::string& flag_value) {
   if (c.size() == 1) return "";
-  const std::string identity = data.resume_identity().dump() + data.content_checksums().dump();
-  const uint64_t h = fnv1a(identity.data(), identity.size());
-  Tensor mine = zeros({2}, DType::f64);  // two exact halves of the 64 bits
-  static_cast<double*>(mine.data_ptr())[0] = static_cast<double>(h >> 32);
-  static_cast<double*>(mine.data_ptr())[1] = static_cast<double>(h & 0xffffffffu);
-  const Tensor all = c.all_gather(mine);
-  const double* a = static_cast<const double*>(all.data_ptr());
-  const double* m = a + 2 * c.rank();
-  if (m[0] == a[0] && m[1] == a[1]) return "";
+  if (same_as_rank0(c, data.resume_identity().dump() + data.content_checksums().dump())[static_cast<size_t>(c.rank())])
+    return "";
   return "--data " + flag_value + " is not what rank 0 reads: another list of files, or the same names with other "
          "sizes or bytes (" + data.describe() + "): each node must hold the same files";
 }
