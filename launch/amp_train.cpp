@@ -269,9 +269,10 @@ std::string flags_unlike_rank0(comm::Communicator& c, const std::vector<std::str
 // differs would otherwise train its ranks on other samples, silently. "" when it does.
 std::string other_data_than_rank0(comm::Communicator& c, const models::Dataset& data, const std::string& flag_value) {
   if (c.size() == 1) return "";
-  if (same_as_rank0(c, data.resume_identity().dump() + data.content_checksums().dump())[static_cast<size_t>(c.rank())])
+  if (same_as_rank0(c, data.resume_identity().dump() + data.content_checksums().dump() +
+                          data.validation_identity().dump())[static_cast<size_t>(c.rank())])
     return "";
-  return "--data " + flag_value + " is not what rank 0 reads: another list of files, or the same names with other "
+  return "--data " + flag_value + " (or --val-data) is not what rank 0 reads: another list of files, or the same names with other "
          "sizes or bytes (" + data.describe() + "): each node must hold the same files";
 }
 
@@ -475,6 +476,8 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0) std::fprintf(cli.exit_code == 0 ? stdout : stderr, "%s\n", cli.message.c_str());
     return cli.exit_code;
   }
+  if (mpi.rank() == 0)
+    for (const std::string& n : cli.notices) std::printf("%s\n", n.c_str());
   try {
     return train(mpi, *cli.config, gpu_chosen_from);
   } catch (const launch::JobError& e) {  // met by every rank at the same point: reported once, a clean end

@@ -14,12 +14,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -331,9 +334,6 @@ void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect)
     }
 }
 
-// A flag given where it changes nothing is a mistake (a schedule's warmup on a constant lr, a scaler's
-// knobs without a scaler), not a value to ignore; so is an empty path (an unset variable in a
-// script), which would turn an output off.
 // Digits only: a number type would read -1 as 2^64 - 1.
 uint64_t parse_seed(const std::string& text) {
   uint64_t v = 0;
@@ -344,13 +344,23 @@ uint64_t parse_seed(const std::string& text) {
   return v;
 }
 
-void check_flags_apply(const po::variables_map& vm, const TrainConfig& c) {
+// A flag given where it changes nothing is a mistake (a schedule's warmup on a constant lr, a scaler's
+// knobs without a scaler), not a value to ignore; so is an empty path (an unset variable in a
+// script), which would turn an output off.
+// on_command_line: the flags the command line gave; a --config key that changes nothing is a notice
+// (a config shared by runs of several kinds sets them all), the same flag on the command line an error.
+void check_flags_apply(const po::variables_map& vm, const TrainConfig& c, const std::set<std::string>& on_command_line,
+                       std::vector<std::string>* notices) {
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   if (given("keep-checkpoints") && c.checkpoint_dir.empty())
     throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
   auto only = [&](std::initializer_list<const char*> flags, bool applies, const std::string& who) {
     for (const char* flag : flags)
-      if (given(flag) && !applies) throw UsageError(std::string("--") + flag + ": only " + who + " uses it");
+      if (given(flag) && !applies) {
+        const std::string why = std::string("--") + flag + ": only " + who + " uses it";
+        if (on_command_line.count(flag)) throw UsageError(why);
+        notices->push_back("notice: --config " + c.config_file + ": " + why + "; ignored in this run");
+      }
   };
   only({"momentum"}, c.optimizer == OptimizerKind::sgd, "--optimizer sgd");
   only({"beta1", "beta2"}, c.optimizer == OptimizerKind::adamw, "--optimizer adamw");
@@ -497,6 +507,8 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       for (auto& [k, v] : these) given.emplace(k, v);  // a key already given keeps its value
     };
     record(parsed);
+    std::set<std::string> on_command_line;
+    for (const po::option& o : parsed.options) on_command_line.insert(o.string_key);
     if (vm.count("help")) {
       std::ostringstream os;
       os << all;
@@ -534,13 +546,22 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       }
     }
     po::notify(vm);
-    for (const auto& [k, v] : given) c.given_flags.push_back(k + " " + v);
+    // Numbers as their values (--lr 0.10 is --lr 0.1, --seed 07 is --seed 7), for the ranks' comparison.
+    auto canonical = [](const std::string& v) {
+      char* end = nullptr;
+      const double x = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x)) return v;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", x);
+      return std::string(buf);
+    };
+    for (const auto& [k, v] : given) c.given_flags.push_back(k + " " + canonical(v));
     c.seed = parse_seed(seed_text);
     c.overlap = !no_overlap;
     take_model_flags(vm, c, true);
     check_ranges(c, world_size);
     take_model_flags(vm, c, false);
-    check_flags_apply(vm, c);
+    check_flags_apply(vm, c, on_command_line, &res.notices);
   } catch (const po::error& e) {
     res.exit_code = 2;
     res.message = std::string("amp_train: error: ") + e.what() + "\nTry 'amp_train --help' for the options.";

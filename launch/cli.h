@@ -4,6 +4,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "launch/training/train_config.h"
 
@@ -13,6 +14,7 @@ struct CliResult {
   std::optional<TrainConfig> config;  // set when training should run
   int exit_code = 0;                  // otherwise: 0 after --help, 2 for a usage error
   std::string message;                // what to print (help text or the error)
+  std::vector<std::string> notices;   // a --config key that changes nothing in this run (rank 0 prints them)
 };
 
 // world_size: the number of ranks, to validate --inject-nonfinite's RANK.

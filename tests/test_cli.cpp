@@ -633,7 +633,30 @@ TEST(Cli, ARankWhoseDataDiffersFromRank0sIsNamedAtTheSetup) {
   EXPECT_EQ(same.code, 0) << same.out;
   const RunResult other = run(gpt + a + " : -np 1 " + AMP_TRAIN_BIN + " " + gpt + b, one_rank);
   EXPECT_EQ(other.code, 2) << other.out;
-  EXPECT_NE(other.out.find("error (rank 1): --data " + b + " is not what rank 0 reads"), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find("error (rank 1): --data " + b + " (or --val-data) is not what rank 0 reads"), std::string::npos)
+      << other.out;
+  // Token data whose --val-data differs on rank 1: its validation loss would have been another set's.
+  const std::string train = "'" + test::generated_token_shards("cli_rank_train", 2, 300) + "'";
+  const std::string val_a = "'" + test::generated_token_shards("cli_rank_val_a", 1, 200) + "'";
+  const std::string val_b = "'" + test::generated_token_shards("cli_rank_val_b", 1, 201) + "'";
+  const std::string tok = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 "
+                          "--threads 1 --comm-timeout 30 --vocab-size 300 --data " + train + " --val-data ";
+  const RunResult val = run(tok + val_a + " : -np 1 " + AMP_TRAIN_BIN + " " + tok + val_b, one_rank);
+  EXPECT_EQ(val.code, 2) << val.out;
+  EXPECT_NE(val.out.find("error (rank 1): --data"), std::string::npos) << val.out;
+}
+
+// A --config key that changes nothing in this run (a file shared by runs of several kinds) is a
+// notice; the same flag on the command line is refused (EveryFlagIsValidated).
+TEST(Cli, AConfigKeyThatChangesNothingIsANotice) {
+  TempDir d;
+  std::ofstream(d.file("shared.cfg")) << "momentum = 0.9\nwarmup-steps = 3\n";
+  const RunResult r = run(kSmall + "--optimizer adamw --config " + d.file("shared.cfg"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("notice: --config " + d.file("shared.cfg") + ": --momentum: only --optimizer sgd uses it; ignored"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--warmup-steps: only --lr-schedule cosine uses it; ignored"), std::string::npos) << r.out;
 }
 
 // Every rank runs rank 0's flags: a rank given another seed trained on another teacher's data, in
@@ -645,7 +668,8 @@ TEST(Cli, ARankRunningOtherFlagsThanRank0sIsNamedAtTheSetup) {
   auto mpmd = [&](const std::string& rank0, const std::string& rank1) {
     return run(mlp + rank0 + " : -np 1 " + AMP_TRAIN_BIN + " " + mlp + rank1, one_rank);
   };
-  const RunResult same = mpmd("--steps 3 --seed 1 --threads 1", "--steps 3 --seed 1 --threads 2");  // threads may differ
+  const RunResult same = mpmd("--steps 3 --seed 1 --lr 0.1 --threads 1", "--steps 03 --seed 1 --lr 0.10 --threads 2");  // threads may differ, numbers are values
+
   EXPECT_EQ(same.code, 0) << same.out;
   const RunResult seed = mpmd("--steps 3 --seed 1", "--steps 3 --seed 2");
   EXPECT_EQ(seed.code, 2) << seed.out;

@@ -124,7 +124,8 @@ TEST(Autograd, AGraphAMillionNodesDeepIsFreedWithoutOverflowingTheStack) {
   Tensor x = from_vector({1.0}, {1}).set_requires_grad(true);
   {
     Tensor y = x;
-    for (int i = 0; i < kDepth; ++i) y = mul(y, 1.0);
+    const Tensor one = from_vector({1.0}, {1});
+    for (int i = 0; i < kDepth; ++i) y = mul(y, one);  // each node's closure saves y: a chain through closures
   }  // freed here
   Tensor y = x;
   for (int i = 0; i < kDepth; ++i) y = add(y, 1.0);

@@ -202,7 +202,8 @@ TEST(Reliability, ASigtermStopsARunBlockedOnOutputThatNobodyReads) {
       "mkfifo out.fifo; sleep 600 < out.fifo & r=$!; "  // a reader that never reads
       "$AMP --width 16 --layers 1 --batch-size 2 --log-every 1 --threads 1 --steps 100000000 --save-weights w.st "
       "--metrics m.jsonl > out.fifo 2>&1 & p=$!; "
-      "n=0; m=-1; while [ $n != $m ]; do m=$n; sleep 1; n=$(wc -l < m.jsonl 2>/dev/null || echo 0); done; "
+      "n=0; m=-1; t=0; while [ $n = 0 ] || [ $n != $m ]; do m=$n; sleep 1; t=$((t+1)); [ $t -gt 60 ] && break; "
+      "n=$(wc -l < m.jsonl 2>/dev/null || echo 0); done; "
       "echo blocked_at=$n; kill -TERM $p; "
       "for i in $(seq 150); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; "
       "kill -0 $p 2>/dev/null && { echo still_blocked; kill -KILL $p; }; wait $p; echo exit=$?; kill $r", d);

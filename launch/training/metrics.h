@@ -52,7 +52,6 @@ struct EndRecord {
   int64_t device_memory_bytes = 0;  // TrainResult's; 0 (the CPU) is not written
 };
 
-// The run trained but an output could not be saved (the weights, the final checkpoint).
 // A resumed run's first record: the records after it are its own, and those of the steps past
 // `step` written before it (by the run that was stopped) are superseded by them.
 struct ResumeRecord {
@@ -60,6 +59,7 @@ struct ResumeRecord {
   std::string checkpoint;  // its directory
 };
 
+// The run trained but an output could not be saved (the weights, the final checkpoint).
 struct FailedRecord {
   int64_t steps;
   std::string error;

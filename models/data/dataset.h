@@ -41,6 +41,9 @@ class Dataset {
   // otherwise resume silently on other data. Text: one, of the file; token data: one per shard, in
   // resume_identity's order; null for data generated from the seed or read from safetensors.
   virtual nlohmann::json content_checksums() const { return nullptr; }
+  // A separate validation set's shards (names, sizes, checksums), which every rank must read alike
+  // (amp_train compares them over the ranks); null where there is none (text's split is in the file).
+  virtual nlohmann::json validation_identity() const { return nullptr; }
 };
 
 // x ~ N(0, 1) from a counter-based stream (pool sample j uses counters j·width...), y = teacher(x)

@@ -293,6 +293,14 @@ class Tokens final : public Dataset {
             {"data_format", format_ == TokenFormat::llmc ? "llmc" : "u16"},
             {"data_shards", shards}};
   }
+  nlohmann::json validation_identity() const override {
+    if (!validation_) return nullptr;
+    nlohmann::json shards = nlohmann::json::array();
+    for (const Shard& s : validation_->shards())
+      shards.push_back(std::filesystem::path(s.path).filename().string() + " (" + std::to_string(s.tokens) +
+                       " tokens, " + s.checksum + ")");
+    return shards;
+  }
   nlohmann::json content_checksums() const override {
     nlohmann::json sums = nlohmann::json::array();
     for (const Shard& s : train_->shards()) sums.push_back(s.checksum);

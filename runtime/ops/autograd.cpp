@@ -169,14 +169,17 @@ void add(Graveyard& g, std::vector<std::shared_ptr<Node>>* nodes, BackwardFn* cl
   if (nodes)
     for (std::shared_ptr<Node>& n : *nodes)
       if (n) g.nodes.push_back(std::move(n));  // (a bad_alloc here ends the process: a destructor)
-  if (closure && *closure) g.closures.push_back(std::move(*closure));
+  if (closure && *closure) {  // swapped out: a moved-from std::function is not promised to be empty
+    g.closures.emplace_back();
+    g.closures.back().swap(*closure);
+  }
 }
 
 void bury(std::vector<std::shared_ptr<Node>>* nodes, BackwardFn* closure) noexcept {
   if (t_graveyard) return add(*t_graveyard, nodes, closure);
   Graveyard g;
+  t_graveyard = &g;  // before add: what dies while adding is buried too
   add(g, nodes, closure);
-  t_graveyard = &g;
   while (!g.nodes.empty() || !g.closures.empty()) {
     if (!g.closures.empty()) {
       BackwardFn dying = std::move(g.closures.back());
