@@ -170,6 +170,17 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
 
 // --- 4. One stop request, however many copies arrive ----------------------------------------------
 
+// What a SIGTERM leaves: exit 143 (the script echoes exit=$?), the weights w.st, and metrics m.jsonl
+// that end with the end record naming the signal.
+void expect_stopped_by_sigterm(const std::string& out, const TempDir& d) {
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
+  const auto recs = read_jsonl(d.file("m.jsonl"));
+  ASSERT_FALSE(recs.empty()) << out;
+  EXPECT_EQ(recs.back()["event"], "end") << out;
+  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM") << out;
+}
+
 // timeout(1), like Slurm, signals the child and its process group: two SIGTERMs within
 // milliseconds. They are one request: the step finishes, the weights and the checkpoint are saved,
 // the metrics end, nothing is left behind.
@@ -180,12 +191,7 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
       "--checkpoint-dir ck --checkpoint-every 1 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
       "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
       "kill -TERM -- -$p; kill -TERM $p; kill -TERM -- -$p; wait $p; echo exit=$?; cat out.txt", d);
-  EXPECT_TRUE(has(out, "exit=143")) << out;
-  EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
-  const auto recs = read_jsonl(d.file("m.jsonl"));
-  ASSERT_FALSE(recs.empty());
-  EXPECT_EQ(recs.back()["event"], "end") << out;
-  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM");
+  expect_stopped_by_sigterm(out, d);
   for (const auto& e : fs::directory_iterator(d.file("ck")))
     EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << "left behind: " << e.path();
   EXPECT_FALSE(fs::exists(d.file(".m.jsonl.lock")));
@@ -210,12 +216,7 @@ TEST(Reliability, ASigtermStopsARunBlockedOnOutputThatNobodyReads) {
   ASSERT_TRUE(has(out, "blocked_at=")) << out;
   EXPECT_FALSE(has(out, "blocked_at=0\n")) << out;
   EXPECT_FALSE(has(out, "still_blocked")) << out;
-  EXPECT_TRUE(has(out, "exit=143")) << out;
-  EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
-  const auto recs = read_jsonl(d.file("m.jsonl"));
-  ASSERT_FALSE(recs.empty());
-  EXPECT_EQ(recs.back()["event"], "end") << out;
-  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM");
+  expect_stopped_by_sigterm(out, d);
 }
 
 // --- 7. Sampling prints every byte, and stops when asked ------------------------------------------
