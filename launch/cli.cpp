@@ -13,9 +13,11 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -309,6 +311,25 @@ void check_ranges(const TrainConfig& c, int world_size) {
   }
 }
 
+// The model's flags that a --config gives and that would change nothing in this run (models/
+// model_spec.h: inert): a notice (a config shared by runs of several kinds sets them all), and
+// dropped once their values are checked. The command line's are refused by configure_model.
+void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_command_line, std::vector<std::string>* notices) {
+  try {
+    std::vector<models::InertFlag> from_config;
+    for (const models::InertFlag& f : models::inert_model_flags(c.model, c.model_flags))
+      if (!on_command_line.count(f.flag)) from_config.push_back(f);
+    if (from_config.empty()) return;
+    (void)models::model_kind(c.model).configure(c.model_flags);  // every value checked, even one dropped
+    for (const models::InertFlag& f : from_config) {
+      notices->push_back("notice: --config " + c.config_file + ": --" + f.flag + ": " + f.why + "; ignored in this run");
+      c.model_flags.erase(f.flag);
+    }
+  } catch (const std::invalid_argument& e) {  // a value that does not parse: named by it
+    throw UsageError(e.what());
+  }
+}
+
 // The chosen model's flags become its values; a flag of another model is a mistake, not a default
 // to ignore; so is --keep-checkpoints without a directory to keep them in.
 // collect: take the chosen model's values; else: refuse another model's flags.
@@ -519,11 +540,13 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       const std::string file = vm["config"].as<std::string>();
       c.config_file = file;
       std::error_code ec;
-      if (!std::filesystem::exists(file, ec)) throw UsageError("--config: '" + file + "': no such file");
+      const bool there = std::filesystem::exists(file, ec);  // false with ec set: a directory on the way not searchable
+      if (ec) throw UsageError("--config: '" + file + "': cannot be read: " + ec.message());
+      if (!there) throw UsageError("--config: '" + file + "': no such file");
       if (const std::string kind = irregular_file(file); !kind.empty())  // a directory, FIFO or /dev/zero: never read
         throw UsageError("--config: '" + file + "' is " + kind);
       std::ifstream raw(file, std::ios::binary);
-      if (!raw) throw UsageError("--config: cannot open '" + file + "'");
+      if (!raw) throw UsageError("--config: cannot open '" + file + "': " + std::strerror(errno));
       std::string text((std::istreambuf_iterator<char>(raw)), std::istreambuf_iterator<char>());
       if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (Windows' editors)
       std::istringstream in(text);
@@ -555,10 +578,23 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       std::snprintf(buf, sizeof buf, "%.17g", x);
       return std::string(buf);
     };
-    for (const auto& [k, v] : given) c.given_flags.push_back(k + " " + canonical(v));
+    // A flag given its default (--help's "(=X)") is the flag not given: one node's config spelling
+    // out a default is not a difference from another's.
+    auto default_text = [&all](const std::string& k) -> std::optional<std::string> {
+      const po::option_description* d = all.find_nothrow(k, false);
+      const std::string n = d ? d->semantic()->name() : "";  // "arg (=X)" where the option has a default
+      const size_t at = n.find(" (=");
+      if (at == std::string::npos || n.back() != ')') return std::nullopt;
+      return n.substr(at + 3, n.size() - at - 4);
+    };
+    for (const auto& [k, v] : given) {
+      const std::optional<std::string> fallback = default_text(k);
+      if (!fallback || canonical(*fallback) != canonical(v)) c.given_flags.push_back(k + " " + canonical(v));
+    }
     c.seed = parse_seed(seed_text);
     c.overlap = !no_overlap;
     take_model_flags(vm, c, true);
+    drop_inert_model_flags(c, on_command_line, &res.notices);
     check_ranges(c, world_size);
     take_model_flags(vm, c, false);
     check_flags_apply(vm, c, on_command_line, &res.notices);

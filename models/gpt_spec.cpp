@@ -279,6 +279,10 @@ ModelKind gpt_kind() {
     if (d.format != "auto" && d.format != "text" && d.format != "llmc" && d.format != "u16")
       throw std::invalid_argument("--data-format must be auto, text, llmc or u16, got '" + d.format + "'");
     d.validation = r.text("val-data");
+    for (const char* flag : {"val-data", "vocab-file"})  // an unset variable in a script: not "none"
+      if (r.given(flag) && r.text(flag).empty())
+        throw std::invalid_argument(std::string("--") + flag +
+                                    ": an empty path (an unset variable?): give one, or leave the flag out");
     d.vocab_given = r.text("vocab-size") != "auto";
     if (d.vocab_given) {
       c.vocab_size = r.integer("vocab-size", 1);
@@ -296,12 +300,15 @@ ModelKind gpt_kind() {
     s.top_k = r.integer("top-k", 1);
     d.prompt_tokens = parse_token_list(r.text("prompt-tokens"), c.vocab_size);
     d.vocab_file = r.text("vocab-file");
-    if (s.tokens == 0)  // a flag that would change nothing is a mistake, not a default to ignore
-      for (const char* flag : {"temperature", "top-k", "prompt", "prompt-tokens", "vocab-file"})
-        if (r.given(flag))
-          throw std::invalid_argument(std::string("--") + flag + ": only a sample uses it, and --sample-tokens is 0 "
-                                      "(none is drawn)");
     return std::make_shared<GptSpec>(c, s, r.text("prompt"), std::move(d));
+  };
+  k.inert = [flags = k.flags](const ModelFlagValues& v) {
+    const FlagReader r(flags, v);
+    std::vector<InertFlag> inert;
+    if (r.integer("sample-tokens", 0) == 0)
+      for (const char* flag : {"temperature", "top-k", "prompt", "prompt-tokens", "vocab-file"})
+        if (r.given(flag)) inert.push_back({flag, "only a sample uses it, and --sample-tokens is 0 (none is drawn)"});
+    return inert;
   };
   return k;
 }

@@ -40,7 +40,14 @@ std::shared_ptr<const ModelSpec> configure_model(const std::string& name, const 
     for (const ModelFlag& f : kind.flags) known = known || f.name == flag;
     if (!known) throw std::invalid_argument("--" + flag + ": --model " + name + " has no such flag");
   }
-  return kind.configure(values);
+  std::shared_ptr<const ModelSpec> spec = kind.configure(values);  // each value checked first
+  for (const InertFlag& f : inert_model_flags(name, values)) throw std::invalid_argument("--" + f.flag + ": " + f.why);
+  return spec;
+}
+
+std::vector<InertFlag> inert_model_flags(const std::string& name, const ModelFlagValues& values) {
+  const ModelKind& kind = model_kind(name);
+  return kind.inert ? kind.inert(values) : std::vector<InertFlag>{};
 }
 
 std::string FlagReader::text(const std::string& name) const {

@@ -31,6 +31,10 @@ struct ModelFlag {
 };
 // The values a run gives its model's flags, by name (the ones not given keep their defaults).
 using ModelFlagValues = std::map<std::string, std::string>;
+// A flag given that changes nothing in a configuration (the sampling flags without a sample), and why.
+struct InertFlag {
+  std::string flag, why;
+};
 
 // What the rest of the run looks like, for a model's checks.
 struct RunShape {
@@ -111,6 +115,9 @@ struct ModelKind {
   // Parses and checks the values (unknown names are the caller's concern); throws std::invalid_argument
   // naming the flag.
   std::function<std::shared_ptr<const ModelSpec>(const ModelFlagValues&)> configure;
+  // The flags given that would change nothing (empty function: none). configure_model refuses them (a
+  // mistake, not a value to ignore); amp_train asks first, so that a --config key is only a notice.
+  std::function<std::vector<InertFlag>(const ModelFlagValues&)> inert;
 };
 
 // Every kind, in registration order: the built-in ones, then those registered by register_model().
@@ -119,8 +126,11 @@ const std::deque<ModelKind>& model_kinds();
 void register_model(ModelKind kind);
 // The kind named `name`; throws std::invalid_argument naming --model and the kinds there are.
 const ModelKind& model_kind(const std::string& name);
-// model_kind(name).configure(values), refusing a value for a flag the kind does not have.
+// model_kind(name).configure(values), refusing a value for a flag the kind does not have, then an
+// inert one (after every value's own check).
 std::shared_ptr<const ModelSpec> configure_model(const std::string& name, const ModelFlagValues& values = {});
+// The kind's inert flags among the values (they are its own: configure_model checks that).
+std::vector<InertFlag> inert_model_flags(const std::string& name, const ModelFlagValues& values);
 
 // Reads a kind's flags from the values, with their defaults (a flag's check names it).
 class FlagReader {

@@ -245,6 +245,10 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
       {gpt + "--data '" + shards + "' --vocab-size 300 --prompt-tokens 300", {"--prompt-tokens", "below --vocab-size 300"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --data-format bytes", {"--data-format"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --val-data '" + d.file("val_*.bin") + "'", {"--val-data", "matches no file"}},
+      // An empty path (an unset variable in a script) turned the validation, or the decoding, off.
+      {gpt + "--data '" + shards + "' --vocab-size 300 --val-data ''", {"--val-data: an empty path"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 2 --prompt-tokens 1 --vocab-file ''",
+       {"--vocab-file: an empty path"}},
       {" --steps 2 --batch-size 4 --threads 1 --data " + dir + "train_000.bin",
        {dir + "train_000.bin: --data is llm.c token data, which --model gpt trains on"}},
       // An output onto a file of the data's glob: refused before anything is written.
@@ -657,6 +661,17 @@ TEST(Cli, AConfigKeyThatChangesNothingIsANotice) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("--warmup-steps: only --lr-schedule cosine uses it; ignored"), std::string::npos) << r.out;
+  // The model's own: the GPT's sampling flags in a config shared with runs that sample.
+  std::ofstream(d.file("gpt.cfg")) << "temperature = 0.5\nprompt = Hello\n";
+  const RunResult gpt = run(" --model gpt --data " + test::generated_text_file("cli_flags", 4000) +
+                            " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1"
+                            " --log-every 0 --config " + d.file("gpt.cfg"));
+  EXPECT_EQ(gpt.code, 0) << gpt.out;
+  EXPECT_NE(gpt.out.find("notice: --config " + d.file("gpt.cfg") + ": --temperature: only a sample uses it, and "
+                         "--sample-tokens is 0 (none is drawn); ignored in this run"),
+            std::string::npos)
+      << gpt.out;
+  EXPECT_NE(gpt.out.find("--prompt: only a sample uses it"), std::string::npos) << gpt.out;
 }
 
 // Every rank runs rank 0's flags: a rank given another seed trained on another teacher's data, in
@@ -668,7 +683,9 @@ TEST(Cli, ARankRunningOtherFlagsThanRank0sIsNamedAtTheSetup) {
   auto mpmd = [&](const std::string& rank0, const std::string& rank1) {
     return run(mlp + rank0 + " : -np 1 " + AMP_TRAIN_BIN + " " + mlp + rank1, one_rank);
   };
-  const RunResult same = mpmd("--steps 3 --seed 1 --lr 0.1 --threads 1", "--steps 03 --seed 1 --lr 0.10 --threads 2");  // threads may differ, numbers are values
+  // --threads may differ, numbers are values, and a flag given its default is the flag not given.
+  const RunResult same = mpmd("--steps 3 --seed 1 --lr 0.1 --threads 1 --optimizer sgd --amp off",
+                              "--steps 03 --seed 1 --lr 0.10 --threads 2 --momentum 0");
 
   EXPECT_EQ(same.code, 0) << same.out;
   const RunResult seed = mpmd("--steps 3 --seed 1", "--steps 3 --seed 2");
@@ -921,6 +938,23 @@ TEST(Cli, SavingThroughASymlinkKeepsTheLink) {
   int files = 0;
   for (auto& e : fs::directory_iterator(d.path / "real")) files += e.is_regular_file();
   EXPECT_EQ(files, 1) << "a temporary file was left";
+}
+
+// A --config this user may not read (its directory not searchable) says so, where it said "no such
+// file". As root, the run drops to nobody (root reads everything).
+TEST(Cli, AConfigThatCannotBeReadSaysWhy) {
+  TempDir d;
+  fs::create_directories(d.path / "locked");
+  std::ofstream(d.file("locked/run.cfg")) << "steps = 1\n";
+  fs::permissions(d.path, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                              fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(d.path / "locked", fs::perms::none);
+  const std::string as_user = ::geteuid() == 0 ? "setpriv --reuid 65534 --regid 65534 --clear-groups" : "";
+  const RunResult r = run(kSmall + "--config " + d.file("locked/run.cfg"), as_user);
+  fs::permissions(d.path / "locked", fs::perms::owner_all);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--config: '" + d.file("locked/run.cfg") + "': cannot be read: Permission denied"), std::string::npos)
+      << r.out;
 }
 
 // Abbreviated flags, stray words, and config files that are not files or that hide bad values.

@@ -394,6 +394,54 @@ TEST(EmulatedTraining, MoreRanksThanGpusAreRefused) {
   EXPECT_NE(out.find("start at most 2 rank(s) per node"), std::string::npos) << out;
 }
 
+// A node without a GPU for the request (none visible, no driver) is the request's fault: exit 2, and
+// --device auto trains on the CPU. A node whose GPUs are there but cannot be used now (taken by
+// another process in exclusive-process mode: cudaErrorDevicesUnavailable) is not: exit 1, which a
+// requeue may cure, and auto does not quietly train a GPU node's job on its CPU, on any rank.
+TEST(EmulatedTraining, GpusThatAreBusyFailTheRunAndAbsentOnesAreAUsageError) {
+  if (!kEmulated) GTEST_SKIP() << "the emulated GPU's answers are set by AMP_EMU_DEVICES and AMP_EMU_DEVICE_ERROR";
+  auto one = [](const std::string& env, const std::string& device, int* status) {
+    return cli::capture("env -i PATH=\"$PATH\" HOME=\"$HOME\" " + env + " " + amp_train_bin() + " --device " + device +
+                            " --threads 1 --width 16 --layers 2 --batch-size 4 --steps 2 --log-every 1 2>&1",
+                        status);
+  };
+  struct Case {
+    std::string env, device;
+    int code;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"AMP_EMU_DEVICES=0", "cuda", 2, {"CUDA device requested but none is usable: no CUDA device is visible"}},
+      {"AMP_EMU_DEVICE_ERROR=35", "cuda", 2, {"cudaErrorInsufficientDriver", "install a newer driver"}},
+      {"AMP_EMU_DEVICE_ERROR=46", "cuda", 1, {"none is usable now: ", "cudaErrorDevicesUnavailable", "exclusive-process"}},
+      {"AMP_EMU_DEVICE_ERROR=802", "cuda", 1, {"cudaErrorSystemNotReady", "fabric manager"}},
+      {"AMP_EMU_DEVICE_ERROR=46", "auto", 1, {"--device auto: this node has GPUs but none is usable now",
+                                             "not falling back to the CPU"}},
+      {"AMP_EMU_DEVICE_ERROR=35", "auto", 0, {"notice: no usable CUDA device", "training on the CPU", "step 2/2"}},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    const std::string out = one(c.env, c.device, &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code) << c.env << " --device " << c.device << ": " << out;
+    for (const std::string& n : c.needles) EXPECT_NE(out.find(n), std::string::npos) << c.env << ": " << out;
+    if (c.code != 0) {
+      EXPECT_EQ(out.find("step 1"), std::string::npos) << "trained: " << out;
+    }
+  }
+  // Rank 1's GPUs taken, rank 0's free: --device auto stops both (neither trains on the CPU).
+  int status = 0;
+  const std::string out = cli::capture(
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" ${OMPI_MCA_orte_tmpdir_base+OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base\"} "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun -np 2 "
+      "--oversubscribe sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then export AMP_EMU_DEVICE_ERROR=46; fi; exec " +
+          amp_train_bin() + " --threads 1 --width 16 --layers 2 --batch-size 4 --steps 2 --log-every 1 --comm-timeout 20' 2>&1",
+      &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find("cudaErrorDevicesUnavailable"), std::string::npos) << out;
+  EXPECT_EQ(out.find("training on the CPU"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 1"), std::string::npos) << "trained: " << out;
+}
+
 // Ranks that each see one GPU (per-rank CUDA_VISIBLE_DEVICES, as Slurm's --gpus-per-task=1 gives
 // them) train, bit for bit as one rank with the same micro-batches; ranks given the same GPU, by index
 // or by UUID, or all seeing the node's only GPU, are refused by the GPUs' UUIDs, naming them (issue 42).

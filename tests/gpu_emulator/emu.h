@@ -2,7 +2,8 @@
 // tests/emulated_gpu_observer.cpp).
 // Environment: AMP_EMU_SEED (default 1) seeds the stream order and the delays; AMP_EMU_SMS (default 2)
 // is the multiprocessor count the device reports, small so that grid-stride loops iterate (132, an
-// H100's, for the cost model's dry runs).
+// H100's, for the cost model's dry runs); AMP_EMU_DEVICES (default 8) the node's GPUs, of which
+// CUDA_VISIBLE_DEVICES selects; AMP_EMU_DEVICE_ERROR=N makes cudaGetDeviceCount fail with error N.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -411,6 +411,12 @@ using namespace amp::emu;
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return result(cudaErrorInvalidValue);
+  // AMP_EMU_DEVICE_ERROR=N: the driver's answer is error N (46: the GPUs taken in exclusive-process
+  // mode; 35: no driver), as a node whose GPUs cannot be used answers.
+  if (const long err = env_long("AMP_EMU_DEVICE_ERROR", 0); err != 0) {
+    *count = 0;
+    return result(static_cast<cudaError_t>(err));
+  }
   *count = device_count();
   return result(cudaSuccess);
 }
@@ -495,6 +501,8 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
+    case cudaErrorSystemNotReady: return "cudaErrorSystemNotReady";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -527,6 +535,8 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
     case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
+    case cudaErrorSystemNotReady: return "system not yet initialized";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";

@@ -7,8 +7,9 @@ namespace amp {
 
 bool cuda_built() { return false; }
 
-bool cuda_usable(std::string* reason) {
+bool cuda_usable(std::string* reason, bool* busy) {
   if (reason) *reason = "this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)";
+  if (busy) *busy = false;
   return false;
 }
 

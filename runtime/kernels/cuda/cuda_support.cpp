@@ -19,22 +19,41 @@ namespace amp {
 
 namespace {
 
-// The number of devices, or 0 with *reason filled. Clears the error that a failed query leaves in
-// the runtime's last-error slot, so later calls do not report it again.
-int device_count(std::string* reason) {
+// Why the node's GPUs cannot be used, when they cannot.
+enum class NoGpu {
+  absent,  // none visible, or no driver: the machine or the launch does not fit the request
+  busy,    // there but unavailable now (exclusive-process mode, the system not ready): retry later
+  broken,  // any other failure (a driver that does not match its library, an unknown error)
+};
+
+// The number of devices, or 0 with *reason and *kind filled. Clears the error that a failed query
+// leaves in the runtime's last-error slot, so later calls do not report it again.
+int device_count(std::string* reason, NoGpu* kind = nullptr) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
+  NoGpu why_kind = NoGpu::absent;
+  std::string why;
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    std::string why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-    if (err == cudaErrorInsufficientDriver)
+    count = 0;
+    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    if (err == cudaErrorInsufficientDriver) {
       why += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime: install a newer driver)";
-    else if (err == cudaErrorNoDevice)
+    } else if (err == cudaErrorNoDevice) {
       why += " (no GPU is visible: check the hardware and CUDA_VISIBLE_DEVICES)";
-    if (reason) *reason = why;
-    return 0;
+    } else if (err == cudaErrorDevicesUnavailable || err == cudaErrorSystemNotReady) {
+      why_kind = NoGpu::busy;
+      why += err == cudaErrorDevicesUnavailable
+                 ? " (the GPUs are taken: another process holds them in exclusive-process mode; nvidia-smi shows which)"
+                 : " (the system is not ready: on an NVSwitch node, the fabric manager has not started yet)";
+    } else {
+      why_kind = NoGpu::broken;
+    }
+  } else if (count == 0) {
+    why = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
   }
-  if (count == 0 && reason) *reason = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+  if (count == 0 && reason) *reason = why;
+  if (count == 0 && kind) *kind = why_kind;
   return count;
 }
 
@@ -55,7 +74,12 @@ void cuda_profiler_stop() {
   AMP_CUDA_CHECK(cudaProfilerStop());
 }
 
-bool cuda_usable(std::string* reason) { return device_count(reason) > 0; }
+bool cuda_usable(std::string* reason, bool* busy) {
+  NoGpu kind = NoGpu::absent;
+  const bool usable = device_count(reason, &kind) > 0;
+  if (busy) *busy = !usable && kind == NoGpu::busy;
+  return usable;
+}
 
 namespace {
 int g_selected_before_mpi = -1;  // the device cuda_select_device_before_mpi made current, or -1
@@ -101,9 +125,12 @@ void cuda_init(int local_rank, int local_size) {
     throw std::invalid_argument("cuda_init: local rank " + std::to_string(local_rank) + " of " +
                                 std::to_string(local_size));
   std::string reason;
-  const int count = device_count(&reason);
+  NoGpu kind = NoGpu::absent;
+  const int count = device_count(&reason, &kind);
   // What the machine or the launch gives does not fit the request: found before any step (exit 2).
-  if (count == 0) throw std::invalid_argument("CUDA device requested but none is usable: " + reason);
+  // GPUs that are there but fail now are not the request's fault (exit 1: a requeue may succeed).
+  if (count == 0 && kind == NoGpu::absent) throw std::invalid_argument("CUDA device requested but none is usable: " + reason);
+  if (count == 0) throw std::runtime_error("CUDA device requested but none is usable now: " + reason);
   const int device = device_of(local_rank, local_size, count);
   if (device < 0)
     throw std::invalid_argument(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +

@@ -11,12 +11,15 @@
 namespace amp {
 
 bool cuda_built();
-// Whether a usable device exists. If not, *reason says why (no device, driver too old, not built).
-bool cuda_usable(std::string* reason);
+// Whether a usable device exists. If not, *reason says why (no device, driver too old, not built),
+// and *busy (where given) whether the node has GPUs that cannot be used now, which a later try may
+// find free: taken by another process in exclusive-process mode, or the system not ready yet.
+bool cuda_usable(std::string* reason, bool* busy = nullptr);
 // Selects device local_rank and registers the CUDA backend. local_size: the ranks on this node, each
 // of which needs a GPU of its own (NCCL refuses two ranks on one GPU, and sharing would be slow).
-// Throws std::runtime_error with a clear message when CUDA is not usable or the node's visible GPUs
-// are fewer than its ranks.
+// Throws std::invalid_argument with a clear message when the node has no GPU for the request (none
+// visible, no driver, fewer visible GPUs than its ranks: exit 2), std::runtime_error when its GPUs
+// are there but fail (busy, not ready, a broken driver: exit 1, a retry may succeed).
 void cuda_init(int local_rank, int local_size = 1);
 // Before MPI_Init: makes GPU local_rank this process's current device, so that an MPI library that
 // touches CUDA in MPI_Init (a CUDA-aware one) creates its context there, not every rank's on GPU 0.
