@@ -317,6 +317,7 @@ Tensor GradDrop::operator()(const Tensor& J) {
 Tensor ConFIG::operator()(const Tensor& J) {
   check_matrix(J, name());
   const int m = static_cast<int>(J.shape()[0]);
+  if (m == 0) throw std::invalid_argument(name() + ": the matrix has no rows");  // TorchJD's stack of no rows raises
   const int64_t n = J.shape()[1];
   const DType dt = J.dtype();
   last_weights_.clear();
@@ -403,7 +404,8 @@ Tensor TrimmedMean::operator()(const Tensor& J) {
   std::vector<double> col(static_cast<size_t>(m));
   for (int64_t k = 0; k < n; ++k) {
     for (int64_t i = 0; i < m; ++i) col[static_cast<size_t>(i)] = v[static_cast<size_t>(i * n + k)];
-    std::sort(col.begin(), col.end());
+    // torch.sort's order: NaN after every number (std::sort's < on a NaN is no order at all).
+    std::sort(col.begin(), col.end(), [](double a, double b) { return std::isnan(b) ? !std::isnan(a) : a < b; });
     double s = 0.0;
     for (int64_t i = trim_; i < m - trim_; ++i) s = round_to(s + col[static_cast<size_t>(i)], J.dtype());
     out[static_cast<size_t>(k)] = round_to(s / static_cast<double>(m - 2 * trim_), J.dtype());

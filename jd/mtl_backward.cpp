@@ -100,9 +100,15 @@ void mtl_backward(const std::vector<Tensor>& losses, const Tensor& features, con
 Tensor concatenated_jacobian(const std::vector<Tensor>& params) {
   if (params.empty()) throw std::invalid_argument("jac_to_grad: no tensors given");
   int64_t m = -1, n = 0;
-  for (const Tensor& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
     const Tensor j = jd::jac(p);
     if (!j.defined()) throw std::invalid_argument("jac_to_grad: a tensor has no .jac (call mtl_backward first)");
+    // [m, *p.shape]: a .jac of another width would be read as other entries, silently.
+    if (j.dim() != p.dim() + 1 || Shape(j.shape().begin() + 1, j.shape().end()) != p.shape())
+      throw std::invalid_argument("jac_to_grad: tensor " + std::to_string(i) + " of shape " + shape_str(p.shape()) +
+                                  " has a .jac of shape " + shape_str(j.shape()) + ", expected [rows" +
+                                  (p.dim() == 0 ? "]" : ", " + shape_str(p.shape()).substr(1)));
     if (m < 0) m = j.shape()[0];
     if (j.shape()[0] != m) throw std::invalid_argument("jac_to_grad: all .jac must have the same number of rows");
     if (j.dtype() != jd::jac(params[0]).dtype() || j.device() != jd::jac(params[0]).device())
@@ -122,6 +128,12 @@ Tensor concatenated_jacobian(const std::vector<Tensor>& params) {
 }
 
 Tensor aggregate_into_grads(const std::vector<Tensor>& params, const Tensor& J, Aggregator& aggregator) {
+  int64_t n = 0;
+  for (const Tensor& p : params) n += p.numel();
+  if (J.dim() != 2 || J.shape()[1] != n)  // a column more or less would split into other parameters' entries
+    throw std::invalid_argument("aggregate_into_grads: the Jacobian has shape " + shape_str(J.shape()) +
+                                ", expected [rows, " + std::to_string(n) + "] (the " + std::to_string(params.size()) +
+                                " tensors' " + std::to_string(n) + " values)");
   const Tensor g = aggregator(J);
   int64_t off = 0;
   for (const Tensor& p : params) {

@@ -27,6 +27,30 @@ bool is_conv1d_weight(const std::string& name) {
                                       ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
 }
 
+// Every tensor of Hugging Face's GPT-2 of these dims, by its name without the prefix, in its layout
+// (lm_head.weight, optional, is wte's).
+std::map<std::string, Shape> hf_shapes(const Gpt2Dims& d) {
+  const int64_t C = d.n_embd;
+  std::map<std::string, Shape> s = {{"wte.weight", {d.vocab, C}}, {"wpe.weight", {d.block_size, C}},
+                                    {"ln_f.weight", {C}},         {"ln_f.bias", {C}}};
+  for (int64_t i = 0; i < d.n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    for (const char* ln : {"ln_1.", "ln_2."}) {
+      s[h + ln + "weight"] = {C};
+      s[h + ln + "bias"] = {C};
+    }
+    s[h + "attn.c_attn.weight"] = {C, 3 * C};
+    s[h + "attn.c_attn.bias"] = {3 * C};
+    s[h + "attn.c_proj.weight"] = {C, C};
+    s[h + "attn.c_proj.bias"] = {C};
+    s[h + "mlp.c_fc.weight"] = {C, 4 * C};
+    s[h + "mlp.c_fc.bias"] = {4 * C};
+    s[h + "mlp.c_proj.weight"] = {4 * C, C};
+    s[h + "mlp.c_proj.bias"] = {C};
+  }
+  return s;
+}
+
 }  // namespace
 
 bool is_hf_gpt2(const safetensors::NamedTensors& tensors) {
@@ -38,7 +62,34 @@ bool is_hf_gpt2(const safetensors::NamedTensors& tensors) {
   return false;
 }
 
-safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source) {
+safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source,
+                                       const Gpt2Dims& dims) {
+  const std::map<std::string, Shape> shapes = hf_shapes(dims);
+  const std::string flags = " (--n-layer " + std::to_string(dims.n_layer) + ", --n-embd " + std::to_string(dims.n_embd) +
+                            ", --block-size " + std::to_string(dims.block_size) + ", vocabulary " +
+                            std::to_string(dims.vocab) + "; Hugging Face's layout: Conv1D weights are [in, out])";
+  bool prefixed = false;  // the file's own naming, for a missing tensor's name
+  for (const auto& [name, t] : theirs) {
+    const std::string n = without_prefix(name);
+    prefixed = prefixed || name != n;
+    if (n.rfind("h.", 0) == 0 && (ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias"))) {
+      const std::string block = n.substr(2, n.find('.', 2) - 2);
+      if (shapes.count("h." + block + ".ln_1.weight")) continue;  // a buffer of a block we have
+    }
+    const auto it = shapes.find(n == "lm_head.weight" ? "wte.weight" : n);
+    if (it == shapes.end())
+      throw std::invalid_argument(source + ": unexpected tensor '" + name + "': GPT-2 of these sizes has none" + flags);
+    if (t.shape() != it->second)
+      throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
+                                  shape_str(it->second) + flags);
+  }
+  for (const auto& [n, shape] : shapes) {
+    bool there = false;
+    for (const auto& [name, t] : theirs) there = there || without_prefix(name) == n;
+    if (!there)
+      throw std::invalid_argument(source + ": has no tensor named '" + (prefixed ? kPrefix : "") + n + "' " +
+                                  shape_str(shape) + flags);
+  }
   safetensors::NamedTensors ours;
   std::map<std::string, std::string> seen;  // a parameter's name without the prefix -> the file's name for it
   for (const auto& [name, t] : theirs) {

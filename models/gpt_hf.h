@@ -10,6 +10,7 @@
 // equal it. GPT-2's GELU is the tanh form (Hugging Face's gelu_new): --gelu tanh computes what it
 // computes.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "runtime/core/safetensors.h"
@@ -19,8 +20,15 @@ namespace amp::models {
 // Whether tensors are in Hugging Face's layout: a block's c_attn.weight (with or without the
 // prefix) is [C, 3C], where ours is [3C, C].
 bool is_hf_gpt2(const safetensors::NamedTensors& tensors);
-// Ours from theirs (source names the file in errors: a tied lm_head that differs from wte).
-safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source);
+// The sizes a file is checked against (the run's flags; vocab: the vocabulary as saved, unpadded).
+struct Gpt2Dims {
+  int64_t n_layer = 0, n_embd = 0, block_size = 0, vocab = 0;
+};
+// Ours from theirs. Each tensor is checked in the file's own terms first: a name GPT-2 of these dims
+// does not have, a shape other than its layout's, a tensor missing: the message names the tensor as
+// the file does, and both shapes in Hugging Face's layout (source names the file).
+safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, const std::string& source,
+                                       const Gpt2Dims& dims);
 // Theirs from ours, in the hub's layout: no prefix, no lm_head, no buffers, sorted by name (the
 // order the safetensors library writes tensors of one dtype in).
 safetensors::NamedTensors gpt2_to_hf(const safetensors::NamedTensors& ours);

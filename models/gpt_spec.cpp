@@ -28,6 +28,7 @@ struct DataFlags {
   bool vocab_given = false;
   std::vector<int64_t> prompt_tokens;  // --prompt-tokens: the sample's prompt on token data
   std::string vocab_file;              // --vocab-file: GPT-2's vocab.json, to print samples as text
+  bool prompt_given = false;           // --prompt: text's prompt, refused on token data
 };
 
 // "50256,464,3290" -> its ids, each below vocab_size.
@@ -76,6 +77,8 @@ class GptSpec final : public ModelSpec {
                                   "ids: give one (50256 is GPT-2's <|endoftext|>)");
     if (!tokens && !data_.prompt_tokens.empty())
       throw std::invalid_argument("--prompt-tokens: --data " + data + " is text: its prompt is --prompt");
+    if (tokens && data_.prompt_given)
+      throw std::invalid_argument("--prompt: --data " + data + " holds tokens: their prompt is --prompt-tokens (ids)");
     if (!tokens && !data_.vocab_file.empty())
       throw std::invalid_argument("--vocab-file: --data " + data + " is text (bytes): there are no token ids to decode");
     if (!data_.vocab_file.empty() && !vocab_)
@@ -178,9 +181,10 @@ class GptSpec final : public ModelSpec {
   safetensors::NamedTensors import_weights(safetensors::NamedTensors tensors, const std::string& source) const override {
     if (!is_hf_gpt2(tensors)) return tensors;
     if (!c_.gelu_tanh)
-      std::fprintf(stderr, "amp_train: note: %s holds Hugging Face's GPT-2 weights, trained with the tanh GELU: "
-                           "--gelu tanh computes what GPT-2 computes (this run uses erf)\n", source.c_str());
-    return gpt2_from_hf(tensors, source);
+      std::fprintf(stderr, "amp_train: note: %s is in Hugging Face's GPT-2 layout; GPT-2's own weights were trained "
+                           "with the tanh GELU: --gelu tanh computes what GPT-2 computes (this run uses erf)\n",
+                   source.c_str());
+    return gpt2_from_hf(tensors, source, {c_.n_layer, c_.n_embd, c_.block_size, c_.vocab_size});
   }
   std::vector<std::string> weight_formats() const override { return {"hf"}; }
   safetensors::NamedTensors export_weights(safetensors::NamedTensors tensors, const std::string& format) const override {
@@ -300,6 +304,7 @@ ModelKind gpt_kind() {
     s.top_k = r.integer("top-k", 1);
     d.prompt_tokens = parse_token_list(r.text("prompt-tokens"), c.vocab_size);
     d.vocab_file = r.text("vocab-file");
+    d.prompt_given = r.given("prompt");
     return std::make_shared<GptSpec>(c, s, r.text("prompt"), std::move(d));
   };
   k.inert = [flags = k.flags](const ModelFlagValues& v) {

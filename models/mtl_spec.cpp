@@ -37,7 +37,12 @@ class MtlSpec final : public ModelSpec {
       auto agg = jd::make_aggregator(aggregator_);
       (*agg)(ones({c_.tasks, 3}));
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string("--aggregator: ") + e.what());
+      // TorchJD's words name the tried matrix's shape: its rows are --tasks, its columns stand in.
+      std::string what = e.what();
+      const std::string tried = "[" + std::to_string(c_.tasks) + ", 3]";
+      if (const size_t at = what.find(tried); at != std::string::npos)
+        what.replace(at, tried.size(), "[" + std::to_string(c_.tasks) + ", the trunk's parameters]");
+      throw std::invalid_argument("--aggregator " + aggregator_ + " with --tasks " + std::to_string(c_.tasks) + ": " + what);
     }
   }
   // Measured on the CPU (tests/test_memory_estimate.cpp): the trunk's Jacobian [tasks, trunk] about

@@ -159,7 +159,9 @@ TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
   auto loaded = [&](const safetensors::NamedTensors& file) {
     Generator g(2);
     auto m = models::make_gpt_model(fixture_config(), g);
-    nn::load_state_dict(m->module(), models::gpt2_from_hf(file, "hf.safetensors"), "hf.safetensors");
+    const models::GptConfig c = fixture_config();
+    nn::load_state_dict(m->module(), models::gpt2_from_hf(file, "hf.safetensors", {c.n_layer, c.n_embd, c.block_size, c.vocab_size}),
+                        "hf.safetensors");
     return m;
   };
   auto m = loaded(hf);
@@ -179,6 +181,37 @@ TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
             safetensors::serialize(nn::state_dict(loaded(hf)->module())));
   prefixed[prefixed.size() - 3].second = zeros({256, 16});
   EXPECT_THROW(loaded(prefixed), std::invalid_argument) << "an lm_head that is not wte";
+
+  // A file unlike GPT-2 of the flags' sizes is refused in its own terms: the tensor as the file names
+  // it, its shape and the one Hugging Face's layout has (they were our names and our transposes).
+  auto refusal = [&](const safetensors::NamedTensors& file) -> std::string {
+    try {
+      loaded(file);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  auto replaced = [&](const std::string& name, const Tensor& t) {
+    safetensors::NamedTensors f = hf;
+    for (auto& [n, x] : f)
+      if (n == name) x = t;
+    return f;
+  };
+  EXPECT_NE(refusal(replaced("h.0.mlp.c_fc.weight", zeros({64, 16}))).find(
+                "hf.safetensors: tensor 'h.0.mlp.c_fc.weight' has shape [64, 16], expected [16, 64] (--n-layer 2"),
+            std::string::npos)
+      << "our Linear's [out, in] where Conv1D's [in, out] belongs";
+  EXPECT_NE(refusal(replaced("h.1.attn.c_attn.weight", zeros({16, 30}))).find("has shape [16, 30], expected [16, 48]"),
+            std::string::npos);
+  safetensors::NamedTensors missing;
+  for (const auto& [n, t] : prefixed)
+    if (n != "transformer.h.1.ln_2.bias") missing.emplace_back(n, t);
+  EXPECT_NE(refusal(missing).find("has no tensor named 'transformer.h.1.ln_2.bias' [16]"), std::string::npos)
+      << refusal(missing);
+  safetensors::NamedTensors extra = hf;
+  extra.emplace_back("h.2.ln_1.weight", ones({16}));
+  EXPECT_NE(refusal(extra).find("unexpected tensor 'h.2.ln_1.weight'"), std::string::npos) << refusal(extra);
 }
 
 // GPT-2's vocabulary (50257 tokens) trains like PyTorch step by step in float32: 5 AdamW steps with

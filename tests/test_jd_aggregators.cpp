@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "jd/aggregator.h"
@@ -121,6 +122,36 @@ TEST(Aggregators, ByName) {
     EXPECT_NO_THROW(jd::make_aggregator(n)) << n;
   for (const char* n : {"upgrade", "mean:1", "krum:x", "constant", "constant:1,nan", "trimmedmean:1:2"})
     EXPECT_THROW(jd::make_aggregator(n), std::invalid_argument) << n;
+}
+
+// A Jacobian of no rows (no task): each aggregator refuses it by name, as TorchJD's raise, or (GradDrop,
+// as TorchJD's) returns zeros; ConFIG died of SIGSEGV.
+TEST(Aggregators, AMatrixWithoutRowsIsRefusedOrGivesZeros) {
+  for (const char* n : {"upgrad", "mean", "sum", "random", "dualproj", "mgda", "pcgrad", "imtlg", "alignedmtl", "config",
+                        "graddrop", "trimmedmean", "krum", "constant:1"}) {
+    const auto a = jd::make_aggregator(n);
+    for (const Shape& shape : {Shape{0, 3}, Shape{0, 0}}) {
+      try {
+        const Tensor out = (*a)(zeros(shape, DType::f64));
+        EXPECT_EQ(out.shape(), (Shape{shape[1]})) << n;
+        for (double x : out.to_vector()) EXPECT_EQ(x, 0.0) << n;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_FALSE(std::string(e.what()).empty()) << n;
+      }
+    }
+  }
+}
+
+// TrimmedMean sorts each column as torch.sort does, NaN after every number: [NaN, 3, 5] keeps 5, as
+// TorchJD's does (it kept 3: std::sort's < is no order with a NaN).
+TEST(Aggregators, TrimmedMeanSortsNaNLastAsTorchDoes) {
+  jd::TrimmedMean a(1);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> out =
+      a(from_vector({nan, 1.0, nan, 3.0, 2.0, nan, 5.0, nan, 1.0}, {3, 3}, DType::f64)).to_vector();
+  EXPECT_EQ(out[0], 5.0);          // [NaN, 3, 5] -> [3, 5, NaN]
+  EXPECT_EQ(out[1], 2.0);          // [1, 2, NaN] -> [1, 2, NaN]
+  EXPECT_TRUE(std::isnan(out[2])); // [NaN, NaN, 1] -> [1, NaN, NaN]
 }
 
 // --- the special cases of the spec

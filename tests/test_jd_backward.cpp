@@ -189,5 +189,33 @@ TEST(JacToGrad, ConcatenatesEveryParameterIntoOneMatrix) {
   EXPECT_EQ(J.to_vector()[static_cast<size_t>(73 + 70)], jd::jac(net.shared[3]).to_vector()[3]);
 }
 
+// A .jac or a Jacobian of another width than the parameters is refused naming both shapes: a [2, 3]
+// .jac on a parameter of 2 values was read as its first four entries ([[1, 2], [3, 4]]), silently.
+TEST(JacToGrad, AJacobianOfAnotherWidthIsRefused) {
+  Tensor p = zeros({2}, DType::f64);
+  p.set_requires_grad(true);
+  jd::Mean mean;
+  jd::set_jac(p, from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64));
+  try {
+    jd::jac_to_grad({p}, mean);
+    ADD_FAILURE() << "a [2, 3] .jac on a [2] parameter was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("has a .jac of shape [2, 3], expected [rows, 2]"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(p.grad().defined());
+  for (const Shape& shape : {Shape{2, 3}, Shape{2, 1}, Shape{6}}) {
+    try {
+      jd::aggregate_into_grads({p}, zeros(shape, DType::f64), mean);
+      ADD_FAILURE() << "a Jacobian " << shape_str(shape) << " for 2 values was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("expected [rows, 2]"), std::string::npos) << e.what();
+    }
+  }
+  // The right width still works: the columns' means.
+  jd::set_jac(p, from_vector({1, 2, 3, 4}, {2, 2}, DType::f64));
+  jd::jac_to_grad({p}, mean);
+  EXPECT_EQ(p.grad().to_vector(), (std::vector<double>{2, 3}));
+}
+
 }  // namespace
 }  // namespace amp

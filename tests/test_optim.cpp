@@ -268,6 +268,18 @@ TEST(Optimizers, StateDictHasPyTorchsLayout) {
   broken = sd;
   broken.param_groups[1]["params"] = nlohmann::json::parse("[2, 3]");
   EXPECT_THROW(other.load_state_dict(broken), std::invalid_argument);
+  // Another optimizer's state dict: the key it lacks and the keys it has (it said "[json.exception
+  // .out_of_range.403] key 'momentum' not found").
+  optim::SGD sgd(std::vector<optim::ParamGroup<optim::SgdOptions>>{{{a2, b2}, {}}, {{c2}, {}}});
+  try {
+    sgd.load_state_dict(sd);
+    ADD_FAILURE() << "Adam's state dict loaded into SGD";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("SGD state_dict, parameter group 0: no 'momentum' (its keys: 'amsgrad', "
+                                         "'betas', 'eps', 'lr', 'maximize', 'weight_decay'): another optimizer's"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // docs/API.md's example, as written there (groups, warmup then cosine), runs and moves the lr.

@@ -54,6 +54,10 @@ TEST(Safetensors, RoundTripEveryDtype) {
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(n % 8, 0u);
+  // The metadata save_pretrained writes, which transformers' from_pretrained reads (some of its
+  // versions fail on a file without it).
+  const safetensors::Layout layout = safetensors::parse_layout(bytes.data(), bytes.size(), "t.safetensors");
+  EXPECT_EQ(layout.metadata, (std::vector<std::pair<std::string, std::string>>{{"format", "pt"}}));
   // No temporary file is left behind.
   int files = 0;
   for (auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();

@@ -92,6 +92,12 @@ def value(r, key):
         return None
 
 
+def plotted(r, key):
+    """value(r, key) as a point to draw: NaN (a gap) where there is none; 0.0 stays 0.0."""
+    v = value(r, key)
+    return float("nan") if v is None else v
+
+
 def title_for(path, steps, ending):
     name = os.path.basename(path)
     if ending is None:
@@ -160,7 +166,7 @@ def main():
         ax.plot(x, [v if isinstance(v, (int, float)) else float("nan") for v in tl], lw=0.6, alpha=0.7,
                 label=f"task {t + 1}")
     if evals:
-        ax.plot([r["step"] for r in evals], [value(r, "val_loss") or float("nan") for r in evals], "o-",
+        ax.plot([r["step"] for r in evals], [plotted(r, "val_loss") for r in evals], "o-",
                 ms=3, lw=1.2, label="validation loss")
     nonfinite = [s for s, v in zip(x, loss) if v is None]
     if nonfinite:
@@ -188,7 +194,7 @@ def main():
 
     # --- learning rate
     ax = axes[2]
-    ax.plot(x, [value(r, "lr") or float("nan") for r in steps], lw=0.9, color="tab:green")
+    ax.plot(x, [plotted(r, "lr") for r in steps], lw=0.9, color="tab:green")
     ax.set_ylabel("learning rate")
     ax.grid(alpha=0.3)
 

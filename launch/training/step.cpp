@@ -239,7 +239,7 @@ Trainer::StepFigures Trainer::device_step() {
   // The losses are means already (B / E each): summed over ranks, they are the step's mean.
   Tensor loss_sum = task_sums.at(0);
   for (size_t t = 1; t < task_sums.size(); ++t) loss_sum = add(loss_sum, task_sums[t]);
-  if (task_sums.size() < 2) task_sums.clear();  // one loss: it is `loss`
+  if (!multi_task()) task_sums.clear();  // one loss: it is `loss` (a multi-task model of one task records it)
   const Tensor found = scaler_->is_enabled() ? scaler_->last_found_inf() : zeros({1}, DType::f32, device_);
   return StepFigures{loss_sum, scale_used, found, step_.stop_flag, grad_norm, task_sums};
 }

@@ -58,7 +58,9 @@ NamedTensors load(const std::string& path) {
 namespace {
 // The file: the header's length (8 bytes, little-endian), the header, then every tensor's bytes.
 void write_to(std::ostream& out, const NamedTensors& tensors) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  // {"format": "pt"}, as PyTorch's save_pretrained writes: transformers' from_pretrained reads it, and
+  // some of its versions fail on a file without metadata.
+  nlohmann::ordered_json header = {{"__metadata__", {{"format", "pt"}}}};
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const uint64_t n = t.nbytes();

@@ -50,6 +50,7 @@ nlohmann::json Adam::group_hyper(size_t group) const {
 
 void Adam::load_group_hyper(size_t group, const nlohmann::json& h) {
   AdamOptions o = options_[group];
+  require_group_keys("Adam", group, h, {"lr", "betas", "eps", "weight_decay", "amsgrad"});
   try {
     o.lr = h.at("lr").get<double>();
     const auto& betas = h.at("betas");

@@ -151,6 +151,19 @@ OptimizerStateDict Optimizer::state_dict() const {
   return sd;
 }
 
+void Optimizer::require_group_keys(const char* optimizer, size_t group, const nlohmann::json& h,
+                                   std::initializer_list<const char*> keys) {
+  for (const char* k : keys) {
+    if (h.contains(k)) continue;
+    std::string theirs;
+    for (const auto& [key, value] : h.items())
+      if (key != "params") theirs += (theirs.empty() ? "'" : ", '") + key + "'";
+    throw std::invalid_argument(std::string(optimizer) + " state_dict, parameter group " + std::to_string(group) +
+                                ": no '" + k + "' (its keys: " + (theirs.empty() ? "none" : theirs) +
+                                "): another optimizer's state dict?");
+  }
+}
+
 void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   if (!sd.param_groups.is_array() || sd.param_groups.size() != num_param_groups())
     throw std::invalid_argument("loaded state dict has a different number of parameter groups");

@@ -10,6 +10,7 @@
 // first gets a gradient late therefore starts from step 0 (momentum buffer = its first gradient,
 // Adam's bias corrections from t = 1), exactly as in PyTorch.
 #pragma once
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -106,6 +107,10 @@ class Optimizer {
   // A group's hyperparameters under PyTorch's keys, "lr" included; and their loading.
   virtual nlohmann::json group_hyper(size_t group) const = 0;
   virtual void load_group_hyper(size_t group, const nlohmann::json& h) = 0;
+  // For load_group_hyper: each key present, or std::invalid_argument naming the first missing one
+  // and the group's keys (another optimizer's state dict: Adam's groups have 'betas', SGD's 'momentum').
+  static void require_group_keys(const char* optimizer, size_t group, const nlohmann::json& h,
+                                 std::initializer_list<const char*> keys);
   // Whether PyTorch keeps "step" in a parameter's state (Adam does; SGD does not).
   virtual bool step_in_state() const { return true; }
   // Buffers a subclass registers for each parameter (momentum, Adam moments), zero-initialised;

@@ -50,6 +50,7 @@ nlohmann::json SGD::group_hyper(size_t group) const {
 
 void SGD::load_group_hyper(size_t group, const nlohmann::json& h) {
   SgdOptions o = options_[group];
+  require_group_keys("SGD", group, h, {"lr", "momentum", "dampening", "weight_decay", "nesterov"});
   try {
     o.lr = h.at("lr").get<double>();
     o.momentum = h.at("momentum").get<double>();

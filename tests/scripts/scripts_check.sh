@@ -74,6 +74,16 @@ else
   expect "plot empty" 2 "${plot[@]}" "$work/empty.jsonl" -- "$work/empty.jsonl: no step records"
   expect "plot missing" 2 "${plot[@]}" "$work/missing.jsonl" -- "$work/missing.jsonl"
   expect "plot a directory" 2 "${plot[@]}" "$work/dir.jsonl" -- "$work/dir.jsonl"
+  # A learning rate of 0 (a cosine's end) is a point at 0, not a gap; null and absent values are gaps.
+  "$py" - "$src/launch/scripts/plot_metrics.py" <<'PY' || fail "plot_metrics.plotted: 0.0 is not drawn as 0.0"
+import importlib.util, math, sys
+spec = importlib.util.spec_from_file_location("plot_metrics", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+assert m.plotted({"lr": 0.0}, "lr") == 0.0
+assert m.plotted({"val_loss": 0}, "val_loss") == 0.0
+assert math.isnan(m.plotted({"lr": None}, "lr")) and math.isnan(m.plotted({}, "lr"))
+PY
 fi
 
 # --- 2. gpu_check.sh: usage errors stop before any stage and before its output directory is made
