@@ -51,19 +51,20 @@ int worst_over_ranks(comm::Communicator& c, int value) {
 }
 
 // Every rank trains on the same kind of device. auto: CUDA only when every rank has a usable one;
-// a rank whose GPUs are there but busy fails (exit 1, after the ranks' agreement: the others choose
-// the CPU, and the set-up's agreement stops them) rather than train a GPU node's job on its CPU.
+// a rank whose GPUs are there but fail (busy, not ready, a driver in error) fails (exit 1, after the
+// ranks' agreement: the others choose the CPU, and the set-up's agreement stops them) rather than
+// train a GPU node's job on its CPU.
 Device pick_device(launch::DeviceKind kind, comm::Communicator& c, bool announce) {
   if (kind == launch::DeviceKind::cpu) return kCPU;
   if (kind == launch::DeviceKind::cuda) return Device{DeviceType::cuda, 0};  // cuda_init() reports problems
   std::string reason;
-  bool busy = false;
-  const bool here = cuda_usable(&reason, &busy);
-  const int worst = worst_over_ranks(c, here ? 0 : busy ? 2 : 1);
-  if (busy)
+  bool failing = false;
+  const bool here = cuda_usable(&reason, &failing);
+  const int worst = worst_over_ranks(c, here ? 0 : failing ? 2 : 1);
+  if (failing)
     throw std::runtime_error("--device auto: this node has GPUs but none is usable now: " + reason +
                              "; not falling back to the CPU (--device cpu trains there)");
-  if (worst == 2) return kCPU;  // a busy rank's error ends the set-up: no notice of a CPU run
+  if (worst == 2) return kCPU;  // a failing rank's error ends the set-up: no notice of a CPU run
   if (worst == 0) return Device{DeviceType::cuda, 0};
   if (announce && cuda_built())
     std::printf("notice: %s; training on the CPU\n",

@@ -7,6 +7,7 @@
 #include "runtime/core/file_kind.h"
 #include "runtime/core/number_format.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -314,7 +315,9 @@ void check_ranges(const TrainConfig& c, int world_size) {
 // The model's flags that a --config gives and that would change nothing in this run (models/
 // model_spec.h: inert): a notice (a config shared by runs of several kinds sets them all), and
 // dropped once their values are checked. The command line's are refused by configure_model.
-void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_command_line, std::vector<std::string>* notices) {
+// ignored: gets their names (a notice-only key is no difference between ranks).
+void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_command_line, std::vector<std::string>* notices,
+                            std::set<std::string>* ignored) {
   try {
     std::vector<models::InertFlag> from_config;
     for (const models::InertFlag& f : models::inert_model_flags(c.model, c.model_flags))
@@ -324,6 +327,7 @@ void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_comm
     for (const models::InertFlag& f : from_config) {
       notices->push_back("notice: --config " + c.config_file + ": --" + f.flag + ": " + f.why + "; ignored in this run");
       c.model_flags.erase(f.flag);
+      ignored->insert(f.flag);
     }
   } catch (const std::invalid_argument& e) {  // a value that does not parse: named by it
     throw UsageError(e.what());
@@ -369,9 +373,10 @@ uint64_t parse_seed(const std::string& text) {
 // knobs without a scaler), not a value to ignore; so is an empty path (an unset variable in a
 // script), which would turn an output off.
 // on_command_line: the flags the command line gave; a --config key that changes nothing is a notice
-// (a config shared by runs of several kinds sets them all), the same flag on the command line an error.
+// (a config shared by runs of several kinds sets them all; ignored gets its name), the same flag on the
+// command line an error.
 void check_flags_apply(const po::variables_map& vm, const TrainConfig& c, const std::set<std::string>& on_command_line,
-                       std::vector<std::string>* notices) {
+                       std::vector<std::string>* notices, std::set<std::string>* ignored) {
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   if (given("keep-checkpoints") && c.checkpoint_dir.empty())
     throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
@@ -381,6 +386,7 @@ void check_flags_apply(const po::variables_map& vm, const TrainConfig& c, const 
         const std::string why = std::string("--") + flag + ": only " + who + " uses it";
         if (on_command_line.count(flag)) throw UsageError(why);
         notices->push_back("notice: --config " + c.config_file + ": " + why + "; ignored in this run");
+        ignored->insert(flag);
       }
   };
   only({"momentum"}, c.optimizer == OptimizerKind::sgd, "--optimizer sgd");
@@ -418,10 +424,12 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   model.add_options()("model", with_default(&c.model), kinds.c_str());
   // Each kind's own flags (models/model_spec.h), as text that the kind parses and checks.
   std::vector<std::string> added;
+  std::map<std::string, std::string> model_defaults;  // a model flag's default value, as written (for the ranks' comparison)
   for (const models::ModelKind& k : models::model_kinds())
     for (const models::ModelFlag& f : k.flags) {
       if (std::find(added.begin(), added.end(), f.name) != added.end()) continue;
       added.push_back(f.name);
+      model_defaults[f.name] = f.default_value;
       std::string shown = f.default_value;
       for (size_t p = 0; (p = shown.find('\n', p)) != std::string::npos;) shown.replace(p, 1, "\\n");
       model.add_options()(f.name.c_str(), po::value<std::string>()->default_value(f.default_value, shown), f.help.c_str());
@@ -546,7 +554,12 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       if (const std::string kind = irregular_file(file); !kind.empty())  // a directory, FIFO or /dev/zero: never read
         throw UsageError("--config: '" + file + "' is " + kind);
       std::ifstream raw(file, std::ios::binary);
-      if (!raw) throw UsageError("--config: cannot open '" + file + "': " + std::strerror(errno));
+      if (!raw) {  // why, from open(2) itself (a stream does not promise errno)
+        const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+        const int err = fd < 0 ? errno : 0;
+        if (fd >= 0) ::close(fd);
+        throw UsageError("--config: cannot open '" + file + "'" + (err ? std::string(": ") + std::strerror(err) : ""));
+      }
       std::string text((std::istreambuf_iterator<char>(raw)), std::istreambuf_iterator<char>());
       if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (Windows' editors)
       std::istringstream in(text);
@@ -578,26 +591,41 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       std::snprintf(buf, sizeof buf, "%.17g", x);
       return std::string(buf);
     };
-    // A flag given its default (--help's "(=X)") is the flag not given: one node's config spelling
-    // out a default is not a difference from another's.
-    auto default_text = [&all](const std::string& k) -> std::optional<std::string> {
+    c.seed = parse_seed(seed_text);
+    c.overlap = !no_overlap;
+    std::set<std::string> ignored;  // --config keys that only earned a notice
+    take_model_flags(vm, c, true);
+    drop_inert_model_flags(c, on_command_line, &res.notices, &ignored);
+    check_ranges(c, world_size);
+    take_model_flags(vm, c, false);
+    check_flags_apply(vm, c, on_command_line, &res.notices, &ignored);
+    // A switch's value (--resume, resume = true, resume = 1) as true or false.
+    auto is_switch = [&all](const std::string& k) {
+      const po::option_description* d = all.find_nothrow(k, false);
+      return d && d->semantic()->max_tokens() == 0;
+    };
+    auto as_bool = [](const std::string& v) {
+      return v.empty() || v == "1" || v == "true" || v == "yes" || v == "on" ? std::string("true") : std::string("false");
+    };
+    // A flag given its default is the flag not given: one node's config spelling out a default is
+    // not a difference from another's. The default: a model flag's own value, the optimizer's weight
+    // decay, a switch's false, else --help's "(=X)".
+    auto default_text = [&](const std::string& k) -> std::optional<std::string> {
+      if (const auto it = model_defaults.find(k); it != model_defaults.end()) return it->second;
+      if (k == "weight-decay") return std::string(c.optimizer == OptimizerKind::adamw ? "0.01" : "0");
+      if (is_switch(k)) return std::string("false");
       const po::option_description* d = all.find_nothrow(k, false);
       const std::string n = d ? d->semantic()->name() : "";  // "arg (=X)" where the option has a default
       const size_t at = n.find(" (=");
       if (at == std::string::npos || n.back() != ')') return std::nullopt;
       return n.substr(at + 3, n.size() - at - 4);
     };
-    for (const auto& [k, v] : given) {
+    for (const auto& [k, written] : given) {
+      if (ignored.count(k)) continue;
+      const std::string v = is_switch(k) ? as_bool(written) : written;
       const std::optional<std::string> fallback = default_text(k);
       if (!fallback || canonical(*fallback) != canonical(v)) c.given_flags.push_back(k + " " + canonical(v));
     }
-    c.seed = parse_seed(seed_text);
-    c.overlap = !no_overlap;
-    take_model_flags(vm, c, true);
-    drop_inert_model_flags(c, on_command_line, &res.notices);
-    check_ranges(c, world_size);
-    take_model_flags(vm, c, false);
-    check_flags_apply(vm, c, on_command_line, &res.notices);
   } catch (const po::error& e) {
     res.exit_code = 2;
     res.message = std::string("amp_train: error: ") + e.what() + "\nTry 'amp_train --help' for the options.";

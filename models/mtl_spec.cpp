@@ -1,5 +1,6 @@
 // --model mtl: TorchJD's multi-task example network (models/mtl.h), trained by Jacobian descent
 // with --aggregator.
+#include <cstdio>
 #include <stdexcept>
 
 #include "models/model_spec.h"
@@ -29,6 +30,12 @@ class MtlSpec final : public ModelSpec {
                                   memory_needed(m.total(), ram) + "; use more --micro-batches of a smaller --batch-size");
     try_aggregator();
   }
+  // The shared trunk's parameters: the Jacobian's columns.
+  long double trunk_parameters() const {  // in long double: sizes past 64 bits are the memory check's to refuse
+    const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
+    const long double f = static_cast<long double>(c_.features);
+    return in * h + h + h * f + f;
+  }
   // Built and tried on a [tasks, 3] Jacobian (after the memory check: its Gramian is tasks x tasks):
   // an aggregator that refuses this many rows (Krum, TrimmedMean, a constant of another length) is a
   // usage error now, not a failure at step 1.
@@ -40,8 +47,11 @@ class MtlSpec final : public ModelSpec {
       // TorchJD's words name the tried matrix's shape: its rows are --tasks, its columns stand in.
       std::string what = e.what();
       const std::string tried = "[" + std::to_string(c_.tasks) + ", 3]";
-      if (const size_t at = what.find(tried); at != std::string::npos)
-        what.replace(at, tried.size(), "[" + std::to_string(c_.tasks) + ", the trunk's parameters]");
+      if (const size_t at = what.find(tried); at != std::string::npos) {
+        char columns[64];
+        std::snprintf(columns, sizeof columns, "%.0Lf", trunk_parameters());
+        what.replace(at, tried.size(), "[" + std::to_string(c_.tasks) + ", " + columns + "]");
+      }
       throw std::invalid_argument("--aggregator " + aggregator_ + " with --tasks " + std::to_string(c_.tasks) + ": " + what);
     }
   }
@@ -52,7 +62,7 @@ class MtlSpec final : public ModelSpec {
   MemoryEstimate memory_estimate(const RunShape& run) const override {
     const long double in = static_cast<long double>(c_.in_features), h = static_cast<long double>(c_.hidden);
     const long double f = static_cast<long double>(c_.features), tasks = static_cast<long double>(c_.tasks);
-    const long double trunk = in * h + h + h * f + f;
+    const long double trunk = trunk_parameters();
     MemoryEstimate m;
     m.model = parameter_bytes(trunk + tasks * (f + 1), run) + tasks * trunk * 4 * 4 + tasks * tasks * 8 * 4;
     m.activations = static_cast<long double>(run.batch_size) * (in + 2 * h + 2 * f + tasks) * 9;

@@ -418,6 +418,9 @@ TEST(EmulatedTraining, GpusThatAreBusyFailTheRunAndAbsentOnesAreAUsageError) {
       {"AMP_EMU_DEVICE_ERROR=46", "auto", 1, {"--device auto: this node has GPUs but none is usable now",
                                              "not falling back to the CPU"}},
       {"AMP_EMU_DEVICE_ERROR=35", "auto", 0, {"notice: no usable CUDA device", "training on the CPU", "step 2/2"}},
+      // Any other error is a driver in error: exit 1, either way.
+      {"AMP_EMU_DEVICE_ERROR=999", "cuda", 1, {"none is usable now: ", "cudaErrorUnknown"}},
+      {"AMP_EMU_DEVICE_ERROR=999", "auto", 1, {"not falling back to the CPU", "cudaErrorUnknown"}},
   };
   for (const Case& c : cases) {
     int status = 0;

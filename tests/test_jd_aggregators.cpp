@@ -124,20 +124,20 @@ TEST(Aggregators, ByName) {
     EXPECT_THROW(jd::make_aggregator(n), std::invalid_argument) << n;
 }
 
-// A Jacobian of no rows (no task): each aggregator refuses it by name, as TorchJD's raise, or (GradDrop,
-// as TorchJD's) returns zeros; ConFIG died of SIGSEGV.
+// A Jacobian of no rows (no task): each aggregator refuses it, as TorchJD's raise, but GradDrop, which
+// returns zeros as TorchJD's does; ConFIG died of SIGSEGV.
 TEST(Aggregators, AMatrixWithoutRowsIsRefusedOrGivesZeros) {
   for (const char* n : {"upgrad", "mean", "sum", "random", "dualproj", "mgda", "pcgrad", "imtlg", "alignedmtl", "config",
                         "graddrop", "trimmedmean", "krum", "constant:1"}) {
     const auto a = jd::make_aggregator(n);
     for (const Shape& shape : {Shape{0, 3}, Shape{0, 0}}) {
-      try {
-        const Tensor out = (*a)(zeros(shape, DType::f64));
-        EXPECT_EQ(out.shape(), (Shape{shape[1]})) << n;
-        for (double x : out.to_vector()) EXPECT_EQ(x, 0.0) << n;
-      } catch (const std::invalid_argument& e) {
-        EXPECT_FALSE(std::string(e.what()).empty()) << n;
+      if (std::string(n) != "graddrop") {
+        EXPECT_THROW((*a)(zeros(shape, DType::f64)), std::invalid_argument) << n;
+        continue;
       }
+      const Tensor out = (*a)(zeros(shape, DType::f64));
+      EXPECT_EQ(out.shape(), (Shape{shape[1]})) << n;
+      for (double x : out.to_vector()) EXPECT_EQ(x, 0.0) << n;
     }
   }
 }

@@ -7,9 +7,9 @@ namespace amp {
 
 bool cuda_built() { return false; }
 
-bool cuda_usable(std::string* reason, bool* busy) {
+bool cuda_usable(std::string* reason, bool* failing) {
   if (reason) *reason = "this build has no CUDA backend (configure with -DAMP_WITH_CUDA=ON)";
-  if (busy) *busy = false;
+  if (failing) *failing = false;
   return false;
 }
 

@@ -74,10 +74,10 @@ void cuda_profiler_stop() {
   AMP_CUDA_CHECK(cudaProfilerStop());
 }
 
-bool cuda_usable(std::string* reason, bool* busy) {
+bool cuda_usable(std::string* reason, bool* failing) {
   NoGpu kind = NoGpu::absent;
   const bool usable = device_count(reason, &kind) > 0;
-  if (busy) *busy = !usable && kind == NoGpu::busy;
+  if (failing) *failing = !usable && kind != NoGpu::absent;
   return usable;
 }
 

@@ -12,9 +12,10 @@ namespace amp {
 
 bool cuda_built();
 // Whether a usable device exists. If not, *reason says why (no device, driver too old, not built),
-// and *busy (where given) whether the node has GPUs that cannot be used now, which a later try may
-// find free: taken by another process in exclusive-process mode, or the system not ready yet.
-bool cuda_usable(std::string* reason, bool* busy = nullptr);
+// and *failing (where given) whether the node has GPUs that fail: taken by another process in
+// exclusive-process mode, the system not ready yet (a later try may find them free), or a driver
+// that errs otherwise. Without GPUs (none visible, no driver) it is false.
+bool cuda_usable(std::string* reason, bool* failing = nullptr);
 // Selects device local_rank and registers the CUDA backend. local_size: the ranks on this node, each
 // of which needs a GPU of its own (NCCL refuses two ranks on one GPU, and sharing would be slow).
 // Throws std::invalid_argument with a clear message when the node has no GPU for the request (none
