@@ -241,9 +241,20 @@ MpiStage MpiCommunicator::all_gather_stage(const Tensor& t, const std::string& o
 
 std::unique_ptr<Work> MpiCommunicator::ordered_reduce_scatter_async(Tensor& t) {
   check_cpu(t, "ordered_reduce_scatter");
-  if (size_ == 1 || (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)))
-    return ordered_sum_async(t);  // one node: the shared-memory sum, every shard at once
+  if (size_ == 1) return ordered_sum_async(t);
   if (!splits_into_shards(t.numel(), size_)) return Communicator::ordered_reduce_scatter_async(t);  // names the sizes
+  if (shm_ && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
+    // One node: a buffer in the shared window (the gradient buckets) sums its own shard alone;
+    // another tensor goes through the window whole, the all-reduce it is counted as.
+    for (auto& b : buffers_) {
+      if (!b->owns(t)) continue;
+      const std::string what = "ordered_reduce_scatter(" + std::to_string(t.numel()) + " x " + dtype_name(t.dtype()) + ")";
+      count_sent(sent_bytes::all_to_all(t.nbytes(), size_));
+      b->reduce_scatter_in_place(t.numel(), t.dtype(), bounded_barrier(what));
+      return std::make_unique<CompletedWork>();
+    }
+    return ordered_sum_async(t);
+  }
   std::vector<MpiWork::Stage> stages = {reduce_scatter_stage(t, "ordered_reduce_scatter")};
   return std::make_unique<MpiWork>(this, std::vector<Tensor>{t}, std::move(stages));
 }

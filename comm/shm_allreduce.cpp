@@ -40,14 +40,23 @@ namespace {
 // Below this many elements a reduction runs on one thread.
 constexpr long kParallelGrain = 1 << 15;
 
+// Reduces [first, first + count) over every slot into every slot, or into slot `into` alone (>= 0).
 template <class T>
-void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count, bool take_max, double scale) {
+void reduce_segment(const std::vector<char*>& slots, int into, size_t first, size_t count, bool take_max, double scale) {
   const T k = static_cast<T>(scale);
   const long n = static_cast<long>(count);
   std::vector<T*> src;
   for (char* s : slots) src.push_back(reinterpret_cast<T*>(s) + first);
   if (!take_max && src.size() == 2) {
     // The common case (two ranks, a sum or an average), written so that it vectorises.
+    if (into >= 0) {
+      const T* a = src[0];
+      const T* b = src[1];
+      T* d = src[static_cast<size_t>(into)];  // a or b: each element is read before it is written
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+      for (long i = 0; i < n; ++i) d[i] = (a[i] + b[i]) * k;
+      return;
+    }
     T* __restrict a = src[0];
     T* __restrict b = src[1];
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
@@ -69,13 +78,25 @@ void reduce_segment(const std::vector<char*>& slots, size_t first, size_t count,
     else
       acc = tree_sum<T>(R, [&](int64_t r) { return src[static_cast<size_t>(r)][i]; });
     if (scale != 1.0) acc = acc * k;
-    for (size_t r = 0; r < src.size(); ++r) src[r][i] = acc;
+    for (size_t r = 0; r < src.size(); ++r)
+      if (into < 0 || static_cast<int>(r) == into) src[r][i] = acc;
   }
 }
 
 }  // namespace
 
 void ShmAllReduce::reduce_in_place(int64_t numel, DType dtype, bool take_max, double scale, const Barrier& barrier) {
+  reduce(numel, dtype, take_max, scale, -1, barrier);
+}
+
+void ShmAllReduce::reduce_scatter_in_place(int64_t numel, DType dtype, const Barrier& barrier) {
+  if (numel % size_ != 0)
+    throw std::invalid_argument("shared-memory reduce-scatter: " + std::to_string(numel) + " elements do not split into " +
+                                std::to_string(size_) + " shards");
+  reduce(numel, dtype, false, 1.0, rank_, barrier);
+}
+
+void ShmAllReduce::reduce(int64_t numel, DType dtype, bool take_max, double scale, int into, const Barrier& barrier) {
   const size_t n = static_cast<size_t>(numel);
   if (n * dtype_size(dtype) > slot_bytes_) throw std::invalid_argument("shared-memory all-reduce: buffer exceeds the slot");
   MPI_Win_sync(win_);
@@ -84,10 +105,10 @@ void ShmAllReduce::reduce_in_place(int64_t numel, DType dtype, bool take_max, do
   const size_t seg = (n + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   const size_t first = std::min(n, seg * static_cast<size_t>(rank_));
   const size_t count = std::min(seg, n - first);
-  if (dtype == DType::f32) reduce_segment<float>(slots_, first, count, take_max, scale);
-  else reduce_segment<double>(slots_, first, count, take_max, scale);
+  if (dtype == DType::f32) reduce_segment<float>(slots_, into, first, count, take_max, scale);
+  else reduce_segment<double>(slots_, into, first, count, take_max, scale);
   MPI_Win_sync(win_);
-  barrier();  // every segment is reduced into every slot
+  barrier();  // every segment is reduced (and no slot is refilled while a peer still reads it)
   MPI_Win_sync(win_);
 }
 

@@ -37,9 +37,17 @@ class ShmAllReduce {
   Tensor buffer(int64_t numel, DType dtype);
   // Reduces the first numel elements of every slot in place.
   void reduce_in_place(int64_t numel, DType dtype, bool take_max, double scale, const Barrier& barrier);
+  // The sum's reduce-scatter half: segment r of the first numel elements (numel / size of them,
+  // numel a multiple of size) summed over every slot into slot r alone, in the same order and so to
+  // the same bits; the rest of this rank's slot is left as it was. A rank sums, and writes, 1/size
+  // of what reduce_in_place writes.
+  void reduce_scatter_in_place(int64_t numel, DType dtype, const Barrier& barrier);
   bool owns(const Tensor& t) const { return t.data_ptr() == slots_[static_cast<size_t>(rank_)]; }
 
  private:
+  // into: the slot that takes each segment's result, or -1 for every slot.
+  void reduce(int64_t numel, DType dtype, bool take_max, double scale, int into, const Barrier& barrier);
+
   MPI_Win win_ = MPI_WIN_NULL;
   int rank_ = 0, size_ = 1;
   size_t slot_bytes_;

@@ -278,6 +278,25 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreRefusedByName) {
   EXPECT_NE(r.out.find(meta + ": checksum mismatch"), std::string::npos) << r.out;
 }
 
+// Which of --checkpoint-dir's checkpoints are newer than the one resumed from goes by their steps,
+// not their names: a copy of step 3 named otherwise must not slip past step 6 (keeping the last one,
+// each of its checkpoints would be deleted as older than step 6, and step 6 replaced), and the
+// checkpoint itself spelt with a trailing slash, as a shell completes it, is not newer than itself.
+TEST(Checkpoint, NewerCheckpointsAreFoundByTheirSteps) {
+  TempDir d;
+  const std::string args = gpt_args("off") + " --checkpoint-dir " + d.file("ck");
+  ASSERT_EQ(run(args + " --steps 6 --checkpoint-every 3").code, 0);
+  const std::string newest = d.file("ck/step-00000006");
+  fs::create_directories(d.file("saved"));
+  fs::copy(d.file("ck/step-00000003"), d.file("saved/zz"));
+  RunResult r = run(args + " --steps 9 --keep-checkpoints 1 --resume-from " + d.file("saved/zz"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("holds " + newest + ", newer than"), std::string::npos) << r.out;
+  r = run(args + " --steps 9 --resume-from " + newest + "/");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d.file("ck/step-00000009"))) << r.out;
+}
+
 TEST(Checkpoint, KeepsTheLastKAndRemovesStaleTemporaries) {
   TempDir d;
   const pid_t child = gone_pid();

@@ -160,17 +160,19 @@ TEST(Zero, EachRankHoldsItsShareOfTheOptimizersState) {
   }
 }
 
-// Over TCP a sharded step sends a ring all-reduce's bytes: the all-to-all of the gradients and the
+// A sharded step sends a ring all-reduce's bytes: the all-to-all of the gradients and the
 // all-gather of the parameters, (R - 1)/R x G each (G the buckets' bytes, padded to R chunks of
 // 1024 elements), plus the step's few figures and the norm's chunk sums.
-TEST(Zero, AShardedStepSendsARingAllReducesBytesOverTcp) {
+TEST(Zero, AShardedStepSendsARingAllReducesBytes) {
   const double G = 3 * (256 * 256 + 256) * 4;
-  for (int ranks : {2, 4}) {
-    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+  for (const auto& [ranks, tcp] : {std::pair{2, true}, std::pair{4, true}, std::pair{2, false}, std::pair{4, false}}) {
+    // Over TCP, and through one node's shared memory (where the gradients' reduce-scatter summed
+    // every shard, an all-reduce: 1.5 times a ring's bytes with the parameters' all-gather).
+    SCOPED_TRACE(std::to_string(ranks) + (tcp ? " ranks over TCP" : " ranks through shared memory"));
     TempDir d;
     const RunResult r = run("--width 256 --layers 3 --batch-size 4 --steps 3 --optimizer adamw --log-every 0 "
                             "--threads 1 --zero 1 --metrics " + d.file("m.jsonl"),
-                            launcher(ranks, true));
+                            launcher(ranks, tcp));
     ASSERT_EQ(r.code, 0) << r.out;
     const double ring = 2.0 * (ranks - 1) / ranks * G;
     int steps = 0;

@@ -115,6 +115,8 @@ bool is_checkpoint_entry(const std::string& name) {
   return step_of(name) >= 0 || name == ".lock" || name.rfind(kTempPrefix, 0) == 0 || name.rfind(kTrashPrefix, 0) == 0;
 }
 
+int64_t checkpoint_step_of(const std::string& name) { return step_of(name); }
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;

@@ -37,6 +37,8 @@ struct Checkpoint {
 std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
                             const optim::OptimizerStateDict& optimizer, nlohmann::json meta, int64_t keep);
 
+// The step a checkpoint's directory name gives (step-NNNNNNNN -> NNNNNNNN); -1 for another name.
+int64_t checkpoint_step_of(const std::string& name);
 // The complete checkpoints under dir, oldest first (their step-NNNNNNNN paths).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // Whether a name in DIR is one the checkpoints write there: step-NNNNNNNN, their temporaries

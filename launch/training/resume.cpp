@@ -146,9 +146,9 @@ void Trainer::resume() {
     // (--resume-from an older one) would interleave its checkpoints with theirs, and keeping the last
     // K would delete its own: refused, naming them.
     if (!cfg_.checkpoint_dir.empty()) {
-      const std::string mine = fs::path(ck->path).filename().string();
+      // By their steps: the checkpoint resumed from may be named otherwise (a copy, "step-N/").
       for (const std::string& other : list_checkpoints(cfg_.checkpoint_dir))
-        if (fs::path(other).filename().string() > mine)  // step-NNNNNNNN: the names sort as the steps
+        if (checkpoint_step_of(fs::path(other).filename().string()) > ck->step)
           throw std::invalid_argument("--checkpoint-dir " + cfg_.checkpoint_dir + " holds " + other +
                                       ", newer than the checkpoint this run resumes from (" + ck->path +
                                       "): move it away, or write this run's checkpoints to another --checkpoint-dir");
