@@ -1,6 +1,7 @@
 #include "comm/mpi_session.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -114,9 +115,38 @@ void MpiSession::abort(int code) {
   std::exit(code);
 }
 
+std::string srun_tasks_without_world(int world_size) {
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (world_size != 1 || tasks == nullptr) return "";
+  int n = 0;
+  try {
+    n = count_from_environment("SLURM_STEP_NUM_TASKS", tasks);
+  } catch (const std::invalid_argument&) {
+    return "";  // not srun's count: nothing to compare
+  }
+  // mpirun -np 1 (or mpiexec -n 1) inside a step of several tasks: its rank's world of one is meant.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* size = std::getenv(v);
+    if (size != nullptr && std::string(size) == "1") return "";
+  }
+  if (n <= 1) return "";
+  const char* id = std::getenv("SLURM_PROCID");
+  return std::string("srun started ") + tasks + " tasks (SLURM_STEP_NUM_TASKS=" + tasks + "), but MPI made task " +
+         (id ? id : "?") + " a world of its own, 1 rank: srun's MPI plugin did not start this MPI's ranks (" +
+         (launched_by_mpi() ? "a plugin it does not speak" : "none: srun --mpi=none, or MpiDefault=none") +
+         "), and each task would train alone, writing the same files. Launch with srun --mpi=pmix (srun --mpi=list "
+         "shows the plugins), or with mpirun inside the allocation";
+}
+
 int default_threads_per_rank(int local_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, local_ranks));
+  int mine = cores;  // the CPUs this process may run on: Slurm's --cpus-per-task, taskset, a cpuset
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) mine = std::max(1, CPU_COUNT(&set));
+  // A rank bound to its own CPUs gets them all; ranks that share CPUs (none bound, or several bound to
+  // one socket) share the node's.
+  return std::max(1, std::min(mine, cores / std::max(1, local_ranks)));
 }
 
 }  // namespace amp::comm

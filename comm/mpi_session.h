@@ -39,7 +39,14 @@ struct NodePlace {
 };
 std::optional<NodePlace> node_place_from_launcher();
 
-// Threads per rank so that the ranks of one node share its cores without oversubscribing.
+// srun started this process as one of several tasks (SLURM_STEP_NUM_TASKS > 1) but MPI's world has
+// one rank (world_size), and no launcher asked for a world of one: srun without an MPI plugin this
+// MPI speaks, where each task would train alone. The message to refuse it with, or "".
+std::string srun_tasks_without_world(int world_size);
+
+// Threads per rank so that the ranks of one node share its cores without oversubscribing: the node's
+// CPUs over its ranks, or fewer where this process may run on fewer (its affinity: Slurm's
+// --cpus-per-task, taskset, a cgroup's cpuset).
 int default_threads_per_rank(int local_ranks);
 
 }  // namespace amp::comm

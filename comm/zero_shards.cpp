@@ -144,10 +144,14 @@ optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& op
                  static_cast<size_t>(p.numel) * sizeof(float));
       }
       comm_.all_gather_shards_async(staged)->wait();
+      if (!keep) continue;
+      // Kept in host memory, a bucket at a time: the whole state on one GPU could be what ZeRO-1 was
+      // there to avoid.
+      const Tensor host = staged.to(kCPU);
       for (const SlotLayout& s : layout_.slots) {
         const auto* r = rep[group_of[s.param]];
-        if (!keep || s.bucket != b || !r || !r->count(name)) continue;
-        full.state[full_id_[s.param]][name] = staged.view(s.offset, params_[s.param].shape()).clone();
+        if (s.bucket != b || !r || !r->count(name)) continue;
+        full.state[full_id_[s.param]][name] = host.view(s.offset, params_[s.param].shape()).clone();
       }
     }
   }

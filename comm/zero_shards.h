@@ -46,7 +46,8 @@ class ZeroShards {
 
   // Collective: the state_dict of an unsharded optimizer over the groups (its ids, its tensors whole),
   // gathered from every rank's `opt` (built over piece_groups()), bucket by bucket. Only the rank
-  // that keeps it (the checkpoint's writer) holds the whole state; the others return no tensors.
+  // that keeps it (the checkpoint's writer) holds the whole state, in host memory (its per-element
+  // tensors on the CPU: one bucket at a time on the device); the others return no tensors.
   optim::OptimizerStateDict full_state_dict(const optim::Optimizer& opt, bool keep);
   // This rank's pieces of an unsharded state_dict, numbered as `opt`'s parameters (for load_state_dict).
   optim::OptimizerStateDict shard_state_dict(const optim::OptimizerStateDict& full, const optim::Optimizer& opt) const;

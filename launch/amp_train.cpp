@@ -391,7 +391,8 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
     if (!device.is_cuda() && cfg.allow_tf32) std::printf("notice: --allow-tf32 has no effect on the CPU\n");
     if (!device.is_cuda() && cfg.profile_step > 0) std::printf("notice: --profile-step has no effect on the CPU\n");
     const std::string model = trainer->spec().describe(cfg.data);
-    const std::string gpus = !device.is_cuda() || mpi.size() == 1 ? ""
+    const std::string threads = device.is_cuda() ? "" : " (" + std::to_string(get_num_threads()) + " thread(s) a rank)";
+    const std::string gpus = !device.is_cuda() || mpi.size() == 1 ? threads
                              : gpu_chosen_from.empty() ? " (each rank's GPU: its node-local rank's, after MPI_Init)"
                                                        : " (each rank's GPU: " + gpu_chosen_from + "'s, before MPI_Init)";
     std::printf("amp_train: %d rank(s), %s%s, %s, batch %lld x %lld micro-batches x %d ranks, amp %s, loss scaling %s%s\n",
@@ -403,7 +404,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   }
   std::fflush(stdout);
 
-  // 3. Training. From here SIGINT/SIGTERM stop the job after a step, and save (launch/training/interrupt.h).
+  // 3. Training. From here SIGINT, SIGTERM, SIGUSR1, SIGUSR2 stop the job after a step, and save (launch/training/interrupt.h).
   trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
                                                  trainer->samples_per_step()));
   if (stall.rank >= 0 && stall.step > 0) {
@@ -479,6 +480,10 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   const std::string gpu_chosen_from = select_gpu_before_mpi(argc, argv);
   comm::MpiSession mpi(&argc, &argv);
+  if (const std::string alone = comm::srun_tasks_without_world(mpi.size()); !alone.empty()) {
+    std::fprintf(stderr, "amp_train: error: %s\n", alone.c_str());
+    return 2;
+  }
   const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
   if (!cli.config) {
     if (mpi.rank() == 0) std::fprintf(cli.exit_code == 0 ? stdout : stderr, "%s\n", cli.message.c_str());

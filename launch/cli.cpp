@@ -231,7 +231,7 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");
-  // A stop request (SIGINT, SIGTERM) is honoured between steps: a step of a billion micro-batches
+  // A stop request (SIGINT, SIGTERM, SIGUSR1, SIGUSR2) is honoured between steps: a step of a billion micro-batches
   // would never reach one. More than 65536 is no accumulation a run needs (a larger --batch-size is).
   require(c.micro_batches <= 65536, "--micro-batches", c.micro_batches,
           "must be at most 65536 (a stop request waits for the step in flight: use a larger --batch-size)");
@@ -472,7 +472,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()
     ("checkpoint-dir", po::value(&c.checkpoint_dir), "write checkpoints under DIR (step-NNNNNNNN/ each)")
-    ("checkpoint-every", with_default(&c.checkpoint_every), "checkpoint every N steps (0: at the end only); also on SIGINT/SIGTERM")
+    ("checkpoint-every", with_default(&c.checkpoint_every), "checkpoint every N steps (0: at the end only); also on SIGINT, SIGTERM, SIGUSR1, SIGUSR2")
     ("keep-checkpoints", with_default(&c.keep_checkpoints), "keep the last K complete checkpoints")
     ("resume", po::bool_switch(&c.resume), "continue from the latest checkpoint in --checkpoint-dir (none: start afresh)")
     ("resume-from", po::value(&c.resume_from), "continue from this checkpoint directory (an older one, say)");

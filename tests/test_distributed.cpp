@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mpi.h>
+#include <sched.h>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "amp/grad_scaler.h"
@@ -168,6 +170,60 @@ TEST(NodePlace, ReadFromTheLaunchersEnvironment) {
     if (saved[i]) setenv(names[i], saved[i]->c_str(), 1);
     else unsetenv(names[i]);
   }
+}
+
+// srun's tasks that MPI left a world of one rank each (srun --mpi=none, or a plugin this MPI does
+// not speak) are refused: each would train alone, writing the same files. mpirun -np 1 (or
+// mpiexec -n 1) inside a step of several tasks asked for that world, and a step of one task is one.
+TEST(NodePlace, SrunTasksThatMpiLeftAloneAreNamed) {
+  const char* names[] = {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  EXPECT_EQ(comm::srun_tasks_without_world(1), "");  // not srun
+  setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+  EXPECT_EQ(comm::srun_tasks_without_world(1), "");
+  setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+  setenv("SLURM_PROCID", "3", 1);
+  const std::string alone = comm::srun_tasks_without_world(1);
+  EXPECT_NE(alone.find("srun started 4 tasks (SLURM_STEP_NUM_TASKS=4), but MPI made task 3 a world of its own"),
+            std::string::npos) << alone;
+  EXPECT_NE(alone.find("srun --mpi=pmix"), std::string::npos) << alone;
+  EXPECT_EQ(comm::srun_tasks_without_world(4), "");  // srun's tasks in one world
+  setenv("PMI_SIZE", "4", 1);  // srun --mpi=pmi2 set it, and this MPI did not read it
+  EXPECT_NE(comm::srun_tasks_without_world(1), "");
+  setenv("PMI_SIZE", "1", 1);  // mpiexec -n 1
+  EXPECT_EQ(comm::srun_tasks_without_world(1), "");
+  unsetenv("PMI_SIZE");
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);  // mpirun -np 1
+  EXPECT_EQ(comm::srun_tasks_without_world(1), "");
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) setenv(names[i], saved[i]->c_str(), 1);
+    else unsetenv(names[i]);
+  }
+}
+
+// The default threads: the node's CPUs over its ranks, or the CPUs this process may run on where
+// fewer (Slurm's --cpus-per-task, taskset): one CPU, one thread, whatever the node has.
+TEST(NodePlace, DefaultThreadsFollowTheCpusTheProcessMayRunOn) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  const int cpus = CPU_COUNT(&all);
+  EXPECT_EQ(comm::default_threads_per_rank(1), std::min<int>(cpus, std::thread::hardware_concurrency()));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int bound = comm::default_threads_per_rank(1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(bound, 1);
 }
 
 TEST(Distributed, RanksTimesBatchEqualsOneRankWithTheWholeBatch) {

@@ -392,6 +392,7 @@ TEST(EmulatedTraining, MoreRanksThanGpusAreRefused) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124) << out;
   EXPECT_NE(out.find("3 ranks on this node but 2 GPU(s) visible"), std::string::npos) << out;
   EXPECT_NE(out.find("start at most 2 rank(s) per node"), std::string::npos) << out;
+  EXPECT_NE(out.find("or let every rank see all of the node's (Slurm: --gpus-per-node"), std::string::npos) << out;
 }
 
 // A node without a GPU for the request (none visible, no driver) is the request's fault: exit 2, and

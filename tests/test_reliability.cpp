@@ -172,13 +172,13 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
 
 // What a SIGTERM leaves: exit 143 (the script echoes exit=$?), the weights w.st, and metrics m.jsonl
 // that end with the end record naming the signal.
-void expect_stopped_by_sigterm(const std::string& out, const TempDir& d) {
-  EXPECT_TRUE(has(out, "exit=143")) << out;
+void expect_stopped_by(const std::string& out, const TempDir& d, const std::string& signal = "SIGTERM", int code = 143) {
+  EXPECT_TRUE(has(out, "exit=" + std::to_string(code))) << out;
   EXPECT_TRUE(fs::exists(d.file("w.st"))) << out;
   const auto recs = read_jsonl(d.file("m.jsonl"));
   ASSERT_FALSE(recs.empty()) << out;
   EXPECT_EQ(recs.back()["event"], "end") << out;
-  EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM") << out;
+  EXPECT_EQ(recs.back()["interrupted_by"], signal) << out;
 }
 
 // timeout(1), like Slurm, signals the child and its process group: two SIGTERMs within
@@ -191,11 +191,28 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
       "--checkpoint-dir ck --checkpoint-every 1 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
       "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
       "kill -TERM -- -$p; kill -TERM $p; kill -TERM -- -$p; wait $p; echo exit=$?; cat out.txt", d);
-  expect_stopped_by_sigterm(out, d);
+  expect_stopped_by(out, d);
   for (const auto& e : fs::directory_iterator(d.file("ck")))
     EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << "left behind: " << e.path();
   EXPECT_FALSE(fs::exists(d.file(".m.jsonl.lock")));
   EXPECT_FALSE(fs::exists(d.file(".w.st.lock")));
+}
+
+// SIGUSR1 and SIGUSR2, which other tools have Slurm send before a time limit (--signal=USR1@120),
+// are stop requests as SIGTERM is: their default action ended the run with nothing saved.
+TEST(Reliability, ASigusr1OrSigusr2StopsAfterTheStepAndSaves) {
+  for (const auto& [name, code] : {std::pair{"USR1", 138}, std::pair{"USR2", 140}}) {
+    SCOPED_TRACE(name);
+    TempDir d;
+    const std::string out = shell(
+        "$AMP --width 64 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 100000000 "
+        "--checkpoint-dir ck --checkpoint-every 1000000 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
+        "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
+        "kill -" + std::string(name) + " $p; wait $p; echo exit=$?; cat out.txt; ls ck", d);
+    expect_stopped_by(out, d, std::string("SIG") + name, code);
+    EXPECT_TRUE(has(out, std::string("interrupted (SIG") + name + ")")) << out;
+    EXPECT_TRUE(has(out, "step-")) << "no checkpoint of the step it stopped after:\n" << out;
+  }
 }
 
 // Output that nobody reads (mpirun, signalled, stops reading its ranks' output, then kills them a
@@ -216,7 +233,7 @@ TEST(Reliability, ASigtermStopsARunBlockedOnOutputThatNobodyReads) {
   ASSERT_TRUE(has(out, "blocked_at=")) << out;
   EXPECT_FALSE(has(out, "blocked_at=0\n")) << out;
   EXPECT_FALSE(has(out, "still_blocked")) << out;
-  expect_stopped_by_sigterm(out, d);
+  expect_stopped_by(out, d);
 }
 
 // --- 7. Sampling prints every byte, and stops when asked ------------------------------------------

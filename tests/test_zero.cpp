@@ -140,6 +140,30 @@ TEST(Zero, CheckpointsAreTheUnshardedFilesAndResumeEitherWay) {
   }
 }
 
+// A checkpoint gathers the optimizer's whole state to its writer, rank 0, in host memory: on its GPU
+// the state of a model that fits only because ZeRO-1 shards it would not fit. Two layers of 2048
+// (AdamW's state 67 MB): the run that checkpoints after each step holds at most one bucket more
+// device memory than the run that does not (the bucket staged for the gather, each under 25 MB).
+TEST(Zero, ACheckpointGathersTheStateIntoHostMemory) {
+#ifndef AMP_TEST_EMULATED_GPU
+  GTEST_SKIP() << "device memory is the emulated GPU's (the cuda-emu preset)";
+#endif
+  const std::string args = "--device cuda --width 2048 --layers 2 --batch-size 2 --steps 2 --optimizer adamw "
+                           "--log-every 0 --threads 1 --zero 1";
+  TempDir d;
+  auto peak = [&](const std::string& extra, const std::string& metrics) {
+    const RunResult r = run(args + extra + " --metrics " + d.file(metrics), launcher(2));
+    EXPECT_EQ(r.code, 0) << r.out;
+    const auto recs = read_jsonl(d.file(metrics));
+    return recs.empty() ? 0.0 : recs.back().value("device_memory_bytes", 0.0);
+  };
+  const double plain = peak("", "plain.jsonl");
+  const double saving = peak(" --checkpoint-dir " + d.file("ck") + " --checkpoint-every 1", "saving.jsonl");
+  ASSERT_GT(plain, 0.0);
+  EXPECT_LT(saving - plain, 40e6) << "device memory: " << plain << " bytes without checkpoints, " << saving << " with";
+  EXPECT_TRUE(std::filesystem::exists(d.file("ck/step-00000002/optimizer.safetensors")));
+}
+
 // The optimizer's state on a rank is its share: AdamW's two moments (8 bytes) for each element of
 // its pieces, and the pieces about 1/R of the parameters (the shards are whole chunks of 1024
 // elements of each bucket, so a rank's share is at most one chunk per bucket above 1/R).

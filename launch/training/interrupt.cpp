@@ -14,6 +14,8 @@
 namespace amp::launch {
 
 namespace {
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+
 // The first signal and when it came (CLOCK_MONOTONIC, milliseconds). Atomics, lock-free: the handler
 // may run in any thread (OpenMP's, MPI's), two at once for two copies of one signal; the first to
 // exchange g_signal from 0 is the request, and publishes its time before its number.
@@ -80,7 +82,9 @@ extern "C" void on_interrupt(int signum) {
     ::raise(SIGINT);
     return;
   }
-  say("amp_train: SIGTERM again: already stopping after the step in flight (SIGKILL stops at once)\n");
+  say(signum == SIGTERM   ? "amp_train: SIGTERM again: already stopping after the step in flight (SIGKILL stops at once)\n"
+      : signum == SIGUSR1 ? "amp_train: SIGUSR1 again: already stopping after the step in flight (SIGKILL stops at once)\n"
+                          : "amp_train: SIGUSR2 again: already stopping after the step in flight (SIGKILL stops at once)\n");
 }
 }  // namespace
 
@@ -88,8 +92,8 @@ void install_interrupt_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
-  sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time: the first-signal bookkeeping is not raced
-  sigaddset(&sa.sa_mask, SIGTERM);
+  // One handler at a time: the first-signal bookkeeping is not raced.
+  for (const int s : kStopSignals) sigaddset(&sa.sa_mask, s);
   sa.sa_flags = SA_RESTART;  // a blocking read or collective goes on
   std::fflush(stdout);  // what is buffered goes out through the description it was written for
   std::fflush(stderr);
@@ -97,8 +101,7 @@ void install_interrupt_handlers() {
   make_private(STDERR_FILENO, 1);
   g_signal.store(0);
   g_first_ms.store(0);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
 }
 
 int interrupt_signal() { return g_signal.load(); }
@@ -106,6 +109,8 @@ int interrupt_signal() { return g_signal.load(); }
 const char* signal_label(int signum) {
   if (signum == SIGINT) return "SIGINT";
   if (signum == SIGTERM) return "SIGTERM";
+  if (signum == SIGUSR1) return "SIGUSR1";
+  if (signum == SIGUSR2) return "SIGUSR2";
   static char buf[32];
   std::snprintf(buf, sizeof buf, "signal %d", signum);
   return buf;

@@ -22,7 +22,7 @@ struct StepRecord {
   double grad_norm;  // 2-norm of the unscaled, averaged gradients (before clipping); NaN: not computed
   double lr;
   double step_ms;
-  bool stop_requested = false;  // a rank got SIGINT/SIGTERM before this step's figures were reduced
+  bool stop_requested = false;  // a rank got a stop signal before this step's figures were reduced
   // Bytes this rank sent in the step's collectives, counted from their sizes (comm/comm_bytes.h).
   int64_t comm_bytes = 0;
   // Multi-task models: each task's unscaled mean loss (averaged over ranks; `loss` is their sum),

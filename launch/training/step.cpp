@@ -93,7 +93,7 @@ void Trainer::stage_inputs(int64_t step) {
       fill_(kept.first_index, static_cast<double>(kept.first));
     }
   }
-  // The stop flag (a rank got SIGINT/SIGTERM) is summed over the ranks with the step's other figures:
+  // The stop flag (a rank got a stop signal) is summed over the ranks with the step's other figures:
   // every rank learns it from the same reduced figures, so every rank stops after the same step.
   if (!step_.stop_flag.defined()) step_.stop_flag = empty({1}, DType::f32, device_);
   fill_(step_.stop_flag, interrupt_signal() != 0 ? 1.0 : 0.0);
@@ -200,7 +200,7 @@ Trainer::StepFigures Trainer::device_step() {
   // where some parameter got none, which changes their count.
   if (step_.flags.defined() && (!step_.flag_names || static_cast<int64_t>(step_.flag_names->size()) != step_.flags.numel()))
     step_.flag_names = gradient_names();
-  // The step's one small collective: found_inf, the stop flag (a rank got SIGINT/SIGTERM) and the
+  // The step's one small collective: found_inf, the stop flag (a rank got a stop signal) and the
   // losses, summed over the ranks in the tree's order, so that every rank takes the same decision
   // (step or skip, stop or go on) from the same figures. The scaler's step then reads the agreed
   // found_inf.

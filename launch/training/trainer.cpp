@@ -32,6 +32,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// What stopped the run, for rank 0's line: its own signal, or a peer's (the ranks agree on a stop).
+const char* stop_label() {
+  return interrupt_signal() != 0 ? signal_label(interrupt_signal()) : "a stop signal to another rank";
+}
+
 // Weights that hold inf or NaN train to NaN, or under fp16 skip every step until the loss scale
 // collapses: refused at load (exit 2), naming the file and the tensors.
 void require_finite_weights(const safetensors::NamedTensors& weights, const std::string& file) {
@@ -361,8 +366,8 @@ TrainResult Trainer::run() {
     if (r.stop_requested && !stopping) {
       stopping = true;
       if (rank0)
-        std::printf("amp_train: interrupted (SIGINT or SIGTERM): finishing the step in flight%s; Ctrl-C again "
-                    "(after %g s) stops at once\n", cfg_.save_weights.empty() ? "" : ", then saving the weights",
+        std::printf("amp_train: interrupted (%s): finishing the step in flight%s; Ctrl-C again "
+                    "(after %g s) stops at once\n", stop_label(), cfg_.save_weights.empty() ? "" : ", then saving the weights",
                     kDuplicateWindowSeconds);
     }
     if (rank0 && listeners_.progress) {
@@ -380,7 +385,7 @@ TrainResult Trainer::run() {
     const std::optional<double> val = evaluate();
     if (!val) {
       if (!stopping && rank0)
-        std::printf("amp_train: interrupted (SIGINT or SIGTERM) during the evaluation after step %lld: stopping%s\n",
+        std::printf("amp_train: interrupted (%s) during the evaluation after step %lld: stopping%s\n", stop_label(),
                     static_cast<long long>(step), cfg_.save_weights.empty() ? "" : ", then saving the weights");
       stopping = true;
       return;

@@ -196,7 +196,7 @@ class Trainer {
   using JacobianTree = comm::SumTree<Tensor, void (*)(Tensor&, const Tensor&)>;
   struct StepState {
     std::vector<models::Batch> batches;  // this step's micro-batches (kept, as the graph's inputs, with graphs)
-    Tensor stop_flag;    // [1] f32: 1 when this rank was asked to stop (SIGINT/SIGTERM)
+    Tensor stop_flag;    // [1] f32: 1 when this rank was asked to stop (a stop signal, interrupt.h)
     Tensor inject_flag;  // [1] f32: +inf on a step and rank of --inject-nonfinite, else 0 (defined with one)
     std::vector<double> jd_weights;  // the aggregator's weights of the last step (multi-task)
     bool use_graphs = false;
@@ -217,7 +217,7 @@ class Trainer {
 
   // --- what the loop (trainer.cpp's run) checks and reports besides the metrics and checkpoints.
   // The validation loss over cfg_.eval_batches batches (collective: every rank, same step), or none
-  // when a stop was asked for (SIGINT/SIGTERM on any rank): the ranks agree after each batch.
+  // when a stop was asked for (a stop signal on any rank): the ranks agree after each batch.
   std::optional<double> evaluate();
   // What the model prints after training, under the run's autocast (this rank alone; no collective);
   // it stops at the next token when a stop is asked for.

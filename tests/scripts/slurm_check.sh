@@ -3,12 +3,16 @@
 # loopback with a generated slurm.conf (everything in a temporary folder, stopped and removed at the end).
 #  1. srun -n 2 amp_train (Slurm starts the MPI ranks through PMIx): the same param_checksum as one
 #     process with --micro-batches 2 (the same samples per step, README "The same training on any
-#     number of ranks");
+#     number of ranks"); srun --mpi=none refused by each task (each would train alone), and one
+#     process straight from a batch script of 2 tasks a run of 1 rank;
 #  2. an sbatch job that runs mpirun -np 2 inside its allocation (sbatch --wait): the same checksum;
 #  3. what a time limit does, without waiting for one: SIGTERM to a running job (scancel --signal=TERM),
 #     which stops after a step and says so; the same command again with --resume and 3 more steps
 #     ends with the checksum and the weights of an uninterrupted run, bit for bit;
-#  4. a real time limit (--time=1: a minute or so; SLURM_CHECK_TIME_LIMIT=0 skips it): TIMEOUT after a
+#  4. README's job script for real: SIGUSR1 to the job, which saves its step, exits 138, requeues
+#     itself (scontrol requeue) and resumes to --steps: COMPLETED after 1 restart, the uninterrupted
+#     run's bits;
+#  5. a real time limit (--time=1: a minute or so; SLURM_CHECK_TIME_LIMIT=0 skips it): TIMEOUT after a
 #     step that is saved, and a requeue with --resume that ends as the uninterrupted run.
 # Without Slurm or munge installed (launch/setup.sh lists them as optional), or where a daemon cannot
 # start here (not root, a container without what it needs), it prints "slurm_check: skipped: REASON"
@@ -35,7 +39,9 @@ done
 # slurmd runs the jobs' processes as their users, and slurmctld and munged check who owns their files.
 (($(id -u) == 0)) || skip "not root: slurmd and the test's slurm.conf (SlurmUser=root) need root"
 
-# A job of an outer Slurm or MPI launch must not leak into this cluster's commands.
+# A job of an outer Slurm or MPI launch must not leak into this cluster's commands (this script's own
+# knobs, SLURM_CHECK_*, are read first: they share the prefix).
+keep=${SLURM_CHECK_KEEP:-} time_limit=${SLURM_CHECK_TIME_LIMIT:-1}
 while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_|SALLOC_|PMIX_|PMI_)' || true)
 unset CUDA_VISIBLE_DEVICES  # the emulated GPU reads it: each task here sets its own
 # A sanitizer build (build/asan): Open MPI leaks by design, as the multi-rank suites say (tests/CMakeLists.txt).
@@ -73,7 +79,7 @@ cleanup() {
     for _ in $(seq 100); do [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break; sleep 0.1; done
   fi
   stop slurmd slurmctld munged
-  if [[ -n ${SLURM_CHECK_KEEP:-} ]]; then echo "slurm_check: kept $tmp" >&2; else rm -rf "$tmp"; fi
+  if [[ -n $keep ]]; then echo "slurm_check: kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM  # (a signal alone skips the EXIT trap)
@@ -176,6 +182,23 @@ d=$(run_dir control)
   fail "the control run (one process): $(tail -n 3 "$d/out")"
 control=$(checksum_of control "$d/m1.jsonl")
 
+# Job scripts: `job_script NAME LAUNCHER...` writes $tmp/NAME.sh, which runs LAUNCHER amp_train with
+# the small training and the job's own arguments.
+job_script() {
+  local name=$1; shift
+  {
+    echo '#!/bin/bash'
+    echo 'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1'
+    printf 'exec'; printf ' %q' "$@" "$amp_train" "${small[@]}"; echo ' "$@"'
+  } >"$tmp/$name.sh"
+  chmod +x "$tmp/$name.sh"
+}
+# sbatch_wait NAME DIR SCRIPT ARGS...: the job, waited for (its exit status is the job's).
+sbatch_wait() {
+  local name=$1 dir=$2; shift 2
+  timeout 300 sbatch --wait --quiet -n 2 --overcommit --time=5 -J "$name" -D "$dir" -o "$dir/out" "$@"
+}
+
 # 1. srun -n 2: the two tasks must join one world of 2 ranks, not start alone each.
 srun_mpi=false
 d=$(run_dir srun)
@@ -190,13 +213,36 @@ if grep -q 'amp_train: 2 rank(s)' "$d/out"; then
   srun_mpi=true
   say "srun -n 2 (MpiDefault=$($pmix && echo pmix || echo none)): 2 ranks, param_checksum $got = 1 rank x 2 micro-batches ($(since "$t"))"
 elif ((singletons > 0)); then
-  # Not faked: Slurm's MPI plugins here cannot wire up Open MPI's ranks, so each one is alone.
-  say "srun -n 2 cannot start MPI ranks: each task started alone, as a world of 1 rank ('amp_train: 1 rank(s)' from $singletons of the 2 tasks, no '2 rank(s)'; srun --mpi=list: ${mpi_list% }); the jobs below run mpirun inside sbatch instead"
+  fail "srun -n 2 amp_train: the tasks trained alone, each a world of 1 rank ('amp_train: 1 rank(s)' from $singletons of the 2 tasks)"
+elif grep -q 'a world of its own' "$d/out"; then
+  # Not faked: Slurm's MPI plugins here cannot wire up Open MPI's ranks, so each one is alone (refused).
+  say "srun -n 2 cannot start MPI ranks: each task refused to train alone (srun --mpi=list: ${mpi_list% }); the jobs below run mpirun inside sbatch instead"
 elif grep -q 'launch failed' "$d/out"; then  # the MPI plugin itself fails (the plain step above ran)
   say "srun -n 2 cannot start MPI ranks: $(grep -m 1 'launch failed' "$d/out") (slurmd: $(last_error slurmd)); the jobs below run mpirun inside sbatch instead"
 else
   fail "srun -n 2 amp_train: exit $rc, no start line: $(tail -n 3 "$d/out")"
 fi
+
+# 1a. srun without an MPI plugin: each task would be a world of 1 rank, training alone and writing the
+# same files. Both refuse, exit 2, saying how to launch. One process run straight from a batch script
+# of 2 tasks is a run of 1 rank, as asked.
+d=$(run_dir srun-none)
+t=$EPOCHREALTIME
+rc=0
+(cd "$d" && timeout 120 srun -n 2 --overcommit --mpi=none "$amp_train" "${small[@]}" --steps 6 --metrics m.jsonl \
+   >out 2>&1) || rc=$?
+[[ $(grep -c 'a world of its own' "$d/out") == 2 && $(grep -c 'srun --mpi=pmix' "$d/out") == 2 ]] ||
+  fail "srun -n 2 --mpi=none: not refused by both tasks (exit $rc): $(grep -v '^step ' "$d/out" | tail -n 3)"
+[[ ! -e $d/m.jsonl ]] || fail "srun -n 2 --mpi=none: a task wrote $d/m.jsonl"
+job_script direct
+rc=0
+timeout 300 sbatch --wait --quiet -n 2 --overcommit --time=5 -J direct -D "$d" -o "$d/out-direct" "$tmp/direct.sh" \
+  --steps 6 --micro-batches 2 --metrics m1.jsonl || rc=$?
+((rc == 0)) && grep -q 'amp_train: 1 rank(s)' "$d/out-direct" ||
+  fail "amp_train straight from a batch script of 2 tasks: exit $rc: $(tail -n 3 "$d/out-direct")"
+[[ $(checksum_of "a batch script of 2 tasks, no srun" "$d/m1.jsonl") == "$control" ]] ||
+  fail "amp_train straight from a batch script: not the control's checksum"
+say "srun -n 2 --mpi=none: both tasks refuse to train alone (exit 2, naming srun --mpi=pmix); one process in a batch script of 2 tasks trains as 1 rank ($(since "$t"))"
 
 # 1b. On the emulated GPU (a cuda-emu build): one GPU per task, as --gpus-per-task=1 gives it (each
 # task's CUDA_VISIBLE_DEVICES names its own; AMP_EMU_DEVICES is the node's count), bit for bit the
@@ -219,23 +265,6 @@ if $srun_mpi && grep -q '^AMP_CUDA_EMU:BOOL=ON' "$1/CMakeCache.txt" 2>/dev/null;
     fail "two tasks on one emulated GPU were not refused by name (exit $rc): $(tail -n 3 "$d/out3")"
   say "emulated GPU: srun -n 2 with a GPU per task (CUDA_VISIBLE_DEVICES=\$SLURM_LOCALID) = 1 GPU x 2 micro-batches; two tasks on one GPU refused ($(since "$t"))"
 fi
-
-# Job scripts: `job_script NAME LAUNCHER...` writes $tmp/NAME.sh, which runs LAUNCHER amp_train with
-# the small training and the job's own arguments.
-job_script() {
-  local name=$1; shift
-  {
-    echo '#!/bin/bash'
-    echo 'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1'
-    printf 'exec'; printf ' %q' "$@" "$amp_train" "${small[@]}"; echo ' "$@"'
-  } >"$tmp/$name.sh"
-  chmod +x "$tmp/$name.sh"
-}
-# sbatch_wait NAME DIR SCRIPT ARGS...: the job, waited for (its exit status is the job's).
-sbatch_wait() {
-  local name=$1 dir=$2; shift 2
-  timeout 300 sbatch --wait --quiet -n 2 --overcommit --time=5 -J "$name" -D "$dir" -o "$dir/out" "$@"
-}
 
 # 2. sbatch: mpirun inside the allocation (it reads the allocation from the job's environment).
 job_script mpirun mpirun -np 2 --oversubscribe
@@ -311,11 +340,66 @@ whole=$(checksum_of uninterrupted "$c/m.jsonl")
   fail "interrupted at $n and resumed to $((n + 3)): param_checksum $resumed; uninterrupted $((n + 3)) steps: $whole"
 cmp -s "$d/w.st" "$c/w.st" || fail "interrupted and resumed: the weights differ from the uninterrupted run's (cmp $d/w.st $c/w.st)"
 say "resumed to step $((n + 3)): param_checksum $resumed and the weights = an uninterrupted run's ($(since "$t"))"
-# 4. A real time limit (SLURM_CHECK_TIME_LIMIT=0 skips it: it waits a minute or so): a job of one
+# 4. README's job script, for real: a stop signal before the limit (SIGUSR1 here, as --signal=USR1@120
+# sends it; scancel sends it now), the ranks save the step and exit 138 (128 + SIGUSR1), the script
+# requeues its own job, which runs the same command again: --resume continues to --steps. One job,
+# Restarts=1, COMPLETED, the uninterrupted run's bits.
+if $srun_mpi; then
+  {
+    echo '#!/bin/bash'
+    printf 'srun'; printf ' %q' "$amp_train" "${small[@]}"; echo ' "$@"'
+    echo 'rc=$?'
+    echo 'if ((rc == 143 || rc == 138)); then scontrol requeue "$SLURM_JOB_ID"; fi'
+    echo 'exit $rc'
+  } >"$tmp/requeue.sh"
+  chmod +x "$tmp/requeue.sh"
+  d=$(run_dir requeue)
+  t=$EPOCHREALTIME
+  total=2000
+  job=$(sbatch --parsable --requeue --open-mode=append -n 2 --overcommit --time=5 -J requeue -D "$d" -o "$d/out" \
+        "$tmp/requeue.sh" "${long[@]}" --resume --steps $total) || fail "sbatch of the requeueing job"
+  job=${job%%;*}
+  steps=0
+  for _ in $(seq 600); do
+    steps=$(grep -c '"step"' "$d/m.jsonl" 2>/dev/null || true)
+    ((steps >= 3)) && break
+    sleep 0.1
+  done
+  ((steps >= 3)) || fail "the requeueing job $job wrote ${steps:-0} steps in 60 s: $(tail -n 3 "$d/out" 2>/dev/null)"
+  scancel --signal=USR1 "$job" || fail "scancel --signal=USR1 $job"
+  # Slurm holds a requeued job (Reason=BeginTime) for a couple of minutes; the test lets it start now.
+  released=false
+  for _ in $(seq 3000); do
+    [[ -z $(active "$job") ]] && break
+    if ! $released && squeue -h -j "$job" -t PD -o %r 2>/dev/null | grep -q BeginTime; then
+      scontrol update JobId="$job" StartTime=now >/dev/null 2>&1 || true
+      released=true
+    fi
+    sleep 0.1
+  done
+  [[ -z $(active "$job") ]] || fail "the requeueing job $job still runs (or waits) 5 minutes after SIGUSR1"
+  info=$(scontrol show job "$job" 2>/dev/null || true)
+  state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2 || true)
+  restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2 || true)
+  [[ $state == COMPLETED && $restarts == 1 ]] ||
+    fail "the requeueing job ended $state after ${restarts:-?} restarts, not COMPLETED after 1: $(grep -v '^step \|checkpoint of' "$d/out" | tail -n 4)"
+  grep -q '"interrupted_by":"SIGUSR1"' "$d/m.jsonl" || fail "the requeueing job's metrics have no stop by SIGUSR1"
+  grep -q '"event":"resume"' "$d/m.jsonl" || fail "the requeued job's metrics have no resume record"
+  end=$(end_record "$d/m.jsonl")
+  [[ $(field steps "$end") == "$total" ]] || fail "the requeued job ended at $(field steps "$end"), not step $total"
+  c=$(run_dir requeue-control)
+  (cd "$c" && timeout 300 "$amp_train" "${small[@]}" --steps $total --micro-batches 2 --metrics m.jsonl >out 2>&1) ||
+    fail "the uninterrupted run: $(tail -n 3 "$c/out")"
+  [[ $(checksum_of requeued "$d/m.jsonl") == $(checksum_of uninterrupted "$c/m.jsonl") ]] ||
+    fail "stopped by SIGUSR1, requeued by its script and resumed to $total: not the uninterrupted run's param_checksum"
+  say "README's job script: SIGUSR1 (scancel --signal=USR1), exit 138, scontrol requeue, resumed: COMPLETED, Restarts=1, step $total = the uninterrupted run ($(since "$t"))"
+fi
+
+# 5. A real time limit (SLURM_CHECK_TIME_LIMIT=0 skips it: it waits a minute or so): a job of one
 # minute that runs mpirun. At the limit Slurm sends SIGTERM to every process of the job, mpirun and
 # its ranks (which then get it twice: one request), and SIGKILL KillWait (10 s) later: the ranks stop
 # after a step and save it; the same command with --resume continues to the uninterrupted run's bits.
-if [[ ${SLURM_CHECK_TIME_LIMIT:-1} != 0 ]]; then
+if [[ $time_limit != 0 ]]; then
   d=$(run_dir time-limit)
   t=$EPOCHREALTIME
   job=$(sbatch --parsable -n 2 --overcommit --time=1 -J limit -D "$d" -o "$d/out" "$tmp/mpirun.sh" "${long[@]}" \

@@ -134,9 +134,11 @@ void cuda_init(int local_rank, int local_size) {
   const int device = device_of(local_rank, local_size, count);
   if (device < 0)
     throw std::invalid_argument(std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
-                             " GPU(s) visible to this one (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own; "
-                             "start at most " + std::to_string(count) + " rank(s) per node, or give each rank one GPU "
-                             "(Slurm: --gpus-per-task=1)");
+                             " GPU(s) visible to this one (CUDA_VISIBLE_DEVICES): each rank needs a GPU of its own, "
+                             "the one GPU it sees or, where it sees the node's GPUs, its node-local rank's. Give each "
+                             "rank one GPU (Slurm: --gpus-per-task=1), or let every rank see all of the node's (Slurm: "
+                             "--gpus-per-node, no --gpu-bind), or start at most " + std::to_string(count) +
+                             " rank(s) per node");
   if (g_selected_before_mpi >= 0 && g_selected_before_mpi != device)
     throw std::invalid_argument("GPU " + std::to_string(g_selected_before_mpi) +
                              " was selected before MPI_Init from the launcher's node-local rank, but MPI places this "
