@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 
 #include "launch/training/output_path.h"
@@ -272,9 +273,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (named >= 0 && named != c.step)
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " in a directory named " +
                                 dir_name.string());
+  // The tensors are parsed from the bytes checked here, not from a second read of the files.
+  std::map<std::string, std::string> checked_bytes;
   for (const char* name : {kModel, kOptimizer}) {
     const fs::path file = dir / name;
-    const std::string bytes = read_file(file, "the checkpoint is partial");
+    std::string& bytes = checked_bytes[name];
+    bytes = read_file(file, "the checkpoint is partial");
     if (!files.contains(name)) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: no entry for " + name);
     const auto& want = files[name];
     if (want.value("bytes", uint64_t{0}) != bytes.size())
@@ -284,9 +288,10 @@ Checkpoint load_checkpoint(const std::string& path) {
     if (want.value("fnv1a64", std::string()) != checksum(bytes))
       throw std::invalid_argument(file.string() + ": checksum mismatch: the file is damaged");
   }
-  c.model = safetensors::load((dir / kModel).string());
-  c.optimizer = optimizer_state(safetensors::load((dir / kOptimizer).string()), c.meta["optimizer_param_groups"],
-                                (dir / kOptimizer).string());
+  c.model = safetensors::parse(checked_bytes[kModel], (dir / kModel).string());
+  checked_bytes.erase(kModel);
+  c.optimizer = optimizer_state(safetensors::parse(checked_bytes[kOptimizer], (dir / kOptimizer).string()),
+                                c.meta["optimizer_param_groups"], (dir / kOptimizer).string());
   c.meta.erase("files");
   return c;
 }

@@ -31,20 +31,20 @@ std::vector<char> read_all(const std::string& path) {
 }
 }  // namespace
 
-std::vector<RawEntry> load_raw(const std::string& path) {
-  const std::vector<char> bytes = read_all(path);
-  const Layout layout = parse_layout(bytes.data(), bytes.size(), path);
+namespace {
+std::vector<RawEntry> raw_entries(const char* data, size_t size, const std::string& path) {
+  const Layout layout = parse_layout(data, size, path);
   std::vector<RawEntry> out;
   for (const EntryLayout& e : layout.entries) {
-    const char* src = bytes.data() + layout.data_start + e.begin;
+    const char* src = data + layout.data_start + e.begin;
     out.push_back(RawEntry{e.name, e.dtype, e.shape, std::vector<char>(src, src + (e.end - e.begin))});
   }
   return out;
 }
 
-NamedTensors load(const std::string& path) {
+NamedTensors tensors_of(std::vector<RawEntry> raw, const std::string& path) {
   NamedTensors out;
-  for (RawEntry& e : load_raw(path)) {
+  for (RawEntry& e : raw) {
     DType dtype;
     if (!dtype_from_safetensors_name(e.dtype, &dtype))
       fail(path, "tensor '" + e.name + "' has dtype " + e.dtype + ", which the runtime does not support");
@@ -53,6 +53,18 @@ NamedTensors load(const std::string& path) {
     out.emplace_back(e.name, t);
   }
   return out;
+}
+}  // namespace
+
+std::vector<RawEntry> load_raw(const std::string& path) {
+  const std::vector<char> bytes = read_all(path);
+  return raw_entries(bytes.data(), bytes.size(), path);
+}
+
+NamedTensors load(const std::string& path) { return tensors_of(load_raw(path), path); }
+
+NamedTensors parse(const std::string& bytes, const std::string& path) {
+  return tensors_of(raw_entries(bytes.data(), bytes.size(), path), path);
 }
 
 namespace {

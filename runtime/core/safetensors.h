@@ -24,6 +24,8 @@ std::vector<RawEntry> load_raw(const std::string& path);
 
 // Loads every tensor onto the CPU, in data order. Rejects truncated or corrupt files.
 NamedTensors load(const std::string& path);
+// The same from a file's bytes already read (and checked: a checkpoint's checksum), path naming it.
+NamedTensors parse(const std::string& bytes, const std::string& path);
 // Writes to a temporary file in the same folder (NAME.tmp.PID), then renames it: no half-written file
 // is left under NAME.
 inline constexpr const char* kTemporaryInfix = ".tmp.";
