@@ -41,6 +41,13 @@ beside eager's, with amp_train's ratio to it (÷ compile: ours / compile). It co
 steps, so --warmup is raised to 3 at least. Where torch.compile fails (no C compiler, no Triton, ...)
 that column says so, with the message, and the rest of the benchmark goes on.
 
+--budget SECONDS: the whole benchmark's time (default: none; under launch/scripts/gpu_check.sh, its
+stage's limit less 20 s, read from GPU_CHECK_STAGE_LIMIT). A round starts only where the rounds so far
+say it ends in time, each run is stopped at the budget's end (its processes killed), and the figures
+are those of the rounds that finished: fewer rounds, not none. torch.compile's run stopped so is that
+column's failure ("did not finish within --budget"); any other side's leaves its round out. Each run's
+figure is printed as it comes (a "round" line), so a benchmark killed from outside leaves them too.
+
 --device cuda: both sides on the GPU (amp_train --device cuda, bench_mlp --device cuda), PyTorch from
 --python (default: this interpreter), written as its users write it: autocast on "cuda", GradScaler
 for fp16, and for the GPT F.scaled_dot_product_attention (causal) and AdamW(fused=True). Defaults on
@@ -76,6 +83,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 # What both PyTorch loops share: the configuration, the mode, torch.compile, and how steps are timed.
 TORCH_COMMON = r'''
@@ -271,6 +279,32 @@ LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
 AMP_FLAG = {"fp32": "off", "bf16": "bf16", "fp16": "fp16"}
 
 
+class Deadline:
+    """--budget's end: the seconds a run may still take (None: no budget)."""
+
+    def __init__(self, seconds):
+        self.end = time.monotonic() + seconds if seconds else None
+
+    def left(self):
+        return None if self.end is None else max(1.0, self.end - time.monotonic())
+
+
+DEADLINE = Deadline(None)
+
+
+def run_within(cmd, **kw):
+    """subprocess.run(cmd, **kw) stopped at --budget's end: subprocess.TimeoutExpired, its process group killed
+    (torch.compile's workers and amp_train with it)."""
+    with subprocess.Popen(cmd, start_new_session=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=DEADLINE.left())
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None, extra=(), device="cpu", gpt=None):
     """amp_train's step_ms of every step, and its device memory (its end record's device_memory_bytes:
     the driver's count beyond the context; None on the CPU)."""
@@ -289,7 +323,9 @@ def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None,
         else:
             cmd = [binary, "--width", str(width), "--layers", str(layers), "--optimizer", "sgd", "--lr", "0.01",
                    "--momentum", "0.9"] + common
-        subprocess.run(cmd + list(extra), check=True, stdout=subprocess.DEVNULL)
+        r = run_within(cmd + list(extra), stdout=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise subprocess.CalledProcessError(r.returncode, r.args)
         with open(metrics) as f:
             recs = [json.loads(line) for line in f]
         end = [r for r in recs if r.get("event") == "end"]
@@ -308,9 +344,15 @@ def run_torch(python, width, batch, layers, mode, steps, warmup, threads, data=N
                     "sdpa": gpt.get("sdpa", False), "vocab": gpt["vocab"], "gelu": gpt["gelu"],
                     "data_format": gpt["data_format"]})
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([python, "-c", TORCH_GPT_LOOP if data else TORCH_LOOP, json.dumps(cfg)],
-                         capture_output=True, text=True, env=env)
     what = f"({python}, {mode}, {width}x{batch}{', torch.compile' if compile_ else ''})"
+    try:
+        out = run_within([python, "-c", TORCH_GPT_LOOP if data else TORCH_LOOP, json.dumps(cfg)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    except subprocess.TimeoutExpired:
+        if not compile_:
+            raise
+        print(f"torch.compile stopped {what}: --budget spent", file=sys.stderr)
+        return {"error": "did not finish within --budget (compiling and its steps took longer than what was left)"}
     if out.returncode != 0:
         if not compile_:
             sys.exit(f"the PyTorch loop failed {what}:\n{out.stderr[-3000:]}")
@@ -327,10 +369,12 @@ def run_torch(python, width, batch, layers, mode, steps, warmup, threads, data=N
 
 def run_bench_mlp(binary, width, batch, layers, modes, steps, threads, device="cpu"):
     """bench_mlp's median step_ms per mode, and its scaler% per mode (SGD with momentum 0.9, as here)."""
-    out = subprocess.run([binary, "--device", device, "--width", str(width), "--batch", str(batch), "--layers",
-                          str(layers), "--modes", ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads",
-                          str(threads), "--momentum", "0.9"],
-                         check=True, capture_output=True, text=True).stdout
+    r = run_within([binary, "--device", device, "--width", str(width), "--batch", str(batch), "--layers",
+                    str(layers), "--modes", ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads",
+                    str(threads), "--momentum", "0.9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise subprocess.CalledProcessError(r.returncode, r.args, r.stdout, r.stderr)
+    out = r.stdout
     step, scaler = {}, {}
     for line in out.splitlines():
         f = line.split()
@@ -423,6 +467,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of each side, taken in turn, so that a slow spell of this machine falls on both "
                          "(each side's figure: the median over every round; default: %(default)s)")
+    ap.add_argument("--budget", type=int,
+                    help="seconds for the whole benchmark: the rounds that fit, each run stopped at its end "
+                         "(default: none; under gpu_check.sh its stage's limit less 20 s)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--system-python", "--python", dest="python",
                     help="the interpreter with PyTorch (default: /usr/bin/python3, Debian's python3-torch; "
@@ -442,6 +489,12 @@ def main():
         ap.error(f"--steps must exceed --warmup ({a.warmup}{', at least 3 with --compile' if a.compile else ''})")
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.budget is not None and a.budget < 1:
+        ap.error(f"--budget {a.budget}: a positive number of seconds, please")
+    if a.budget is None and os.environ.get("GPU_CHECK_STAGE_LIMIT", "").isdigit():
+        a.budget = max(10, int(os.environ["GPU_CHECK_STAGE_LIMIT"]) - 20)  # gpu_check's stage: its limit, less the end
+    global DEADLINE
+    DEADLINE = Deadline(a.budget)
     shapes = [f"--gpt2-{n}" for n, on in (("small", a.gpt2_small), ("medium", a.gpt2_medium), ("124m", a.gpt2_124m)) if on]
     if len(shapes) > 1:
         ap.error(f"{' and '.join(shapes)}: one shape at a time")
@@ -541,6 +594,7 @@ def main():
     scaler_shares = []
     rows = []
     compile_error = {}  # peer -> torch.compile's failure; that peer's later compiled runs are skipped
+    short = False  # --budget ended a size's rounds early
     for width, batch in sizes:
         # Each round runs every side once, in turn; a side's figure pools its timed steps over the rounds.
         ours = {m: [] for m in modes}
@@ -549,19 +603,18 @@ def main():
         our_dev = {m: [] for m in modes}  # amp_train's device memory of each round, bytes
         bench_ms = {m: [] for m in modes}
         shares = []
-        for _ in range(a.rounds):
+        def one_round(r):
+            """Every side once, in turn; what they measured (left out whole where --budget ends in it)."""
+            got = {"ours": {}, "dev": {}, "theirs": {m: {} for m in modes}, "mem": {m: {} for m in modes}}
+            where = f"round {r + 1}/{a.rounds} {width}x{batch}"
             if not data:
-                bench = run_bench_mlp(a.bench_mlp, width, batch, a.layers, list(dict.fromkeys(modes + ["fp16"])),
-                                      max(3, a.steps - a.warmup), a.threads, a.device)
-                for m in modes:
-                    bench_ms[m].append(bench[0][m])
-                shares.append(bench[1]["fp16"])
+                got["bench"] = run_bench_mlp(a.bench_mlp, width, batch, a.layers, list(dict.fromkeys(modes + ["fp16"])),
+                                             max(3, a.steps - a.warmup), a.threads, a.device)
             for mode in modes:
                 times, dev_bytes = run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
                                                  data, shlex.split(a.amp_train_flags), a.device, gpt)
-                ours[mode].append(times[a.warmup:])
-                if dev_bytes is not None:
-                    our_dev[mode].append(dev_bytes)
+                got["ours"][mode], got["dev"][mode] = times[a.warmup:], dev_bytes
+                print(f"{where} {mode}: amp_train {statistics.median(times[a.warmup:]):.2f} ms", flush=True)
                 for label, name, python, compiled in runs:
                     if compiled and name in compile_error:
                         continue
@@ -572,12 +625,45 @@ def main():
                         continue
                     if not compiled:
                         versions[name] = res["version"] + (", fused AdamW" if res.get("fused_adamw") else "")
-                    theirs[mode][label].append(res["times"])
+                    got["theirs"][mode][label] = res["times"]
+                    print(f"{where} {mode}: torch {label} {statistics.median(res['times']):.2f} ms", flush=True)
                     if "max_memory_allocated" in res:
-                        was = mem[mode].get(label, (0, 0, 0))
-                        mem[mode][label] = (max(was[0], res["max_memory_allocated"]),
-                                            max(was[1], res["max_memory_reserved"]),
-                                            max(was[2], res.get("device_memory", 0)))
+                        got["mem"][mode][label] = (res["max_memory_allocated"], res["max_memory_reserved"],
+                                                   res.get("device_memory", 0))
+            return got
+
+        done, round_s = 0, 0.0  # the rounds that finished; the last one's seconds
+        for r in range(a.rounds):
+            if done and DEADLINE.end is not None and time.monotonic() + round_s > DEADLINE.end:
+                print(f"round {r + 1}/{a.rounds} {width}x{batch} not started: --budget {a.budget} s would end in it",
+                      flush=True)
+                break
+            t0 = time.monotonic()
+            try:
+                got = one_round(r)
+            except subprocess.TimeoutExpired:
+                print(f"round {r + 1}/{a.rounds} {width}x{batch} stopped: --budget {a.budget} s spent; it is left out",
+                      flush=True)
+                break
+            done, round_s = done + 1, time.monotonic() - t0
+            if not data:
+                for m in modes:
+                    bench_ms[m].append(got["bench"][0][m])
+                shares.append(got["bench"][1]["fp16"])
+            for mode in modes:
+                ours[mode].append(got["ours"][mode])
+                if got["dev"][mode] is not None:
+                    our_dev[mode].append(got["dev"][mode])
+                for label, times in got["theirs"][mode].items():
+                    theirs[mode][label].append(times)
+                for label, m in got["mem"][mode].items():
+                    was = mem[mode].get(label, (0, 0, 0))
+                    mem[mode][label] = tuple(max(x, y) for x, y in zip(was, m))
+        if done == 0:
+            print(f"{width}x{batch}: no round finished within --budget {a.budget} s: no figures", flush=True)
+            short = True
+            continue
+        short = short or done < a.rounds
         if shares:
             scaler_shares.append(f"{width}x{batch} {statistics.median(shares):.2f} %")
         for mode in modes:
@@ -586,19 +672,20 @@ def main():
             peer_ms = [pooled(theirs[mode][n]) for n in eager]
             best = min(peer_ms)
             per_round = [statistics.median(ours[mode][r]) /
-                         min(statistics.median(theirs[mode][n][r]) for n in eager) for r in range(a.rounds)]
+                         min(statistics.median(theirs[mode][n][r]) for n in eager) for r in range(done)]
             rounds = ",".join(f"{x:.2f}" for x in per_round)
             row = {"model": a.model + (shapes[0].replace("--", "_").replace("-", "_") if shapes else ""),
                    "size": f"{width}x{batch}", "mode": mode, "amp_train_ms": mine,
-                   "torch_ms": dict(zip(eager, peer_ms)), "ratio": mine / best, "ratio_per_round": per_round}
+                   "torch_ms": dict(zip(eager, peer_ms)), "ratio": mine / best, "ratio_per_round": per_round,
+                   "rounds": done}
             shown = list(peer_ms)
             best_c = None
             if a.compile:
                 # A compiled peer counts only with every round's figure (a failure halfway leaves it out).
-                comp_ms = {n: pooled(theirs[mode][n + " compile"]) if len(theirs[mode][n + " compile"]) == a.rounds
+                comp_ms = {n: pooled(theirs[mode][n + " compile"]) if len(theirs[mode][n + " compile"]) == done
                            else None for n in eager}
-                done = [v for v in comp_ms.values() if v is not None]
-                best_c = min(done) if done else None
+                finished = [v for v in comp_ms.values() if v is not None]
+                best_c = min(finished) if finished else None
                 row.update({"torch_compile_ms": comp_ms, "ratio_compile": mine / best_c if best_c else None})
                 errors = {n: compile_error[n] for n in eager if comp_ms[n] is None and n in compile_error}
                 if errors:
@@ -660,8 +747,13 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "gpu": gpu_name, "pytorch": versions, "steps": a.steps, "warmup": a.warmup,
-                       "rounds": a.rounds, "compile": a.compile, "timing": timing, "compile_errors": compile_error,
-                       "rows": rows, "scaler_share_fp16": scaler_shares}, f, indent=1)
+                       "rounds": a.rounds, "budget": a.budget, "rounds_short": short, "compile": a.compile,
+                       "timing": timing, "compile_errors": compile_error, "rows": rows,
+                       "scaler_share_fp16": scaler_shares}, f, indent=1)
+    if short:
+        print(f"--budget {a.budget} s: fewer rounds than --rounds {a.rounds} (each row's JSON has its own)")
+    if not rows:
+        sys.exit(f"bench_vs_pytorch: no figures: --budget {a.budget} s ended every size's first round")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,17 @@
 #  2. launch/scripts/gpu_check.sh with each option that takes a value given none (or an empty one,
 #     or another flag), an unknown option and a missing --bundle: exit 2 before any stage, nothing
 #     written (no GPU or build needed).
-# Usage: tests/scripts/scripts_check.sh. Exit 1 naming each case that failed.
+#  3. launch/bench/bench_vs_pytorch.py --budget, with the build's amp_train and bench_mlp (CPU) and a
+#     stand-in for PyTorch's interpreter that sleeps as asked: a torch.compile run that would outlast
+#     the budget is stopped (its processes killed) and is its column's failure, the round's other
+#     figures kept; the rounds after the budget would end are not started; a round the budget ends is
+#     left out, and none finished is exit 1, "no figures" (a GPU lease's 15 minutes are not lost to a
+#     slow compile). Skipped without a BUILD_DIR.
+# Usage: tests/scripts/scripts_check.sh [BUILD_DIR]. Exit 1 naming each case that failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src=$PWD
+build=${1:+$(cd "$1" && pwd)}
 work=$(mktemp -d /tmp/scripts_check.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -98,6 +105,40 @@ done
 expect "gpu_check unknown" 2 "${gc[@]}" --frob -- "--frob"
 expect "gpu_check missing bundle" 2 "${gc[@]}" --bundle "$work/nope.tar.xz" -- "--bundle $work/nope.tar.xz"
 [[ ! -e $work/gpu_check_out ]] || fail "gpu_check: a usage error made gpu_check_out/"
+
+# --- 3. bench_vs_pytorch.py --budget
+if [[ -z $build ]] || ! command -v python3 >/dev/null; then
+  echo "scripts_check: no BUILD_DIR (or no python3): bench_vs_pytorch.py --budget not checked"
+else
+  # The stand-in: "-c CODE" is the probe for torch; "-c CODE CFG" a PyTorch loop, which sleeps
+  # FAKE_COMPILE_S (torch.compile's) or FAKE_EAGER_S seconds, then prints its figures.
+  cat >"$work/fake_python" <<'SH'
+#!/usr/bin/env bash
+[[ $1 == -c ]] || exit 9
+[[ -n ${3:-} ]] || exit 0
+if [[ $3 == *'"compile": true'* ]]; then sleep "${FAKE_COMPILE_S:-0}"; else sleep "${FAKE_EAGER_S:-0}"; fi
+echo '{"times": [2.0, 2.0, 2.0], "version": "stand-in"}'
+SH
+  chmod +x "$work/fake_python"
+  bench=(python3 "$src/launch/bench/bench_vs_pytorch.py" --python "$work/fake_python" --amp-train "$build/launch/amp_train"
+         --bench-mlp "$build/launch/bench_mlp" --sizes 256x64 --modes fp32 --layers 1 --steps 6 --threads 1)
+  row() { python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$work/b.json" "$1"; }
+  # A compile of 317 s in a budget of 15: stopped, its column failed, eager's figures kept, one round.
+  expect "bench --budget compile" 0 env FAKE_COMPILE_S=317 "${bench[@]}" --compile --rounds 3 --budget 15 \
+    --json "$work/b.json" -- "torch.compile stopped"
+  grep -q "did not finish within --budget" "$work/stdout" || fail "bench --budget compile: no failure said: $(tail -n 5 "$work/stdout")"
+  [[ $(row 'j["rows"][0]["rounds"], j["rows"][0]["torch_ms"]["debian"], j["rows"][0]["ratio_compile"], j["rounds_short"]') == "(1, 2.0, None, True)" ]] ||
+    fail "bench --budget compile: $(row 'j["rows"], j["rounds_short"]')"
+  ! pgrep -f "sleep 317" >/dev/null || fail "bench --budget compile: the stopped run's sleep 317 is still running"
+  # Rounds of 3 s or more in a budget of 10: the later ones not started, the figures those of the first.
+  expect "bench --budget rounds" 0 env FAKE_EAGER_S=3 "${bench[@]}" --rounds 20 --budget 10 --json "$work/b.json"
+  grep -q "not started: --budget 10 s would end in it" "$work/stdout" || fail "bench --budget rounds: $(tail -n 3 "$work/stdout")"
+  [[ $(row '0 < j["rows"][0]["rounds"] < 4') == True ]] || fail "bench --budget rounds: $(row 'j["rows"]')"
+  # A first round that the budget ends: no figures, exit 1.
+  expect "bench --budget none" 1 env FAKE_EAGER_S=317 "${bench[@]}" --rounds 2 --budget 5 -- "no figures"
+  ! pgrep -f "sleep 317" >/dev/null || fail "bench --budget none: the stopped run's sleep 317 is still running"
+  expect "bench --budget 0" 2 "${bench[@]}" --budget 0 -- "--budget 0"
+fi
 
 ((failed == 0)) || exit 1
 echo "scripts_check: passed"
