@@ -124,12 +124,12 @@ std::string srun_tasks_without_world(int world_size) {
   } catch (const std::invalid_argument&) {
     return "";  // not srun's count: nothing to compare
   }
+  if (n <= 1) return "";  // one task: a world of one is what srun started
   // mpirun -np 1 (or mpiexec -n 1) inside a step of several tasks: its rank's world of one is meant.
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
     const char* size = std::getenv(v);
     if (size != nullptr && std::string(size) == "1") return "";
   }
-  if (n <= 1) return "";
   const char* id = std::getenv("SLURM_PROCID");
   return std::string("srun started ") + tasks + " tasks (SLURM_STEP_NUM_TASKS=" + tasks + "), but MPI made task " +
          (id ? id : "?") + " a world of its own, 1 rank: srun's MPI plugin did not start this MPI's ranks (" +

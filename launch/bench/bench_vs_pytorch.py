@@ -46,7 +46,8 @@ stage's limit less 20 s, read from GPU_CHECK_STAGE_LIMIT). A round starts only w
 say it ends in time, each run is stopped at the budget's end (its processes killed), and the figures
 are those of the rounds that finished: fewer rounds, not none. torch.compile's run stopped so is that
 column's failure ("did not finish within --budget"); any other side's leaves its round out. Each run's
-figure is printed as it comes (a "round" line), so a benchmark killed from outside leaves them too.
+figure is printed as it comes (a "round" line), so a benchmark killed from outside leaves them too;
+SIGTERM or SIGINT stops the run under way with it.
 
 --device cuda: both sides on the GPU (amp_train --device cuda, bench_mlp --device cuda), PyTorch from
 --python (default: this interpreter), written as its users write it: autocast on "cuda", GradScaler
@@ -78,6 +79,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import statistics
 import struct
 import subprocess
@@ -290,18 +292,34 @@ class Deadline:
 
 
 DEADLINE = Deadline(None)
+RUNNING = set()  # the process groups of the runs under way
+
+
+def stop_runs(signum, _frame):
+    """SIGTERM or SIGINT (gpu_check's stage limit, ^C): the runs' process groups go too, then this script.
+    (Each run has its own group, so that the budget can stop it whole; the signal that stops this
+    script's group would not reach it.)"""
+    for group in list(RUNNING):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    sys.exit(128 + signum)
 
 
 def run_within(cmd, **kw):
     """subprocess.run(cmd, **kw) stopped at --budget's end: subprocess.TimeoutExpired, its process group killed
     (torch.compile's workers and amp_train with it)."""
-    with subprocess.Popen(cmd, start_new_session=True, **kw) as p:
+    with subprocess.Popen(cmd, start_new_session=True, **kw) as p:  # (process_group= needs Python 3.11)
+        RUNNING.add(p.pid)
         try:
             out, err = p.communicate(timeout=DEADLINE.left())
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
+            os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
             raise
+        finally:
+            RUNNING.discard(p.pid)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
@@ -495,6 +513,8 @@ def main():
         a.budget = max(10, int(os.environ["GPU_CHECK_STAGE_LIMIT"]) - 20)  # gpu_check's stage: its limit, less the end
     global DEADLINE
     DEADLINE = Deadline(a.budget)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_runs)
     shapes = [f"--gpt2-{n}" for n, on in (("small", a.gpt2_small), ("medium", a.gpt2_medium), ("124m", a.gpt2_124m)) if on]
     if len(shapes) > 1:
         ap.error(f"{' and '.join(shapes)}: one shape at a time")

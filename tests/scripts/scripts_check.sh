@@ -12,7 +12,8 @@
 #     the budget is stopped (its processes killed) and is its column's failure, the round's other
 #     figures kept; the rounds after the budget would end are not started; a round the budget ends is
 #     left out, and none finished is exit 1, "no figures" (a GPU lease's 15 minutes are not lost to a
-#     slow compile). Skipped without a BUILD_DIR.
+#     slow compile); SIGTERM (gpu_check's own limit) stops the run under way too. Skipped without a
+#     BUILD_DIR.
 # Usage: tests/scripts/scripts_check.sh [BUILD_DIR]. Exit 1 naming each case that failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -138,6 +139,10 @@ SH
   expect "bench --budget none" 1 env FAKE_EAGER_S=317 "${bench[@]}" --rounds 2 --budget 5 -- "no figures"
   ! pgrep -f "sleep 317" >/dev/null || fail "bench --budget none: the stopped run's sleep 317 is still running"
   expect "bench --budget 0" 2 "${bench[@]}" --budget 0 -- "--budget 0"
+  # Stopped from outside (gpu_check's timeout, SIGTERM): its run stops with it.
+  (cd "$work" && FAKE_EAGER_S=317 timeout 8 "${bench[@]}" >/dev/null 2>&1) && fail "bench SIGTERM: it exited 0"
+  sleep 1
+  ! pgrep -f "sleep 317" >/dev/null || fail "bench SIGTERM: its run's sleep 317 outlived it"
 fi
 
 ((failed == 0)) || exit 1
