@@ -1,6 +1,7 @@
 #include "models/gpt2_vocab.h"
 
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -69,9 +70,12 @@ Gpt2Vocab Gpt2Vocab::load(const std::string& path, int64_t vocab_size) {
     seen[i] = true;
     std::string bytes;
     for (uint32_t cp : code_points(token)) {
-      if (cp >= to_byte.size() || to_byte[cp] < 0)
+      if (cp >= to_byte.size() || to_byte[cp] < 0) {
+        char code[16];
+        std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(cp));
         throw std::invalid_argument("--vocab-file " + path + ": token " + nlohmann::json(token).dump() +
-                                    " has a character outside GPT-2's byte map (U+" + std::to_string(cp) + ")");
+                                    " has a character outside GPT-2's byte map (" + code + ")");
+      }
       bytes.push_back(static_cast<char>(to_byte[cp]));
     }
     v.bytes_[i] = std::move(bytes);

@@ -54,11 +54,17 @@ std::map<std::string, Shape> hf_shapes(const Gpt2Dims& d) {
 }  // namespace
 
 bool is_hf_gpt2(const safetensors::NamedTensors& tensors) {
-  // Without the prefix the names are the hub's (ours always carry it), whatever a tensor's shape: a
-  // wrong one is then named with both shapes by the load, not taken for our layout.
+  // Any of GPT-2's names without the prefix is the hub's (ours always carry it), whatever the other
+  // tensors: a missing or misshapen one is then named by the load in the file's terms, not taken for
+  // our layout. With the prefix, a block's c_attn.weight tells: [C, 3C] is Conv1D's, [3C, C] ours.
+  for (const auto& [name, t] : tensors) {
+    const std::string n = without_prefix(name);
+    if (name == n && (n == "wte.weight" || n == "wpe.weight" || n.rfind("ln_f.", 0) == 0 || n.rfind("h.", 0) == 0))
+      return true;
+  }
   for (const auto& [name, t] : tensors)
-    if (without_prefix(name) == "h.0.attn.c_attn.weight")
-      return name.rfind(kPrefix, 0) != 0 || (t.dim() == 2 && t.size(1) == 3 * t.size(0));
+    if (ends_with(name, ".attn.c_attn.weight") && is_conv1d_weight(without_prefix(name)))
+      return t.dim() == 2 && t.size(1) == 3 * t.size(0);
   return false;
 }
 
@@ -82,6 +88,9 @@ safetensors::NamedTensors gpt2_from_hf(const safetensors::NamedTensors& theirs, 
     if (t.shape() != it->second)
       throw std::invalid_argument(source + ": tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
                                   shape_str(it->second) + flags);
+    if (t.dtype() != DType::f32)  // here, where the file's name is known (the load would name ours)
+      throw std::invalid_argument(source + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype()) +
+                                  ", expected float32 (the model's weights)");
   }
   for (const auto& [n, shape] : shapes) {
     bool there = false;

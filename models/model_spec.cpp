@@ -64,6 +64,8 @@ int64_t FlagReader::integer(const std::string& name, int64_t min) const {
   long long v = 0;
   try {
     v = std::stoll(s, &used);
+  } catch (const std::out_of_range&) {
+    throw std::invalid_argument("--" + name + " " + s + " is out of range (a whole number of at most 19 digits)");
   } catch (const std::exception&) {
     used = 0;
   }

@@ -131,6 +131,7 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--prompt hello", "--prompt: only a sample uses it"},
       {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
       {gpt + "--gelu new", "--gelu"},               {mlp + "--gelu tanh", "--gelu"},
+      {mlp + "--width 99999999999999999999", "--width 99999999999999999999 is out of range"},  // not "whole number"
       // cuDNN's attention where it cannot run: named with the reason, before any step.
       {gpt + "--attention cudnn --device cpu --amp bf16", "--attention cudnn: cuDNN runs on a GPU, and this run trains on the CPU"},
       {gpt + "--attention cudnn --dropout 0.1", "--attention cudnn: cuDNN's attention runs without dropout"},
@@ -175,6 +176,14 @@ TEST(Cli, HuggingFacesGpt2LayoutRoundTrips) {
   EXPECT_NE(wrong.out.find("tensor 'h.0.attn.c_attn.bias' has shape [48], expected [96] (--n-layer 2, --n-embd 32"),
             std::string::npos)
       << wrong.out;
+  // A weight that is not finite is named as the file names it (it was named as ours: transformer.ln_f.weight).
+  auto nan = hf;
+  for (auto& [n, t] : nan)
+    if (n == "ln_f.weight") t = full({16}, std::numeric_limits<double>::quiet_NaN());
+  safetensors::save(d.file("nan.safetensors"), nan);
+  const RunResult bad = run(gpt + "--steps 1 --init-weights " + d.file("nan.safetensors"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("nan.safetensors: ln_f.weight holds inf or NaN"), std::string::npos) << bad.out;
   const RunResult mlp = run(" --steps 1 --save-weights " + d.file("m.safetensors") + " --save-weights-format hf");
   EXPECT_EQ(mlp.code, 2) << mlp.out;
   EXPECT_NE(mlp.out.find("--save-weights-format hf: --model mlp writes only its own layout"), std::string::npos) << mlp.out;

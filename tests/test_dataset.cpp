@@ -206,6 +206,8 @@ TEST(TokenData, BadFilesAreRefusedNamingTheFileAndTheProblem) {
   refused(d.file("version.bin"), models::TokenFormat::llmc, 100, {"version 2, expected 1"});
   write_bytes(d.file("short.bin"), bytes.substr(0, bytes.size() - 2));
   refused(d.file("short.bin"), models::TokenFormat::llmc, 100, {"the header says 40 tokens but the file holds 39"});
+  refused(d.file("good.bin"), models::TokenFormat::u16, 65536,
+          {d.file("good.bin"), "is an llm.c token shard", "40 tokens", "leave --data-format out"});
   write_bytes(d.file("odd.u16"), std::string(81, '\0'));
   refused(d.file("odd.u16"), models::TokenFormat::u16, 100, {"81 bytes: not a whole number of uint16 tokens"});
   std::vector<uint16_t> big = ok;

@@ -212,6 +212,18 @@ TEST(Gpt, HuggingFacesLayoutLoadsAndSavesBackByteForByte) {
   safetensors::NamedTensors extra = hf;
   extra.emplace_back("h.2.ln_1.weight", ones({16}));
   EXPECT_NE(refusal(extra).find("unexpected tensor 'h.2.ln_1.weight'"), std::string::npos) << refusal(extra);
+  // Without the one tensor the layout was told by, the file is still the hub's (its names say so).
+  safetensors::NamedTensors no_c_attn;
+  for (const auto& [n, t] : hf)
+    if (n != "h.0.attn.c_attn.weight") no_c_attn.emplace_back(n, t);
+  EXPECT_TRUE(models::is_hf_gpt2(no_c_attn));
+  EXPECT_NE(refusal(no_c_attn).find("has no tensor named 'h.0.attn.c_attn.weight' [16, 48]"), std::string::npos)
+      << refusal(no_c_attn);
+  // A dtype other than the weights' is named as the file names it (the load named ours).
+  EXPECT_NE(refusal(replaced("ln_f.bias", cast(ones({16}), DType::f16))).find(
+                "tensor 'ln_f.bias' has dtype float16, expected float32"),
+            std::string::npos)
+      << refusal(replaced("ln_f.bias", cast(ones({16}), DType::f16)));
 }
 
 // GPT-2's vocabulary (50257 tokens) trains like PyTorch step by step in float32: 5 AdamW steps with
@@ -276,7 +288,12 @@ TEST(Gpt, Gpt2VocabDecodesThroughTheByteMap) {
   write(R"({"a": 0, "b": 0})");
   EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument) << "two tokens, one id";
   write(R"({"\u4e2d": 0})");
-  EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument) << "outside the byte map";
+  try {
+    models::Gpt2Vocab::load(path, 1);
+    ADD_FAILURE() << "outside the byte map: accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside GPT-2's byte map (U+4E2D)"), std::string::npos) << e.what();
+  }
   write("not json");
   EXPECT_THROW(models::Gpt2Vocab::load(path, 1), std::invalid_argument);
   std::filesystem::remove(path);

@@ -73,9 +73,9 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
                                 ") has no validation split");
   if (!cfg_.init_weights.empty()) {
-    const safetensors::NamedTensors weights =
-        spec_->import_weights(safetensors::load(cfg_.init_weights), cfg_.init_weights);
-    require_finite_weights(weights, cfg_.init_weights);
+    safetensors::NamedTensors weights = safetensors::load(cfg_.init_weights);
+    require_finite_weights(weights, cfg_.init_weights);  // named as the file names them
+    weights = spec_->import_weights(std::move(weights), cfg_.init_weights);
     nn::load_state_dict(model_->module(), weights, cfg_.init_weights);
   }
   // Parameter groups: a model that names its decayed parameters (the GPT: tensors of 2+ dims, as

@@ -158,6 +158,16 @@ Shard open_shard(const std::string& path, TokenFormat format) {
                                   std::to_string(body) + " bytes after the header)");
     s.tokens = header[2];
   } else {
+    // A whole llm.c header (magic, version, a count that matches the size) is no run of tokens: read as
+    // uint16 it would train on 512 of them, which a large --vocab-size would accept.
+    int32_t header[3] = {0, 0, 0};
+    (void)::pread(f.fd, header, sizeof header, 0);
+    if (header[0] == kLlmcMagic && header[1] == kLlmcVersion && header[2] >= 0 &&
+        size == kLlmcHeaderBytes + 2 * static_cast<int64_t>(header[2]))
+      throw std::invalid_argument(path + ": is an llm.c token shard (its header: magic " + std::to_string(kLlmcMagic) +
+                                  ", version 1, " + std::to_string(header[2]) +
+                                  " tokens), which --data-format u16 would read as tokens: leave --data-format out "
+                                  "(or give llmc)");
     if (size % 2 != 0)
       throw std::invalid_argument(path + ": " + std::to_string(size) +
                                   " bytes: not a whole number of uint16 tokens (--data-format u16)");
