@@ -335,9 +335,12 @@ void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_comm
 }
 
 // The chosen model's flags become its values; a flag of another model is a mistake, not a default
-// to ignore; so is --keep-checkpoints without a directory to keep them in.
-// collect: take the chosen model's values; else: refuse another model's flags.
-void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect) {
+// to ignore (a --config key of another model: a notice, as a shared file sets them all).
+// collect: take the chosen model's values; else: refuse another model's flags (on_command_line,
+// notices and ignored as check_flags_apply's).
+void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect,
+                      const std::set<std::string>& on_command_line = {}, std::vector<std::string>* notices = nullptr,
+                      std::set<std::string>* ignored = nullptr) {
   auto given = [&vm](const std::string& flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   try {
     models::model_kind(c.model);
@@ -354,8 +357,11 @@ void take_model_flags(const po::variables_map& vm, TrainConfig& c, bool collect)
       if (collect) continue;
       bool also_mine = false;  // two kinds may share a flag's name
       for (const models::ModelFlag& g : models::model_kind(c.model).flags) also_mine = also_mine || g.name == f.name;
-      if (!also_mine)
-        throw UsageError("--" + f.name + ": only --model " + kind.name + " uses it (this run is --model " + c.model + ")");
+      if (also_mine) continue;
+      const std::string why = "--" + f.name + ": only --model " + kind.name + " uses it (this run is --model " + c.model + ")";
+      if (on_command_line.count(f.name) || notices == nullptr) throw UsageError(why);
+      notices->push_back("notice: --config " + c.config_file + ": " + why + "; ignored in this run");
+      ignored->insert(f.name);
     }
 }
 
@@ -378,8 +384,6 @@ uint64_t parse_seed(const std::string& text) {
 void check_flags_apply(const po::variables_map& vm, const TrainConfig& c, const std::set<std::string>& on_command_line,
                        std::vector<std::string>* notices, std::set<std::string>* ignored) {
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
-  if (given("keep-checkpoints") && c.checkpoint_dir.empty())
-    throw UsageError("--keep-checkpoints needs --checkpoint-dir DIR");
   auto only = [&](std::initializer_list<const char*> flags, bool applies, const std::string& who) {
     for (const char* flag : flags)
       if (given(flag) && !applies) {
@@ -389,6 +393,8 @@ void check_flags_apply(const po::variables_map& vm, const TrainConfig& c, const 
         ignored->insert(flag);
       }
   };
+  only({"keep-checkpoints"}, !c.checkpoint_dir.empty(), "--checkpoint-dir DIR");
+  only({"eval-batches"}, c.eval_every > 0, "--eval-every N (a model whose data has a validation split)");
   only({"momentum"}, c.optimizer == OptimizerKind::sgd, "--optimizer sgd");
   only({"beta1", "beta2"}, c.optimizer == OptimizerKind::adamw, "--optimizer adamw");
   only({"warmup-steps", "min-lr", "decay-steps"}, c.lr_schedule == LrSchedule::cosine, "--lr-schedule cosine");
@@ -547,6 +553,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
       c.config_file = file;
+      if (file.empty()) throw UsageError("--config: an empty path (an unset variable?): give one, or leave the flag out");
       std::error_code ec;
       const bool there = std::filesystem::exists(file, ec);  // false with ec set: a directory on the way not searchable
       if (ec) throw UsageError("--config: '" + file + "': cannot be read: " + ec.message());
@@ -566,13 +573,20 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       try {
         const po::parsed_options from_file = po::parse_config_file(in, all);
         // What only a command line can say: a file does not include another, nor asks for help.
-        for (const po::option& o : from_file.options)
+        for (const po::option& o : from_file.options) {
+          // An empty value would turn a switch on (resume = $RESUME, the variable unset, resumed).
+          const po::option_description* d = all.find_nothrow(o.string_key, false);
+          if (d && d->semantic()->max_tokens() == 0 && (o.value.empty() || o.value.front().empty()))
+            throw UsageError("--config " + file + ": '" + o.string_key + " =' has no value (an unset variable?): write " +
+                             o.string_key + " = true, or false");
           if (o.string_key == "config" || o.string_key == "help")
             throw UsageError("--config " + file + ": '" + o.string_key + "' cannot be set in a config file (" +
                              (o.string_key == "config" ? "config files do not include others" : "give --help on the command line") +
                              ")");
-        // Every value of the file is checked, even one the command line overrides, and a key given
-        // twice is an error: a typo in a config must not wait for the day the override goes.
+        }
+        // Every value of the file is parsed, even one the command line overrides, and a key given
+        // twice is an error: a malformed value must not wait for the day the override goes. (Ranges
+        // are checked on the values the run takes: an overridden value may well not fit this run.)
         po::variables_map alone;
         po::store(from_file, alone);
         po::store(from_file, vm);  // values already set by the command line win
@@ -597,7 +611,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     take_model_flags(vm, c, true);
     drop_inert_model_flags(c, on_command_line, &res.notices, &ignored);
     check_ranges(c, world_size);
-    take_model_flags(vm, c, false);
+    take_model_flags(vm, c, false, on_command_line, &res.notices, &ignored);
     check_flags_apply(vm, c, on_command_line, &res.notices, &ignored);
     // A switch's value (--resume, resume = true, resume = 1) as true or false.
     auto is_switch = [&all](const std::string& k) {

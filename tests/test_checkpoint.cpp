@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <fstream>
@@ -178,6 +179,24 @@ TEST(Checkpoint, AResumeOnOtherBytesUnderTheSameNamesAndSizesIsRefused) {
   EXPECT_NE(bad_text.out.find("--data " + text + ": its bytes are not those of the file the checkpoint"),
             std::string::npos)
       << bad_text.out;
+  // A safetensors file (the MLP's x and y): one checksum of its values, and its samples (a resume on
+  // another file trained on, silently: the checkpoint recorded 0 samples and no checksum).
+  const std::string mlp = " --width 8 --layers 2 --batch-size 4 --threads 1 --log-every 0 --data ";
+  const auto write_xy = [](const std::string& path, int64_t n, double y0) {
+    std::vector<double> x(static_cast<size_t>(n * 8)), y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1 * static_cast<double>(i)), y[i] = i ? 0.5 * x[i] : y0;
+    safetensors::save(path, {{"x", from_vector(x, {n, 8})}, {"y", from_vector(y, {n, 8})}});
+  };
+  write_xy(d.file("xy.safetensors"), 32, 0.0);
+  ASSERT_EQ(run(mlp + d.file("xy.safetensors") + " --steps 2 --checkpoint-dir " + d.file("ck_xy")).code, 0);
+  write_xy(d.file("xy.safetensors"), 32, 1.0);  // one target changed
+  const RunResult bad_xy = run(mlp + d.file("xy.safetensors") + " --steps 3 --resume --checkpoint-dir " + d.file("ck_xy"));
+  EXPECT_EQ(bad_xy.code, 2) << bad_xy.out;
+  EXPECT_NE(bad_xy.out.find("its bytes are not those of the file the checkpoint"), std::string::npos) << bad_xy.out;
+  write_xy(d.file("xy.safetensors"), 16, 0.0);  // half the samples
+  const RunResult fewer = run(mlp + d.file("xy.safetensors") + " --steps 3 --resume --checkpoint-dir " + d.file("ck_xy"));
+  EXPECT_EQ(fewer.code, 2) << fewer.out;
+  EXPECT_NE(fewer.out.find("data_samples 16 does not match the checkpoint's 32"), std::string::npos) << fewer.out;
 }
 
 // Every model resumes bitwise, and an aggregator that draws (Random) continues its stream.
@@ -312,6 +331,25 @@ TEST(Checkpoint, KeepsTheLastKAndRemovesStaleTemporaries) {
   for (const auto& e : fs::directory_iterator(d.file("ck"))) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000008"}));
+}
+
+// A writer killed with nobody yet to reap it (timeout -s KILL kills itself with it; a container's
+// PID 1 may reap late) is a zombie, which answers kill(pid, 0): its temporary is stale all the same
+// (it was kept until the zombie was reaped, a run later).
+TEST(Checkpoint, AZombieWritersTemporaryIsStale) {
+  TempDir d;
+  const pid_t zombie = ::fork();
+  if (zombie == 0) ::_exit(0);
+  while (true) {  // until it has exited (waitid with WNOWAIT leaves it a zombie)
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(zombie), &info, WEXITED | WNOWAIT) == 0) break;
+  }
+  const std::string stale = d.file("ck/.tmp-step-00000002." + std::to_string(zombie));
+  fs::create_directories(stale);
+  const RunResult r = run(gpt_args("off") + " --steps 1 --checkpoint-dir " + d.file("ck"));
+  ::waitpid(zombie, nullptr, 0);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(stale)) << r.out;
 }
 
 TEST(Checkpoint, InterruptedRunCheckpointsWhereItStoppedAndResumes) {

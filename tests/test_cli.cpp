@@ -131,6 +131,7 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--prompt hello", "--prompt: only a sample uses it"},
       {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
       {gpt + "--gelu new", "--gelu"},               {mlp + "--gelu tanh", "--gelu"},
+      {mlp + "--eval-batches 3", "--eval-batches: only --eval-every N"},  // it was ignored
       {mlp + "--width 99999999999999999999", "--width 99999999999999999999 is out of range"},  // not "whole number"
       // cuDNN's attention where it cannot run: named with the reason, before any step.
       {gpt + "--attention cudnn --device cpu --amp bf16", "--attention cudnn: cuDNN runs on a GPU, and this run trains on the CPU"},
@@ -666,6 +667,18 @@ TEST(Cli, ARankWhoseDataDiffersFromRank0sIsNamedAtTheSetup) {
   const RunResult val = run(tok + val_a + " : -np 1 " + AMP_TRAIN_BIN + " " + tok + val_b, one_rank);
   EXPECT_EQ(val.code, 2) << val.out;
   EXPECT_NE(val.out.find("error (rank 1): --data"), std::string::npos) << val.out;
+  // A safetensors file (the MLP's, the multi-task model's) of the same shape with one other value.
+  Generator g(3);
+  const Tensor x = randn({16, 8}, g);
+  safetensors::save(d.file("a.safetensors"), {{"x", x}, {"y", mul(x, 0.5)}});
+  safetensors::save(d.file("b.safetensors"), {{"x", x}, {"y", mul(x, 0.25)}});
+  const std::string mlp = "--width 8 --layers 2 --batch-size 4 --steps 2 --threads 1 --comm-timeout 30 --data ";
+  const RunResult xy = run(mlp + d.file("a.safetensors") + " : -np 1 " + AMP_TRAIN_BIN + " " + mlp +
+                           d.file("b.safetensors"), one_rank);
+  EXPECT_EQ(xy.code, 2) << xy.out;
+  EXPECT_NE(xy.out.find("error (rank 1): --data " + d.file("b.safetensors") + " (or --val-data) is not what rank 0 reads"),
+            std::string::npos)
+      << xy.out;
 }
 
 // A multi-task model of one task records that task's loss, as the README's metrics say it does (it
@@ -704,6 +717,14 @@ TEST(Cli, AConfigKeyThatChangesNothingIsANotice) {
             std::string::npos)
       << gpt.out;
   EXPECT_NE(gpt.out.find("--prompt: only a sample uses it"), std::string::npos) << gpt.out;
+  // Another model's keys, and keys whose feature is off (they were refused, exit 2).
+  std::ofstream(d.file("models.cfg")) << "tasks = 3\naggregator = mean\nkeep-checkpoints = 2\neval-batches = 3\n";
+  const RunResult mlp = run(kSmall + "--config " + d.file("models.cfg"));
+  EXPECT_EQ(mlp.code, 0) << mlp.out;
+  for (const char* why : {"--tasks: only --model mtl uses it (this run is --model mlp); ignored",
+                          "--aggregator: only --model mtl uses it", "--keep-checkpoints: only --checkpoint-dir DIR uses it",
+                          "--eval-batches: only --eval-every N"})
+    EXPECT_NE(mlp.out.find(why), std::string::npos) << why << "\n" << mlp.out;
 }
 
 // Every rank runs rank 0's flags: a rank given another seed trained on another teacher's data, in
@@ -1005,6 +1026,7 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   { std::ofstream(d.file("bad_value.cfg")) << "lr = abc\n"; }
   { std::ofstream(d.file("twice.cfg")) << "lr = 0.1\nlr = 0.2\n"; }
+  { std::ofstream(d.file("unset.cfg")) << "resume =\ncheckpoint-dir = ck\n"; }  // resume = $RESUME, unset: it resumed
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"--wid 16", "--wid"},
       {"--amp fp16 bf16", "unexpected argument 'bf16'"},
@@ -1015,6 +1037,8 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
       {"--config " + fifo, "not a regular file"},
       {"--config " + d.file("bad_value.cfg") + " --lr 0.1", "--config"},
       {"--config " + d.file("twice.cfg"), "--config"},
+      {"--config " + d.file("unset.cfg"), "unset.cfg: 'resume =' has no value (an unset variable?)"},
+      {"--config ''", "--config: an empty path (an unset variable?)"},
   };
   for (const auto& [args, says] : bad) {
     const auto t0 = std::chrono::steady_clock::now();

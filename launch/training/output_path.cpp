@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <system_error>
 
@@ -54,7 +55,14 @@ std::filesystem::path written_through(const std::string& path) {
 
 bool writer_is_gone(const std::string& pid) {
   if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
-  return ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;  // alive, or not ours: kept
+  if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0) return errno == ESRCH;  // not ours (EPERM): kept
+  // A zombie answers kill() but writes nothing: killed, with nobody to reap it yet (timeout -s KILL
+  // kills itself with its child; a container's PID 1 may reap late). /proc/PID/stat: "PID (comm) S ...".
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& path) {

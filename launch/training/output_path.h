@@ -16,7 +16,8 @@ std::filesystem::path written_through(const std::string& path);
 void check_output_path(const char* flag, const std::string& path);
 
 // True when pid (a temporary's suffix: the decimal id of the process that wrote it) names no live
-// process: the temporary is stale. False for anything else, including a live process of another user.
+// process (none, or a zombie not yet reaped): the temporary is stale. False for anything else,
+// including a live process of another user.
 bool writer_is_gone(const std::string& pid);
 
 // Removes the temporaries that a killed save of path left behind ("NAME.tmp.PID", safetensors.h,

@@ -114,6 +114,7 @@ void Trainer::resume() {
                                   "--micro-batches may change");
     for (const auto& [key, value] : now["must_match"].items()) {
       if (then.contains(key) && then[key] == value) continue;
+      if (key == "data_samples" && then.contains(key) && then[key] == 0) continue;  // a --data file's, unrecorded before
       const std::string was = then.contains(key) ? then[key].dump() : "nothing";
       std::string hint;
       if (key == "effective_batch") {

@@ -11,6 +11,7 @@
 #include "runtime/ops/autograd.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/ops/ops.h"
+#include "runtime/core/fnv1a.h"
 #include "runtime/core/safetensors.h"
 
 namespace amp::models {
@@ -106,23 +107,35 @@ class Synthetic final : public Dataset {
   std::vector<std::vector<Tensor>> chunks_;  // [x, targets...] per chunk, generated on first use
 };
 
+// A file's tensors, all on the device; the checksum of their values (x, then the targets), which a
+// checkpoint records and every rank compares, as a text file's.
+struct FileTensors {
+  std::vector<Tensor> tensors;
+  std::string checksum;
+};
+
 class FromFile final : public Dataset {
  public:
-  FromFile(std::vector<Tensor> tensors, std::string path) : tensors_(std::move(tensors)), path_(std::move(path)) {}
+  FromFile(FileTensors file, std::string path)
+      : tensors_(std::move(file.tensors)), checksum_(std::move(file.checksum)), path_(std::move(path)) {}
   Batch rows(int64_t first, int64_t count) override {
     const int64_t n = tensors_[0].shape()[0];
     return to_batch(copy_rows(tensors_, first, count, n, n, [this](int64_t) -> const std::vector<Tensor>& { return tensors_; }));
   }
   std::string describe() const override { return path_ + " (" + std::to_string(tensors_[0].shape()[0]) + " samples)"; }
+  // Its samples and its values: another file on a rank, or at a resume, is named (it trained silently).
+  int64_t resume_size() const override { return tensors_[0].shape()[0]; }
+  nlohmann::json content_checksums() const override { return checksum_; }
 
  private:
   std::vector<Tensor> tensors_;  // x, then the targets
+  std::string checksum_;
   std::string path_;
 };
 
 // The named float32 tensors of a --data file, each [N, width_i] with one N, moved to device.
-std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& wanted,
-                                 const std::string& expected, Device device) {
+FileTensors read_tensors(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& wanted,
+                         const std::string& expected, Device device) {
   if (has_llmc_magic(path))
     throw std::invalid_argument(path + ": --data is llm.c token data, which --model gpt trains on (with --vocab-size); "
                                 "this model's --data is a safetensors file of " + expected);
@@ -133,6 +146,7 @@ std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std:
       throw std::invalid_argument(path + ": --data file holds a tensor '" + n + "' that this run does not read (expected " +
                                   expected + ", and nothing else): a file made for another --model, --tasks or --width?");
   std::vector<Tensor> out;
+  uint64_t checksum = kFnv1aOffset;
   for (const auto& [name, width] : wanted) {
     Tensor t;
     for (const auto& [n, v] : tensors)
@@ -146,9 +160,11 @@ std::vector<Tensor> read_tensors(const std::string& path, const std::vector<std:
     if (!out.empty() && t.shape()[0] != out[0].shape()[0])
       throw std::invalid_argument(path + ": tensors '" + wanted[0].first + "' " + shape_str(out[0].shape()) + " and '" + name +
                                   "' " + shape_str(t.shape()) + " hold different numbers of samples");
+    const uint64_t words = fnv1a_words(t.data<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+    checksum = fnv1a(&words, sizeof words, checksum);
     out.push_back(t.to(device));
   }
-  return out;
+  return {std::move(out), hex64(checksum)};
 }
 
 }  // namespace

@@ -38,8 +38,9 @@ class Dataset {
   virtual nlohmann::json resume_identity() const { return {{"data_samples", resume_size()}}; }
   // Checksums of the data's content (fnv1a_words, runtime/core/fnv1a.h) that a checkpoint records
   // and a resumed run must match: same names and sizes with other bytes (shards made again) would
-  // otherwise resume silently on other data. Text: one, of the file; token data: one per shard, in
-  // resume_identity's order; null for data generated from the seed or read from safetensors.
+  // otherwise resume silently on other data. Text and a safetensors file: one, of the file (the
+  // latter of its tensors' values); token data: one per shard, in resume_identity's order; null for
+  // data generated from the seed.
   virtual nlohmann::json content_checksums() const { return nullptr; }
   // A separate validation set's shards (names, sizes, checksums), which every rank must read alike
   // (amp_train compares them over the ranks); null where there is none (text's split is in the file).
