@@ -25,6 +25,9 @@ void GradScaler::validate() const {
   if (o.hysteresis < 1) throw std::invalid_argument("hysteresis must be >= 1. Got " + std::to_string(o.hysteresis));
   if (o.min_scale < 0.0f || !(o.max_scale >= o.min_scale))
     throw std::invalid_argument("min_scale must be >= 0 and <= max_scale");
+  if (o.dynamic && !(o.init_scale >= o.min_scale && o.init_scale <= o.max_scale))  // (it was taken, outside them)
+    throw std::invalid_argument("init_scale must lie in [min_scale, max_scale]. Got " + float_repr(o.init_scale) + " in [" +
+                                float_repr(o.min_scale) + ", " + float_repr(o.max_scale) + "]");
 }
 
 void GradScaler::require_state(const char* funcname) const {

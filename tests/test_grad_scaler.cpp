@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 #include <limits>
 
+#include "amp/clip_grad.h"
 #include "amp/grad_scaler.h"
 #include "amp/overflow.h"
 #include "runtime/kernels/backend.h"
@@ -327,6 +330,45 @@ TEST(Overflow, AttributionNamesTheLayer) {
   Tensor g = m.named_parameters()[2].second.grad();  // 1.weight
   g.data<float>()[5] = NAN;
   EXPECT_EQ(nonfinite_gradients(m.named_parameters()), (std::vector<std::string>{"1.weight"}));
+}
+
+// Misuse from C++ is an exception naming it (a stranger's probe of the API): an optimizer step read
+// any found_inf or grad_scale as one float32 (a float64 1 did not skip the step, a float16 scale
+// gave garbage, an empty found_inf read null); an undefined tensor anywhere dereferenced null; a
+// dynamic scale outside [min_scale, max_scale] was taken as it was.
+TEST(ApiMisuse, IsAnExceptionNamingIt) {
+  Tensor p = zeros({2}).set_requires_grad(true);
+  p.set_grad(from_vector({3.0, 4.0}, {2}));
+  optim::SGD opt({p}, optim::SgdOptions{1.0});
+  auto says = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected: " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  says([&] { opt.step(from_vector({1.0}, {1}, DType::f64)); }, "optimizer step: found_inf: expected one float32 on cpu");
+  says([&] { opt.step(zeros({0})); }, "found_inf: expected one float32");
+  says([&] { opt.step(zeros({2})); }, "found_inf: expected one float32");
+  says([&] { opt.step(Tensor(), full({1}, 2.0, DType::f16)); }, "optimizer step: grad_scale: expected one float32");
+  EXPECT_EQ(p.to_vector(), (std::vector<double>{0.0, 0.0})) << "no refused step moved the parameter";
+  opt.step(zeros({1}));
+  EXPECT_EQ(p.to_vector(), (std::vector<double>{-3.0, -4.0})) << "a float32 found_inf of 0 steps";
+
+  const std::string undefined = "an undefined tensor";
+  says([&] { GradScaler().scale(Tensor()); }, undefined);
+  says([&] { optim::SGD bad({Tensor()}, optim::SgdOptions{0.1}); }, undefined);
+  says([&] { clip_grad_norm_({p, Tensor()}, 1.0); }, undefined);
+  says([&] { add(Tensor(), p); }, undefined);
+  says([&] { Tensor().backward(); }, undefined);
+  says([&] { (void)Tensor().shape(); }, undefined);
+  says([&] { optim::SGD twice({p, p}, optim::SgdOptions{0.1}); }, "a parameter appears twice in the parameter list");
+
+  GradScalerOptions o;
+  o.init_scale = 100.0;
+  o.max_scale = 8.0f;
+  says([&] { GradScaler s(o); }, "init_scale must lie in [min_scale, max_scale]");
 }
 
 }  // namespace

@@ -247,5 +247,28 @@ TEST(Safetensors, RegressionCorpusIsRejected) {
   EXPECT_GT(n, 10);
 }
 
+// What load() would refuse is never written: a name twice (the header kept one over both tensors'
+// bytes, and the file was unreadable), the header's own key, an undefined tensor; nothing is left.
+TEST(Safetensors, SaveRefusesWhatLoadWouldRefuse) {
+  const std::string path = (std::filesystem::temp_directory_path() / "amp_test_refused.safetensors").string();
+  std::filesystem::remove(path);
+  const std::vector<std::pair<safetensors::NamedTensors, std::string>> bad = {
+      {{{"x", ones({1})}, {"x", ones({1})}}, "two tensors are named 'x'"},
+      {{{"__metadata__", ones({1})}}, "'__metadata__' is the header's own key"},
+      {{{"x", Tensor()}}, "tensor 'x' is undefined"}};
+  for (const auto& [tensors, says] : bad) {
+    try {
+      safetensors::save(path, tensors);
+      ADD_FAILURE() << says << ": written";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": " + says), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(safetensors::serialize(tensors), std::invalid_argument) << says;
+    EXPECT_FALSE(std::filesystem::exists(path)) << says;
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path()))
+      EXPECT_NE(e.path().filename().string(), "amp_test_refused.safetensors.tmp." + std::to_string(::getpid()));
+  }
+}
+
 }  // namespace
 }  // namespace amp

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include "runtime/core/file_kind.h"
@@ -69,6 +70,17 @@ NamedTensors parse(const std::string& bytes, const std::string& path) {
 
 namespace {
 // The file: the header's length (8 bytes, little-endian), the header, then every tensor's bytes.
+// What load() would refuse, refused before anything is written: a name twice (the header kept one
+// of them over both tensors' bytes), the header's own key, an undefined tensor.
+void check_writable(const NamedTensors& tensors, const std::string& path) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") fail(path, "'__metadata__' is the header's own key, not a tensor's name");
+    if (!names.insert(name).second) fail(path, "two tensors are named '" + name + "'");
+    if (!t.defined()) fail(path, "tensor '" + name + "' is undefined (amp::Tensor())");
+  }
+}
+
 void write_to(std::ostream& out, const NamedTensors& tensors) {
   // {"format": "pt"}, as PyTorch's save_pretrained writes: transformers' from_pretrained reads it, and
   // some of its versions fail on a file without metadata.
@@ -97,6 +109,7 @@ void write_to(std::ostream& out, const NamedTensors& tensors) {
 }  // namespace
 
 std::string serialize(const NamedTensors& tensors) {
+  check_writable(tensors, "safetensors::serialize");
   std::ostringstream out(std::ios::binary);
   write_to(out, tensors);
   return out.str();
@@ -113,6 +126,7 @@ void save(const std::string& path, const NamedTensors& tensors) {
   }
   if (const std::string kind = irregular_file(target); !kind.empty())
     fail(path, "exists and is " + kind + "; refusing to replace it");
+  check_writable(tensors, path);
   const std::string tmp = target + kTemporaryInfix + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -32,6 +32,10 @@ Storage::~Storage() {
   if (!owner_) memory_for(device_).deallocate(data_, bytes_);
 }
 
+void Tensor::undefined_tensor() {
+  throw std::invalid_argument("an undefined tensor (amp::Tensor(), which holds nothing) where a tensor is needed");
+}
+
 int64_t Tensor::size(int64_t d) const {
   const int64_t n = dim();
   if (d < 0) d += n;
@@ -56,7 +60,7 @@ void Tensor::set_grad_destination(const Tensor& dst) {
 
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = impl_->storage;
+  impl->storage = checked().storage;
   impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;

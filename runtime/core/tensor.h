@@ -64,31 +64,33 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
+  // Every accessor below throws std::invalid_argument on an undefined tensor (Tensor()), as
+  // libtorch's do: an op or optimizer handed one says so, where it would dereference null.
   bool defined() const { return impl_ != nullptr; }
-  const Shape& shape() const { return impl_->shape; }
-  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  const Shape& shape() const { return checked().shape; }
+  int64_t dim() const { return static_cast<int64_t>(checked().shape.size()); }
   int64_t size(int64_t d) const;  // negative d counts from the end
-  int64_t numel() const { return shape_numel(impl_->shape); }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device(); }
+  int64_t numel() const { return shape_numel(checked().shape); }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().storage->device(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
 
-  void* data_ptr() const { return static_cast<char*>(impl_->storage->data()) + impl_->offset; }
+  void* data_ptr() const { return static_cast<char*>(checked().storage->data()) + impl_->offset; }
   template <class T>
   T* data() const { return static_cast<T*>(data_ptr()); }
 
   // --- autograd
-  bool requires_grad() const { return impl_->requires_grad; }
+  bool requires_grad() const { return checked().requires_grad; }
   Tensor& set_requires_grad(bool r);
-  bool is_leaf() const { return impl_->grad_fn == nullptr; }
-  const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
-  Tensor grad() const { return Tensor(impl_->grad); }
-  void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
+  bool is_leaf() const { return checked().grad_fn == nullptr; }
+  const std::shared_ptr<Node>& grad_fn() const { return checked().grad_fn; }
+  Tensor grad() const { return Tensor(checked().grad); }
+  void set_grad(const Tensor& g) { checked().grad = g.impl_; }
   // Runs when this leaf's gradient is final for the current backward (after accumulation).
-  void register_post_accumulate_grad_hook(GradHook hook) { impl_->post_accumulate_hooks.push_back(std::move(hook)); }
+  void register_post_accumulate_grad_hook(GradHook hook) { checked().post_accumulate_hooks.push_back(std::move(hook)); }
   // Same shape and dtype as this leaf; ops that can write its gradient straight there do.
   void set_grad_destination(const Tensor& dst);
-  Tensor grad_destination() const { return Tensor(impl_->grad_destination); }
+  Tensor grad_destination() const { return Tensor(checked().grad_destination); }
   // Defined with the ops (runtime/ops/tensor_ops.cpp, target amp_ops), as are to(DType), reshape and
   // from_vector below: they record autograd history or run a kernel.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false, bool create_graph = false) const;
@@ -109,6 +111,11 @@ class Tensor {
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
 
  private:
+  [[noreturn]] static void undefined_tensor();
+  TensorImpl& checked() const {
+    if (impl_ == nullptr) undefined_tensor();
+    return *impl_;
+  }
   std::shared_ptr<TensorImpl> impl_;
 };
 

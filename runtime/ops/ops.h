@@ -66,7 +66,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 Tensor causal_softmax(const Tensor& x, double scale = 1.0);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
 Tensor nll_loss(const Tensor& logp, const Tensor& target);   // target: int64 class indices, mean
-Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);  // no ignore_index: -100 is out of range
 // A classifier's cross-entropy fused (Backend::cross_entropy): the logits [N, V] are read in their own
 // dtype (16-bit under autocast: no fp32 copy, no log-softmax in memory) and the backward writes their
 // gradient in that dtype in one pass. Only the first `classes` columns (-1: all V) are classes: a

@@ -4,6 +4,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "runtime/kernels/backend.h"
 #include "runtime/ops/ops.h"
 
 namespace amp::optim {
@@ -17,7 +18,9 @@ Optimizer::Optimizer(const std::vector<std::vector<Tensor>>& groups, const std::
     for (const Tensor& p : groups[g]) {
       if (!p.is_leaf() || !p.requires_grad())
         throw std::invalid_argument("optimizer can only optimize leaf tensors that require grad");
-      if (!seen.insert(p.impl()).second) throw std::invalid_argument("some parameters appear in more than one parameter group");
+      if (!seen.insert(p.impl()).second)
+        throw std::invalid_argument(groups.size() == 1 ? "a parameter appears twice in the parameter list"
+                                                       : "some parameters appear more than once in the parameter groups");
       if (p.device() != groups[0][0].device())
         throw std::invalid_argument("optimizer parameters must all be on one device, got " + groups[0][0].device().str() +
                                     " and " + p.device().str());
@@ -41,6 +44,10 @@ void Optimizer::write_lr() {
 }
 
 void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale, const NormClip& clip) {
+  // Read as one float32 where the parameters are (any other dtype or size was read as one, wrongly).
+  const Device device = params_[0].device();
+  if (found_inf.defined()) require_device_scalar(found_inf, DType::f32, device, "optimizer step: found_inf");
+  if (grad_scale.defined()) require_device_scalar(grad_scale, DType::f32, device, "optimizer step: grad_scale");
   write_lr();
   std::map<size_t, std::vector<size_t>> present;  // cohort -> its parameters that have a gradient
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -123,26 +123,27 @@ SH
   chmod +x "$work/fake_python"
   bench=(python3 "$src/launch/bench/bench_vs_pytorch.py" --python "$work/fake_python" --amp-train "$build/launch/amp_train"
          --bench-mlp "$build/launch/bench_mlp" --sizes 256x64 --modes fp32 --layers 1 --steps 6 --threads 1)
+  long=317.$$  # a sleep no other run of this check has (pgrep looks for it)
   row() { python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$work/b.json" "$1"; }
   # A compile of 317 s in a budget of 15: stopped, its column failed, eager's figures kept, one round.
-  expect "bench --budget compile" 0 env FAKE_COMPILE_S=317 "${bench[@]}" --compile --rounds 3 --budget 15 \
+  expect "bench --budget compile" 0 env FAKE_COMPILE_S=$long "${bench[@]}" --compile --rounds 3 --budget 15 \
     --json "$work/b.json" -- "torch.compile stopped"
   grep -q "did not finish within --budget" "$work/stdout" || fail "bench --budget compile: no failure said: $(tail -n 5 "$work/stdout")"
   [[ $(row 'j["rows"][0]["rounds"], j["rows"][0]["torch_ms"]["debian"], j["rows"][0]["ratio_compile"], j["rounds_short"]') == "(1, 2.0, None, True)" ]] ||
     fail "bench --budget compile: $(row 'j["rows"], j["rounds_short"]')"
-  ! pgrep -f "sleep 317" >/dev/null || fail "bench --budget compile: the stopped run's sleep 317 is still running"
+  ! pgrep -f "sleep $long" >/dev/null || fail "bench --budget compile: the stopped run's sleep $long is still running"
   # Rounds of 3 s or more in a budget of 10: the later ones not started, the figures those of the first.
   expect "bench --budget rounds" 0 env FAKE_EAGER_S=3 "${bench[@]}" --rounds 20 --budget 10 --json "$work/b.json"
   grep -q "not started: --budget 10 s would end in it" "$work/stdout" || fail "bench --budget rounds: $(tail -n 3 "$work/stdout")"
   [[ $(row '0 < j["rows"][0]["rounds"] < 4') == True ]] || fail "bench --budget rounds: $(row 'j["rows"]')"
   # A first round that the budget ends: no figures, exit 1.
-  expect "bench --budget none" 1 env FAKE_EAGER_S=317 "${bench[@]}" --rounds 2 --budget 5 -- "no figures"
-  ! pgrep -f "sleep 317" >/dev/null || fail "bench --budget none: the stopped run's sleep 317 is still running"
+  expect "bench --budget none" 1 env FAKE_EAGER_S=$long "${bench[@]}" --rounds 2 --budget 5 -- "no figures"
+  ! pgrep -f "sleep $long" >/dev/null || fail "bench --budget none: the stopped run's sleep $long is still running"
   expect "bench --budget 0" 2 "${bench[@]}" --budget 0 -- "--budget 0"
   # Stopped from outside (gpu_check's timeout, SIGTERM): its run stops with it.
-  (cd "$work" && FAKE_EAGER_S=317 timeout 8 "${bench[@]}" >/dev/null 2>&1) && fail "bench SIGTERM: it exited 0"
+  (cd "$work" && FAKE_EAGER_S=$long timeout 8 "${bench[@]}" >/dev/null 2>&1) && fail "bench SIGTERM: it exited 0"
   sleep 1
-  ! pgrep -f "sleep 317" >/dev/null || fail "bench SIGTERM: its run's sleep 317 outlived it"
+  ! pgrep -f "sleep $long" >/dev/null || fail "bench SIGTERM: its run's sleep $long outlived it"
 fi
 
 ((failed == 0)) || exit 1
