@@ -65,7 +65,7 @@ int64_t FlagReader::integer(const std::string& name, int64_t min) const {
   try {
     v = std::stoll(s, &used);
   } catch (const std::out_of_range&) {
-    throw std::invalid_argument("--" + name + " " + s + " is out of range (a whole number of at most 19 digits)");
+    throw std::invalid_argument("--" + name + " " + s + " is out of range (a whole number must fit in 64 bits: at most 9223372036854775807)");
   } catch (const std::exception&) {
     used = 0;
   }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli_util.h"
+#include "runtime/core/fnv1a.h"
 #include "test_util.h"
 
 namespace amp {
@@ -197,6 +198,17 @@ TEST(Checkpoint, AResumeOnOtherBytesUnderTheSameNamesAndSizesIsRefused) {
   const RunResult fewer = run(mlp + d.file("xy.safetensors") + " --steps 3 --resume --checkpoint-dir " + d.file("ck_xy"));
   EXPECT_EQ(fewer.code, 2) << fewer.out;
   EXPECT_NE(fewer.out.find("data_samples 16 does not match the checkpoint's 32"), std::string::npos) << fewer.out;
+  // A checkpoint written before these were recorded (0 samples, no checksum) still resumes.
+  const std::string meta_path = d.file("ck_xy/step-00000002/trainer.json");
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(meta_path));
+  meta["must_match"]["data_samples"] = 0;
+  meta["data_checksums"] = nullptr;
+  meta.erase("checksum");
+  const std::string compact = meta.dump();
+  meta["checksum"] = hex64(fnv1a(compact.data(), compact.size()));  // trainer.json's own, as written
+  std::ofstream(meta_path) << meta.dump(2);
+  const RunResult old = run(mlp + d.file("xy.safetensors") + " --steps 3 --resume --checkpoint-dir " + d.file("ck_xy"));
+  EXPECT_EQ(old.code, 0) << old.out;
 }
 
 // Every model resumes bitwise, and an aggregator that draws (Random) continues its stream.

@@ -44,8 +44,9 @@ that column says so, with the message, and the rest of the benchmark goes on.
 --budget SECONDS: the whole benchmark's time (default: none; under launch/scripts/gpu_check.sh, its
 stage's limit less 20 s, read from GPU_CHECK_STAGE_LIMIT). A round starts only where the rounds so far
 say it ends in time, each run is stopped at the budget's end (its processes killed), and the figures
-are those of the rounds that finished: fewer rounds, not none. torch.compile's run stopped so is that
-column's failure ("did not finish within --budget"); any other side's leaves its round out. Each run's
+are those of the rounds that finished: fewer rounds, not none. torch.compile's run stopped so, before
+its column has a figure, is that column's failure ("did not finish within --budget"); any other run
+stopped so leaves its round out. Each run's
 figure is printed as it comes (a "round" line), so a benchmark killed from outside leaves them too;
 SIGTERM or SIGINT stops the run under way with it.
 
@@ -307,9 +308,9 @@ def stop_runs(signum, _frame):
     sys.exit(128 + signum)
 
 
-def run_within(cmd, **kw):
-    """subprocess.run(cmd, **kw) stopped at --budget's end: subprocess.TimeoutExpired, its process group killed
-    (torch.compile's workers and amp_train with it)."""
+def run_within(cmd, check=False, **kw):
+    """subprocess.run(cmd, check=check, **kw) stopped at --budget's end: subprocess.TimeoutExpired, its process
+    group killed (torch.compile's workers and amp_train with it)."""
     with subprocess.Popen(cmd, start_new_session=True, **kw) as p:  # (process_group= needs Python 3.11)
         RUNNING.add(p.pid)
         try:
@@ -320,6 +321,8 @@ def run_within(cmd, **kw):
             raise
         finally:
             RUNNING.discard(p.pid)
+    if check and p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, cmd, out, err)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
@@ -341,9 +344,7 @@ def run_amp_train(binary, width, batch, layers, mode, steps, threads, data=None,
         else:
             cmd = [binary, "--width", str(width), "--layers", str(layers), "--optimizer", "sgd", "--lr", "0.01",
                    "--momentum", "0.9"] + common
-        r = run_within(cmd + list(extra), stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            raise subprocess.CalledProcessError(r.returncode, r.args)
+        run_within(cmd + list(extra), check=True, stdout=subprocess.DEVNULL)
         with open(metrics) as f:
             recs = [json.loads(line) for line in f]
         end = [r for r in recs if r.get("event") == "end"]
@@ -370,7 +371,8 @@ def run_torch(python, width, batch, layers, mode, steps, warmup, threads, data=N
         if not compile_:
             raise
         print(f"torch.compile stopped {what}: --budget spent", file=sys.stderr)
-        return {"error": "did not finish within --budget (compiling and its steps took longer than what was left)"}
+        return {"error": "did not finish within --budget (compiling and its steps took longer than what was left)",
+                "budget": True}
     if out.returncode != 0:
         if not compile_:
             sys.exit(f"the PyTorch loop failed {what}:\n{out.stderr[-3000:]}")
@@ -387,12 +389,10 @@ def run_torch(python, width, batch, layers, mode, steps, warmup, threads, data=N
 
 def run_bench_mlp(binary, width, batch, layers, modes, steps, threads, device="cpu"):
     """bench_mlp's median step_ms per mode, and its scaler% per mode (SGD with momentum 0.9, as here)."""
-    r = run_within([binary, "--device", device, "--width", str(width), "--batch", str(batch), "--layers",
-                    str(layers), "--modes", ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads",
-                    str(threads), "--momentum", "0.9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise subprocess.CalledProcessError(r.returncode, r.args, r.stdout, r.stderr)
-    out = r.stdout
+    out = run_within([binary, "--device", device, "--width", str(width), "--batch", str(batch), "--layers",
+                      str(layers), "--modes", ",".join(modes), "--steps", str(steps), "--warmup", "2", "--threads",
+                      str(threads), "--momentum", "0.9"], check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True).stdout
     step, scaler = {}, {}
     for line in out.splitlines():
         f = line.split()
@@ -640,6 +640,8 @@ def main():
                         continue
                     res = run_torch(python, width, batch, a.layers, mode, a.steps, a.warmup, a.threads, data,
                                     a.device, gpt, compiled)
+                    if res.get("budget") and theirs[mode][label]:
+                        raise subprocess.TimeoutExpired(label, a.budget)  # its column has figures: the round goes
                     if "error" in res:
                         compile_error[name] = res["error"]
                         continue

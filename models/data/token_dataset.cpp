@@ -137,9 +137,9 @@ Shard open_shard(const std::string& path, TokenFormat format) {
   const File f(path);
   const int64_t size = file_size(f, path);
   Shard s{path, 0, 0, 0, ""};
+  int32_t header[3] = {0, 0, 0};
+  (void)::pread(f.fd, header, sizeof header, 0);  // what a short file lacks stays 0: no magic
   if (format == TokenFormat::llmc) {
-    int32_t header[3] = {0, 0, 0};
-    (void)::pread(f.fd, header, sizeof header, 0);  // what a short file lacks stays 0: no magic
     if (header[0] != kLlmcMagic)
       throw std::invalid_argument(path + ": not an llm.c token shard: magic " + std::to_string(header[0]) + ", expected " +
                                   std::to_string(kLlmcMagic) +
@@ -160,8 +160,6 @@ Shard open_shard(const std::string& path, TokenFormat format) {
   } else {
     // A whole llm.c header (magic, version, a count that matches the size) is no run of tokens: read as
     // uint16 it would train on 512 of them, which a large --vocab-size would accept.
-    int32_t header[3] = {0, 0, 0};
-    (void)::pread(f.fd, header, sizeof header, 0);
     if (header[0] == kLlmcMagic && header[1] == kLlmcVersion && header[2] >= 0 &&
         size == kLlmcHeaderBytes + 2 * static_cast<int64_t>(header[2]))
       throw std::invalid_argument(path + ": is an llm.c token shard (its header: magic " + std::to_string(kLlmcMagic) +

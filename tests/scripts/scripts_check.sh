@@ -10,7 +10,8 @@
 #  3. launch/bench/bench_vs_pytorch.py --budget, with the build's amp_train and bench_mlp (CPU) and a
 #     stand-in for PyTorch's interpreter that sleeps as asked: a torch.compile run that would outlast
 #     the budget is stopped (its processes killed) and is its column's failure, the round's other
-#     figures kept; the rounds after the budget would end are not started; a round the budget ends is
+#     figures kept (in a later round, after the column has a figure, that round is left out); the rounds
+#     after the budget would end are not started; a round the budget ends is
 #     left out, and none finished is exit 1, "no figures" (a GPU lease's 15 minutes are not lost to a
 #     slow compile); SIGTERM (gpu_check's own limit) stops the run under way too. Skipped without a
 #     BUILD_DIR.
@@ -117,7 +118,11 @@ else
 #!/usr/bin/env bash
 [[ $1 == -c ]] || exit 9
 [[ -n ${3:-} ]] || exit 0
-if [[ $3 == *'"compile": true'* ]]; then sleep "${FAKE_COMPILE_S:-0}"; else sleep "${FAKE_EAGER_S:-0}"; fi
+# FAKE_FAST_COMPILES: that many compiled runs take no time first (counted in compiles.count).
+if [[ $3 == *'"compile": true'* ]]; then
+  n=$(($(cat "$(dirname "$0")/compiles.count" 2>/dev/null || echo 0) + 1)); echo $n >"$(dirname "$0")/compiles.count"
+  ((n <= ${FAKE_FAST_COMPILES:-0})) || sleep "${FAKE_COMPILE_S:-0}"
+else sleep "${FAKE_EAGER_S:-0}"; fi
 echo '{"times": [2.0, 2.0, 2.0], "version": "stand-in"}'
 SH
   chmod +x "$work/fake_python"
@@ -132,6 +137,12 @@ SH
   [[ $(row 'j["rows"][0]["rounds"], j["rows"][0]["torch_ms"]["debian"], j["rows"][0]["ratio_compile"], j["rounds_short"]') == "(1, 2.0, None, True)" ]] ||
     fail "bench --budget compile: $(row 'j["rows"], j["rounds_short"]')"
   ! pgrep -f "sleep $long" >/dev/null || fail "bench --budget compile: the stopped run's sleep $long is still running"
+  # The same in round 2, after round 1 compiled: the round is left out, the compile column's figure kept.
+  rm -f "$work/compiles.count"
+  expect "bench --budget compile later" 0 env FAKE_FAST_COMPILES=1 FAKE_COMPILE_S=$long "${bench[@]}" --compile \
+    --rounds 3 --budget 15 --json "$work/b.json" -- "torch.compile stopped"
+  [[ $(row 'j["rows"][0]["rounds"], j["rows"][0]["torch_compile_ms"]["debian"], j["compile_errors"]') == "(1, 2.0, {})" ]] ||
+    fail "bench --budget compile later: $(row 'j["rows"], j["compile_errors"]')"
   # Rounds of 3 s or more in a budget of 10: the later ones not started, the figures those of the first.
   expect "bench --budget rounds" 0 env FAKE_EAGER_S=3 "${bench[@]}" --rounds 20 --budget 10 --json "$work/b.json"
   grep -q "not started: --budget 10 s would end in it" "$work/stdout" || fail "bench --budget rounds: $(tail -n 3 "$work/stdout")"
