@@ -404,7 +404,8 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   }
   std::fflush(stdout);
 
-  // 3. Training. From here SIGINT, SIGTERM, SIGUSR1, SIGUSR2 stop the job after a step, and save (launch/training/interrupt.h).
+  // 3. Training. From here SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP and SIGPIPE stop the job after a step, and
+  // save (launch/training/interrupt.h).
   trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
                                                  trainer->samples_per_step()));
   if (stall.rank >= 0 && stall.step > 0) {
@@ -412,8 +413,10 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
     if (stall.in_gather) trainer->set_before_gather(hook);
     else trainer->set_before_step(hook);
   }
-  launch::install_interrupt_handlers();
+  launch::install_interrupt_handlers(rank0);
   const launch::TrainResult result = trainer->run();
+  if (rank0 && result.interrupted_by == 0 && result.errors.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))
+    std::fprintf(stderr, "amp_train: warning: a write to standard output failed: progress lines were lost\n");
   if (!result.errors.empty()) {  // trained, but an output was not saved: named, and exit 1 (no abort)
     if (rank0)
       for (const std::string& e : result.errors) std::fprintf(stderr, "amp_train: error: %s\n", e.c_str());

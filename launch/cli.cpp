@@ -259,14 +259,16 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a finite number >= 0");
   check_scale("--init-scale", c.init_scale, c.amp);
   if (c.loss_scale.kind == LossScale::Kind::constant) check_scale("--loss-scale", c.loss_scale.given, c.amp);
-  require(c.growth_factor > 1.0, "--growth-factor", c.growth_factor, "must be > 1");
+  require(c.growth_factor > 1.0 && std::isfinite(c.growth_factor), "--growth-factor", c.growth_factor,
+          "must be a finite number > 1 (an infinite factor never grows the scale)");
   require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
   require(c.hysteresis >= 1, "--hysteresis", c.hysteresis, "must be >= 1");
   require(c.min_scale >= 0.0f && std::isfinite(c.min_scale), "--min-scale", c.min_scale, "must be a finite number >= 0");
   require(c.max_scale >= c.min_scale, "--max-scale", c.max_scale, "must be >= --min-scale");
   require(c.init_scale >= c.min_scale && c.init_scale <= c.max_scale, "--init-scale", c.init_scale,
-          "must lie in [--min-scale, --max-scale]");
+          "must lie in [--min-scale, --max-scale], here [" + printable(c.min_scale) + ", " + printable(c.max_scale) +
+              "] (its default is " + printable(TrainConfig{}.init_scale) + ")");
   require(c.threads >= 0, "--threads", c.threads, "must be >= 0 (0: cores / local ranks)");
   require(c.threads <= max_threads(), "--threads", c.threads,
           "must be at most " + std::to_string(max_threads()) + " (" + std::to_string(kMaxThreads) +
@@ -318,6 +320,14 @@ void check_ranges(const TrainConfig& c, int world_size) {
 // ignored: gets their names (a notice-only key is no difference between ranks).
 void drop_inert_model_flags(TrainConfig& c, const std::set<std::string>& on_command_line, std::vector<std::string>* notices,
                             std::set<std::string>* ignored) {
+  // A trainer's flag decides this one (an empty value is the model's to refuse, as an empty path).
+  if (const auto v = c.model_flags.find("val-data"); c.eval_every == 0 && v != c.model_flags.end() && !v->second.empty()) {
+    const std::string why = "--val-data: only the validation loss uses it, and --eval-every is 0 (none is taken)";
+    if (on_command_line.count("val-data")) throw UsageError(why);
+    notices->push_back("notice: --config " + c.config_file + ": " + why + "; ignored in this run");
+    c.model_flags.erase("val-data");
+    ignored->insert("val-data");
+  }
   try {
     std::vector<models::InertFlag> from_config;
     for (const models::InertFlag& f : models::inert_model_flags(c.model, c.model_flags))
@@ -478,7 +488,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()
     ("checkpoint-dir", po::value(&c.checkpoint_dir), "write checkpoints under DIR (step-NNNNNNNN/ each)")
-    ("checkpoint-every", with_default(&c.checkpoint_every), "checkpoint every N steps (0: at the end only); also on SIGINT, SIGTERM, SIGUSR1, SIGUSR2")
+    ("checkpoint-every", with_default(&c.checkpoint_every), "checkpoint every N steps (0: at the end only); also on SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE")
     ("keep-checkpoints", with_default(&c.keep_checkpoints), "keep the last K complete checkpoints")
     ("resume", po::bool_switch(&c.resume), "continue from the latest checkpoint in --checkpoint-dir (none: start afresh)")
     ("resume-from", po::value(&c.resume_from), "continue from this checkpoint directory (an older one, say)");
@@ -557,7 +567,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
       std::error_code ec;
       const bool there = std::filesystem::exists(file, ec);  // false with ec set: a directory on the way not searchable
       if (ec) throw UsageError("--config: '" + file + "': cannot be read: " + ec.message());
-      if (!there) throw UsageError("--config: '" + file + "': no such file");
+      if (!there) throw UsageError("--config: '" + file + "': " + missing_file(file));
       if (const std::string kind = irregular_file(file); !kind.empty())  // a directory, FIFO or /dev/zero: never read
         throw UsageError("--config: '" + file + "' is " + kind);
       std::ifstream raw(file, std::ios::binary);
@@ -592,7 +602,13 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
         po::store(from_file, vm);  // values already set by the command line win
         record(from_file);
       } catch (const po::error& e) {
-        throw UsageError("--config " + file + ": " + e.what());
+        // Boost's message quotes the value: a value of megabytes (a binary file given as the config)
+        // is not echoed whole.
+        std::string what = e.what();
+        if (what.size() > 400)
+          what = what.substr(0, 240) + " [... " + std::to_string(what.size() - 360) + " characters ...] " +
+                 what.substr(what.size() - 120);
+        throw UsageError("--config " + file + ": " + what);
       }
     }
     po::notify(vm);
@@ -613,6 +629,11 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     check_ranges(c, world_size);
     take_model_flags(vm, c, false, on_command_line, &res.notices, &ignored);
     check_flags_apply(vm, c, on_command_line, &res.notices, &ignored);
+    if (c.grad_penalty > 0.0 && c.micro_batches * world_size > 1)
+      res.notices.push_back("notice: --grad-penalty is taken per micro-batch: the step adds the mean of LAMBDA * "
+                            "||grad loss_m|| over its " + std::to_string(c.micro_batches * world_size) +
+                            " micro-batches (all ranks'), as a PyTorch loop that accumulates does; unlike the loss, "
+                            "it depends on how the batch is split");
     // A switch's value (--resume, resume = true, resume = 1) as true or false.
     auto is_switch = [&all](const std::string& k) {
       const po::option_description* d = all.find_nothrow(k, false);

@@ -323,6 +323,15 @@ TEST(Checkpoint, NewerCheckpointsAreFoundByTheirSteps) {
   RunResult r = run(args + " --steps 9 --keep-checkpoints 1 --resume-from " + d.file("saved/zz"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("holds " + newest + ", newer than"), std::string::npos) << r.out;
+  // The directory of checkpoints given as one: which to take is said (it was "trainer.json: missing
+  // (the checkpoint never completed)"); and a path that is not there is said so.
+  r = run(args + " --steps 9 --resume-from " + d.file("ck"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(d.file("ck") + ": holds checkpoints (step-0000000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("give --resume --checkpoint-dir " + d.file("ck")), std::string::npos) << r.out;
+  r = run(args + " --steps 9 --resume-from " + d.file("ck/step-00000007"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("step-00000007: no such checkpoint (it does not exist)"), std::string::npos) << r.out;
   r = run(args + " --steps 9 --resume-from " + newest + "/");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(d.file("ck/step-00000009"))) << r.out;

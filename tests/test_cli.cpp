@@ -105,7 +105,10 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--amp fp16 --loss-scale 1024 --init-scale 8", "this run's scale is the constant --loss-scale"},
       {"--seed -1", "--seed must be a whole number from 0 to 18446744073709551615, got '-1'"},
       {"--seed 18446744073709551616", "--seed must be a whole number"},
-      {"--micro-batches 65537", "--micro-batches must be at most 65536"}};
+      {"--micro-batches 65537", "--micro-batches must be at most 65536"},
+      {"--amp fp16 --growth-factor inf", "--growth-factor must be a finite number > 1"},
+      {"--amp fp16 --max-scale 0", "--init-scale must lie in [--min-scale, --max-scale], here [0.0, 0.0] (its default "
+                                   "is 65536.0), got 65536.0"}};
   for (const auto& [args, needle] : bad) {
     const RunResult r = run(args + kSmall);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
@@ -254,7 +257,9 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
       {gpt + "--data '" + d.file("none_*.bin") + "' --vocab-size 300", {"--data", "matches no file"}},
       {gpt + "--data " + d.file("train.bin") + " --vocab-size 300", {"train.bin has no llm.c header", "--data-format u16"}},
       {gpt + "--data " + d.file("train.bin") + " --vocab-size 300 --data-format llmc", {"train.bin: not an llm.c token shard"}},
-      {gpt + "--data " + text + " --val-data '" + shards + "'", {"--val-data", "is text"}},
+      {gpt + "--data " + text + " --eval-every 1 --val-data '" + shards + "'", {"--val-data", "is text"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --val-data '" + shards + "'",  // it was loaded, never used
+       {"--val-data: only the validation loss uses it, and --eval-every is 0"}},
       {gpt + "--data " + text + " --vocab-size 100", {"--vocab-size", "is text (bytes)"}},
       {gpt + "--data " + text + " --vocab-size 512", {"--vocab-size", "the vocabulary is 256, got 512"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 5", {"--prompt-tokens"}},
@@ -263,7 +268,8 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
       {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 2 --prompt-tokens 1 --prompt Hi",
        {"--prompt: --data " + shards + " holds tokens: their prompt is --prompt-tokens"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --data-format bytes", {"--data-format"}},
-      {gpt + "--data '" + shards + "' --vocab-size 300 --val-data '" + d.file("val_*.bin") + "'", {"--val-data", "matches no file"}},
+      {gpt + "--data '" + shards + "' --vocab-size 300 --eval-every 1 --val-data '" + d.file("val_*.bin") + "'",
+       {"--val-data", "matches no file"}},
       // An empty path (an unset variable in a script) turned the validation, or the decoding, off.
       {gpt + "--data '" + shards + "' --vocab-size 300 --val-data ''", {"--val-data: an empty path"}},
       {gpt + "--data '" + shards + "' --vocab-size 300 --sample-tokens 2 --prompt-tokens 1 --vocab-file ''",
@@ -602,6 +608,14 @@ TEST(Cli, EveryTrainingFeatureRunsEndToEnd) {
     EXPECT_EQ(recs[i]["scale"], 1024.0) << "a constant scale";
   }
   EXPECT_LT(recs[39]["loss"].get<double>(), recs[0]["loss"].get<double>());
+  // The penalty is each micro-batch's: said where the split changes it, and only there.
+  EXPECT_NE(r.out.find("notice: --grad-penalty is taken per micro-batch: the step adds the mean of LAMBDA * "
+                       "||grad loss_m|| over its 2 micro-batches"),
+            std::string::npos)
+      << r.out;
+  const RunResult one = run("--width 16 --layers 1 --batch-size 8 --threads 1 --steps 1 --grad-penalty 0.1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_EQ(one.out.find("--grad-penalty is taken"), std::string::npos) << one.out;
 }
 
 TEST(Cli, DeviceCudaWithoutAGpuFailsCleanly) {
@@ -663,7 +677,7 @@ TEST(Cli, ARankWhoseDataDiffersFromRank0sIsNamedAtTheSetup) {
   const std::string val_a = "'" + test::generated_token_shards("cli_rank_val_a", 1, 200) + "'";
   const std::string val_b = "'" + test::generated_token_shards("cli_rank_val_b", 1, 201) + "'";
   const std::string tok = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 "
-                          "--threads 1 --comm-timeout 30 --vocab-size 300 --data " + train + " --val-data ";
+                          "--threads 1 --comm-timeout 30 --vocab-size 300 --eval-every 1 --data " + train + " --val-data ";
   const RunResult val = run(tok + val_a + " : -np 1 " + AMP_TRAIN_BIN + " " + tok + val_b, one_rank);
   EXPECT_EQ(val.code, 2) << val.out;
   EXPECT_NE(val.out.find("error (rank 1): --data"), std::string::npos) << val.out;
@@ -795,6 +809,7 @@ TEST(Cli, GptReportsValidationLossTokensPerSecondAndSamples) {
   std::ofstream(d.file("short.txt")) << "too short";
   for (const auto& [data, want] : std::vector<std::pair<std::string, std::string>>{
            {d.file("missing.txt"), "no such file"},
+           {d.file("short.txt") + "/x.txt", "short.txt' is not a directory"},
            {d.path.string(), "it is a directory"},
            {d.file("short.txt"), "fewer than --block-size + 2"}}) {
     const RunResult bad = run(gpt + "--data " + data + " --steps 1");
@@ -1026,6 +1041,7 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   { std::ofstream(d.file("bad_value.cfg")) << "lr = abc\n"; }
   { std::ofstream(d.file("twice.cfg")) << "lr = 0.1\nlr = 0.2\n"; }
+  { std::ofstream(d.file("huge.cfg")) << "lr = " << std::string(1 << 20, '7') << "x\n"; }  // echoed whole
   { std::ofstream(d.file("unset.cfg")) << "resume =\ncheckpoint-dir = ck\n"; }  // resume = $RESUME, unset: it resumed
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"--wid 16", "--wid"},
@@ -1033,10 +1049,12 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
       {"steps=5", "unexpected argument 'steps=5'"},
       {"--config " + d.path.string(), "' is a directory"},
       {"--config " + d.file("missing.cfg"), "missing.cfg': no such file"},
+      {"--config " + d.file("twice.cfg") + "/", "twice.cfg' is not a directory"},  // it said "no such file"
       {"--config /dev/zero", "not a regular file"},
       {"--config " + fifo, "not a regular file"},
       {"--config " + d.file("bad_value.cfg") + " --lr 0.1", "--config"},
       {"--config " + d.file("twice.cfg"), "--config"},
+      {"--config " + d.file("huge.cfg"), "characters ...]"},
       {"--config " + d.file("unset.cfg"), "unset.cfg: 'resume =' has no value (an unset variable?)"},
       {"--config ''", "--config: an empty path (an unset variable?)"},
   };
@@ -1110,7 +1128,7 @@ TEST(Cli, AFifoOrDirectoryGivenAsDataOrVocabularyIsNamedAtOnce) {
        "--data: " + d.file("fifo.bin") + ": is not a regular file (a device, FIFO or socket)"},
       {gpt + "--data '" + d.file("glob") + "/*.bin' --vocab-size 300",
        "--data: " + d.file("glob/b.bin") + ": is not a regular file"},
-      {gpt + "--data " + shards + "--val-data " + d.file("fifo.bin"),
+      {gpt + "--data " + shards + "--eval-every 1 --val-data " + d.file("fifo.bin"),
        "--val-data: " + d.file("fifo.bin") + ": is not a regular file"},
       {"--steps 1 --width 8 --data " + d.file("fifo.bin"), d.file("fifo.bin")},
       {gpt + "--data " + shards + "--sample-tokens 2 --prompt-tokens 1 --vocab-file " + d.file("fifo.txt"),

@@ -201,7 +201,8 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
 // SIGUSR1 and SIGUSR2, which other tools have Slurm send before a time limit (--signal=USR1@120),
 // are stop requests as SIGTERM is: their default action ended the run with nothing saved.
 TEST(Reliability, ASigusr1OrSigusr2StopsAfterTheStepAndSaves) {
-  for (const auto& [name, code] : {std::pair{"USR1", 138}, std::pair{"USR2", 140}}) {
+  // SIGHUP too: a terminal, or an ssh session, that went away.
+  for (const auto& [name, code] : {std::pair{"USR1", 138}, std::pair{"USR2", 140}, std::pair{"HUP", 129}}) {
     SCOPED_TRACE(name);
     TempDir d;
     const std::string out = shell(
@@ -213,6 +214,51 @@ TEST(Reliability, ASigusr1OrSigusr2StopsAfterTheStepAndSaves) {
     EXPECT_TRUE(has(out, std::string("interrupted (SIG") + name + ")")) << out;
     EXPECT_TRUE(has(out, "step-")) << "no checkpoint of the step it stopped after:\n" << out;
   }
+}
+
+// Under nohup (SIGHUP ignored), a SIGHUP is no stop request: the run outlives the terminal, as asked.
+TEST(Reliability, NohupsSighupStaysIgnored) {
+  TempDir d;
+  const std::string out = shell(
+      "(trap \"\" HUP; exec $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 100000000 "
+      "--metrics m.jsonl --save-weights w.st > out.txt 2>&1) & p=$!; "
+      "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
+      "kill -HUP $p; sleep 0.5; kill -0 $p && echo alive; kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
+      d);
+  EXPECT_TRUE(has(out, "alive")) << out;
+  expect_stopped_by(out, d, "SIGTERM", 143);
+}
+
+// `amp_train ... | head` (here a grep that stops at step 3's line, so that the header lines written
+// before training are read): the reader gone, the next progress line raised SIGPIPE, whose default
+// ended the run at once with nothing saved (no weights, no checkpoint, no end record). It is a stop
+// request as SIGTERM is.
+TEST(Reliability, StandardOutputsReaderGoneStopsAfterTheStepAndSaves) {
+  TempDir d;
+  const std::string out = shell(
+      "$AMP --width 64 --layers 2 --batch-size 4 --log-every 1 --threads 1 --steps 100000000 --checkpoint-dir ck "
+      "--checkpoint-every 1000000 --save-weights w.st --metrics m.jsonl 2> err.txt | grep -m 1 \"^step 3/\" > /dev/null; "
+      "echo exit=${PIPESTATUS[0]}; cat err.txt; ls ck",
+      d);
+  expect_stopped_by(out, d, "SIGPIPE", 141);
+  EXPECT_TRUE(has(out, "interrupted (SIGPIPE, standard output's reader is gone)")) << out;
+  EXPECT_TRUE(has(out, "step-")) << "no checkpoint of the step it stopped after:\n" << out;
+}
+
+// A stop is acknowledged as it comes, not when the step in flight ends: here that step never ends
+// (rank 0 stalls in it), and a user who saw nothing would press Ctrl-C again and lose the save.
+TEST(Reliability, AStopIsAcknowledgedAsItArrives) {
+  TempDir d;
+  const std::string out = shell(
+      "AMP_DEBUG_STALL=0:3 $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
+      "> out.txt 2>&1 & p=$!; until grep -q stalling out.txt; do sleep 0.05; done; kill -INT $p; "
+      "for i in $(seq 100); do grep -q interrupted out.txt && break; sleep 0.05; done; kill -KILL $p; wait $p; "
+      "echo exit=$?; cat out.txt",
+      d);
+  EXPECT_TRUE(has(out, "stalling at step 3")) << out;
+  EXPECT_TRUE(has(out, "amp_train: interrupted (SIGINT): stopping after the step in flight; Ctrl-C again (after 2 s) "
+                       "stops at once")) << out;
+  EXPECT_TRUE(has(out, "exit=137")) << "the stalled step was not the one killed: " << out;
 }
 
 // Output that nobody reads (mpirun, signalled, stops reading its ranks' output, then kills them a
@@ -247,6 +293,16 @@ TEST(Reliability, SamplingPrintsEveryByteAndItsClosingLine) {
   ASSERT_NE(from, std::string::npos) << r.out;
   ASSERT_NE(to, std::string::npos) << "no closing line";
   EXPECT_EQ(to - (from + head.size()), 3000u) << "bytes printed";
+}
+
+// A sample that cannot be written (a full disk, /dev/full) is a requested output lost: exit 1, said.
+// It exited 0 with nothing on standard error.
+TEST(Reliability, ASampleThatCannotBeWrittenIsAFailure) {
+  TempDir d;
+  const std::string out = shell("$AMP" + kGpt + "--steps 1 --data " + corpus(d) + " --sample-tokens 400 > /dev/full; echo exit=$?", d);
+  EXPECT_TRUE(has(out, "exit=1")) << out;
+  EXPECT_TRUE(has(out, "error: the sample (")) << out;
+  EXPECT_TRUE(has(out, "bytes) could not be written to standard output: No space left on device")) << out;
 }
 
 TEST(Reliability, SamplingAndEvaluationStopAtTheNextTokenOrBatch) {
@@ -330,6 +386,31 @@ TEST(Reliability, ARequeuedCommandWithNothingLeftExitsZeroAndTouchesNothing) {
   const RunResult longer = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(longer.code, 0) << longer.out;
   EXPECT_FALSE(has(longer.out, "schedule differs")) << longer.out;
+}
+
+// A resume appends its records to the metrics: after a line cut short (the file truncated since), on a
+// line of their own. The resume record was glued onto the cut line, and both were lost. A fresh run
+// that replaces a file's records says so.
+TEST(Reliability, AResumeAppendsAfterACutLineAndAFreshRunSaysItReplaces) {
+  TempDir d;
+  const std::string args = kMlpFlags + "--checkpoint-dir " + d.file("ck") + " --metrics " + d.file("m.jsonl");
+  const RunResult first = run(args + " --steps 2");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_FALSE(has(first.out, "replacing")) << first.out;
+  const std::string whole = bytes_of(d.file("m.jsonl"));
+  write(d.file("m.jsonl"), whole.substr(0, whole.size() - 10));
+  const RunResult resumed = run(args + " --steps 4 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  std::ifstream in(d.file("m.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u + 1u + 2u + 1u) << bytes_of(d.file("m.jsonl"));  // 2 steps, the cut end, resume, 2 steps, end
+  EXPECT_EQ(lines[2], whole.substr(whole.find("{\"event\":\"end\""), lines[2].size()));
+  EXPECT_EQ(nlohmann::json::parse(lines[3])["event"], "resume");
+  EXPECT_EQ(nlohmann::json::parse(lines[4])["step"], 3);
+  const RunResult fresh = run(kMlpFlags + "--steps 1 --metrics " + d.file("m.jsonl"));
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  EXPECT_TRUE(has(fresh.out, "notice: --metrics " + d.file("m.jsonl") + ": replacing what it holds")) << fresh.out;
 }
 
 TEST(Reliability, AResumeThatCannotBeBitwiseSaysSo) {

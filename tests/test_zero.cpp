@@ -62,6 +62,22 @@ TEST(Zero, MlpFp16WithAnOverflowAndAScaleChangeOnOneTwoFourAndEightRanks) {
   EXPECT_GE(count(o.records, "\"scale\":2048.0"), 1);  // grown after steps 1 and 2, backed off by the skip
 }
 
+// A step skipped for an inf on rank 1 only has no norm, sharded or not: with --zero 0 rank 0 logged
+// the norm of its own, finite, copy of the gradients (--zero 1's all-reduced shards saw the inf).
+TEST(Zero, ASkippedStepHasNoNormWhicheverRankOverflowed) {
+  for (const char* zero : {"0", "1"}) {
+    SCOPED_TRACE(std::string("--zero ") + zero);
+    TempDir d;
+    const Outcome o = train(d, kMlp + " --amp fp16 --inject-nonfinite 3:1 --log-grad-norm --zero " + zero, 2, 2);
+    ASSERT_EQ(count(o.records, "\"skipped\":true"), 1);
+    for (const std::string& r : o.records) {
+      if (r.find("\"skipped\":true") != std::string::npos) {
+        EXPECT_NE(r.find("\"grad_norm\":null"), std::string::npos) << r;
+      }
+    }
+  }
+}
+
 TEST(Zero, GptWithWeightDecayGroupsClippingAndTheValidationLoss) {
   expect_sharded_equals_unsharded(gpt_args() + " --amp bf16 --steps 4", 4, {1, 2, 4});
 }

@@ -9,19 +9,23 @@ Four panels, sharing the step axis:
   throughput     tokens/s or samples/s from step_ms when --samples-per-step is given (with
                  --tokens-per-sample for a language model), otherwise steps/s.
 The title says how the run ended: its "end" record (steps, skipped steps, interrupted), a "failed"
-record (its error), or neither (the run was still going, or died).
+record (its error), or neither (the run was still going, or died). A resumed run appends a "resume"
+record to the file: the records of the run before it past the step it resumed from (its steps after
+the checkpoint, lost) are left out.
 
     python3 launch/scripts/plot_metrics.py run.jsonl                      # writes run.png beside it
     python3 launch/scripts/plot_metrics.py build/example/metrics.jsonl --samples-per-step 32 --tokens-per-sample 64
 
 A line that is not a JSON object, or whose fields have the wrong type, is skipped (one warning: how
-many, and the first); a file that cannot be read or leaves no step to draw exits 2, before matplotlib
-is needed. Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
+many, and the first); a file that cannot be read or leaves no step to draw, and an --out that cannot
+be written (no extension to tell the format, a directory, the metrics file itself), exit 2, before
+matplotlib is needed. Needs matplotlib (Debian: python3-matplotlib); nothing else beyond Python 3.
 """
 import argparse
 import json
 import math
 import os
+import stat
 import sys
 
 
@@ -31,8 +35,8 @@ def is_number(v):
 
 def bad_fields(r):
     """Why a record cannot be drawn (a field of the wrong type), or None. null stands for inf/NaN."""
-    if "step" in r and not (isinstance(r["step"], int) and not isinstance(r["step"], bool)):
-        return "'step' is not an integer"
+    if "step" in r and not (isinstance(r["step"], int) and not isinstance(r["step"], bool) and r["step"] >= 0):
+        return "'step' is not a whole number >= 0"
     if r.get("event") == "eval" and "step" not in r:
         return "an eval record without 'step'"
     for key in ("loss", "scale", "lr", "step_ms", "val_loss"):
@@ -50,8 +54,12 @@ def read_metrics(path):
     """The step records, eval records and the last end/failed record of a metrics file, and the lines
     skipped: their count and the first one's number and reason."""
     steps, evals, ending = [], [], None
-    skipped, first = 0, None
-    with open(path, "rb") as f:  # bytes: a stray non-UTF-8 byte spoils its line, not the file
+    skipped, first, back = 0, None, None
+    # A FIFO (<(zcat run.jsonl.gz), /dev/stdin) is opened without waiting for a writer: with none, it
+    # reads as empty, never hangs.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)
+    with open(fd, "rb") as f:  # bytes: a stray non-UTF-8 byte spoils its line, not the file
         for n, raw in enumerate(f, 1):
             line = raw.decode("utf-8", errors="replace").strip()
             if not line:
@@ -69,7 +77,15 @@ def read_metrics(path):
                 first = first or f"line {n}: {why}"
                 continue
             event = r.get("event")
-            if event is None and "step" in r:
+            if event == "resume" and isinstance(r.get("step"), int):
+                # The run before stopped (or died) after the checkpoint it resumed from: its later
+                # records are of steps trained again.
+                steps = [x for x in steps if x["step"] <= r["step"]]
+                evals = [x for x in evals if x["step"] <= r["step"]]
+                ending = None
+            elif event is None and "step" in r:
+                if steps and r["step"] <= steps[-1]["step"] and back is None:
+                    back = f"line {n}: step {r['step']} after step {steps[-1]['step']} with no resume record"
                 steps.append(r)
             elif event == "eval":
                 evals.append(r)
@@ -80,7 +96,7 @@ def read_metrics(path):
     steps = [by_step[s] for s in sorted(by_step)]
     by_step = {r["step"]: r for r in evals}
     evals = [by_step[s] for s in sorted(by_step)]
-    return steps, evals, ending, skipped, first
+    return steps, evals, ending, skipped, first, back
 
 
 def value(r, key):
@@ -116,30 +132,49 @@ def main():
     ap = argparse.ArgumentParser(description="Draw an amp_train metrics file (JSON lines) into a PNG.")
     ap.add_argument("metrics", help="the metrics file (amp_train --metrics FILE.jsonl)")
     ap.add_argument("--out", help="the PNG to write (default: the metrics file's name with .png, beside it)")
-    ap.add_argument("--samples-per-step", type=float, default=0,
+    ap.add_argument("--samples-per-step", type=float,
                     help="samples per optimizer step (batch-size x micro-batches x ranks): throughput in "
                          "samples/s (or tokens/s with --tokens-per-sample) instead of steps/s")
-    ap.add_argument("--tokens-per-sample", type=float, default=0,
+    ap.add_argument("--tokens-per-sample", type=float,
                     help="tokens per sample (--block-size for --model gpt): throughput in tokens/s")
     a = ap.parse_args()
-    if a.tokens_per_sample and not a.samples_per_step:
+    if a.tokens_per_sample is not None and a.samples_per_step is None:
         ap.error("--tokens-per-sample needs --samples-per-step")
-    if a.samples_per_step < 0 or a.tokens_per_sample < 0:
-        ap.error("--samples-per-step and --tokens-per-sample must be positive")
+    for flag, v in (("--samples-per-step", a.samples_per_step), ("--tokens-per-sample", a.tokens_per_sample)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            ap.error(f"{flag} must be a positive number, got {v:g}")
+    if a.out == "":
+        ap.error("--out: an empty path (an unset variable?): give one, or leave the flag out")
 
     # The file first: bad input exits 2 whether or not matplotlib is there.
     try:
-        steps, evals, ending, skipped, first = read_metrics(a.metrics)
+        if os.path.exists(a.metrics) and stat.S_ISCHR(os.stat(a.metrics).st_mode):
+            print(f"plot_metrics: {a.metrics}: a device, not a metrics file", file=sys.stderr)  # /dev/zero
+            sys.exit(2)
+        steps, evals, ending, skipped, first, back = read_metrics(a.metrics)
     except OSError as e:
         print(f"plot_metrics: {a.metrics}: cannot read: {e.strerror}", file=sys.stderr)
         sys.exit(2)
     if skipped:
         print(f"plot_metrics: {a.metrics}: skipped {skipped} line(s) that are not a JSON object or have a field "
               f"of the wrong type (the first: {first})", file=sys.stderr)
+    if back:
+        print(f"plot_metrics: {a.metrics}: the steps go back ({back}): two runs in one file? A step "
+              f"drawn is its last record", file=sys.stderr)
     if not steps:
         print(f"plot_metrics: {a.metrics}: no step records to draw", file=sys.stderr)
         sys.exit(2)
     out = a.out or os.path.splitext(a.metrics)[0] + ".png"
+    flag = "--out " if a.out else "the PNG "
+    why = ("is a directory" if os.path.isdir(out)
+           else "has no extension to say the format (.png, .svg, .pdf)" if not os.path.splitext(out)[1]
+           else f"is in no directory ('{os.path.dirname(out)}' does not exist)"
+           if os.path.dirname(out) and not os.path.isdir(os.path.dirname(out))
+           else "is the metrics file itself: give --out" if os.path.exists(out) and os.path.samefile(out, a.metrics)
+           else None)
+    if why:
+        print(f"plot_metrics: {flag}{out} {why}", file=sys.stderr)
+        sys.exit(2)
 
     try:
         import matplotlib
@@ -205,7 +240,7 @@ def main():
         per_step, unit = a.samples_per_step, "samples/s"
         if a.tokens_per_sample:
             per_step, unit = a.samples_per_step * a.tokens_per_sample, "tokens/s"
-    rate = [per_step * 1000.0 / r["step_ms"] if value(r, "step_ms") else float("nan") for r in steps]
+    rate = [per_step * 1000.0 / r["step_ms"] if (value(r, "step_ms") or 0) > 0 else float("nan") for r in steps]
     ax.plot(x, rate, lw=0.5, alpha=0.5, color="tab:purple")
     finite = sorted(v for v in rate if math.isfinite(v))
     if finite:

@@ -236,7 +236,15 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::function
 Checkpoint load_checkpoint(const std::string& path) {
   const fs::path dir = path;
   std::error_code ec;
+  if (!fs::exists(dir, ec))
+    throw std::invalid_argument(path + (ec ? ": cannot be read: " + ec.message() : ": no such checkpoint (it does not exist)"));
   if (!fs::is_directory(dir, ec)) throw std::invalid_argument(path + ": not a checkpoint directory");
+  if (!fs::exists(dir / kMeta, ec))  // a --checkpoint-dir given as one checkpoint: which step?
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind("step-", 0) == 0 && fs::exists(it->path() / kMeta, ec))
+        throw std::invalid_argument(path + ": holds checkpoints (" + it->path().filename().string() +
+                                    "), it is not one: give --resume --checkpoint-dir " + path +
+                                    " for its latest, or --resume-from " + (dir / "step-NNNNNNNN").string());
   Checkpoint c;
   c.path = path;
   const std::string meta_text = read_file(dir / kMeta, "written last: the checkpoint never completed");

@@ -1,11 +1,14 @@
 #include "launch/training/interrupt.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -14,13 +17,14 @@
 namespace amp::launch {
 
 namespace {
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};  // and SIGPIPE: see g_watched_fds
 
 // The first signal and when it came (CLOCK_MONOTONIC, milliseconds). Atomics, lock-free: the handler
 // may run in any thread (OpenMP's, MPI's), two at once for two copies of one signal; the first to
 // exchange g_signal from 0 is the request, and publishes its time before its number.
 std::atomic<int> g_signal{0};
 std::atomic<long long> g_first_ms{0};
+std::atomic<bool> g_announce{false}, g_announced{false};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
               "signal handlers need lock-free atomics");
 
@@ -62,33 +66,81 @@ void stop_blocking_on_output() {  // async-signal-safe: fcntl only
     }
 }
 
+// Standard output and error where they are pipes: watched for a reader that is gone (| head, a tee
+// that died), which a pipe polls as POLLERR. SIGPIPE's disposition is left as it is (Open MPI's threads
+// and its socket writes depend on it: a rank that caught it corrupted its heap when mpirun, signalled,
+// closed its sockets). A pipe found without its reader is replaced by /dev/null, so that no later
+// write raises SIGPIPE, and is a stop request labelled SIGPIPE.
+std::atomic<int> g_watched_fds[2] = {-1, -1};
+std::atomic<bool> g_output_gone{false};
+
+// Async-signal-safe: poll, open, dup2, close.
+bool drop_output_without_reader() {
+  pollfd fds[2] = {{g_watched_fds[0].load(), POLLOUT, 0}, {g_watched_fds[1].load(), POLLOUT, 0}};  // -1: not polled
+  if (fds[0].fd < 0 && fds[1].fd < 0) return false;
+  if (::poll(fds, 2, 0) <= 0) return false;
+  bool gone = false;
+  for (int i = 0; i < 2; ++i)
+    if (fds[i].revents & POLLERR) {
+      const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (null >= 0) {
+        (void)::dup2(null, fds[i].fd);
+        ::close(null);
+      }
+      g_watched_fds[i].store(-1);
+      gone = true;
+    }
+  if (gone) g_output_gone.store(true);
+  return gone;
+}
+
 void say(const char* text) {  // write(2): the only output a handler may make
   const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
 }
 
-extern "C" void on_interrupt(int signum) {
+// The first request: kept, output made non-blocking, acknowledged (rank 0). Async-signal-safe.
+bool take_request(int signum) {
   const long long now = monotonic_ms();
-  long long first = g_first_ms.load();
-  if (first == 0 && g_first_ms.compare_exchange_strong(first, now)) {  // the first: the request
-    g_signal.store(signum);
-    stop_blocking_on_output();
-    return;
+  long long first = 0;
+  if (!g_first_ms.compare_exchange_strong(first, now)) return false;  // another came first
+  g_signal.store(signum);
+  stop_blocking_on_output();
+  // Now, not when the step in flight ends (a user who saw nothing would press Ctrl-C again); not into
+  // a pipe without its reader (SIGPIPE), which would end the process.
+  if (g_announce.load() && !drop_output_without_reader()) {
+    say("amp_train: interrupted (");
+    say(signal_label(signum));
+    static_assert(kDuplicateWindowSeconds == 2.0, "the message says 2 s");
+    say(signum == SIGPIPE  ? ", standard output's reader is gone): stopping after the step in flight\n"
+        : signum == SIGINT ? "): stopping after the step in flight; Ctrl-C again (after 2 s) stops at once\n"
+                           : "): stopping after the step in flight (SIGKILL stops at once)\n");
+    g_announced.store(true);
   }
-  first = g_first_ms.load();
-  if (static_cast<double>(now - first) < kDuplicateWindowSeconds * 1000.0) return;  // a copy of the first
-  if (signum == SIGINT) {  // Ctrl-C again: stop now, as the default would
-    std::signal(SIGINT, SIG_DFL);
-    ::raise(SIGINT);
-    return;
+  return true;
+}
+
+extern "C" void on_interrupt(int signum) {
+  const int saved_errno = errno;  // the code this handler interrupted may be about to read it
+  const long long now = monotonic_ms();
+  if (!take_request(signum) && signum != SIGHUP) {  // SIGHUP again: the terminal is gone, nobody to tell
+    const bool copy = static_cast<double>(now - g_first_ms.load()) < kDuplicateWindowSeconds * 1000.0;
+    if (!copy && signum == SIGINT && g_signal.load() == SIGINT) {  // Ctrl-C again: now, as the default would
+      std::signal(SIGINT, SIG_DFL);
+      ::raise(SIGINT);
+    } else if (!copy && !drop_output_without_reader()) {
+      say("amp_train: ");
+      say(signal_label(signum));
+      say(": already stopping after the step in flight (asked by ");
+      say(signal_label(g_signal.load()));
+      say(signum == SIGINT ? "; Ctrl-C twice stops at once, SIGKILL too)\n" : "; SIGKILL stops at once)\n");
+    }
   }
-  say(signum == SIGTERM   ? "amp_train: SIGTERM again: already stopping after the step in flight (SIGKILL stops at once)\n"
-      : signum == SIGUSR1 ? "amp_train: SIGUSR1 again: already stopping after the step in flight (SIGKILL stops at once)\n"
-                          : "amp_train: SIGUSR2 again: already stopping after the step in flight (SIGKILL stops at once)\n");
+  errno = saved_errno;
 }
 }  // namespace
 
-void install_interrupt_handlers() {
+void install_interrupt_handlers(bool announce) {
   struct sigaction sa = {};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
@@ -101,16 +153,53 @@ void install_interrupt_handlers() {
   make_private(STDERR_FILENO, 1);
   g_signal.store(0);
   g_first_ms.store(0);
-  for (const int s : kStopSignals) sigaction(s, &sa, nullptr);
+  g_announce.store(announce);
+  g_announced.store(false);
+  g_output_gone.store(false);
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st {};
+    g_watched_fds[fd - STDOUT_FILENO].store(::fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) ? fd : -1);
+  }
+  for (const int s : kStopSignals) {
+    struct sigaction was = {};
+    // nohup's SIGHUP stays ignored: a run started under it outlives the terminal, as asked.
+    if (s == SIGHUP && sigaction(s, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+    sigaction(s, &sa, nullptr);
+  }
 }
 
-int interrupt_signal() { return g_signal.load(); }
+int interrupt_signal() {
+  if (g_signal.load() == 0 && drop_output_without_reader()) take_request(SIGPIPE);
+  return g_signal.load();
+}
+
+bool standard_output_gone() {
+  (void)interrupt_signal();  // looks once more
+  return g_output_gone.load();
+}
+
+void print_guarded(const std::function<void()>& print) {
+  sigset_t pipe, was;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &was);
+  print();
+  const timespec now = {0, 0};
+  while (sigtimedwait(&pipe, nullptr, &now) == SIGPIPE) {  // this write's: consumed, never delivered
+  }
+  pthread_sigmask(SIG_SETMASK, &was, nullptr);
+  (void)interrupt_signal();
+}
+
+bool interrupt_announced() { return g_announced.load(); }
 
 const char* signal_label(int signum) {
   if (signum == SIGINT) return "SIGINT";
   if (signum == SIGTERM) return "SIGTERM";
   if (signum == SIGUSR1) return "SIGUSR1";
   if (signum == SIGUSR2) return "SIGUSR2";
+  if (signum == SIGHUP) return "SIGHUP";
+  if (signum == SIGPIPE) return "SIGPIPE";
   static char buf[32];
   std::snprintf(buf, sizeof buf, "signal %d", signum);
   return buf;

@@ -1,26 +1,44 @@
-// SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 during training: the first one asks the job to stop after the
-// current step (the trainer then saves what it would save at the end, and amp_train exits 128 + the
-// signal's number). SIGUSR1 and SIGUSR2 are the signals other tools ask Slurm to send before a time
-// limit (--signal=USR1@120); their default action would end the ranks with nothing saved. Copies of that request are the same request: `timeout`, Slurm and a terminal signal a
+// SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP and SIGPIPE during training: the first one asks the job
+// to stop after the current step (the trainer then saves what it would save at the end, and amp_train
+// exits 128 + the signal's number). SIGUSR1 and SIGUSR2 are the signals other tools ask Slurm to send
+// before a time limit (--signal=USR1@120); SIGHUP a terminal that went away (ssh dropped); SIGPIPE
+// standard output's or error's reader gone (| head, a tee that died, an mpirun that exited). The
+// default action of each would end the ranks with nothing saved. SIGPIPE itself is left as it is (Open
+// MPI's sockets raise it): a pipe whose reader is gone is found by polling it (interrupt_signal()), and
+// replaced by /dev/null, so that no later write raises it. A SIGHUP that nohup ignores stays ignored. Copies of that request are the same request: `timeout`, Slurm and a terminal signal a
 // whole process group, and `mpirun` forwards what it gets, so one stop often arrives two or three
 // times within milliseconds. Only a second SIGINT more than kDuplicateWindowSeconds after the first (a
 // user pressing Ctrl-C again) stops the process at once, as the signal's default would; SIGTERM never
 // does (SIGKILL is the way to stop at once, and what Slurm sends after its grace period).
 #pragma once
 
+#include <functional>
+
 namespace amp::launch {
 
 // Repeats of a stop signal within this many seconds of the first are copies of it.
 inline constexpr double kDuplicateWindowSeconds = 2.0;
 
-// Installs the handlers for those four signals (idempotent), and forgets any earlier request. Where
+// Installs the handlers for those signals (idempotent), and forgets any earlier request. Where
 // standard output or error is a pipe or a terminal, it gets a description of its own, which the
 // first request makes non-blocking: a stop is never held up by output that nobody reads (mpirun,
 // signalled, stops reading its ranks' output), and lines it would wait for are dropped.
-void install_interrupt_handlers();
-// The number of the first signal received since install_interrupt_handlers(), or 0.
+// With `announce` (rank 0), the first request is acknowledged on standard error as it arrives, not
+// when the step in flight ends: a user who saw nothing would press Ctrl-C again.
+void install_interrupt_handlers(bool announce);
+// The number of the first signal received since install_interrupt_handlers(), or 0; SIGPIPE where it
+// finds standard output's or error's reader gone (a poll(2) of each that is a pipe). Called before
+// output is written, so that the window in which a reader that goes raises SIGPIPE is small.
 int interrupt_signal();
-// "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", or "signal N".
+// Whether standard output or error lost its reader (and now writes to /dev/null).
+bool standard_output_gone();
+// Runs `print` (writes to standard output or error) with SIGPIPE held off in this thread: a reader
+// that goes during the write fails it (EPIPE) rather than ending the process; then looks for a reader
+// gone (interrupt_signal()).
+void print_guarded(const std::function<void()>& print);
+// Whether this process has acknowledged that request.
+bool interrupt_announced();
+// "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGPIPE", or "signal N".
 const char* signal_label(int signum);
 
 }  // namespace amp::launch

@@ -19,6 +19,17 @@ nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::order
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (fd_ < 0) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing: " + std::strerror(errno));
+  // Appending after a line cut short (the file truncated or edited since): a line of its own, not
+  // glued onto that one, which would spoil both.
+  char last = '\n';
+  const off_t end = append ? ::lseek(fd_, 0, SEEK_END) : 0;
+  if (const int rd = end > 0 ? ::open(path_.c_str(), O_RDONLY | O_CLOEXEC) : -1; rd >= 0) {
+    if (::pread(rd, &last, 1, end - 1) == 1 && last != '\n') {
+      const ssize_t n = ::write(fd_, "\n", 1);
+      (void)n;  // a failure shows at the first line's write
+    }
+    ::close(rd);
+  }
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -41,6 +41,9 @@ void Trainer::StepFigures::unpack(const std::vector<double>& v, bool has_grad_no
   r->skipped = v.at(i++) != 0.0;
   r->stop_requested = v.at(i++) != 0.0;
   r->grad_norm = has_grad_norm ? v.at(i++) : std::numeric_limits<double>::quiet_NaN();
+  // A skipped step's gradients were not finite on some rank, not necessarily this one (--zero 0: rank
+  // 0's norm is of its own copy): its norm is none, whatever rank 0 read.
+  if (r->skipped) r->grad_norm = std::numeric_limits<double>::quiet_NaN();
   r->task_losses.assign(v.begin() + static_cast<long>(i), v.end());
 }
 

@@ -1,10 +1,12 @@
 // The trainer: its set-up (model, data, optimizer groups, scaler, resume) and the loop's cadence
 // (steps, evaluation, replica checks, checkpoints, progress, outputs). The step is step.cpp.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -320,6 +322,10 @@ TrainResult Trainer::run() {
   }
   // A resumed run appends to the metrics, after a record that says so (the steps after the checkpoint
   // that the stopped run wrote appear again, from the resumed run, which supersedes them).
+  if (std::error_code ec; rank0 && !cfg_.metrics.empty() && position_.start_step == 0 &&
+                          std::filesystem::file_size(cfg_.metrics, ec) > 0 && !ec)
+    std::printf("amp_train: notice: --metrics %s: replacing what it holds (a run's records: a resume from a checkpoint appends)\n",
+                cfg_.metrics.c_str());
   MetricsWriter metrics = rank0 && !cfg_.metrics.empty() ? MetricsWriter(cfg_.metrics, position_.start_step > 0) : MetricsWriter();
   if (position_.start_step > 0) metrics.write(ResumeRecord{position_.start_step, position_.resumed_from});
   // A metrics file that cannot be written is said at once and at the end (exit 1), and costs
@@ -334,9 +340,9 @@ TrainResult Trainer::run() {
   };
   if (cfg_.checkpoint_dir.size() && rank0)
     for (const std::string& t : remove_stale_checkpoint_temporaries(cfg_.checkpoint_dir))
-      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while %s it\n", t.c_str(),
-                  fs::path(t).filename().string().rfind(".old-", 0) == 0 ? "deleting (an older one it no longer kept)"
-                                                                           : "writing");
+      std::printf("notice: removed '%s', a checkpoint left incomplete by a run that was killed while %s\n", t.c_str(),
+                  fs::path(t).filename().string().rfind(".old-", 0) == 0 ? "deleting it (an older one it no longer kept)"
+                                                                           : "writing it");
   const auto start = std::chrono::steady_clock::now();
   bool stopping = false;  // every rank sets it at the same step (the flag is in the reduced figures)
   auto emit = [&](const StepRecord& r) {
@@ -365,14 +371,15 @@ TrainResult Trainer::run() {
     warn_once_about(metrics);
     if (r.stop_requested && !stopping) {
       stopping = true;
-      if (rank0)
+      if (rank0 && !interrupt_announced())  // a stop asked of another rank (this one's said so as it came)
         std::printf("amp_train: interrupted (%s): finishing the step in flight%s; Ctrl-C again "
                     "(after %g s) stops at once\n", stop_label(), cfg_.save_weights.empty() ? "" : ", then saving the weights",
                     kDuplicateWindowSeconds);
     }
     if (rank0 && listeners_.progress) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      listeners_.progress->step(r, result.skipped_steps, elapsed, stopping);
+      // A pipe whose reader went: the line fails, not the process, and later ones go to /dev/null.
+      print_guarded([&] { listeners_.progress->step(r, result.skipped_steps, elapsed, stopping); });
     }
   };
   // A step's figures are read once the next step's work is issued (one step late), unless they
@@ -392,7 +399,9 @@ TrainResult Trainer::run() {
     }
     metrics.write(EvalRecord{step, *val});
     warn_once_about(metrics);
-    if (rank0 && listeners_.progress) listeners_.progress->validation(step, *val);
+    if (rank0 && listeners_.progress) {
+      print_guarded([&] { listeners_.progress->validation(step, *val); });  // as a step's line
+    }
   };
   // A step's figures still in flight, emitted now: before an evaluation's or checkpoint's lines.
   auto flush_late = [&] {
@@ -475,9 +484,22 @@ TrainResult Trainer::run() {
     if (!metrics.error().empty()) result.errors.push_back(metrics.error());
     if (rank0 && !stopping) {
       const std::string text = after_training();  // a language model's sample, say: any bytes, NUL too
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
-      if (interrupt_signal() != 0) result.interrupted_by = interrupt_signal();  // the sample was cut short
+      // A requested output lost (/dev/full, a full disk, a reader gone) is a failure, not a silence.
+      bool written = false;
+      int err = 0;
+      print_guarded([&] {
+        errno = 0;
+        written = !standard_output_gone() && std::fwrite(text.data(), 1, text.size(), stdout) == text.size() &&
+                  std::fflush(stdout) == 0;
+        err = errno;
+      });
+      const bool gone = standard_output_gone();
+      if (!written)
+        result.errors.push_back("the sample (" + std::to_string(text.size()) +
+                                " bytes) could not be written to standard output" +
+                                (gone ? std::string(": its reader is gone")
+                                 : err != 0 ? std::string(": ") + std::strerror(err) : std::string()));
+      else if (interrupt_signal() != 0) result.interrupted_by = interrupt_signal();  // the sample was cut short
     }
   } catch (const std::exception& e) {  // a JobError, or this rank's own failure (a timeout, the device)
     metrics.write(FailedRecord{result.steps_done, e.what()});

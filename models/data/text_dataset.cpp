@@ -82,7 +82,7 @@ std::unique_ptr<TextDataset> load_text_dataset(const std::string& path, int64_t 
         (std::filesystem::exists(path, ec) ? "it is " + irregular_file(path)
          : path.find_first_of("*?[") != std::string::npos
              ? "no such file: a glob names token shards, llm.c's or --data-format u16's; text is one file"
-             : "no such file") +
+             : missing_file(path)) +
         ")");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(path + ": cannot open the --data file");

@@ -360,7 +360,7 @@ bool has_glob_characters(const std::string& s) { return s.find_first_of("*?[") !
 std::vector<std::string> expand_data_pattern(const std::string& pattern, const std::string& flag) {
   std::error_code ec;
   if (!has_glob_characters(pattern) || std::filesystem::exists(pattern, ec)) {
-    if (!std::filesystem::exists(pattern, ec)) throw std::invalid_argument(flag + ": " + pattern + ": no such file");
+    if (!std::filesystem::exists(pattern, ec)) throw std::invalid_argument(flag + ": " + pattern + ": " + missing_file(pattern));
     return {pattern};
   }
   glob_t g{};

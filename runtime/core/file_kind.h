@@ -22,6 +22,20 @@ inline std::string irregular_file(const std::string& path) {
   return irregular_file(std::filesystem::status(path, ec));
 }
 
+// Why a path names nothing, in words for "PATH: <words>": "no such file", or "'a.cfg' is not a
+// directory" where a name on the way is a file ('a.cfg/', 'a.cfg/x'): open(2)'s ENOTDIR, which
+// std::filesystem reports as a missing file.
+inline std::string missing_file(const std::string& path) {
+  std::error_code ec;
+  for (std::filesystem::path p = std::filesystem::path(path).parent_path(); !p.empty(); p = p.parent_path()) {
+    const std::filesystem::file_status st = std::filesystem::status(p, ec);
+    if (std::filesystem::exists(st))
+      return std::filesystem::is_directory(st) ? "no such file" : "'" + p.string() + "' is not a directory";
+    if (p == p.parent_path()) break;  // the root
+  }
+  return "no such file";
+}
+
 // An open file's (fstat's st_mode): race-free where the file is already open.
 inline std::string irregular_file_mode(mode_t mode) {
   if (S_ISREG(mode)) return "";
