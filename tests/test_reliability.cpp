@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 
 #include "cli_util.h"
@@ -196,6 +197,18 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
     EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << "left behind: " << e.path();
   EXPECT_FALSE(fs::exists(d.file(".m.jsonl.lock")));
   EXPECT_FALSE(fs::exists(d.file(".w.st.lock")));
+}
+
+// A long run's ETA is in hours or days, not 20000s or 1185395620s.
+TEST(Reliability, ALongRunsEtaIsInHoursOrDays) {
+  TempDir d;
+  const std::string out = shell(
+      "$AMP --width 64 --layers 2 --batch-size 4 --log-every 1 --threads 1 --steps 100000000 --metrics m.jsonl "
+      "> out.txt 2>&1 & p=$!; while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
+      "kill -TERM $p; wait $p; cat out.txt",
+      d);
+  EXPECT_TRUE(std::regex_search(out, std::regex("ETA [0-9]+(h[0-9][0-9]m|d)\\s"))) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex("ETA [0-9]{4,}s"))) << out;
 }
 
 // SIGUSR1 and SIGUSR2, which other tools have Slurm send before a time limit (--signal=USR1@120),
