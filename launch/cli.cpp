@@ -125,6 +125,14 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Boost's message quotes the value given: a value of megabytes (a binary file given as the config, a
+// generated argument) is not echoed whole.
+std::string clipped(const std::string& what) {
+  if (what.size() <= 400) return what;
+  return what.substr(0, 240) + " [... " + std::to_string(what.size() - 360) + " characters ...] " +
+         what.substr(what.size() - 120);
+}
+
 // Values as a person writes them: 0.9, not 0.90000000000000002.
 template <class T>
 std::string printable(const T& v) {
@@ -602,13 +610,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
         po::store(from_file, vm);  // values already set by the command line win
         record(from_file);
       } catch (const po::error& e) {
-        // Boost's message quotes the value: a value of megabytes (a binary file given as the config)
-        // is not echoed whole.
-        std::string what = e.what();
-        if (what.size() > 400)
-          what = what.substr(0, 240) + " [... " + std::to_string(what.size() - 360) + " characters ...] " +
-                 what.substr(what.size() - 120);
-        throw UsageError("--config " + file + ": " + what);
+        throw UsageError("--config " + file + ": " + clipped(e.what()));
       }
     }
     po::notify(vm);
@@ -663,7 +665,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
     }
   } catch (const po::error& e) {
     res.exit_code = 2;
-    res.message = std::string("amp_train: error: ") + e.what() + "\nTry 'amp_train --help' for the options.";
+    res.message = "amp_train: error: " + clipped(e.what()) + "\nTry 'amp_train --help' for the options.";
     return res;
   } catch (const UsageError& e) {
     res.exit_code = 2;

@@ -1055,6 +1055,7 @@ TEST(Cli, AbbreviationsStrayWordsAndBadConfigsAreUsageErrors) {
       {"--config " + d.file("bad_value.cfg") + " --lr 0.1", "--config"},
       {"--config " + d.file("twice.cfg"), "--config"},
       {"--config " + d.file("huge.cfg"), "characters ...]"},
+      {"--lr " + std::string(100000, '7') + "x", "characters ...]"},  // the command line's too
       {"--config " + d.file("unset.cfg"), "unset.cfg: 'resume =' has no value (an unset variable?)"},
       {"--config ''", "--config: an empty path (an unset variable?)"},
   };

@@ -171,6 +171,9 @@ TEST(Reliability, ALockFileThatIsALinkIsRefusedAndNothingWritten) {
 
 // --- 4. One stop request, however many copies arrive ----------------------------------------------
 
+// A shell line that waits for a run in the background to write three metrics lines (m.jsonl).
+const std::string kAfterThreeSteps = "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; ";
+
 // What a SIGTERM leaves: exit 143 (the script echoes exit=$?), the weights w.st, and metrics m.jsonl
 // that end with the end record naming the signal.
 void expect_stopped_by(const std::string& out, const TempDir& d, const std::string& signal = "SIGTERM", int code = 143) {
@@ -189,9 +192,8 @@ TEST(Reliability, ASigtermToTheProcessGroupSavesEverything) {
   TempDir d;
   const std::string out = shell(
       "setsid $AMP --width 64 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 100000000 "
-      "--checkpoint-dir ck --checkpoint-every 1 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
-      "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
-      "kill -TERM -- -$p; kill -TERM $p; kill -TERM -- -$p; wait $p; echo exit=$?; cat out.txt", d);
+      "--checkpoint-dir ck --checkpoint-every 1 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; " +
+      kAfterThreeSteps + "kill -TERM -- -$p; kill -TERM $p; kill -TERM -- -$p; wait $p; echo exit=$?; cat out.txt", d);
   expect_stopped_by(out, d);
   for (const auto& e : fs::directory_iterator(d.file("ck")))
     EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << "left behind: " << e.path();
@@ -204,8 +206,7 @@ TEST(Reliability, ALongRunsEtaIsInHoursOrDays) {
   TempDir d;
   const std::string out = shell(
       "$AMP --width 64 --layers 2 --batch-size 4 --log-every 1 --threads 1 --steps 100000000 --metrics m.jsonl "
-      "> out.txt 2>&1 & p=$!; while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
-      "kill -TERM $p; wait $p; cat out.txt",
+      "> out.txt 2>&1 & p=$!; " + kAfterThreeSteps + "kill -TERM $p; wait $p; cat out.txt",
       d);
   EXPECT_TRUE(std::regex_search(out, std::regex("ETA [0-9]+(h[0-9][0-9]m|d)\\s"))) << out;
   EXPECT_FALSE(std::regex_search(out, std::regex("ETA [0-9]{4,}s"))) << out;
@@ -220,9 +221,8 @@ TEST(Reliability, ASigusr1OrSigusr2StopsAfterTheStepAndSaves) {
     TempDir d;
     const std::string out = shell(
         "$AMP --width 64 --layers 2 --batch-size 4 --log-every 0 --threads 1 --steps 100000000 "
-        "--checkpoint-dir ck --checkpoint-every 1000000 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
-        "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
-        "kill -" + std::string(name) + " $p; wait $p; echo exit=$?; cat out.txt; ls ck", d);
+        "--checkpoint-dir ck --checkpoint-every 1000000 --save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; " +
+        kAfterThreeSteps + "kill -" + std::string(name) + " $p; wait $p; echo exit=$?; cat out.txt; ls ck", d);
     expect_stopped_by(out, d, std::string("SIG") + name, code);
     EXPECT_TRUE(has(out, std::string("interrupted (SIG") + name + ")")) << out;
     EXPECT_TRUE(has(out, "step-")) << "no checkpoint of the step it stopped after:\n" << out;
@@ -234,9 +234,8 @@ TEST(Reliability, NohupsSighupStaysIgnored) {
   TempDir d;
   const std::string out = shell(
       "(trap \"\" HUP; exec $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 100000000 "
-      "--metrics m.jsonl --save-weights w.st > out.txt 2>&1) & p=$!; "
-      "while [ $(wc -l < m.jsonl 2>/dev/null || echo 0) -lt 3 ]; do sleep 0.05; done; "
-      "kill -HUP $p; sleep 0.5; kill -0 $p && echo alive; kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
+      "--metrics m.jsonl --save-weights w.st > out.txt 2>&1) & p=$!; " +
+      kAfterThreeSteps + "kill -HUP $p; sleep 0.5; kill -0 $p && echo alive; kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
       d);
   EXPECT_TRUE(has(out, "alive")) << out;
   expect_stopped_by(out, d, "SIGTERM", 143);
