@@ -1,6 +1,7 @@
 #include "amp/grad_scaler.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "comm/coalesced.h"
@@ -9,6 +10,15 @@
 #include "runtime/ops/ops.h"
 
 namespace amp {
+
+namespace {
+// A scale that float32 holds as a positive, finite number: neither past its range (inf) nor below
+// its smallest value (0: 1/0 unscales every gradient to inf, every step is skipped, and the backoff
+// keeps it 0 for ever).
+bool usable_scale(double v) {
+  return v > 0.0 && v <= std::numeric_limits<float>::max() && static_cast<float>(v) > 0.0f;
+}
+}  // namespace
 
 GradScaler::GradScaler(GradScalerOptions o, comm::Communicator* comm) : options_(o), comm_(comm) {
   if (o.enabled) validate();  // a disabled scaler takes any factors, as PyTorch's does
@@ -20,7 +30,7 @@ void GradScaler::validate() const {
   if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0))
     throw std::invalid_argument("The backoff factor must be < 1.0 and > 0. Got " + float_repr(o.backoff_factor));
   if (o.growth_interval < 1) throw std::invalid_argument("growth_interval must be a positive integer. Got " + std::to_string(o.growth_interval));
-  if (!(o.init_scale > 0.0) || !std::isfinite(static_cast<float>(o.init_scale)))
+  if (!usable_scale(o.init_scale))
     throw std::invalid_argument("init_scale must be positive and finite in float32. Got " + float_repr(o.init_scale));
   if (o.hysteresis < 1) throw std::invalid_argument("hysteresis must be >= 1. Got " + std::to_string(o.hysteresis));
   if (o.min_scale < 0.0f || !(o.max_scale >= o.min_scale))
@@ -213,7 +223,7 @@ void GradScaler::update(double new_scale) {
   require_state("update");
   // PyTorch fills any float; a scale that is not positive and finite in float32 would silently zero
   // or poison every gradient, so it is refused here.
-  if (!(new_scale > 0.0) || !std::isfinite(static_cast<float>(new_scale)))
+  if (!usable_scale(new_scale))
     throw std::invalid_argument("new_scale must be positive and finite in float32, got " + float_repr(new_scale));
   fill_(scale_, new_scale);
   per_optimizer_.clear();

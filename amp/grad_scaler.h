@@ -45,6 +45,12 @@ class GradScaler {
   // Without one, the scaler runs no collective: a caller with several ranks sums found_inf_tensor()
   // over them itself, between unscale_ (or check_inf_) and step.
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* comm = nullptr);
+  // Not copyable: a copy would share the scale and the growth tracker (device tensors) but not the
+  // per-optimizer state, and one's update() would change the other's scale. Movable.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   // outputs * scale, by ordinary type promotion (a float16 [N] output stays float16; a 0-dim loss
   // becomes float32). The first call creates the scaler's state on the output's device.

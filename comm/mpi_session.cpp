@@ -138,15 +138,33 @@ std::string srun_tasks_without_world(int world_size) {
          "shows the plugins), or with mpirun inside the allocation";
 }
 
-int default_threads_per_rank(int local_ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int mine = cores;  // the CPUs this process may run on: Slurm's --cpus-per-task, taskset, a cpuset
+namespace {
+int node_cpus() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+int affinity_cpus() {  // the CPUs this process may run on: Slurm's --cpus-per-task, taskset, a cpuset
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) mine = std::max(1, CPU_COUNT(&set));
+  return ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : node_cpus();
+}
+}  // namespace
+
+int default_threads_per_rank(int local_ranks) {
   // A rank bound to its own CPUs gets them all; ranks that share CPUs (none bound, or several bound to
   // one socket) share the node's.
-  return std::max(1, std::min(mine, cores / std::max(1, local_ranks)));
+  return std::max(1, std::min(affinity_cpus(), node_cpus() / std::max(1, local_ranks)));
+}
+
+std::string fewer_threads_reason(int local_ranks) {
+  const int share = std::max(1, node_cpus() / std::max(1, local_ranks)), mine = affinity_cpus();
+  if (mine >= share) return "";
+  std::string why = "each rank may run on " + std::to_string(mine) + " of the node's " + std::to_string(node_cpus()) +
+                    " CPUs (its affinity)";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr)
+    why += ": Open MPI's mpirun binds each rank to one core where it starts 2 ranks or fewer (mpirun --bind-to none, "
+           "or --map-by slot:PE=" + std::to_string(share) + ", gives it " + std::to_string(share) + ")";
+  else if (std::getenv("SLURM_CPUS_PER_TASK") != nullptr || std::getenv("SLURM_JOB_ID") != nullptr)
+    why += ": Slurm's --cpus-per-task sets it";
+  return why + "; --threads N overrides";
 }
 
 }  // namespace amp::comm

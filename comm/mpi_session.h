@@ -48,5 +48,8 @@ std::string srun_tasks_without_world(int world_size);
 // CPUs over its ranks, or fewer where this process may run on fewer (its affinity: Slurm's
 // --cpus-per-task, taskset, a cgroup's cpuset).
 int default_threads_per_rank(int local_ranks);
+// Where that is fewer than the node's CPUs over its ranks, why (the affinity, and who sets it), for a
+// notice: "" where it is not.
+std::string fewer_threads_reason(int local_ranks);
 
 }  // namespace amp::comm

@@ -11,6 +11,7 @@
 // between add the same numbers in the same order. float addition is commutative (a + b == b + a
 // bit for bit), so only the grouping matters, not which operand a buffer holds.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>

@@ -468,8 +468,9 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
       size_t used = 0;
       double v = 0.0;
       try { v = std::stod(a, &used); } catch (...) { used = 0; }
-      if (used == 0 || used != a.size() || !std::isfinite(v))
-        throw std::invalid_argument("aggregator '" + spec + "': '" + a + "' is not a finite number");
+      // The weights scale J's rows in float32: one beyond its range would be inf there.
+      if (used == 0 || used != a.size() || !std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
+        throw std::invalid_argument("aggregator '" + spec + "': '" + a + "' is not a number in float32's range (|w| <= 3.4e38)");
       w.push_back(v);
     }
     if (w.empty()) throw std::invalid_argument("aggregator 'constant' needs its weights: constant:W1,W2,...");

@@ -401,6 +401,9 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
     if (cfg.data != "synthetic") std::printf("amp_train: data: %s\n", trainer->data().describe().c_str());
+    if (const std::string fewer = comm::fewer_threads_reason(host_comm->local_size());
+        !device.is_cuda() && cfg.threads == 0 && !fewer.empty())
+      std::printf("amp_train: notice: %d thread(s) a rank: %s\n", get_num_threads(), fewer.c_str());
   }
   std::fflush(stdout);
 
@@ -478,6 +481,8 @@ int train(comm::MpiSession& mpi, const launch::TrainConfig& cfg, const std::stri
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread starts: no stop signal is ever run on a thread that computes.
+  launch::route_stop_signals_to_their_own_thread();
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which each output reports naming
   // its file, instead of SIGXFSZ killing the process (and the outputs not yet written).
   std::signal(SIGXFSZ, SIG_IGN);

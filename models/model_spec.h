@@ -86,6 +86,8 @@ class ModelSpec {
   virtual const char* unit() const { return "samples"; }
   // Multi-task models train by Jacobian descent: their aggregator (null: an ordinary model).
   virtual std::unique_ptr<jd::Aggregator> aggregator(uint64_t /*seed*/) const { return nullptr; }
+  // Its --aggregator, as given (a checkpoint records it: a resume with another one says so).
+  virtual std::string aggregator_spec() const { return ""; }
   // Whether the step may differentiate through its own gradients (--grad-penalty).
   virtual bool double_backward() const { return true; }
   // After training (rank 0): text to print (any bytes), e.g. a sample of a language model; empty:

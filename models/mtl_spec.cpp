@@ -91,6 +91,7 @@ class MtlSpec final : public ModelSpec {
   }
   std::string size_flags() const override { return "are --in-features, --hidden, --features, --tasks or --batch-size"; }
   std::unique_ptr<jd::Aggregator> aggregator(uint64_t seed) const override { return jd::make_aggregator(aggregator_, seed); }
+  std::string aggregator_spec() const override { return aggregator_; }
   bool double_backward() const override { return false; }  // its gradients come from grad() of each task
 
  private:

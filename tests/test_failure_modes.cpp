@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -359,6 +360,58 @@ TEST(FailureModes, MultiTaskSizesNameTheirOwnFlags) {
   const RunResult tasks = run("--model mtl --steps 1 --log-every 0 --tasks 3000000");
   EXPECT_EQ(tasks.code, 2) << tasks.out;
   EXPECT_TRUE(has(tasks.out, "--tasks 3000000")) << tasks.out;
+}
+
+// An fp16 overflow in one task's backward makes its row of the shared parameters' Jacobian inf. Every
+// aggregator but one passed that on to the gradient, and the scaler skipped the step; trimmedmean trims
+// the row away and trained on a finite, wrong step, the scale never backing off (a stranger's finding).
+// Here task3's head (weights 300) overflows at every step: every step is skipped, whatever the
+// aggregator, naming the task; without a scaler the run stops.
+TEST(FailureModes, AnInfInOneTasksJacobianRowSkipsTheStepWhateverTheAggregator) {
+  TempDir d;
+  const int64_t n = 64;
+  std::vector<double> x, y;
+  for (int64_t i = 0; i < n * 10; ++i) x.push_back(std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < n; ++i) y.push_back(std::cos(0.11 * static_cast<double>(i)));
+  safetensors::save(d.file("data.safetensors"), {{"x", from_vector(x, {n, 10})}, {"y1", from_vector(y, {n, 1})},
+                                                  {"y2", from_vector(y, {n, 1})}, {"y3", from_vector(y, {n, 1})}});
+  auto wave = [](int64_t count, double amplitude, bool positive) {
+    std::vector<double> v;
+    for (int64_t i = 0; i < count; ++i) v.push_back(amplitude * (positive ? std::fabs(std::sin(1.3 * i + 0.2)) : std::sin(1.3 * i + 0.2)));
+    return v;
+  };
+  safetensors::save(d.file("init.safetensors"),
+                    {{"shared.0.weight", from_vector(wave(50, 0.3, false), {5, 10})}, {"shared.0.bias", from_vector(std::vector<double>(5, 0.5), {5})},
+                     {"shared.2.weight", from_vector(wave(15, 0.4, true), {3, 5})}, {"shared.2.bias", from_vector(std::vector<double>(3, 0.1), {3})},
+                     {"task1.weight", from_vector(wave(3, 0.5, false), {1, 3})}, {"task1.bias", zeros({1})},
+                     {"task2.weight", from_vector(wave(3, 0.5, false), {1, 3})}, {"task2.bias", zeros({1})},
+                     {"task3.weight", from_vector({300.0, 300.0, 300.0}, {1, 3})}, {"task3.bias", zeros({1})}});
+  const std::string flags = "--model mtl --tasks 3 --in-features 10 --hidden 5 --features 3 --data " + d.file("data.safetensors") +
+                            " --init-weights " + d.file("init.safetensors") + " --amp fp16 --steps 4 --batch-size 16 "
+                            "--lr 0.0001 --log-every 0 --threads 1 --aggregator ";
+  for (const std::string& aggregator : {std::string("trimmedmean:1"), std::string("mean"), std::string("upgrad")}) {
+    const RunResult r = run(flags + aggregator + " --init-scale 8");
+    EXPECT_EQ(r.code, 1) << aggregator << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "every one of the 4 steps was skipped")) << aggregator << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "step 1 skipped: inf or NaN in the shared parameters' Jacobian, in the rows of task3\n"))
+        << aggregator << ": " << r.out;
+  }
+  const RunResult unscaled = run(flags + "trimmedmean:1 --loss-scale off");
+  EXPECT_EQ(unscaled.code, 1) << unscaled.out;
+  EXPECT_TRUE(has(unscaled.out, "step 1: the shared parameters' Jacobian is not finite (task3) and no loss scaler")) << unscaled.out;
+}
+
+// A resume with another --aggregator trained on silently (the checkpoint did not record it); it says so.
+TEST(FailureModes, AResumeWithAnotherAggregatorSaysSo) {
+  TempDir d;
+  const std::string flags = "--model mtl --batch-size 8 --log-every 0 --threads 1 --checkpoint-dir " + d.file("ck");
+  ASSERT_EQ(run(flags + " --steps 2 --aggregator random").code, 0);
+  const RunResult other = run(flags + " --steps 3 --resume --aggregator upgrad");
+  EXPECT_EQ(other.code, 0) << other.out;
+  EXPECT_TRUE(has(other.out, "note: --aggregator upgrad differs from the checkpoint's run (random)")) << other.out;
+  const RunResult same = run(flags + " --steps 4 --resume --aggregator upgrad");
+  EXPECT_EQ(same.code, 0) << same.out;
+  EXPECT_FALSE(has(same.out, "differs from the checkpoint")) << same.out;
 }
 
 TEST(FailureModes, ATensorThatNoRunReadsIsRefused) {

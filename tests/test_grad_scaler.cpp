@@ -2,6 +2,8 @@
 // kernel, and the extensions (hysteresis, min/max, error at min, overflow attribution).
 #include <gtest/gtest.h>
 
+#include <type_traits>
+
 #include <cmath>
 #include <functional>
 #include <string>
@@ -80,6 +82,18 @@ TEST(GradScaler, UpdateWithNewScale) {
   s.update(1024.0f);
   EXPECT_EQ(s.get_scale(), 1024.0f);
   EXPECT_THROW(s.update(-1.0f), std::invalid_argument);
+  // Positive in double, 0 in float32 (1/0 unscales every gradient to inf, and the backoff keeps 0):
+  // refused, from update, the options and a state dict alike; float32's smallest (subnormal) taken.
+  EXPECT_THROW(s.update(1e-50), std::invalid_argument);
+  EXPECT_THROW(s.update(1e39), std::invalid_argument);
+  EXPECT_EQ(s.get_scale(), 1024.0f) << "a refused scale changed it";
+  EXPECT_NO_THROW(s.update(1.5e-45));
+  EXPECT_THROW(GradScaler(GradScalerOptions{.init_scale = 1e-50}), std::invalid_argument);
+  auto sd = s.state_dict();
+  sd["scale"] = 1e-50;
+  EXPECT_THROW(s.load_state_dict(sd), std::invalid_argument);
+  // A copy shared the scale's tensor: one's update changed the other's scale. Not copyable.
+  static_assert(!std::is_copy_constructible_v<GradScaler> && std::is_move_constructible_v<GradScaler>);
 }
 
 void expect_message(const std::function<void()>& f, const std::string& msg) {

@@ -122,6 +122,10 @@ TEST(Aggregators, ByName) {
     EXPECT_NO_THROW(jd::make_aggregator(n)) << n;
   for (const char* n : {"upgrade", "mean:1", "krum:x", "constant", "constant:1,nan", "trimmedmean:1:2"})
     EXPECT_THROW(jd::make_aggregator(n), std::invalid_argument) << n;
+  // Finite in double, inf in the float32 the weights scale J's rows in: refused (it trained a NaN step).
+  EXPECT_NO_THROW(jd::make_aggregator("constant:3e38,1"));
+  EXPECT_THROW(jd::make_aggregator("constant:1e308,1"), std::invalid_argument);
+  EXPECT_THROW(jd::make_aggregator("constant:1,-4e38"), std::invalid_argument);
 }
 
 // A Jacobian of no rows (no task): each aggregator refuses it, as TorchJD's raise, but GradDrop, which

@@ -54,6 +54,18 @@ TEST(LRScheduler, LambdaLR) {
   });
 }
 
+// A scheduler refused (a start factor above 1) set the groups' initial_lr first: the next scheduler
+// took the lr of before set_lr as its base. PyTorch checks before it sets.
+TEST(LRScheduler, ARefusedSchedulerLeavesTheOptimizersInitialLr) {
+  std::vector<Tensor> keep;
+  auto opt = make_opt({1.0}, &keep);
+  EXPECT_THROW(optim::LinearLR(*opt, 2.0), std::invalid_argument);
+  EXPECT_FALSE(opt->initial_lr(0).has_value());
+  opt->set_lr(0.5);
+  optim::StepLR s(*opt, 1, 0.5);
+  EXPECT_EQ(s.base_lrs()[0], 0.5);
+}
+
 TEST(LRScheduler, StepLR) {
   expect_sequence("step", {0.1}, [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); });
 }

@@ -204,6 +204,12 @@ TEST(Optimizers, DefaultsArePyTorch2s) {
   Tensor p = zeros({2}).set_requires_grad(true);
   optim::AdamW opt({p});
   EXPECT_EQ(opt.options().weight_decay, 1e-2);
+  // Designated initializers build AdamWOptions: they built an AdamOptions (weight decay 0).
+  optim::AdamW designated({p}, {.lr = 5e-3});
+  EXPECT_EQ(designated.options().weight_decay, 1e-2);
+  EXPECT_EQ(designated.options().lr, 5e-3);
+  optim::AdamW from_adam({p}, optim::AdamOptions{.lr = 5e-3});  // that struct's own default, as documented
+  EXPECT_EQ(from_adam.options().weight_decay, 0.0);
 }
 
 // state_dict() is laid out as PyTorch's: "state" by parameter id across groups (only parameters
@@ -280,6 +286,36 @@ TEST(Optimizers, StateDictHasPyTorchsLayout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A state dict refused leaves the optimizer as it was: group 0's lr was taken before group 1's was
+// refused. A non-numeric initial_lr and a negative step count are refused too (the first escaped as
+// a JSON type_error, the second gave NaN parameters at the next step).
+TEST(Optimizers, ARefusedStateDictChangesNothing) {
+  Tensor a = from_vector({1.0}, {1}).set_requires_grad(true), b = from_vector({2.0}, {1}).set_requires_grad(true);
+  optim::SgdOptions ga, gb;
+  ga.lr = 0.1;
+  gb.lr = 0.2;
+  optim::SGD sgd(std::vector<optim::ParamGroup<optim::SgdOptions>>{{{a}, ga}, {{b}, gb}});
+  optim::OptimizerStateDict sd = sgd.state_dict();
+  sd.param_groups[0]["lr"] = 5.0;
+  sd.param_groups[1]["lr"] = -1.0;
+  EXPECT_THROW(sgd.load_state_dict(sd), std::invalid_argument);
+  EXPECT_EQ(sgd.lr(0), 0.1);
+  EXPECT_EQ(sgd.lr(1), 0.2);
+  sd = sgd.state_dict();
+  sd.param_groups[1]["initial_lr"] = "0.1";
+  EXPECT_THROW(sgd.load_state_dict(sd), std::invalid_argument);
+
+  optim::Adam adam({a}, optim::AdamOptions{.lr = 0.1});
+  a.set_grad(full({1}, 0.5));
+  adam.step();
+  const std::vector<double> after = a.to_vector();
+  sd = adam.state_dict();
+  sd.state.at(0)["step"] = scalar_tensor(-3.0);
+  EXPECT_THROW(adam.load_state_dict(sd), std::invalid_argument);
+  adam.step();
+  EXPECT_TRUE(std::isfinite(a.to_vector()[0]) && a.to_vector()[0] != after[0]);
 }
 
 // docs/API.md's example, as written there (groups, warmup then cosine), runs and moves the lr.

@@ -497,6 +497,12 @@ def main():
     ap.add_argument("--json", help="write every figure to this file")
     a = ap.parse_args()
     cuda = a.device == "cuda"
+    for flag, value in (("--sizes", a.sizes), ("--modes", a.modes), ("--json", a.json), ("--venv", a.venv)):
+        if value is not None and not value.strip():
+            ap.error(f"{flag}: empty (leave it out for the default)")
+    # --json is written after the whole benchmark: a path that cannot take it is said now, not then.
+    if a.json and (os.path.isdir(a.json) or not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK)):
+        ap.error(f"--json {a.json}: cannot write a file there (a directory, or its folder is missing or read-only)")
     if a.warmup < 0:
         ap.error("--warmup must be 0 or more")
     if a.compile and a.warmup < 3:
@@ -595,7 +601,12 @@ def main():
         else:
             print(f"note: {a.python} has no torch (apt-get install python3-torch)", file=sys.stderr)
         if a.venv:
-            peers.append(("pypi", os.path.join(a.venv, "bin/python")))
+            venv_python = os.path.join(a.venv, "bin/python")
+            if not os.access(venv_python, os.X_OK):
+                ap.error(f"--venv {a.venv}: no bin/python there (create it with --make-venv)")
+            if subprocess.run([venv_python, "-c", "import torch"], capture_output=True).returncode != 0:
+                ap.error(f"--venv {a.venv}: its python has no torch (pip install torch there, or --make-venv)")
+            peers.append(("pypi", venv_python))
         if not peers:
             sys.exit("no PyTorch to compare with: install python3-torch, or pass --venv (with --make-venv)")
 
@@ -732,9 +743,9 @@ def main():
                 extra = f" {batch * block / mine * 1e3:>16.0f} {batch * block / best * 1e3:>12.0f}"
             else:
                 bm = statistics.median(bench_ms[mode])
-                row.update({"layers": a.layers, "bench_mlp_ms": bm, "amp_train_over_bench_mlp": mine / bm,
+                row.update({"layers": a.layers, "bench_mlp_ms": bm, "amp_train_over_bench_mlp": mine / bm if bm > 0 else None,
                             "amp_train_samples_per_s": batch / mine * 1e3, "torch_samples_per_s": batch / best * 1e3})
-                extra = f" {bm:>13.1f} {mine / bm:>11.2f}"
+                extra = f" {bm:>13.1f} {mine / bm:>11.2f}" if bm > 0 else f" {bm:>13.1f} {'-':>11}"
             rows.append(row)
             mib = lambda label: (f"{mem[mode][label][2] / 2**20:.0f} ({mem[mode][label][0] / 2**20:.0f}/"
                                  f"{mem[mode][label][1] / 2**20:.0f})" if label in mem[mode] else "-")
@@ -767,11 +778,13 @@ def main():
     if scaler_shares:
         print("the scaler's share of bench_mlp's fp16 step (scale, inf/NaN check, update): " + ", ".join(scaler_shares))
     if a.json:
-        with open(a.json, "w") as f:
+        part = a.json + ".partial"  # written whole, then renamed: a run killed here leaves no half file
+        with open(part, "w") as f:
             json.dump({"device": a.device, "gpu": gpu_name, "pytorch": versions, "steps": a.steps, "warmup": a.warmup,
                        "rounds": a.rounds, "budget": a.budget, "rounds_short": short, "compile": a.compile,
                        "timing": timing, "compile_errors": compile_error, "rows": rows,
                        "scaler_share_fp16": scaler_shares}, f, indent=1)
+        os.replace(part, a.json)
     if short:
         print(f"--budget {a.budget} s: fewer rounds than --rounds {a.rounds} (each row's JSON has its own)")
     if not rows:

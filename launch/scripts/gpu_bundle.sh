@@ -32,12 +32,19 @@ do_build=1
 while (($#)); do
   case $1 in
     --no-build) do_build=0 ;;
-    --out) out=$(realpath -m "$2"); shift ;;
+    --out)
+      [[ $# -ge 2 && -n $2 && $2 != -* ]] || { echo "gpu_bundle: --out needs a file name (.tar.xz or .tar.zst)${2:+, not $2}" >&2; exit 2; }
+      out=$(realpath -m -- "$2"); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+# The name says the compression (gpu_check unpacks by it), and its folder can be written: found now,
+# not after the build.
+[[ $out == *.tar.xz || $out == *.tar.zst ]] || { echo "gpu_bundle: --out $out: the name must end in .tar.xz or .tar.zst" >&2; exit 2; }
+mkdir -p "$(dirname "$out")" 2>/dev/null && [[ ! -d $out ]] && : 2>/dev/null >"$out.probe.$$" && rm -f "$out.probe.$$" ||
+  { echo "gpu_bundle: --out $out: cannot write there (its folder cannot be made or written, or it is a directory)" >&2; exit 2; }
 max_mib=${AMP_BUNDLE_MAX_MIB:-48}
 programs=(amp_train bench_mlp)
 gpu_tests=(test_cuda test_nccl test_emu_train)
@@ -251,17 +258,23 @@ EOF
   echo "cpu_tests=${cpu_tests[*]}"
 } >"$root/MANIFEST"
 
-mkdir -p "$(dirname "$out")"
-rm -f "$out"
+# Written beside it and renamed: a failed or killed compression never leaves a partial archive
+# under the name, nor does an archive over the size limit (it is kept as NAME.too-large).
+part=$out.partial.$$
+trap 'rm -f "$part"' EXIT
 case $out in
-  *.tar.zst) tar -C "$stage" -cf - amp_gpu_bundle | zstd -q -19 -T1 -o "$out" ;;
-  *) tar -C "$stage" -cf - amp_gpu_bundle | xz -9 -T1 >"$out" ;;
+  *.tar.zst) tar -C "$stage" -cf - amp_gpu_bundle | zstd -q -19 -T1 -f -o "$part" ;;
+  *) tar -C "$stage" -cf - amp_gpu_bundle | xz -9 -T1 >"$part" ;;
 esac
-bytes=$(stat -c %s "$out")
+bytes=$(stat -c %s "$part")
+rm -f "$out" "$out.too-large"
+if ((bytes > max_mib * 1048576)); then
+  mv "$part" "$out.too-large"
+  echo "gpu_bundle: the archive is $bytes bytes, larger than ${max_mib} MiB (AMP_BUNDLE_MAX_MIB): kept as $out.too-large, not as $out" >&2
+  exit 1
+fi
+mv "$part" "$out"
 mib=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')
 echo "gpu_bundle: $out: $mib MiB ($bytes bytes; unpacked $(du -sh "$root" | cut -f1)); CUDA $cuda_version, sm $archs;" \
      "from the node: $cuda_libs"
-if ((bytes > max_mib * 1048576)); then
-  echo "gpu_bundle: larger than ${max_mib} MiB" >&2
-  exit 1
-fi
+

@@ -38,11 +38,12 @@
 # Options for a node lent for minutes:
 #   --budget SECONDS   the whole check's time: each stage's limit is cut to what is left (30 s are kept
 #                      for the table), and a stage that would start with under 20 s left is skipped
+#                      (bundle and env run whatever is left); a stage skipped so is no pass: exit 1
 #   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt2;
 #                      a stage's whole name is that stage only: bench_gpt2_small is not its _composite);
 #                      bundle and env always run. The others are listed as skipped, not failed.
 #   --plan             print which stages would run (with --stages) and stop: nothing is checked
-# Exit: 0 all passed; 1 a stage failed; 2 bad usage (an unknown option, one without its value: nothing
+# Exit: 0 all passed; 1 a stage failed, or one asked for was not run (--budget); 2 bad usage (an unknown option, one without its value: nothing
 # runs) or a prerequisite is missing (no NVIDIA driver, no visible GPU, nvcc older than 12, a driver
 # older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
@@ -71,7 +72,8 @@ while (($#)); do
   shift
 done
 [[ -z $ranks || $ranks =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --ranks $ranks: a positive number, please" >&2; exit 2; }
-[[ -z $budget || $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --budget $budget: a positive number of seconds, please" >&2; exit 2; }
+[[ -z $budget || $budget =~ ^[1-9][0-9]{0,6}$ ]] ||
+  { echo "gpu_check: --budget $budget: a number of seconds from 1 to 9999999, please" >&2; exit 2; }
 [[ -z $only || $only =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] ||
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
@@ -106,13 +108,13 @@ fi
 # A missing --bundle is a usage error too: found before the output directory is made.
 [[ -z $bundle || -d $bundle || -f $bundle ]] || { echo "gpu_check: --bundle $bundle: no such file or directory" >&2; exit 2; }
 if [[ -n $bundle ]]; then out=${out:-$PWD/gpu_check_out}; else out=${out:-$src/build/cuda/gpu_check}; fi
-mkdir -p "$out/logs" || exit 2
+mkdir -p "$out/logs" 2>/dev/null || { echo "gpu_check: --out $out: cannot make the directory $out/logs there" >&2; exit 2; }
 out=$(cd "$out" && pwd)
 logs=$out/logs
 
 # ------------------------------------------------------------------------------------------------
 # Records: stages, facts (key value), and the JSON that holds them.
-names=() results=() seconds=() facts_k=() facts_v=()
+names=() results=() seconds=() facts_k=() facts_v=() budget_cut=()
 fact() { facts_k+=("$1"); facts_v+=("$2"); }
 json_str() {
   local s=$1
@@ -167,7 +169,11 @@ stage() {
   if ! wanted "$name"; then skip "$name" "not asked for (--stages $only)"; return; fi
   if [[ -n $budget ]]; then
     local left=$((budget - 30 - SECONDS))
-    if ((left < 20)); then skip "$name" "time budget spent (--budget $budget)"; return; fi
+    # bundle and env always run (they take seconds): nothing else would mean anything without them.
+    if ((left < 20)) && [[ $name != bundle && $name != env ]]; then
+      skip "$name" "time budget spent (--budget $budget)"; budget_cut+=("$name"); return
+    fi
+    ((left < 20)) && left=20
     ((limit > left)) && limit=$left
   fi
   echo "== $name (limit ${limit} s): $*"
@@ -223,11 +229,16 @@ find_cuda_tool() {
 if [[ -n $bundle ]]; then
   if [[ -d $bundle ]]; then root=$(cd "$bundle" && pwd)
   else
-    rm -rf "$out/bundle"; mkdir -p "$out/bundle"
+    # Unpacked into DIR/bundle, which an earlier check of ours may hold (it is replaced), never a
+    # folder of anyone else's: that is refused, and left as it is.
+    if [[ -e $out/bundle && ! -e $out/bundle/.unpacked_by_gpu_check ]]; then
+      echo "gpu_check: --out $out: it holds a bundle/ that gpu_check did not unpack; it is left alone: give another --out" >&2; exit 2
+    fi
+    rm -rf "$out/bundle"; mkdir -p "$out/bundle" && touch "$out/bundle/.unpacked_by_gpu_check"
     case $bundle in
       *.zst) zstd -dc "$bundle" | tar -x -C "$out/bundle" ;;
       *) tar -xf "$bundle" -C "$out/bundle" ;;
-    esac || { echo "gpu_check: cannot unpack $bundle" >&2; exit 2; }
+    esac || { rm -rf "$out/bundle"; echo "gpu_check: cannot unpack $bundle" >&2; exit 2; }
     root=$out/bundle/amp_gpu_bundle
   fi
   [[ -f $root/MANIFEST && -f $root/env.sh ]] || { echo "gpu_check: $root is not an amp_gpu_bundle (no MANIFEST)" >&2; exit 2; }
@@ -504,6 +515,11 @@ for r in "${results[@]}"; do [[ $r == FAIL* ]] && failed=1; done
 if ((failed)); then
   write_json FAIL
   echo "gpu_check: FAILED (logs in $logs, figures in $out/gpu_check.json)"
+  exit 1
+fi
+if ((${#budget_cut[@]})); then
+  write_json "partial: not run for --budget: ${budget_cut[*]}"
+  echo "gpu_check: what ran passed, but ${#budget_cut[@]} stage(s) asked for were not run: --budget $budget was spent (${budget_cut[*]})"
   exit 1
 fi
 write_json pass

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace amp::launch {
 
@@ -120,10 +122,18 @@ bool take_request(int signum) {
   return true;
 }
 
+// The thread to wake after a request (route_stop_signals_to_their_own_thread's caller), if any.
+std::atomic<bool> g_wake_main{false};
+pthread_t g_main_thread;
+
+extern "C" void on_wake(int) {}  // its delivery is the point: a blocking call in the main thread returns
+
 extern "C" void on_interrupt(int signum) {
   const int saved_errno = errno;  // the code this handler interrupted may be about to read it
   const long long now = monotonic_ms();
-  if (!take_request(signum) && signum != SIGHUP) {  // SIGHUP again: the terminal is gone, nobody to tell
+  const bool first = take_request(signum);
+  if (first && g_wake_main.load()) (void)::pthread_kill(g_main_thread, SIGURG);  // async-signal-safe
+  if (!first && signum != SIGHUP) {  // SIGHUP again: the terminal is gone, nobody to tell
     const bool copy = static_cast<double>(now - g_first_ms.load()) < kDuplicateWindowSeconds * 1000.0;
     if (!copy && signum == SIGINT && g_signal.load() == SIGINT) {  // Ctrl-C again: now, as the default would
       std::signal(SIGINT, SIG_DFL);
@@ -139,6 +149,32 @@ extern "C" void on_interrupt(int signum) {
   errno = saved_errno;
 }
 }  // namespace
+
+void route_stop_signals_to_their_own_thread() {
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (const int s : kStopSignals) sigaddset(&stops, s);
+  // The main thread's wake-up runs on a stack of its own: never below a JIT kernel's stack pointer.
+  static std::vector<char> wake_stack(1 << 16);
+  stack_t ss = {};
+  ss.ss_sp = wake_stack.data();
+  ss.ss_size = wake_stack.size();
+  struct sigaction wake = {};
+  wake.sa_handler = on_wake;
+  sigemptyset(&wake.sa_mask);
+  wake.sa_flags = SA_ONSTACK | SA_RESTART;  // a restarted write to output made non-blocking returns
+  if (::sigaltstack(&ss, nullptr) == 0 && ::sigaction(SIGURG, &wake, nullptr) == 0) {
+    g_main_thread = ::pthread_self();
+    g_wake_main.store(true);
+  }
+  // The receiver: every stop signal unblocked (whatever this process inherited), waiting for them.
+  std::thread([stops] {
+    (void)::pthread_setname_np(::pthread_self(), "amp-signals");
+    ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
+    for (;;) ::pause();
+  }).detach();
+  ::pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+}
 
 void install_interrupt_handlers(bool announce) {
   struct sigaction sa = {};

@@ -19,6 +19,15 @@ namespace amp::launch {
 // Repeats of a stop signal within this many seconds of the first are copies of it.
 inline constexpr double kDuplicateWindowSeconds = 2.0;
 
+// Call first in main, before any other thread exists. The stop signals are blocked in this thread,
+// and so in every thread started from it (MPI's, OpenMP's, CUDA's), and taken by one thread of their
+// own that does nothing else. A handler that runs on a compute thread has its frame written below
+// that thread's stack pointer, and oneDNN's JIT GEMM kernels (2.x: Debian 12's) point it into the
+// heap while they run (oneDNN issue 4845): a SIGTERM during a CPU GEMM corrupted the heap, and the run
+// aborted with nothing saved (1 stop in 4 while the synthetic pool was made). The thread that called
+// this is woken after a request by a signal run on an alternate stack (SIGURG, a no-op), so a
+// write blocked on output that nobody reads returns (see install_interrupt_handlers).
+void route_stop_signals_to_their_own_thread();
 // Installs the handlers for those signals (idempotent), and forgets any earlier request. Where
 // standard output or error is a pipe or a terminal, it gets a description of its own, which the
 // first request makes non-blocking: a stop is never held up by output that nobody reads (mpirun,

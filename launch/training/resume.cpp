@@ -80,6 +80,7 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
           {"skipped_steps", position_.skipped_steps},
           // Seeded aggregators draw by call count (multi-task models).
           {"aggregator_calls", aggregator_ ? aggregator_->calls() : 0},
+          {"aggregator", spec_->aggregator_spec()},  // "" for an ordinary model; not required to match
           // Not required to match: a resumed run may train longer, or on another schedule (and says so).
           {"schedule", {{"lr_schedule", cfg_.lr_schedule == LrSchedule::cosine ? "cosine" : "constant"},
                         {"lr", cfg_.lr},
@@ -271,6 +272,10 @@ void Trainer::resume() {
                     "for that\n",
                     static_cast<long long>(ranks_then), static_cast<long long>(micro_then), comm_.size(),
                     static_cast<long long>(cfg_.micro_batches));
+      if (const nlohmann::json was = ck->meta.value("aggregator", nlohmann::json());
+          was.is_string() && was.get<std::string>() != now["aggregator"].get<std::string>())
+        std::printf("amp_train: note: --aggregator %s differs from the checkpoint's run (%s): the steps from here "
+                    "aggregate with it\n", now["aggregator"].get<std::string>().c_str(), was.get<std::string>().c_str());
       if (schedule_of(ck->meta.value("schedule", nlohmann::json())) != schedule_of(now["schedule"]))
         std::printf("amp_train: note: the learning-rate schedule differs from the checkpoint's run (%s, now %s): the "
                     "steps from here follow the new one (with --lr-schedule cosine, --decay-steps defaults to --steps; "

@@ -26,6 +26,23 @@
 
 namespace amp::launch {
 
+namespace {
+// "task2", "task1, task3": J's rows are the tasks in order, named as the model names their heads.
+std::string task_rows_str(const std::vector<int64_t>& rows) {
+  std::string out;
+  for (const int64_t k : rows) out += (out.empty() ? "task" : ", task") + std::to_string(k + 1);
+  return out;
+}
+
+std::vector<int64_t> nonfinite_rows(const Tensor& flags) {  // a read of the device: after a skipped step only
+  std::vector<int64_t> rows;
+  const std::vector<double> v = flags.to_vector();
+  for (size_t k = 0; k < v.size(); ++k)
+    if (v[k] != 0.0) rows.push_back(static_cast<int64_t>(k));
+  return rows;
+}
+}  // namespace
+
 // The figures' order in the one read-back lives here only.
 std::vector<Tensor> Trainer::StepFigures::packed() const {
   std::vector<Tensor> v = {loss, scale, found_inf, stop};
@@ -66,6 +83,17 @@ void Trainer::multi_task_backward(const models::Losses& L) {
 std::vector<double> Trainer::aggregate_jacobians() {
   jd::Packed sum{step_.jacobian_tree->fold(), step_.jacobian_rows};
   comm_.ordered_sum(sum.flat);  // every rank's, in the tree's order
+  // J's rows that hold an inf or NaN (an fp16 overflow of one task's backward). A robust aggregator
+  // (trimmedmean) trims such a row away and returns a finite step, which the scaler's check of the
+  // aggregated gradient never sees: the step is skipped for them, whatever the aggregator (step()).
+  // One read-only pass over J, on the device: the flags are read back only after a skipped step.
+  int64_t N = 0;
+  for (const Tensor& p : model_->shared_parameters()) N += p.numel();
+  std::vector<Tensor> rows;
+  for (int64_t k = 0; k < sum.rows; ++k) rows.push_back(sum.flat.view(k * N, {N}));
+  step_.jacobian_found = zeros({1}, DType::f32, device_);
+  step_.jacobian_row_flags = zeros({sum.rows}, DType::f32, device_);
+  backend_for(device_).check_finite(rows, Tensor(), step_.jacobian_found, step_.jacobian_row_flags);
   return jd::unpack_and_aggregate(sum, model_->shared_parameters(), model_->task_parameters(), *aggregator_);
 }
 
@@ -210,7 +238,12 @@ Trainer::StepFigures Trainer::device_step() {
   std::vector<Tensor> figures;
   if (Tensor found = scaler_->found_inf_tensor(*opt_); found.defined()) {
     if (step_.inject_flag.defined() && !injected.defined()) add_(found, step_.inject_flag);
+    if (multi_task()) add_(found, step_.jacobian_found);  // 1 where J is not finite (the same J on every rank)
     figures.push_back(found);
+  } else if (multi_task() && step_.jacobian_found.item() != 0.0) {  // no scaler: nothing can skip the step
+    throw JobError("step " + std::to_string(step_.number) + ": the shared parameters' Jacobian is not finite (" +
+                   task_rows_str(nonfinite_rows(step_.jacobian_row_flags)) + ") and no loss scaler skips steps "
+                   "(--loss-scale off): stopping before the weights are corrupted");
   }
   figures.push_back(step_.stop_flag);
   figures.insert(figures.end(), task_sums.begin(), task_sums.end());
@@ -304,7 +337,8 @@ Trainer::PendingStep Trainer::train_step(int64_t step) {
   // The figures travel to the host in the background: nothing here waits for the device.
   PendingStep p{step, t0, memory_for(device_).start_readback(figures.packed()), {}, opt_->lr(), step_.jd_weights,
                 figures.grad_norm.defined(),
-                step_.graph ? step_.graph_comm_bytes : comm_.bytes_sent() - sent_before, flags, step_.flag_names};
+                step_.graph ? step_.graph_comm_bytes : comm_.bytes_sent() - sent_before, flags, step_.flag_names,
+                multi_task() ? step_.jacobian_row_flags : Tensor()};  // a fresh tensor each step: no copy needed
   if (scheduler_) scheduler_->step();  // after the optimizer's step, skipped or not, as PyTorch's loop does
   if (listeners_.observer) p.counted = listeners_.observer->step_end(step);
   if (profiled) cuda_profiler_stop();  // waits for the step's work (this step's figures then read at once)
@@ -333,6 +367,10 @@ StepRecord Trainer::finish(PendingStep& p, std::chrono::steady_clock::time_point
     r.device_graph_ops = p.counted->graph_ops;
     r.device_allocations = p.counted->allocations;
   }
+  if (r.skipped && p.jacobian_row_flags.defined() && comm_.rank() == 0)
+    if (const std::vector<int64_t> rows = nonfinite_rows(p.jacobian_row_flags); !rows.empty())
+      std::fprintf(stderr, "amp_train: step %lld skipped: inf or NaN in the shared parameters' Jacobian, in the rows of %s\n",
+                   static_cast<long long>(r.step), task_rows_str(rows).c_str());
   if (r.skipped && device_.is_cpu()) {
     // On the CPU a step's figures are final at once, so its gradients are still there to inspect
     // (under ZeRO-1, its pieces' were, before the parameters were gathered).

@@ -121,6 +121,7 @@ class Trainer {
     // step), read back only if the step was skipped, and their names.
     Tensor nonfinite_flags;
     std::shared_ptr<const std::vector<std::string>> flag_names;
+    Tensor jacobian_row_flags;  // multi-task: J's rows (tasks) that held an inf or NaN, read after a skip
   };
 
   // --- the set-up (trainer.cpp's constructor; resume.cpp): what the run trains, and with what.
@@ -205,6 +206,8 @@ class Trainer {
     uint64_t graph_comm_bytes = 0;  // what the captured step's collectives send: each replay sends it again
     std::unique_ptr<JacobianTree> jacobian_tree;  // this step's micro-batches, flat [J | heads' grads]
     int64_t jacobian_rows = 0;
+    // Multi-task: 1 where this step's summed J holds an inf or NaN (added to found_inf), and which rows.
+    Tensor jacobian_found, jacobian_row_flags;
     std::vector<std::string> nonfinite;  // --zero 1 on the CPU: this rank's pieces with non-finite gradients
     int64_t number = 0;  // the step being issued (for the listeners)
     // On a GPU: the scaler's per-gradient flags of the step device_step issued (the same tensor in every

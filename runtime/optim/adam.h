@@ -5,6 +5,8 @@
 
 namespace amp::optim {
 
+struct AdamWOptions;
+
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -13,12 +15,24 @@ struct AdamOptions {
   double weight_decay = 0.0;
   bool amsgrad = false;
   bool maximize = false;
+  operator AdamWOptions() const;  // the same fields (weight_decay as given: 0 by default)
 };
 
-// AdamW's options: the same fields, with PyTorch's AdamW default weight_decay of 1e-2.
-struct AdamWOptions : AdamOptions {
-  AdamWOptions() { weight_decay = 1e-2; }
+// AdamW's options: the same fields, with PyTorch's AdamW default weight_decay of 1e-2. An aggregate
+// of its own (no base, no constructor), so that AdamW(params, {.lr = 1e-3}) builds this, not an
+// AdamOptions whose weight decay would be 0.
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+  operator AdamOptions() const { return {lr, beta1, beta2, eps, weight_decay, amsgrad, maximize}; }
 };
+
+inline AdamOptions::operator AdamWOptions() const { return {lr, beta1, beta2, eps, weight_decay, amsgrad, maximize}; }
 
 class Adam : public Optimizer {
  public:
@@ -40,8 +54,8 @@ class Adam : public Optimizer {
 // AdamW: decoupled weight decay (p *= 1 - lr * weight_decay before the Adam update).
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<Tensor> params, AdamOptions options = AdamWOptions())
-      : Adam(one_group(std::move(params), options), true) {}
+  AdamW(std::vector<Tensor> params, AdamWOptions options = {})
+      : Adam(one_group(std::move(params), static_cast<AdamOptions>(options)), true) {}
   explicit AdamW(const std::vector<ParamGroup<AdamOptions>>& groups) : Adam(groups, true) {}
 };
 

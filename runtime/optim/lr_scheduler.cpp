@@ -7,14 +7,18 @@
 
 namespace amp::optim {
 
-LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
-  for (size_t g = 0; g < opt.num_param_groups(); ++g) {
-    if (!opt.initial_lr(g)) opt.set_initial_lr(g, opt.lr(g));  // group.setdefault("initial_lr", lr)
-    base_lrs_.push_back(*opt.initial_lr(g));
+LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {}
+
+void LRScheduler::take_base_lrs() {
+  if (!base_lrs_.empty()) return;
+  for (size_t g = 0; g < opt_.num_param_groups(); ++g) {
+    if (!opt_.initial_lr(g)) opt_.set_initial_lr(g, opt_.lr(g));  // group.setdefault("initial_lr", lr)
+    base_lrs_.push_back(*opt_.initial_lr(g));
   }
 }
 
 void LRScheduler::initial_step() {
+  take_base_lrs();
   step_count_ = 0;
   step();
 }
@@ -148,6 +152,7 @@ SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::unique_ptr<LRSchedul
   for (size_t i = 1; i < milestones_.size(); ++i)
     if (milestones_[i] <= milestones_[i - 1]) throw std::invalid_argument("SequentialLR: milestones must increase");
   last_epoch_ = 0;
+  take_base_lrs();
   // Back to the initial lrs; undo the step each scheduler took when it was built; start the first.
   for (size_t g = 0; g < groups(); ++g) opt_.set_lr(base_lrs_[g], g);
   for (auto& s : schedulers_) s->last_epoch_ -= 1;

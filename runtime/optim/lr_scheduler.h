@@ -27,13 +27,17 @@ class LRScheduler {
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
  protected:
-  // Records each group's initial_lr (the first scheduler on an optimizer sets it) as base_lrs.
   explicit LRScheduler(Optimizer& opt);
+  // Records each group's initial_lr (the first scheduler on an optimizer sets it) as base_lrs: once,
+  // after the derived constructor's checks (as PyTorch's check before their base's __init__), so that
+  // a scheduler refused leaves the optimizer as it was.
+  void take_base_lrs();
   // The lrs of the epoch last_epoch_, from the groups' current lrs (PyTorch's get_lr).
   virtual std::vector<double> get_lr() const = 0;
   // The closed form at last_epoch_ (PyTorch's _get_closed_form_lr; get_lr where there is none).
   virtual std::vector<double> closed_form_lr() const { return get_lr(); }
-  // Epoch 0: derived constructors end with this, as PyTorch's base constructor ends with step().
+  // Epoch 0 (base_lrs taken first): derived constructors end with this, as PyTorch's base
+  // constructor ends with step().
   void initial_step();
   void apply(const std::vector<double>& lrs);
   double group_lr(size_t g) const { return opt_.lr(g); }

@@ -4,6 +4,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "runtime/core/number_format.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/ops/ops.h"
 
@@ -205,12 +206,34 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   };
   for (size_t i = 0; i < params_.size(); ++i) {
     if (saved[i] == nullptr) continue;
-    if (step_in_state()) expect(*saved[i], "step", {}, i);
+    if (step_in_state()) {
+      // A count of steps: a negative one gave a NaN bias correction and NaN parameters at the next step.
+      const double n = expect(*saved[i], "step", {}, i).item();
+      if (!(n >= 0.0 && n <= 1e15))
+        throw std::invalid_argument("optimizer state 'step' of parameter " + std::to_string(i) + " is " + float_repr(n) +
+                                    ": a count of steps taken, at least 0");
+    }
     for (const auto& [name, tensors] : state_)
       if (tensors[i].defined()) expect(*saved[i], name, tensors[i].shape(), i);
   }
   for (size_t g = 0; g < num_param_groups(); ++g) {
-    load_group_hyper(g, sd.param_groups[g]);
+    const nlohmann::json& h = sd.param_groups[g];
+    if (h.contains("initial_lr") && !h["initial_lr"].is_number())
+      throw std::invalid_argument("loaded state dict: parameter group " + std::to_string(g) + "'s 'initial_lr' is not a number");
+  }
+  // The groups' hyperparameters all or none: each group's are checked as they are taken, and a group
+  // refused after others were taken puts those back (a failed load leaves the optimizer as it was).
+  std::vector<nlohmann::json> before;
+  for (size_t g = 0; g < num_param_groups(); ++g) before.push_back(group_hyper(g));
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    try {
+      load_group_hyper(g, sd.param_groups[g]);
+    } catch (...) {
+      for (size_t k = 0; k < g; ++k) load_group_hyper(k, before[k]);
+      throw;
+    }
+  }
+  for (size_t g = 0; g < num_param_groups(); ++g) {
     const nlohmann::json& h = sd.param_groups[g];
     initial_lr_[g] = h.contains("initial_lr") ? std::optional<double>(h["initial_lr"].get<double>()) : std::nullopt;
   }

@@ -7,6 +7,8 @@
 #  2. launch/scripts/gpu_check.sh with each option that takes a value given none (or an empty one,
 #     or another flag), an unknown option and a missing --bundle: exit 2 before any stage, nothing
 #     written (no GPU or build needed).
+#     An --out holding someone's bundle/ is refused and left alone; a --budget too small for any stage
+#     is no pass. gpu_bundle.sh's --out is checked before anything is built.
 #  3. launch/bench/bench_vs_pytorch.py --budget, with the build's amp_train and bench_mlp (CPU) and a
 #     stand-in for PyTorch's interpreter that sleeps as asked: a torch.compile run that would outlast
 #     the budget is stopped (its processes killed) and is its column's failure, the round's other
@@ -141,6 +143,42 @@ done
 expect "gpu_check unknown" 2 "${gc[@]}" --frob -- "--frob"
 expect "gpu_check missing bundle" 2 "${gc[@]}" --bundle "$work/nope.tar.xz" -- "--bundle $work/nope.tar.xz"
 [[ ! -e $work/gpu_check_out ]] || fail "gpu_check: a usage error made gpu_check_out/"
+# An --out that holds a bundle/ gpu_check did not unpack: refused and left as it was (it was rm -rf'd,
+# even for an archive that then failed to unpack).
+mkdir -p "$work/home/bundle"; echo mine >"$work/home/bundle/notes.txt"; echo junk >"$work/junk.tar.xz"
+expect "gpu_check --out with a bundle/ of someone's" 2 "${gc[@]}" --bundle "$work/junk.tar.xz" --out "$work/home" -- "--out" "left alone"
+[[ -f $work/home/bundle/notes.txt ]] || fail "gpu_check: deleted a bundle/ folder that it did not make"
+# A --budget that leaves no time for any stage: bundle and env still run, and the stages skipped are
+# no pass (it said "all stages passed", exit 0, with nothing checked). A stand-in bundle and driver.
+fake=$work/fake_bundle
+mkdir -p "$fake/bin" "$fake/libexec" "$work/fakebin"
+printf 'commit=abc\ncuda_version=12.2\nglibc_needed=GLIBC_2.1\n' >"$fake/MANIFEST"
+echo 'export AMP_BUNDLE_CUDA_LIBS=" libcublas.so.12"' >"$fake/env.sh"
+printf '#!/bin/sh\nexit 0\n' >"$fake/bin/amp_train"
+cat >"$work/fakebin/nvidia-smi" <<'SMI'
+#!/bin/sh
+case "$*" in
+  -L) echo "GPU 0: NVIDIA H100 (UUID: GPU-1111)" ;;
+  *index,uuid*) echo "0, GPU-1111" ;;
+  *driver_version*) echo "580.00" ;;
+  *compute_cap*) echo "9.0" ;;
+  *) echo "| NVIDIA-SMI 580.00   Driver Version: 580.00   CUDA Version: 13.0 |" ;;
+esac
+SMI
+chmod +x "$fake/bin/amp_train" "$work/fakebin/nvidia-smi"
+expect "gpu_check --budget 1" 1 env PATH="$work/fakebin:$PATH" "${gc[@]}" --bundle "$fake" --out "$work/gc_budget" --budget 1 --stages test_cuda
+! grep -q "all stages passed" "$work/stdout" || fail "gpu_check --budget 1: 'all stages passed' with no stage run"
+grep -q "== bundle (limit" "$work/stdout" || fail "gpu_check --budget 1: the bundle stage did not run: $(tail -n 5 "$work/stdout")"
+grep -q "were not run: --budget 1 was spent (test_cuda" "$work/stdout" || fail "gpu_check --budget 1: no word of the stages not run: $(tail -n 3 "$work/stdout")"
+expect "gpu_check --budget 2^64" 2 "${gc[@]}" --budget 18446744073709551616 -- "--budget"
+
+# --- 2b. gpu_bundle.sh: its --out is checked before anything is built
+gb=(bash "$src/launch/scripts/gpu_bundle.sh")
+expect "gpu_bundle --out" 2 "${gb[@]}" --out -- "--out"
+expect "gpu_bundle --out ''" 2 "${gb[@]}" --out "" -- "--out"
+expect "gpu_bundle --out --no-build" 2 "${gb[@]}" --out --no-build -- "--out needs"
+expect "gpu_bundle --out x.zip" 2 "${gb[@]}" --out "$work/x.zip" -- "--out $work/x.zip" ".tar.xz or .tar.zst"
+expect "gpu_bundle --out a directory" 2 "${gb[@]}" --out "$work/home" -- "--out"
 
 # --- 3. bench_vs_pytorch.py --budget
 if [[ -z $build ]] || ! command -v python3 >/dev/null; then
@@ -163,6 +201,11 @@ SH
   bench=(python3 "$src/launch/bench/bench_vs_pytorch.py" --python "$work/fake_python" --amp-train "$build/launch/amp_train"
          --bench-mlp "$build/launch/bench_mlp" --sizes 256x64 --modes fp32 --layers 1 --steps 6 --threads 1)
   long=317.$$  # a sleep no other run of this check has (pgrep looks for it)
+  # Paths that fail only after the whole run (a --json directory, a --venv without python) are usage
+  # errors before it; an empty --sizes is no silent default.
+  expect "bench --json a directory" 2 "${bench[@]}" --json "$work" -- "--json $work"
+  expect "bench --venv missing" 2 "${bench[@]}" --venv "$work/no_venv" -- "--venv $work/no_venv"
+  expect "bench --sizes ''" 2 "${bench[@]}" --sizes "" -- "--sizes"
   row() { python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$work/b.json" "$1"; }
   # A compile of 317 s in a budget of 15: stopped, its column failed, eager's figures kept, one round.
   expect "bench --budget compile" 0 env FAKE_COMPILE_S=$long "${bench[@]}" --compile --rounds 3 --budget 15 \
