@@ -12,11 +12,12 @@
 namespace amp {
 
 namespace {
-// A scale that float32 holds as a positive, finite number: neither past its range (inf) nor below
-// its smallest value (0: 1/0 unscales every gradient to inf, every step is skipped, and the backoff
-// keeps it 0 for ever).
+// A scale that float32 holds as a positive, finite number whose float32 inverse (what the kernels
+// unscale by) is finite too: not past float32's range (inf), nor below 1 / FLT_MAX (about 2.9e-39):
+// an inverse of inf unscales every gradient to inf or NaN, every step is skipped, and the backoff
+// takes the scale down to 0, where it stays.
 bool usable_scale(double v) {
-  return v > 0.0 && v <= std::numeric_limits<float>::max() && static_cast<float>(v) > 0.0f;
+  return v > 0.0 && v <= std::numeric_limits<float>::max() && std::isfinite(static_cast<float>(1.0 / v));
 }
 }  // namespace
 
@@ -31,7 +32,8 @@ void GradScaler::validate() const {
     throw std::invalid_argument("The backoff factor must be < 1.0 and > 0. Got " + float_repr(o.backoff_factor));
   if (o.growth_interval < 1) throw std::invalid_argument("growth_interval must be a positive integer. Got " + std::to_string(o.growth_interval));
   if (!usable_scale(o.init_scale))
-    throw std::invalid_argument("init_scale must be positive and finite in float32. Got " + float_repr(o.init_scale));
+    throw std::invalid_argument("init_scale must be positive and finite, with a finite inverse, in float32. Got " +
+                                float_repr(o.init_scale));
   if (o.hysteresis < 1) throw std::invalid_argument("hysteresis must be >= 1. Got " + std::to_string(o.hysteresis));
   if (o.min_scale < 0.0f || !(o.max_scale >= o.min_scale))
     throw std::invalid_argument("min_scale must be >= 0 and <= max_scale");
@@ -224,7 +226,8 @@ void GradScaler::update(double new_scale) {
   // PyTorch fills any float; a scale that is not positive and finite in float32 would silently zero
   // or poison every gradient, so it is refused here.
   if (!usable_scale(new_scale))
-    throw std::invalid_argument("new_scale must be positive and finite in float32, got " + float_repr(new_scale));
+    throw std::invalid_argument("new_scale must be positive and finite, with a finite inverse, in float32, got " +
+                                float_repr(new_scale));
   fill_(scale_, new_scale);
   per_optimizer_.clear();
 }
@@ -308,6 +311,9 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   count_in("growth_interval", 1.0, kIntMax);
   count_in("_growth_tracker", -kIntMax, kIntMax);
   if (state.count("_hysteresis_left")) count_in("_hysteresis_left", 0.0, kIntMax);
+  if (!usable_scale(state.at("scale")))
+    throw std::invalid_argument("GradScaler state_dict: 'scale' " + float_repr(state.at("scale")) +
+                                " is not a usable loss scale (positive and finite, with a finite inverse, in float32)");
   GradScalerOptions o = options_;
   o.init_scale = state.at("scale");
   o.growth_factor = state.at("growth_factor");

@@ -159,11 +159,16 @@ std::string fewer_threads_reason(int local_ranks) {
   if (mine >= share) return "";
   std::string why = "each rank may run on " + std::to_string(mine) + " of the node's " + std::to_string(node_cpus()) +
                     " CPUs (its affinity)";
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr)
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (std::getenv("SLURM_CPUS_PER_TASK") != nullptr)
+    why += ": Slurm's --cpus-per-task sets it";
+  else if (world != nullptr && std::string(world) != "0" && std::string(world).size() == 1 && world[0] <= '2')
     why += ": Open MPI's mpirun binds each rank to one core where it starts 2 ranks or fewer (mpirun --bind-to none, "
            "or --map-by slot:PE=" + std::to_string(share) + ", gives it " + std::to_string(share) + ")";
-  else if (std::getenv("SLURM_CPUS_PER_TASK") != nullptr || std::getenv("SLURM_JOB_ID") != nullptr)
-    why += ": Slurm's --cpus-per-task sets it";
+  else if (world != nullptr)
+    why += ": mpirun's binding (--report-bindings shows it; --bind-to none lifts it)";
+  else
+    why += ": taskset, a cpuset or the launcher's binding";
   return why + "; --threads N overrides";
 }
 

@@ -82,12 +82,15 @@ TEST(GradScaler, UpdateWithNewScale) {
   s.update(1024.0f);
   EXPECT_EQ(s.get_scale(), 1024.0f);
   EXPECT_THROW(s.update(-1.0f), std::invalid_argument);
-  // Positive in double, 0 in float32 (1/0 unscales every gradient to inf, and the backoff keeps 0):
-  // refused, from update, the options and a state dict alike; float32's smallest (subnormal) taken.
+  // Positive in double, 0 in float32, or with an inverse that float32 cannot hold (below about
+  // 2.9e-39: every gradient unscales to inf, and the backoff takes the scale to 0): refused, from
+  // update, the options and a state dict alike. 1e-38 (inverse 1e38) is taken.
   EXPECT_THROW(s.update(1e-50), std::invalid_argument);
+  EXPECT_THROW(s.update(1.5e-45), std::invalid_argument);
+  EXPECT_THROW(s.update(2e-39), std::invalid_argument);
   EXPECT_THROW(s.update(1e39), std::invalid_argument);
   EXPECT_EQ(s.get_scale(), 1024.0f) << "a refused scale changed it";
-  EXPECT_NO_THROW(s.update(1.5e-45));
+  EXPECT_NO_THROW(s.update(1e-38));
   EXPECT_THROW(GradScaler(GradScalerOptions{.init_scale = 1e-50}), std::invalid_argument);
   auto sd = s.state_dict();
   sd["scale"] = 1e-50;
@@ -242,8 +245,12 @@ TEST(GradScaler, StepIsSkippedWhenTheUnscaledGradientsAreNotFinite) {
       SCOPED_TRACE("scale " + std::to_string(c.scale) + " grad " + std::to_string(c.grad) +
                    (explicit_unscale ? " unscale_" : " step"));
       ASSERT_FALSE(std::isfinite(c.grad * static_cast<float>(1.0 / c.scale)));  // the case is one
-      GradScaler s(GradScalerOptions{.init_scale = c.scale});
+      // Scales no option takes (their float32 inverse is inf), but a run's backoffs can reach, set
+      // through update(tensor), which copies as PyTorch's does.
+      GradScaler s;
       Rig r;
+      s.scale(scalar_tensor(1.0));
+      s.update(full({1}, c.scale));
       s.scale(scalar_tensor(1.0));
       r.p.set_grad(full({4}, c.grad));
       if (explicit_unscale) s.unscale_(r.opt);

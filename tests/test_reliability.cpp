@@ -269,7 +269,8 @@ TEST(Reliability, ASigtermDuringTheCpuGemmsCorruptsNothing) {
     const std::string out = shell(
         "$AMP --width 256 --batch-size 16 --micro-batches 2 --amp fp16 --log-every 0 --threads 1 --steps 150000 "
         "--save-weights w.st --metrics m.jsonl > out.txt 2>&1 & p=$!; "
-        "until grep -q \"rank(s)\" out.txt; do sleep 0.02; done; sleep 0.$((RANDOM % 9 + 1)); kill -TERM $p; wait $p; "
+        "for i in $(seq 1500); do grep -q \"rank(s)\" out.txt && break; sleep 0.02; done; "
+        "sleep 0.$((RANDOM % 9 + 1)); kill -TERM $p; wait $p; "
         "echo exit=$?; cat out.txt", d);
     EXPECT_FALSE(has(out, "corrupted") || has(out, "free()") || has(out, "malloc")) << out;
     expect_stopped_by(out, d);
@@ -282,12 +283,15 @@ TEST(Reliability, AThreadCountCutByTheAffinitySaysWhy) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one CPU: no thread count to cut";
   TempDir d;
   const std::string flags = " --device cpu --width 16 --layers 1 --batch-size 2 --steps 1 --log-every 0 ";
-  const std::string out = shell("taskset -c 0 $AMP" + flags + "; echo ---; mpirun -np 1 --oversubscribe $AMP" + flags +
-                                "; echo ---; taskset -c 0 $AMP" + flags + "--threads 1", d);
+  // One CPU of those this process may run on (a container's cpuset need not hold CPU 0).
+  const std::string one = "taskset -c $(grep ^Cpus_allowed_list /proc/self/status | cut -f2 | cut -d, -f1 | cut -d- -f1) ";
+  const std::string out = shell(one + "$AMP" + flags + "; echo ---; mpirun -np 1 --oversubscribe $AMP" + flags +
+                                "; echo ---; " + one + "$AMP" + flags + "--threads 1", d);
   const size_t first = out.find("---"), second = out.find("---", first + 3);
   ASSERT_NE(second, std::string::npos) << out;
   const std::string taskset = out.substr(0, first), mpirun = out.substr(first, second - first), asked = out.substr(second);
   EXPECT_TRUE(has(taskset, "notice: 1 thread(s) a rank: each rank may run on 1 of the node's")) << taskset;
+  EXPECT_TRUE(has(taskset, "taskset, a cpuset or the launcher's binding")) << "blames another: " << taskset;
   EXPECT_TRUE(has(mpirun, "notice: 1 thread(s) a rank: each rank may run on 1 of the node's")) << mpirun;
   EXPECT_TRUE(has(mpirun, "mpirun binds each rank to one core")) << mpirun;
   EXPECT_FALSE(has(asked, "notice: 1 thread(s)")) << "--threads given: nothing to explain\n" << asked;
@@ -335,6 +339,21 @@ TEST(Reliability, AStopIsAcknowledgedAsItArrives) {
   EXPECT_TRUE(has(out, "amp_train: interrupted (SIGINT): stopping after the step in flight; Ctrl-C again (after 2 s) "
                        "stops at once")) << out;
   EXPECT_TRUE(has(out, "exit=137")) << "the stalled step was not the one killed: " << out;
+}
+
+// Ctrl-C again, more than 2 s after the first, stops at once (exit 130): the second SIGINT is raised
+// again, with its default action, by the one thread that takes the stop signals. Here the step in
+// flight never ends (rank 0 stalls in it).
+TEST(Reliability, CtrlCAgainStopsAtOnce) {
+  TempDir d;
+  const std::string out = shell(
+      "AMP_DEBUG_STALL=0:3 $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
+      "> out.txt 2>&1 & p=$!; until grep -q stalling out.txt; do sleep 0.05; done; kill -INT $p; sleep 2.3; "
+      "kill -INT $p; for i in $(seq 100); do kill -0 $p 2>/dev/null || break; sleep 0.05; done; "
+      "kill -0 $p 2>/dev/null && { echo still_running; kill -KILL $p; }; wait $p; echo exit=$?; cat out.txt",
+      d);
+  EXPECT_FALSE(has(out, "still_running")) << out;
+  EXPECT_TRUE(has(out, "exit=130")) << out;
 }
 
 // Output that nobody reads (mpirun, signalled, stops reading its ranks' output, then kills them a

@@ -231,7 +231,10 @@ if [[ -n $bundle ]]; then
   else
     # Unpacked into DIR/bundle, which an earlier check of ours may hold (it is replaced), never a
     # folder of anyone else's: that is refused, and left as it is.
-    if [[ -e $out/bundle && ! -e $out/bundle/.unpacked_by_gpu_check ]]; then
+    # (An earlier version's unpacking holds amp_gpu_bundle/ alone, without the mark: its own too.)
+    if [[ (-e $out/bundle || -L $out/bundle) && ! -e $out/bundle/.unpacked_by_gpu_check ]] &&
+       [[ -L $out/bundle || ! -d $out/bundle ||
+          -n $(find "$out/bundle" -mindepth 1 -maxdepth 1 ! -name amp_gpu_bundle -print -quit 2>/dev/null) ]]; then
       echo "gpu_check: --out $out: it holds a bundle/ that gpu_check did not unpack; it is left alone: give another --out" >&2; exit 2
     fi
     rm -rf "$out/bundle"; mkdir -p "$out/bundle" && touch "$out/bundle/.unpacked_by_gpu_check"

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
-#include <vector>
 
 namespace amp::launch {
 
@@ -97,6 +97,10 @@ bool drop_output_without_reader() {
 }
 
 void say(const char* text) {  // write(2): the only output a handler may make
+  // Never waited on: the one thread that takes the stop signals runs this (a second Ctrl-C must still
+  // reach it), and standard error may be a socket or a pipe that nobody reads.
+  pollfd out = {STDERR_FILENO, POLLOUT, 0};
+  if (::poll(&out, 1, 0) != 1 || !(out.revents & POLLOUT)) return;
   const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
 }
@@ -155,10 +159,11 @@ void route_stop_signals_to_their_own_thread() {
   sigemptyset(&stops);
   for (const int s : kStopSignals) sigaddset(&stops, s);
   // The main thread's wake-up runs on a stack of its own: never below a JIT kernel's stack pointer.
-  static std::vector<char> wake_stack(1 << 16);
+  // Static storage, never freed: a signal may come while exit() runs the destructors.
+  alignas(64) static char wake_stack[1 << 16];
   stack_t ss = {};
-  ss.ss_sp = wake_stack.data();
-  ss.ss_size = wake_stack.size();
+  ss.ss_sp = wake_stack;
+  ss.ss_size = sizeof wake_stack;
   struct sigaction wake = {};
   wake.sa_handler = on_wake;
   sigemptyset(&wake.sa_mask);
@@ -168,11 +173,15 @@ void route_stop_signals_to_their_own_thread() {
     g_wake_main.store(true);
   }
   // The receiver: every stop signal unblocked (whatever this process inherited), waiting for them.
-  std::thread([stops] {
-    (void)::pthread_setname_np(::pthread_self(), "amp-signals");
-    ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
-    for (;;) ::pause();
-  }).detach();
+  try {
+    std::thread([stops] {
+      (void)::pthread_setname_np(::pthread_self(), "amp-signals");
+      ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
+      for (;;) ::pause();
+    }).detach();
+  } catch (const std::system_error&) {
+    return;  // no thread to be had (a pids limit): the signals are taken by any thread, as they were
+  }
   ::pthread_sigmask(SIG_BLOCK, &stops, nullptr);
 }
 

@@ -178,7 +178,8 @@ expect "gpu_bundle --out" 2 "${gb[@]}" --out -- "--out"
 expect "gpu_bundle --out ''" 2 "${gb[@]}" --out "" -- "--out"
 expect "gpu_bundle --out --no-build" 2 "${gb[@]}" --out --no-build -- "--out needs"
 expect "gpu_bundle --out x.zip" 2 "${gb[@]}" --out "$work/x.zip" -- "--out $work/x.zip" ".tar.xz or .tar.zst"
-expect "gpu_bundle --out a directory" 2 "${gb[@]}" --out "$work/home" -- "--out"
+mkdir -p "$work/dir.tar.xz"
+expect "gpu_bundle --out a directory" 2 "${gb[@]}" --out "$work/dir.tar.xz" -- "--out $work/dir.tar.xz" "a directory"
 
 # --- 3. bench_vs_pytorch.py --budget
 if [[ -z $build ]] || ! command -v python3 >/dev/null; then
