@@ -488,11 +488,12 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   const std::string gpu_chosen_from = select_gpu_before_mpi(argc, argv);
   comm::MpiSession mpi(&argc, &argv);
-  if (const std::string alone = comm::srun_tasks_without_world(mpi.size()); !alone.empty()) {
+  const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
+  const bool help = !cli.config && cli.exit_code == 0;  // --help: printed however the process was started
+  if (const std::string alone = comm::srun_tasks_without_world(mpi.size()); !alone.empty() && !help) {
     std::fprintf(stderr, "amp_train: error: %s\n", alone.c_str());
     return 2;
   }
-  const launch::CliResult cli = launch::parse_cli(argc, argv, mpi.size());
   if (!cli.config) {
     if (mpi.rank() == 0) std::fprintf(cli.exit_code == 0 ? stdout : stderr, "%s\n", cli.message.c_str());
     return cli.exit_code;

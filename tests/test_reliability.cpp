@@ -297,6 +297,18 @@ TEST(Reliability, AThreadCountCutByTheAffinitySaysWhy) {
   EXPECT_FALSE(has(asked, "notice: 1 thread(s)")) << "--threads given: nothing to explain\n" << asked;
 }
 
+// srun --mpi=none's tasks are refused (each a world of its own), but --help is help, however started:
+// it printed the refusal.
+TEST(Reliability, HelpIsHelpUnderAnSrunThatMpiDoesNotSpeak) {
+  TempDir d;
+  const std::string out = shell("export SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=3; $AMP --help > help.txt 2>&1; echo help=$?; "
+                                "$AMP --steps 1 > run.txt 2>&1; echo run=$?; cat help.txt run.txt", d);
+  EXPECT_TRUE(has(out, "help=0")) << out;
+  EXPECT_TRUE(has(out, "--steps")) << "no flags listed: " << out;
+  EXPECT_TRUE(has(out, "run=2")) << out;
+  EXPECT_TRUE(has(out, "a world of its own")) << out;
+}
+
 // Under nohup (SIGHUP ignored), a SIGHUP is no stop request: the run outlives the terminal, as asked.
 TEST(Reliability, NohupsSighupStaysIgnored) {
   TempDir d;
