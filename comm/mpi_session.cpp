@@ -148,28 +148,25 @@ int affinity_cpus() {  // the CPUs this process may run on: Slurm's --cpus-per-t
 }
 }  // namespace
 
-int default_threads_per_rank(int local_ranks) {
+int default_threads_per_rank(int local_ranks, std::string* fewer_because) {
   // A rank bound to its own CPUs gets them all; ranks that share CPUs (none bound, or several bound to
   // one socket) share the node's.
-  return std::max(1, std::min(affinity_cpus(), node_cpus() / std::max(1, local_ranks)));
-}
-
-std::string fewer_threads_reason(int local_ranks) {
   const int share = std::max(1, node_cpus() / std::max(1, local_ranks)), mine = affinity_cpus();
-  if (mine >= share) return "";
-  std::string why = "each rank may run on " + std::to_string(mine) + " of the node's " + std::to_string(node_cpus()) +
-                    " CPUs (its affinity)";
+  if (fewer_because == nullptr || mine >= share) return std::min(mine, share);
+  std::string& why = *fewer_because;
+  why = "each rank may run on " + std::to_string(mine) + " of the node's " + std::to_string(node_cpus()) + " CPUs (its affinity)";
   const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (std::getenv("SLURM_CPUS_PER_TASK") != nullptr)
     why += ": Slurm's --cpus-per-task sets it";
-  else if (world != nullptr && std::string(world) != "0" && std::string(world).size() == 1 && world[0] <= '2')
+  else if (world != nullptr && std::atoi(world) <= 2)
     why += ": Open MPI's mpirun binds each rank to one core where it starts 2 ranks or fewer (mpirun --bind-to none, "
            "or --map-by slot:PE=" + std::to_string(share) + ", gives it " + std::to_string(share) + ")";
   else if (world != nullptr)
     why += ": mpirun's binding (--report-bindings shows it; --bind-to none lifts it)";
   else
     why += ": taskset, a cpuset or the launcher's binding";
-  return why + "; --threads N overrides";
+  why += "; --threads N overrides";
+  return mine;
 }
 
 }  // namespace amp::comm

@@ -47,9 +47,8 @@ std::string srun_tasks_without_world(int world_size);
 // Threads per rank so that the ranks of one node share its cores without oversubscribing: the node's
 // CPUs over its ranks, or fewer where this process may run on fewer (its affinity: Slurm's
 // --cpus-per-task, taskset, a cgroup's cpuset).
-int default_threads_per_rank(int local_ranks);
-// Where that is fewer than the node's CPUs over its ranks, why (the affinity, and who sets it), for a
-// notice: "" where it is not.
-std::string fewer_threads_reason(int local_ranks);
+// Where that is fewer than the node's CPUs over its ranks, *fewer_because (if given) says why (the
+// affinity, and who sets it), for a notice; it is left as it is otherwise.
+int default_threads_per_rank(int local_ranks, std::string* fewer_because = nullptr);
 
 }  // namespace amp::comm

@@ -291,7 +291,8 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   if (mpi.active() && mpi.size() > 1) host_comm = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
   else host_comm = std::make_unique<comm::LocalCommunicator>();
   host_comm->set_timeout(cfg.comm_timeout);
-  set_num_threads(cfg.threads > 0 ? cfg.threads : comm::default_threads_per_rank(host_comm->local_size()));
+  std::string fewer_threads;  // why the default is less than the node's share, for rank 0's notice
+  set_num_threads(cfg.threads > 0 ? cfg.threads : comm::default_threads_per_rank(host_comm->local_size(), &fewer_threads));
 
   // Each stage runs on every rank; a rank whose stage fails reports it in the agreement that
   // follows. A collective that fails (a timeout) is rethrown: its peers may still be inside it.
@@ -401,9 +402,8 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
     if (cfg.data != "synthetic") std::printf("amp_train: data: %s\n", trainer->data().describe().c_str());
-    if (const std::string fewer = comm::fewer_threads_reason(host_comm->local_size());
-        !device.is_cuda() && cfg.threads == 0 && !fewer.empty())
-      std::printf("amp_train: notice: %d thread(s) a rank: %s\n", get_num_threads(), fewer.c_str());
+    if (!device.is_cuda() && !fewer_threads.empty())
+      std::printf("amp_train: notice: %d thread(s) a rank: %s\n", get_num_threads(), fewer_threads.c_str());
   }
   std::fflush(stdout);
 

@@ -70,9 +70,9 @@ void stop_blocking_on_output() {  // async-signal-safe: fcntl only
 
 // Standard output and error where they are pipes: watched for a reader that is gone (| head, a tee
 // that died), which a pipe polls as POLLERR. SIGPIPE's disposition is left as it is (Open MPI's threads
-// and its socket writes depend on it: a rank that caught it corrupted its heap when mpirun, signalled,
-// closed its sockets). A pipe found without its reader is replaced by /dev/null, so that no later
-// write raises SIGPIPE, and is a stop request labelled SIGPIPE.
+// raise it on their own sockets, where its default is what they expect). A pipe found without its
+// reader is replaced by /dev/null, so that no later write raises SIGPIPE, and is a stop request
+// labelled SIGPIPE.
 std::atomic<int> g_watched_fds[2] = {-1, -1};
 std::atomic<bool> g_output_gone{false};
 

@@ -211,7 +211,7 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       const double n = expect(*saved[i], "step", {}, i).item();
       if (!(n >= 0.0 && n <= 1e15))
         throw std::invalid_argument("optimizer state 'step' of parameter " + std::to_string(i) + " is " + float_repr(n) +
-                                    ": a count of steps taken, at least 0");
+                                    ": a count of steps taken, from 0 to 1e15");
     }
     for (const auto& [name, tensors] : state_)
       if (tensors[i].defined()) expect(*saved[i], name, tensors[i].shape(), i);
