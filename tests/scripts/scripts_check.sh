@@ -148,6 +148,14 @@ expect "gpu_check missing bundle" 2 "${gc[@]}" --bundle "$work/nope.tar.xz" -- "
 mkdir -p "$work/home/bundle"; echo mine >"$work/home/bundle/notes.txt"; echo junk >"$work/junk.tar.xz"
 expect "gpu_check --out with a bundle/ of someone's" 2 "${gc[@]}" --bundle "$work/junk.tar.xz" --out "$work/home" -- "--out" "left alone"
 [[ -f $work/home/bundle/notes.txt ]] || fail "gpu_check: deleted a bundle/ folder that it did not make"
+mkdir -p "$work/home2"; echo mine >"$work/home2/bundle"  # a file of that name: refused too
+expect "gpu_check --out with a file named bundle" 2 "${gc[@]}" --bundle "$work/junk.tar.xz" --out "$work/home2" -- "left alone"
+[[ -f $work/home2/bundle ]] || fail "gpu_check: deleted a file named bundle"
+# An older gpu_check's unpacking (amp_gpu_bundle/ alone, no mark) is its own: replaced (here by a
+# junk archive that fails to unpack, which leaves no bundle/ behind).
+mkdir -p "$work/home3/bundle/amp_gpu_bundle"
+expect "gpu_check --out of an older check" 2 "${gc[@]}" --bundle "$work/junk.tar.xz" --out "$work/home3" -- "cannot unpack"
+[[ ! -e $work/home3/bundle ]] || fail "gpu_check: a failed unpacking left $work/home3/bundle"
 # A --budget that leaves no time for any stage: bundle and env still run, and the stages skipped are
 # no pass (it said "all stages passed", exit 0, with nothing checked). A stand-in bundle and driver.
 fake=$work/fake_bundle
