@@ -112,11 +112,13 @@ bool any_enabled() { return t_state.cuda.enabled || t_state.cpu.enabled; }
 
 }  // namespace
 
-autocast::autocast(DeviceType device_type, std::optional<DType> dtype, bool enabled, bool cache_enabled,
-                   CastLists lists)
+autocast::autocast(DeviceType device_type, std::optional<DType> dtype, bool enabled, std::optional<bool> cache_enabled,
+                   std::optional<CastLists> lists)
     : device_type_(device_type) {
   DeviceState& st = t_state.of(device_type);
-  const DType d = dtype.value_or(device_type == DeviceType::cuda ? DType::f16 : DType::bf16);
+  // No dtype: the one in force (the enclosing region's; outside any, the device type's default), as
+  // torch.autocast's dtype=None. A bf16 region re-entered after an enabled=False one stays bf16.
+  const DType d = dtype.value_or(st.dtype);
   if (enabled && d != DType::f16 && d != DType::bf16)
     throw std::invalid_argument(std::string("autocast: dtype must be float16 or bfloat16, got ") + dtype_name(d));
   prev_enabled_ = st.enabled;
@@ -124,9 +126,9 @@ autocast::autocast(DeviceType device_type, std::optional<DType> dtype, bool enab
   prev_lists_ = st.lists;
   prev_cache_enabled_ = t_state.cache_enabled;
   st.enabled = enabled;
-  st.dtype = d;
-  st.lists = lists;
-  t_state.cache_enabled = cache_enabled;
+  if (d == DType::f16 || d == DType::bf16) st.dtype = d;  // a disabled region given float32 leaves it
+  st.lists = lists.value_or(st.lists);
+  t_state.cache_enabled = cache_enabled.value_or(t_state.cache_enabled);
   ++t_state.depth;
   set_autocast_hook(any_enabled() ? &kHooks : nullptr);
 }

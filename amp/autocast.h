@@ -2,7 +2,8 @@
 // like torch.autocast(device_type, dtype, enabled, cache_enabled). A region applies to the ops whose
 // inputs live on its device type; each device type has its own state and default dtype (CUDA:
 // float16, CPU: bfloat16). Thread-local; regions nest and restore what they found; leaving the
-// outermost region clears the cast cache.
+// outermost region clears the cast cache. As PyTorch's, what a region is not given it keeps from the
+// regions around it: its dtype (get_autocast_dtype), the cache setting, and the cast lists.
 #pragma once
 #include <optional>
 #include <vector>
@@ -22,7 +23,7 @@ enum class CastLists : uint8_t { of_device_type, cuda };
 class autocast {
  public:
   explicit autocast(DeviceType device_type, std::optional<DType> dtype = std::nullopt, bool enabled = true,
-                    bool cache_enabled = true, CastLists lists = CastLists::of_device_type);
+                    std::optional<bool> cache_enabled = std::nullopt, std::optional<CastLists> lists = std::nullopt);
   ~autocast();
   autocast(const autocast&) = delete;
   autocast& operator=(const autocast&) = delete;

@@ -77,13 +77,27 @@ Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type, bool
   return total;
 }
 
+namespace {
+// The gradients by device, in order of first appearance (PyTorch groups them so too): each group goes
+// to its own device's backend (all of them went to the first's).
+std::vector<std::pair<Device, std::vector<Tensor>>> by_device(const std::vector<Tensor>& grads) {
+  std::vector<std::pair<Device, std::vector<Tensor>>> groups;
+  for (const Tensor& g : grads) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == g.device(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), {g.device(), {}});
+    it->second.push_back(g);
+  }
+  return groups;
+}
+}  // namespace
+
 void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm, const Tensor& total_norm) {
   const std::vector<Tensor> grads = grads_of(params);
   if (grads.empty()) return;
   if (!total_norm.defined() || total_norm.numel() != 1)
     throw std::invalid_argument("clip_grads_with_norm_: total_norm must be a 1-element tensor");
-  const Device dev = grads[0].device();
-  backend_for(dev).clip_by_norm(grads, total_norm.to(DType::f32).to(dev), max_norm);
+  for (const auto& [dev, group] : by_device(grads))
+    backend_for(dev).clip_by_norm(group, total_norm.to(DType::f32).to(dev), max_norm);
 }
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
@@ -93,9 +107,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
-  const std::vector<Tensor> grads = grads_of(params);
-  if (grads.empty()) return;
-  backend_for(grads[0].device()).clamp(grads, -clip_value, clip_value);
+  for (const auto& [dev, group] : by_device(grads_of(params))) backend_for(dev).clamp(group, -clip_value, clip_value);
 }
 
 }  // namespace amp

@@ -204,11 +204,15 @@ void GradScaler::update() {
   if (!total.defined()) throw std::runtime_error("No inf checks were recorded prior to update.");
   last_found_inf_ = total;
   if (options_.error_at_min_scale && options_.min_scale > 0.0f) {
-    // Opt-in check: reads two device values on the host.
+    // Opt-in check: reads device values on the host. As DeepSpeed's, only an overflow that would
+    // back off below the minimum is an error: one that hysteresis tolerates keeps the scale.
     const double s = get_scale();
-    if (total.item() != 0.0 && s <= options_.min_scale)
+    const bool backs_off = !options_.dynamic || tracker_.to_vector()[1] <= 1.0;
+    if (total.item() != 0.0 && s <= options_.min_scale && backs_off) {
+      per_optimizer_.clear();  // the iteration is over: a caller that goes on starts a new one
       throw std::runtime_error("Current loss scale already at minimum (" + float_repr(s) +
                                ") and gradients still overflow: training cannot continue");
+    }
   }
   if (!options_.dynamic) {
     per_optimizer_.clear();

@@ -18,7 +18,9 @@ ZeroShards::ZeroShards(BucketLayout layout, const std::vector<Tensor>& params,
   std::vector<size_t>& group_of = group_of_;
   std::vector<size_t> index_in_group(params.size());
   int64_t id = 0;
-  for (size_t g = 0; g < groups.size(); ++g)
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].empty())  // (its 0-element piece is a view of its first parameter)
+      throw std::invalid_argument("ZeroShards: parameter group " + std::to_string(g) + " is empty");
     for (size_t j = 0; j < groups[g].size(); ++j) {
       size_t i = 0;
       while (i < params.size() && !params[i].same(groups[g][j])) ++i;
@@ -28,6 +30,7 @@ ZeroShards::ZeroShards(BucketLayout layout, const std::vector<Tensor>& params,
       group_of[i] = g;
       index_in_group[i] = j;
     }
+  }
   if (static_cast<size_t>(id) != params.size())
     throw std::invalid_argument("ZeroShards: every parameter must be in exactly one group");
   const int64_t R = comm.size(), me = comm.rank();
@@ -160,11 +163,40 @@ optim::OptimizerStateDict ZeroShards::full_state_dict(const optim::Optimizer& op
 
 optim::OptimizerStateDict ZeroShards::shard_state_dict(const optim::OptimizerStateDict& full,
                                                        const optim::Optimizer& opt) const {
+  // The saved ids map to the parameters as an unsharded load_state_dict maps them (group by group, in
+  // order), and the saved groups' hyperparameters are kept: the same state dict loads the same way
+  // with and without ZeRO-1, and what it refuses is refused alike.
+  const size_t G = piece_groups_.size();
+  if (!full.param_groups.is_array() || full.param_groups.size() != G)
+    throw std::invalid_argument("loaded state dict has a different number of parameter groups");
+  std::vector<std::vector<size_t>> members(G);  // each group's parameters in order (full_id_'s order)
+  std::vector<size_t> by_id(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) by_id[static_cast<size_t>(full_id_[i])] = i;
+  for (size_t i : by_id) members[group_of_[i]].push_back(i);
+  std::vector<int64_t> saved_id(params_.size(), -1);
+  std::set<int64_t> known;
+  for (size_t g = 0; g < G; ++g) {
+    const nlohmann::json& h = full.param_groups[g];
+    if (!h.is_object() || !h.contains("params") || !h["params"].is_array())
+      throw std::invalid_argument("loaded state dict: parameter group " + std::to_string(g) + " has no 'params' list");
+    if (h["params"].size() != members[g].size())
+      throw std::invalid_argument("loaded state dict contains a parameter group that doesn't match the size of optimizer's group");
+    for (size_t j = 0; j < members[g].size(); ++j) {
+      if (!h["params"][j].is_number_integer()) throw std::invalid_argument("loaded state dict: a parameter id is not an integer");
+      saved_id[members[g][j]] = h["params"][j].get<int64_t>();
+      if (!known.insert(saved_id[members[g][j]]).second)
+        throw std::invalid_argument("loaded state dict: parameter id " + std::to_string(saved_id[members[g][j]]) + " is listed twice");
+    }
+  }
+  for (const auto& [id, st] : full.state)
+    if (!known.count(id)) throw std::invalid_argument("loaded state dict has state for unknown parameter " + std::to_string(id));
   optim::OptimizerStateDict sd;
-  sd.param_groups = opt.state_dict().param_groups;
+  sd.param_groups = full.param_groups;
+  const nlohmann::json mine = opt.state_dict().param_groups;
+  for (size_t g = 0; g < G; ++g) sd.param_groups[g]["params"] = mine.at(g).at("params");
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
-    auto it = full.state.find(full_id_[p.param]);
+    auto it = full.state.find(saved_id[p.param]);
     if (it == full.state.end()) continue;
     std::map<std::string, Tensor>& st = sd.state[static_cast<int64_t>(k)];
     for (const auto& [name, t] : it->second) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -154,11 +155,13 @@ void report_fatal(int rank, const std::string& what) {
 // Test hook for the fault tests, read once here: AMP_DEBUG_STALL=RANK:STEP makes that rank stop
 // answering, before the first collective of the set-up (STEP 0) or at the start of step STEP (the
 // trainer's before-step hook); RANK:STEP:gather, in step STEP just before ZeRO-1's all-gather of the
-// parameters (its peers are then inside it).
+// parameters (its peers are then inside it); RANK:STEP:checkpoint, as the checkpoint of step STEP
+// begins, until a stop is asked for (then it goes on: a stop that arrives during a checkpoint).
 struct DebugStall {
   int rank = -1;
   long long step = -1;
   bool in_gather = false;
+  bool in_checkpoint = false;
   static DebugStall from_environment() {
     DebugStall d;
     const char* s = std::getenv("AMP_DEBUG_STALL");
@@ -166,10 +169,17 @@ struct DebugStall {
     const int n = s == nullptr ? 0 : std::sscanf(s, "%d:%lld:%15s", &d.rank, &d.step, where);
     if (n < 2) return {};
     d.in_gather = n == 3 && std::string(where) == "gather";
+    d.in_checkpoint = n == 3 && std::string(where) == "checkpoint";
     return d;
   }
   void at(int rank_here, long long step_here) const {
     if (rank != rank_here || step != step_here) return;
+    if (in_checkpoint) {
+      std::fprintf(stderr, "amp_train: rank %d: pausing in the checkpoint of step %lld until a stop (AMP_DEBUG_STALL)\n",
+                   rank_here, step_here);
+      for (int i = 0; i < 6000 && launch::interrupt_signal() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
     std::fprintf(stderr, "amp_train: rank %d: stalling %s%s (AMP_DEBUG_STALL)\n", rank_here,
                  step_here == 0 ? "in the set-up" : ("at step " + std::to_string(step_here)).c_str(),
                  in_gather ? ", before the parameters' all-gather" : "");
@@ -331,11 +341,26 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   });
   if (!agreed("comparing the ranks' flags")) return code;
   Device device = kCPU;
+  // A --checkpoint-dir this run made is removed again, if still empty, when the set-up fails (exit 2
+  // writes nothing). Declared before the locks: removed after their lock file is.
+  struct MadeDirectories {
+    std::string leaf, top;  // --checkpoint-dir, and the topmost directory its check made
+    ~MadeDirectories() {
+      if (top.empty()) return;
+      std::error_code ec;
+      // Up from the leaf, each while empty (remove fails, harmlessly, on one that is not).
+      for (std::filesystem::path p = launch::normal_directory(leaf); !p.empty(); p = p.parent_path())
+        if (!std::filesystem::remove(p, ec) || p == std::filesystem::path(top)) break;
+    }
+  } made_checkpoint_dir;
   launch::OutputLocks locks;  // held until training ends: another live run cannot write our outputs
   attempt([&] {  // rank 0 writes the outputs: check and lock them before anything runs
     if (!rank0) return;
     // The checkpoint directory first (it is made when missing): the metrics may be written in it.
-    if (!cfg.checkpoint_dir.empty()) launch::check_checkpoint_dir(cfg.checkpoint_dir);
+    if (!cfg.checkpoint_dir.empty()) {
+      made_checkpoint_dir.leaf = cfg.checkpoint_dir;
+      launch::check_checkpoint_dir(cfg.checkpoint_dir, &made_checkpoint_dir.top);
+    }
     launch::check_output_path("--save-weights", cfg.save_weights);
     launch::check_output_path("--metrics", cfg.metrics);
     launch::check_outputs_apart(files_of(cfg));
@@ -407,6 +432,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   }
   std::fflush(stdout);
 
+  made_checkpoint_dir.top.clear();  // the run's from here, whatever becomes of it
   // 3. Training. From here SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP and SIGPIPE stop the job after a step, and
   // save (launch/training/interrupt.h).
   trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
@@ -414,6 +440,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   if (stall.rank >= 0 && stall.step > 0) {
     auto hook = [stall, &mpi](int64_t step) { stall.at(mpi.rank(), step); };
     if (stall.in_gather) trainer->set_before_gather(hook);
+    else if (stall.in_checkpoint) trainer->set_before_checkpoint(hook);
     else trainer->set_before_step(hook);
   }
   launch::install_interrupt_handlers(rank0);

@@ -234,8 +234,13 @@ void check_ranges(const TrainConfig& c, int world_size) {
   require(c.keep_checkpoints >= 1, "--keep-checkpoints", c.keep_checkpoints, "must be >= 1");
   if ((c.checkpoint_every > 0 || c.resume) && c.checkpoint_dir.empty())
     throw UsageError("--checkpoint-every and --resume need --checkpoint-dir DIR");
-  if (!c.init_weights.empty() && (c.resume || !c.resume_from.empty()))
-    throw UsageError("--init-weights: a resumed run's weights come from its checkpoint; give one or the other");
+  // --resume with --init-weights is one command line for a job that is requeued: the weights to start
+  // from while there is no checkpoint yet, the checkpoint's after. --resume-from names a checkpoint.
+  if (c.resume && !c.resume_from.empty())  // --resume-from won, silently
+    throw UsageError("--resume and --resume-from: give one (--resume takes the newest checkpoint in --checkpoint-dir, "
+                     "--resume-from the one it names)");
+  if (!c.init_weights.empty() && !c.resume_from.empty())
+    throw UsageError("--init-weights: a run resumed from a named checkpoint takes its weights from it; give one or the other");
   require(c.steps >= 1, "--steps", c.steps, "must be >= 1");
   require(c.batch_size >= 1, "--batch-size", c.batch_size, "must be >= 1");
   require(c.micro_batches >= 1, "--micro-batches", c.micro_batches, "must be >= 1");

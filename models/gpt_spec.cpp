@@ -179,7 +179,14 @@ class GptSpec final : public ModelSpec {
   std::string size_flags() const override { return "are --n-embd, --n-layer, --block-size or --batch-size"; }
   // Hugging Face's GPT-2 layout (models/gpt_hf.h) in, recognised by its Conv1D shapes, and out as "hf".
   safetensors::NamedTensors import_weights(safetensors::NamedTensors tensors, const std::string& source) const override {
-    if (!is_hf_gpt2(tensors)) return tensors;
+    if (!is_hf_gpt2(tensors)) {
+      // nanoGPT's state dict where PyTorch had no flash attention (before 2.0) holds each block's
+      // causal mask as a buffer, transformer.h.N.attn.bias: no parameter, dropped as Hugging Face's are.
+      std::erase_if(tensors, [](const auto& named) {
+        return named.first.starts_with("transformer.h.") && named.first.ends_with(".attn.bias");
+      });
+      return tensors;
+    }
     if (!c_.gelu_tanh)
       std::fprintf(stderr, "amp_train: note: %s is in Hugging Face's GPT-2 layout; GPT-2's own weights were trained "
                            "with the tanh GELU: --gelu tanh computes what GPT-2 computes (this run uses erf)\n",

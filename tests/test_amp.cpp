@@ -70,6 +70,45 @@ TEST(Autocast, CpuListsAndDefaultsPerDeviceType) {
   }
 }
 
+// What a region is not given it keeps from the regions around it, as torch.autocast's dtype=None and
+// cache_enabled=None (torch/amp/autocast_mode.py: get_autocast_dtype, is_autocast_cache_enabled):
+// a bf16 region that turns autocast off and on again stays bf16 (it became float16, the device's
+// default, and a CPU matmul there float16), and a cache disabled outside stays disabled.
+TEST(Autocast, ANestedRegionKeepsWhatItIsNotGiven) {
+  Generator gen(2);
+  const Tensor x = randn({2, 4}, gen), w = randn({4, 3}, gen);
+  {
+    autocast outer(DeviceType::cuda, DType::bf16);
+    {
+      autocast off(DeviceType::cuda, std::nullopt, false);
+      autocast on(DeviceType::cuda);
+      EXPECT_EQ(get_autocast_dtype(DeviceType::cuda), DType::bf16);
+    }
+  }
+  EXPECT_EQ(get_autocast_dtype(DeviceType::cuda), DType::f16) << "outside any region: the default again";
+  {
+    autocast outer(DeviceType::cpu, DType::f16, true, /*cache_enabled=*/false);
+    {
+      autocast off(DeviceType::cpu, std::nullopt, false);
+      EXPECT_EQ(matmul(x, w).dtype(), DType::f32);
+      autocast on(DeviceType::cpu);
+      EXPECT_EQ(matmul(x, w).dtype(), DType::f16);
+      EXPECT_FALSE(is_autocast_cache_enabled());
+      autocast given(DeviceType::cpu, DType::bf16, true, true);
+      EXPECT_EQ(matmul(x, w).dtype(), DType::bf16);
+      EXPECT_TRUE(is_autocast_cache_enabled());
+    }
+    {
+      autocast off32(DeviceType::cpu, DType::f32, false);  // allowed when disabled; the dtype in force stays
+      autocast on(DeviceType::cpu);
+      EXPECT_EQ(matmul(x, w).dtype(), DType::f16);
+    }
+    EXPECT_FALSE(is_autocast_cache_enabled());
+  }
+  EXPECT_TRUE(is_autocast_cache_enabled());
+  EXPECT_EQ(get_autocast_dtype(DeviceType::cpu), DType::bf16);
+}
+
 // The promote policy (dot is on CUDA's promote list): the widest of the region's dtype and the
 // inputs', float32 winning, float64 inputs ignored and left alone.
 TEST(Autocast, PromoteStartsFromTheRegionsDtypeAndIgnoresFloat64) {

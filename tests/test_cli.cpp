@@ -148,7 +148,8 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {mlp + "--tasks 3", "--tasks"},               {"--model mtl" + mlp + "--layers 3", "--layers"},
       {mlp + "--keep-checkpoints 2", "--keep-checkpoints"},
       {mlp + "--resume-from ck/step-00000001 --checkpoint-every 1", "--checkpoint-dir"},
-      {mlp + "--resume --checkpoint-dir ck --init-weights w.safetensors", "--init-weights"}};
+      {mlp + "--resume-from ck/step-00000001 --init-weights w.safetensors", "--init-weights"},
+      {mlp + "--resume --checkpoint-dir ck --resume-from ck/step-00000001", "--resume and --resume-from: give one"}};
   for (const auto& [args, needle] : bad) {
     const RunResult r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
@@ -188,6 +189,17 @@ TEST(Cli, HuggingFacesGpt2LayoutRoundTrips) {
   const RunResult bad = run(gpt + "--steps 1 --init-weights " + d.file("nan.safetensors"));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("nan.safetensors: ln_f.weight holds inf or NaN"), std::string::npos) << bad.out;
+  // nanoGPT's own layout with its blocks' causal-mask buffers (transformer.h.N.attn.bias, saved where
+  // PyTorch had no flash attention) loads as without them: it was refused as an unexpected tensor.
+  ASSERT_EQ(run(gpt + "--steps 1 --save-weights " + d.file("native.safetensors")).code, 0);
+  auto with_masks = safetensors::load(d.file("native.safetensors"));
+  for (const char* n : {"transformer.h.0.attn.bias", "transformer.h.1.attn.bias"}) with_masks.emplace_back(n, ones({1, 1, 8, 8}));
+  safetensors::save(d.file("masks.safetensors"), with_masks);
+  const RunResult masks = run(gpt + "--steps 1 --optimizer sgd --lr 0 --init-weights " + d.file("masks.safetensors") +
+                              " --save-weights " + d.file("native_back.safetensors"));
+  ASSERT_EQ(masks.code, 0) << masks.out;
+  std::ifstream na(d.file("native.safetensors"), std::ios::binary), nb(d.file("native_back.safetensors"), std::ios::binary);
+  EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(na), {}) == std::string(std::istreambuf_iterator<char>(nb), {}));
   const RunResult mlp = run(" --steps 1 --save-weights " + d.file("m.safetensors") + " --save-weights-format hf");
   EXPECT_EQ(mlp.code, 2) << mlp.out;
   EXPECT_NE(mlp.out.find("--save-weights-format hf: --model mlp writes only its own layout"), std::string::npos) << mlp.out;
@@ -248,7 +260,10 @@ TEST(Cli, TokenDataMistakesAreRefusedNamingTheFlagOrFile) {
   test::write_llmc_shard(d.file("odd.bin"), std::vector<uint16_t>(40, 1));
   std::ofstream(d.file("odd.bin"), std::ios::binary | std::ios::app) << 'x';  // a byte past the header's count
   const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
-      {gpt + "--data '" + d.file("text") + "/*.txt'", {"no such file: a glob names token shards"}},
+      // A glob that matches one text file named it 'no such file'; a directory or a device was called text.
+      {gpt + "--data '" + d.file("text") + "/*.txt'", {"matches 1 file with no llm.c header: text is one file, named as it is"}},
+      {gpt + "--data " + d.file("text") + " --vocab-size 300", {"--data: " + d.file("text") + ": is a directory"}},
+      {gpt + "--data /dev/zero --vocab-size 300", {"--data: /dev/zero: is not a regular file"}},
       {gpt + "--data " + d.file("odd.bin") + " --vocab-size 300",
        {"odd.bin: the header says 40 tokens but the file holds 40 and one byte (81 bytes after the header)"}},
       {gpt + "--data '" + shards + "'", {"--vocab-size", "holds tokens"}},
@@ -451,6 +466,44 @@ TEST(Cli, SaveWeightsRoundTripsIntoInitWeights) {
   }
   EXPECT_EQ(a[0].first, "0.weight");
   EXPECT_EQ(a[3].first, "2.bias");
+}
+
+// One command line for a job that is requeued (a Slurm script with --requeue): --resume with
+// --init-weights starts from the weights while there is no checkpoint, and from the checkpoint after
+// (it was refused, whether or not there was a checkpoint). Both runs end as the runs without the
+// other flag do, bit for bit.
+TEST(Cli, ResumeWithInitWeightsStartsFromTheWeightsUntilThereIsACheckpoint) {
+  TempDir d;
+  ASSERT_EQ(run(kSmall + "--save-weights " + d.file("w.safetensors")).code, 0);
+  const std::string flags = kNoSteps + "--init-weights " + d.file("w.safetensors") + " --checkpoint-every 1 ";
+  auto checksum = [&](const std::string& metrics) { return read_jsonl(metrics).back().at("param_checksum"); };
+  ASSERT_EQ(run(flags + "--steps 4 --checkpoint-dir " + d.file("control") + " --metrics " + d.file("c4.jsonl")).code, 0);
+  ASSERT_EQ(run(flags + "--steps 2 --checkpoint-dir " + d.file("control2") + " --metrics " + d.file("c2.jsonl")).code, 0);
+  const std::string requeued = flags + "--resume --checkpoint-dir " + d.file("ck") + " --metrics " + d.file("m.jsonl") + " --steps ";
+  RunResult r = run(requeued + "2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no checkpoint in"), std::string::npos) << r.out;
+  EXPECT_EQ(checksum(d.file("m.jsonl")), checksum(d.file("c2.jsonl"))) << "the fresh start did not start from the weights";
+  fs::rename(d.file("w.safetensors"), d.file("moved.safetensors"));  // scratch cleaned: the checkpoint needs it not
+  r = run(requeued + "4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--init-weights " + d.file("w.safetensors") + " is for a start with no checkpoint"), std::string::npos) << r.out;
+  EXPECT_EQ(checksum(d.file("m.jsonl")), checksum(d.file("c4.jsonl"))) << "the resumed run is not the uninterrupted one";
+}
+
+// Exit 2 writes nothing: a --checkpoint-dir the run made before its set-up failed (here on a
+// truncated --init-weights) is removed again; one that was there stays, as it was.
+TEST(Cli, ASetUpRefusedLeavesNoCheckpointDirectoryBehind) {
+  TempDir d;
+  std::ofstream(d.file("trunc.safetensors"), std::ios::binary) << std::string(5, '\0');
+  const std::string bad = kSmall + "--init-weights " + d.file("trunc.safetensors") + " --checkpoint-dir ";
+  RunResult r = run(bad + d.file("new/ck"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_FALSE(fs::exists(d.file("new"))) << "the run made new/ck and left it, or new";
+  fs::create_directories(d.file("old"));
+  r = run(bad + d.file("old"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(fs::is_directory(d.file("old"))) << "a directory the run did not make was removed";
 }
 
 TEST(Cli, PyTorchStateDictLoadsWithoutConversion) {
@@ -810,7 +863,7 @@ TEST(Cli, GptReportsValidationLossTokensPerSecondAndSamples) {
   for (const auto& [data, want] : std::vector<std::pair<std::string, std::string>>{
            {d.file("missing.txt"), "no such file"},
            {d.file("short.txt") + "/x.txt", "short.txt' is not a directory"},
-           {d.path.string(), "it is a directory"},
+           {d.path.string(), "is a directory"},
            {d.file("short.txt"), "fewer than --block-size + 2"}}) {
     const RunResult bad = run(gpt + "--data " + data + " --steps 1");
     EXPECT_EQ(bad.code, 2) << bad.out;
@@ -1013,6 +1066,21 @@ TEST(Cli, SavingThroughASymlinkKeepsTheLink) {
   int files = 0;
   for (auto& e : fs::directory_iterator(d.path / "real")) files += e.is_regular_file();
   EXPECT_EQ(files, 1) << "a temporary file was left";
+  // A dangling link, as open(2) takes it: the file it names is created, and the link stays (it was
+  // replaced by a file beside it, exit 0). A link into a directory that does not exist (a shared
+  // filesystem not mounted) is refused naming that directory, before the first step.
+  const fs::path dangling = d.path / "dangling.safetensors", later = d.path / "real" / "later.safetensors";
+  fs::create_symlink(later, dangling);
+  const RunResult dr = run(kSmall + "--save-weights " + dangling.string());
+  ASSERT_EQ(dr.code, 0) << dr.out;
+  EXPECT_TRUE(fs::is_symlink(dangling)) << "the dangling link was replaced by a file";
+  EXPECT_TRUE(fs::is_regular_file(later)) << "the file the link names was not written";
+  const fs::path into_nowhere = d.path / "nowhere.safetensors";
+  fs::create_symlink(d.path / "unmounted" / "w.safetensors", into_nowhere);
+  const RunResult nr = run(kSmall + "--save-weights " + into_nowhere.string());
+  EXPECT_EQ(nr.code, 2) << nr.out;
+  EXPECT_NE(nr.out.find("unmounted' does not exist"), std::string::npos) << nr.out;
+  EXPECT_TRUE(fs::is_symlink(into_nowhere));
 }
 
 // A --config this user may not read (its directory not searchable) says so, where it said "no such
@@ -1123,7 +1191,7 @@ TEST(Cli, AFifoOrDirectoryGivenAsDataOrVocabularyIsNamedAtOnce) {
   const std::string gpt = "--model gpt --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 1 "
                           "--threads 1 ";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {gpt + "--data " + d.file("fifo.txt"), d.file("fifo.txt") + ": --data must be a text file"},
+      {gpt + "--data " + d.file("fifo.txt"), "--data: " + d.file("fifo.txt") + ": is not a regular file"},
       {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300", d.file("fifo.bin")},
       {gpt + "--data " + d.file("fifo.bin") + " --vocab-size 300 --data-format u16",
        "--data: " + d.file("fifo.bin") + ": is not a regular file (a device, FIFO or socket)"},

@@ -277,6 +277,32 @@ TEST(ClipGradValue, ClampsEveryElement) {
   EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{-1.0, -1.0, -1.0, -1.0}));
 }
 
+// Parameters on two devices, as PyTorch's clip_grad_norm_ takes them (grouped by device): every
+// gradient scaled by the one coefficient, each on its own device, as an all-CPU control scales them;
+// and clamped. The clip sent every gradient to the first one's backend.
+TEST(ClipGradNorm, GradientsOnTwoDevicesAreClippedEachOnItsOwn) {
+  std::string reason;
+  if (!cuda_usable(&reason)) GTEST_SKIP() << "the two-device case needs a GPU: " << reason;
+  cuda_init(0);
+  const Device gpu{DeviceType::cuda, 0};
+  auto make = [](Device d, const std::vector<double>& g) {
+    Tensor p = zeros({static_cast<int64_t>(g.size())}, DType::f32, d).set_requires_grad(true);
+    p.set_grad(from_vector(g, {static_cast<int64_t>(g.size())}).to(d));
+    return p;
+  };
+  const std::vector<double> ga = {3.0, -4.0}, gb = {12.0, 0.5, -2.0};
+  Tensor a = make(kCPU, ga), b = make(gpu, gb), ca = make(kCPU, ga), cb = make(kCPU, gb);
+  const double norm = clip_grad_norm_({a, b}, 1.0).item(), control = clip_grad_norm_({ca, cb}, 1.0).item();
+  EXPECT_EQ(norm, control);
+  EXPECT_EQ(a.grad().to_vector(), ca.grad().to_vector());
+  EXPECT_EQ(b.grad().to(kCPU).to_vector(), cb.grad().to_vector());
+  EXPECT_EQ(b.grad().device(), gpu);
+  Tensor va = make(gpu, ga), vb = make(kCPU, gb);
+  clip_grad_value_({va, vb}, 1.0);
+  EXPECT_EQ(va.grad().to(kCPU).to_vector(), (std::vector<double>{1.0, -1.0}));
+  EXPECT_EQ(vb.grad().to_vector(), (std::vector<double>{1.0, 0.5, -1.0}));
+}
+
 // The NaN audit for clipping, as torch.nn.utils does it: the inf-norm (a max) of a NaN is NaN, the
 // clip coefficient min(1, max_norm / NaN) is NaN and every gradient becomes NaN, and clamping keeps
 // a NaN (so the scaler, which checks after clipping, still sees it).

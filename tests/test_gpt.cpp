@@ -55,16 +55,16 @@ std::unique_ptr<models::GptModel> fixture_model(DType dtype = DType::f32, Device
 // AdamW(lr 1e-2, betas (0.9, 0.95)) with nanoGPT's groups, as the fixtures' PyTorch runs: weight
 // decay 0.1 on the model's decayed parameters (2 or more dims), none on the others.
 std::unique_ptr<optim::AdamW> nanogpt_adamw(models::GptModel& m) {
-  optim::AdamOptions o;
+  optim::AdamWOptions o;
   o.lr = 1e-2;
   o.beta2 = 0.95;
   o.weight_decay = 0.1;
-  optim::AdamOptions no_decay = o;
+  optim::AdamWOptions no_decay = o;
   no_decay.weight_decay = 0.0;
   std::vector<Tensor> other;
   for (const Tensor& p : m.module().parameters())
     if (p.dim() < 2) other.push_back(p);
-  return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup<optim::AdamOptions>>{{m.decayed_parameters(), o}, {other, no_decay}});
+  return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup<optim::AdamWOptions>>{{m.decayed_parameters(), o}, {other, no_decay}});
 }
 
 models::Batch fixture_batch(Device device = kCPU) {

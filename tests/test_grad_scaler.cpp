@@ -331,6 +331,16 @@ TEST(GradScaler, ErrorAtMinScaleNamesTheScale) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("minimum (1.0"), std::string::npos) << e.what();
   }
+  // With hysteresis, as DeepSpeed's DynamicLossScaler: an overflow that hysteresis tolerates keeps the
+  // scale and is no error (it threw at the first overflow at the minimum); the one that would back
+  // off is.
+  GradScaler h(GradScalerOptions{.init_scale = 1.0f, .hysteresis = 2, .min_scale = 1.0f, .error_at_min_scale = true});
+  Rig rh;
+  EXPECT_NO_THROW(rh.iterate(h, true));
+  EXPECT_EQ(h.get_scale(), 1.0f);
+  EXPECT_THROW(rh.iterate(h, true), std::runtime_error);
+  // The scaler can be used again after the error (it was left stepped: scale() then refused).
+  EXPECT_NO_THROW(rh.iterate(h, false));
 }
 
 TEST(GradScaler, ConstantScaleSkipsButNeverChanges) {

@@ -182,7 +182,7 @@ TEST(Optimizers, ParameterGroupsMatchPyTorch) {
   w.weight_decay = 0.1;
   b.lr = 0.02;
   b.weight_decay = 0.0;
-  check_groups_against_pytorch<optim::AdamW, optim::AdamOptions>("adamw", w, b);
+  check_groups_against_pytorch<optim::AdamW, optim::AdamWOptions>("adamw", w, b);
   optim::SgdOptions sw, sb;
   sw.lr = 0.1;
   sw.momentum = 0.9;
@@ -210,6 +210,42 @@ TEST(Optimizers, DefaultsArePyTorch2s) {
   EXPECT_EQ(designated.options().lr, 5e-3);
   optim::AdamW from_adam({p}, optim::AdamOptions{.lr = 5e-3});  // that struct's own default, as documented
   EXPECT_EQ(from_adam.options().weight_decay, 0.0);
+  // A param group given no options takes AdamW's defaults, as torch.optim.AdamW's param_groups do
+  // (it took AdamOptions' weight decay of 0). One step from p = 1 with g = 1 (the loss is p's sum):
+  // p <- p (1 - lr wd) - lr g / (|g| + eps).
+  Tensor q = ones({2}).set_requires_grad(true), r = ones({2}).set_requires_grad(true);
+  optim::AdamW grouped({{{q}, {}}, {{r}, {.lr = 1e-2}}});
+  EXPECT_EQ(grouped.options(0).weight_decay, 1e-2);
+  EXPECT_EQ(grouped.options(1).weight_decay, 1e-2);
+  (sum(q) + sum(r)).backward();
+  grouped.step();
+  const double want_q = 1.0 * (1.0 - 1e-3 * 1e-2) - 1e-3 / (1.0 + 1e-8);
+  const double want_r = 1.0 * (1.0 - 1e-2 * 1e-2) - 1e-2 / (1.0 + 1e-8);
+  EXPECT_FLOAT_EQ(q.to_vector()[0], static_cast<float>(want_q));
+  EXPECT_FLOAT_EQ(r.to_vector()[1], static_cast<float>(want_r));
+}
+
+// A parameter or gradient the fused steps cannot update is refused before any parameter steps: the
+// kernel refused it in its loop, after the parameters before it had stepped (and their step count
+// had not moved).
+TEST(Optimizers, AStepRefusedLeavesEveryParameterAsItWas) {
+  Tensor first = ones({2}).set_requires_grad(true), half = zeros({2}, DType::bf16).set_requires_grad(true);
+  optim::AdamW mixed({first, half});
+  first.set_grad(ones({2}));
+  half.set_grad(ones({2}, DType::bf16));
+  EXPECT_THROW(mixed.step(), std::invalid_argument);
+  EXPECT_EQ(first.to_vector(), std::vector<double>(2, 1.0)) << "a float32 parameter stepped before the bfloat16 one was refused";
+  Tensor a = ones({2}).set_requires_grad(true), b = ones({2}).set_requires_grad(true);
+  optim::AdamW opt({a, b});
+  a.set_grad(ones({2}));
+  b.set_grad(ones({2}, DType::bf16));
+  EXPECT_THROW(opt.step(), std::invalid_argument);
+  EXPECT_EQ(a.to_vector(), std::vector<double>(2, 1.0)) << "a stepped before b's gradient was refused";
+  EXPECT_EQ(opt.step_count(0), 0);
+  b.set_grad(ones({2}));
+  opt.step();
+  EXPECT_EQ(opt.step_count(0), 1);
+  EXPECT_EQ(a.to_vector(), b.to_vector());
 }
 
 // state_dict() is laid out as PyTorch's: "state" by parameter id across groups (only parameters

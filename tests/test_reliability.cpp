@@ -187,6 +187,22 @@ void expect_stopped_by(const std::string& out, const TempDir& d, const std::stri
   EXPECT_EQ(recs.back()["interrupted_by"], signal) << out;
 }
 
+// A SIGTERM that arrives while a checkpoint is written (rank 0 pauses there until a stop comes:
+// AMP_DEBUG_STALL=0:3:checkpoint) stops the run at that step, whose checkpoint it has. It trained
+// one more step and wrote that step's checkpoint too: seconds more against a scheduler's grace.
+TEST(Reliability, ASigtermDuringACheckpointStopsAtItsStep) {
+  TempDir d;
+  const std::string out = shell(
+      "AMP_DEBUG_STALL=0:3:checkpoint $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
+      "--checkpoint-dir ck --checkpoint-every 1 --metrics m.jsonl --save-weights w.st > out.txt 2>&1 & p=$!; "
+      "until grep -q pausing out.txt; do sleep 0.05; done; kill -TERM $p; wait $p; echo exit=$?; ls ck; cat out.txt",
+      d);
+  expect_stopped_by(out, d);
+  EXPECT_EQ(read_jsonl(d.file("m.jsonl")).back()["steps"], 3) << out;
+  EXPECT_TRUE(has(out, "step-00000003")) << out;
+  EXPECT_FALSE(has(out, "step-00000004")) << "a step trained after the stop, and its checkpoint written: " << out;
+}
+
 // timeout(1), like Slurm, signals the child and its process group: two SIGTERMs within
 // milliseconds. They are one request: the step finishes, the weights and the checkpoint are saved,
 // the metrics end, nothing is left behind.
@@ -464,7 +480,7 @@ TEST(Reliability, ACheckpointOfANewerFormatIsRefused) {
   EXPECT_TRUE(has(r.out, "format 3") && has(r.out, "newer")) << r.out;
 }
 
-TEST(Reliability, ARequeuedCommandWithNothingLeftExitsZeroAndTouchesNothing) {
+TEST(Reliability, ARequeuedCommandWithNothingLeftWritesOnlyWhatThatRunLacks) {
   TempDir d;
   const std::string args = kMlp + "--checkpoint-dir " + d.file("ck") + " --metrics " + d.file("m.jsonl") +
                            " --save-weights " + d.file("w.st") + " --resume";
@@ -475,6 +491,26 @@ TEST(Reliability, ARequeuedCommandWithNothingLeftExitsZeroAndTouchesNothing) {
   EXPECT_TRUE(has(again.out, "nothing left")) << again.out;
   EXPECT_EQ(bytes_of(d.file("m.jsonl")), metrics);
   EXPECT_EQ(bytes_of(d.file("w.st")), weights);
+  // That run's last checkpoint written, then its weights lost to a full disk (exit 1, a failed
+  // record): the requeued command wrote nothing and exited 0, the weights missing. Now they are
+  // written from the checkpoint, the same bytes, and the metrics end as a finished run's.
+  const auto records = read_jsonl(d.file("m.jsonl"));
+  nlohmann::ordered_json end = records.back();
+  end.erase("device_memory_bytes");  // a GPU's peak: a run that trains nothing has none
+  std::string failed = metrics.substr(0, metrics.rfind('\n', metrics.size() - 2) + 1);
+  write(d.file("m.jsonl"), failed + "{\"event\":\"failed\",\"steps\":2,\"error\":\"--save-weights: disk full\"}\n");
+  fs::remove(d.file("w.st"));
+  const RunResult requeued = run(args);
+  EXPECT_EQ(requeued.code, 0) << requeued.out;
+  EXPECT_TRUE(has(requeued.out, "writing that run's outputs from it")) << requeued.out;
+  ASSERT_TRUE(fs::exists(d.file("w.st"))) << "the weights of a run that ended were never written";
+  EXPECT_EQ(bytes_of(d.file("w.st")), weights);
+  const auto after = read_jsonl(d.file("m.jsonl"));
+  EXPECT_EQ(after.back(), end) << "the metrics do not end with the finished run's end record";
+  // A requeue after that writes nothing more to the metrics.
+  const std::string finished = bytes_of(d.file("m.jsonl"));
+  ASSERT_EQ(run(args).code, 0);
+  EXPECT_EQ(bytes_of(d.file("m.jsonl")), finished);
   // Past it, the flags ask for fewer steps than were trained: still a usage error.
   const RunResult fewer = run(kMlpFlags + "--steps 1 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(fewer.code, 2) << fewer.out;

@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "comm/local_communicator.h"
+#include "comm/zero_shards.h"
+#include "runtime/optim/adam.h"
 #include "invariance_util.h"
 #include "test_util.h"
 
@@ -244,6 +247,49 @@ TEST(Zero, AStalledRankInTheReduceScatterIsNamed) { expect_stall_named("1:3", "o
 
 // Just before the parameters' all-gather: its peers wait inside it.
 TEST(Zero, AStalledRankInTheParametersAllGatherIsNamed) { expect_stall_named("1:3:gather", "all_gather_shards/all_gather"); }
+
+// ZeroShards as a library user meets it, on one rank. An empty group is refused (it read past the
+// group's end). An unsharded state dict loads into the pieces' optimizer as into the unsharded one:
+// its groups' hyperparameters taken (the pieces' own were kept), its ids mapped through its groups'
+// 'params' lists (ids other than 0..n-1 were skipped: no state loaded), state for an unknown id refused.
+TEST(Zero, AnUnshardedStateDictLoadsIntoThePiecesAsIntoTheWhole) {
+  comm::LocalCommunicator local;
+  Tensor a = ones({3}).set_requires_grad(true), b = ones({5}).set_requires_grad(true);
+  const std::vector<Tensor> params{a, b};
+  comm::ReducerOptions o;
+  o.ordered_sum = true;
+  o.shard = true;
+  o.passthrough = false;
+  EXPECT_THROW(comm::ZeroShards(comm::plan_buckets(params, o, 1), params, {{a, b}, {}}, local), std::invalid_argument);
+  comm::ZeroShards zero(comm::plan_buckets(params, o, 1), params, {{a}, {b}}, local);
+
+  Tensor wa = ones({3}).set_requires_grad(true), wb = ones({5}).set_requires_grad(true);
+  optim::AdamW whole({{{wa}, {.lr = 0.25}}, {{wb}, {.lr = 0.5}}});
+  wa.set_grad(full({3}, 2.0));
+  wb.set_grad(full({5}, -3.0));
+  whole.step();
+  optim::OptimizerStateDict saved = whole.state_dict();
+  // Ids as another writer may number them: the unsharded load maps them by the groups' lists.
+  saved.param_groups[0]["params"] = {5};
+  saved.param_groups[1]["params"] = {9};
+  saved.state = {{5, saved.state.at(0)}, {9, saved.state.at(1)}};
+  optim::AdamW unsharded({{{ones({3}).set_requires_grad(true)}, {}}, {{ones({5}).set_requires_grad(true)}, {}}});
+  unsharded.load_state_dict(saved);
+
+  const auto& pg = zero.piece_groups();
+  optim::AdamW pieces({{pg[0], {}}, {pg[1], {}}});
+  pieces.load_state_dict(zero.shard_state_dict(saved, pieces));
+  EXPECT_EQ(pieces.lr(0), unsharded.lr(0));
+  EXPECT_EQ(pieces.lr(1), 0.5);
+  const optim::OptimizerStateDict got = pieces.state_dict(), want = unsharded.state_dict();
+  ASSERT_EQ(got.state.size(), 2u) << "the state of ids 5 and 9 was loaded";
+  for (int64_t k : {0, 1})
+    for (const char* name : {"exp_avg", "exp_avg_sq", "step"})
+      EXPECT_EQ(got.state.at(k).at(name).to_vector(), want.state.at(k).at(name).to_vector()) << k << " " << name;
+
+  saved.state[7] = saved.state.at(5);
+  EXPECT_THROW(zero.shard_state_dict(saved, pieces), std::invalid_argument);
+}
 
 TEST(Zero, WhatCannotBeShardedIsRefused) {
   RunResult r = run("--zero 2 --steps 1");

@@ -147,12 +147,18 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
   return removed;
 }
 
-void check_checkpoint_dir(const std::string& dir) {
+void check_checkpoint_dir(const std::string& dir, std::string* made) {
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+  if (fs::exists(fs::symlink_status(dir, ec)) && !fs::is_directory(dir, ec))
     throw std::invalid_argument("--checkpoint-dir " + dir + ": exists and is not a directory");
+  fs::path top;  // the topmost of the directories create_directories will make
+  for (fs::path p = normal_directory(dir); !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+    top = p;
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(dir, ec);
   if (ec) throw std::invalid_argument("--checkpoint-dir " + dir + ": cannot create the directory: " + ec.message());
+  if (made != nullptr) *made = top.string();
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::invalid_argument("--checkpoint-dir " + dir + ": the directory is not writable");
   // An entry with a checkpoint's name that is not a directory (a file the user keeps there) would be
@@ -166,6 +172,11 @@ void check_checkpoint_dir(const std::string& dir) {
                                   " has a checkpoint's name but is not a directory: move it out of the way (the "
                                   "checkpoint of its step would replace it)");
   }
+}
+
+std::filesystem::path normal_directory(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();  // "a/b/" -> "a/b"
 }
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const safetensors::NamedTensors& model,
@@ -315,7 +326,7 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
     throw std::invalid_argument(std::string(e.what()) + "\nThe newest checkpoint is unusable; " +
                                 (older.empty() ? "there is no older one."
                                                : "to resume from an older complete one, move " + all.back() +
-                                                     " out of " + dir + " and say which:" + older));
+                                                     " out of " + dir + " and replace --resume with --resume-from one of:" + older));
   }
 }
 

@@ -8,6 +8,7 @@
 // renamed into place and DIR synced: a directory named step-* is complete. The last `keep` are kept.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -55,8 +56,12 @@ Checkpoint load_checkpoint(const std::string& path);
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 
 // Creates dir if needed and checks that checkpoints can be written there; throws
-// std::invalid_argument naming --checkpoint-dir and the reason (before the first step).
-void check_checkpoint_dir(const std::string& dir);
+// std::invalid_argument naming --checkpoint-dir and the reason (before the first step). *made: the
+// topmost directory it made (dir or an ancestor; empty when dir was there), set as soon as it is
+// made, so that a set-up that fails after it removes them again (exit 2 writes nothing).
+void check_checkpoint_dir(const std::string& dir, std::string* made);
+// dir without "." and ".." steps and without a trailing separator ("a/./b/" -> "a/b").
+std::filesystem::path normal_directory(const std::string& dir);
 
 // Removes all but the newest `keep` complete checkpoints under dir. Each is renamed out of the
 // step-* names first (to .old-step-NNNNNNNN.PID), then deleted, so that a process killed while

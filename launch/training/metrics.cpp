@@ -16,6 +16,26 @@ namespace {
 nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); }
 }  // namespace
 
+bool ends_with_end_record(const std::string& path, int64_t steps) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end <= 0) {
+    ::close(fd);
+    return false;
+  }
+  const off_t from = end > 4096 ? end - 4096 : 0;  // an end record is far shorter
+  std::string tail(static_cast<size_t>(end - from), '\0');
+  const bool read = ::pread(fd, tail.data(), tail.size(), from) == static_cast<ssize_t>(tail.size());
+  ::close(fd);
+  if (!read || tail.back() != '\n') return false;
+  tail.pop_back();
+  const nlohmann::json last = nlohmann::json::parse(tail.substr(tail.rfind('\n') + 1), nullptr, false);  // npos + 1: 0
+  if (!last.is_object() || !last.contains("event") || !last.contains("steps")) return false;  // a line of any shape
+  const nlohmann::json &event = last["event"], &n = last["steps"];
+  return event.is_string() && event.get<std::string>() == "end" && n.is_number_integer() && n.get<int64_t>() == steps;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (fd_ < 0) throw std::invalid_argument("--metrics: cannot open '" + path_ + "' for writing: " + std::strerror(errno));

@@ -65,6 +65,10 @@ struct FailedRecord {
   std::string error;
 };
 
+// True when the metrics file at path ends with the end record of a run of `steps` steps (its last
+// whole line): what a requeued command, with nothing left to train, need not write again.
+bool ends_with_end_record(const std::string& path, int64_t steps);
+
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing

@@ -14,6 +14,7 @@
 
 #include "launch/training/output_overlap.h"
 #include "launch/training/output_path.h"
+#include "runtime/core/file_kind.h"
 
 namespace amp::launch {
 

@@ -9,6 +9,7 @@
 
 #include "launch/training/checkpoint.h"
 #include "launch/training/output_path.h"
+#include "runtime/core/file_kind.h"
 
 namespace amp::launch {
 

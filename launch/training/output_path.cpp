@@ -22,12 +22,8 @@ void check_output_path(const char* flag, const std::string& path) {
     throw std::invalid_argument(std::string(flag) + ": '" + path + "': " + why);
   };
   std::error_code ec;
-  fs::path target = path;
-  if (fs::is_symlink(target, ec)) {
-    const fs::path resolved = fs::weakly_canonical(target, ec);
-    if (ec) fail("cannot resolve the symbolic link: " + ec.message());
-    target = resolved;
-  }
+  const fs::path target = written_through(path);  // a dangling link: the file it names, to be created
+  if (fs::is_symlink(target, ec)) fail("is a symbolic link that does not resolve (a loop, or links unreadable)");
   const fs::file_status st = fs::status(target, ec);
   if (fs::exists(st)) {
     if (fs::is_directory(st)) fail("is a directory; give a file name");
@@ -39,18 +35,6 @@ void check_output_path(const char* flag, const std::string& path) {
   if (!fs::is_directory(dir, ec))
     fail(fs::exists(dir, ec) ? "'" + dir.string() + "' is not a directory" : "the directory '" + dir.string() + "' does not exist");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("the directory '" + dir.string() + "' is not writable");
-}
-
-std::filesystem::path written_through(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path p = path;
-  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // 40: the kernel's own limit
-    const fs::path to = fs::read_symlink(p, ec);
-    if (ec) break;
-    p = to.is_absolute() ? to : p.parent_path() / to;
-  }
-  return p;
 }
 
 bool writer_is_gone(const std::string& pid) {
@@ -70,8 +54,7 @@ std::vector<std::string> remove_stale_temporaries(const std::string& path) {
   std::vector<std::string> removed;
   if (path.empty()) return removed;
   std::error_code ec;
-  fs::path target = path;
-  if (fs::is_symlink(target, ec)) target = fs::weakly_canonical(target, ec);  // save() writes beside the target
+  const fs::path target = written_through(path);  // save() writes beside the target
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
   const std::string prefix = target.filename().string() + safetensors::kTemporaryInfix;

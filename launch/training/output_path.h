@@ -8,10 +8,6 @@
 
 namespace amp::launch {
 
-// The file a writer's open() of path reaches: symbolic links followed, a dangling one to the file it
-// names (which the open would create). path itself when it is not a link.
-std::filesystem::path written_through(const std::string& path);
-
 // Throws std::invalid_argument naming flag and path when path cannot be written as a file.
 void check_output_path(const char* flag, const std::string& path);
 

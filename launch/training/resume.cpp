@@ -10,6 +10,7 @@
 
 #include "comm/coalesced.h"
 #include "launch/training/figures.h"
+#include "launch/training/interrupt.h"
 #include "launch/training/trainer.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/nn/state_dict.h"
@@ -97,6 +98,9 @@ void Trainer::resume() {
       std::printf("amp_train: --resume: no checkpoint in %s yet; starting from step 1\n", cfg_.checkpoint_dir.c_str());
     return;
   }
+  if (!cfg_.init_weights.empty() && comm_.rank() == 0)
+    std::printf("amp_train: --resume: the weights are %s's; --init-weights %s is for a start with no checkpoint\n",
+                ck->path.c_str(), cfg_.init_weights.c_str());
   const std::string meta_file = ck->path + "/trainer.json";
   // Every read below names the file; the JSON library's own errors (a value of another type) too.
   try {
@@ -138,8 +142,8 @@ void Trainer::resume() {
     }
     check_same_data(ck->meta.value("data_checksums", nlohmann::json()), now["data_checksums"],
                     now["must_match"].value("data_shards", nlohmann::json()), cfg_.data, meta_file);
-    // A requeued job reruns its command after the run ended: at --steps there is nothing left to do
-    // (run() says so and exits 0, the outputs untouched). Beyond it, the flags ask for another run.
+    // A requeued job reruns its command after the run ended: at --steps there is nothing left to
+    // train (run() writes what that run's outputs may lack). Beyond it, the flags ask for another run.
     if (ck->step > cfg_.steps)
       throw std::invalid_argument(meta_file + ": the checkpoint is at step " + std::to_string(ck->step) +
                                   ", past --steps " + std::to_string(cfg_.steps) + " (--steps is the total)");
@@ -326,7 +330,8 @@ optim::OptimizerStateDict Trainer::with_padding(optim::OptimizerStateDict s) con
   return s;
 }
 
-void Trainer::save_checkpoint_at(int64_t step) {
+bool Trainer::save_checkpoint_at(int64_t step) {
+  if (listeners_.before_checkpoint) listeners_.before_checkpoint(step);
   require_finite_parameters(step);
   // A skipped step can back the scale off past what trains (figures.h): such a state is never saved
   // (a resume would refuse it, and pruning would have deleted the last good checkpoint). The scale
@@ -351,15 +356,18 @@ void Trainer::save_checkpoint_at(int64_t step) {
     }
   }
   // Every rank learns the outcome from rank 0: a failed write stops the job everywhere, with the
-  // previous checkpoints intact.
+  // previous checkpoints intact. And whether a stop was asked for meanwhile, on any rank: a write
+  // takes seconds, and the step after it would take more before the stop (and write its own).
   Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, DType::f32, device_);
-  comm::all_reduce_scalars(comm_, {failed}, comm::ReduceOp::sum);
+  Tensor stop = full({1}, interrupt_signal() != 0 ? 1.0 : 0.0, DType::f32, device_);
+  comm::all_reduce_scalars(comm_, {failed, stop}, comm::ReduceOp::sum);
   if (failed.item() != 0.0)
     throw JobError("checkpoint of step " + std::to_string(step) + " failed" + (error.empty() ? " on rank 0" : ": " + error));
   if (comm_.rank() == 0) {
     std::printf("amp_train: checkpoint of step %lld written to %s\n", static_cast<long long>(step), path.c_str());
     std::fflush(stdout);
   }
+  return stop.item() != 0.0;
 }
 
 }  // namespace amp::launch

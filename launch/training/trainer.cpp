@@ -17,6 +17,7 @@
 #include "comm/sum_tree.h"
 #include "comm/replica_check.h"
 #include "launch/training/figures.h"
+#include "launch/training/checkpoint.h"
 #include "launch/training/interrupt.h"
 #include "launch/training/trainer.h"
 #include "runtime/core/fnv1a.h"
@@ -74,7 +75,9 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
   if (cfg_.eval_every > 0 && !data_->has_validation())
     throw std::invalid_argument("--eval-every: --model " + cfg_.model + "'s data (" + data_->describe() +
                                 ") has no validation split");
-  if (!cfg_.init_weights.empty()) {
+  // --resume with --init-weights: the weights while there is no checkpoint (a requeued job's first
+  // start); once there is one they are its, and the file is not read (it may be gone by then).
+  if (!cfg_.init_weights.empty() && !(cfg_.resume && !list_checkpoints(cfg_.checkpoint_dir).empty())) {
     safetensors::NamedTensors weights = safetensors::load(cfg_.init_weights);
     require_finite_weights(weights, cfg_.init_weights);  // named as the file names them
     weights = spec_->import_weights(std::move(weights), cfg_.init_weights);
@@ -128,7 +131,7 @@ Trainer::Trainer(const TrainConfig& config, comm::Communicator& comm, Device dev
     o.weight_decay = cfg_.weight_decay.value_or(o.weight_decay);
     opt_ = std::make_unique<optim::SGD>(groups(o));
   } else {
-    optim::AdamOptions o = optim::AdamWOptions();
+    optim::AdamWOptions o;
     o.lr = cfg_.lr;
     o.beta1 = cfg_.beta1;
     o.beta2 = cfg_.beta2;
@@ -276,16 +279,47 @@ void Trainer::require_consistent(const comm::ReplicaReport& rep, int64_t step) {
   }
 }
 
-TrainResult Trainer::run() {
-  if (!position_.nothing_left.empty()) {  // a requeued command after its run ended: nothing trained, nothing written
-    TrainResult done;
-    done.steps_done = position_.start_step;
-    done.skipped_steps = position_.skipped_steps;
-    if (comm_.rank() == 0)
-      std::printf("amp_train: --resume: %s is at step %lld, which --steps asks for: nothing left to train; the "
-                  "outputs are left as that run wrote them\n", position_.nothing_left.c_str(), static_cast<long long>(position_.start_step));
-    return done;
+TrainResult Trainer::finish_a_finished_run() {
+  TrainResult done;
+  done.steps_done = position_.start_step;
+  done.skipped_steps = position_.skipped_steps;
+  done.final_scale = scaler_->get_scale();
+  comm_.set_context("the replica check of a finished run");
+  require_consistent(check_replicas(&done), done.steps_done);
+  if (comm_.rank() != 0) return done;
+  const bool end_written = cfg_.metrics.empty() || ends_with_end_record(cfg_.metrics, done.steps_done);
+  std::printf("amp_train: --resume: %s is at step %lld, which --steps asks for: nothing left to train%s\n",
+              position_.nothing_left.c_str(), static_cast<long long>(done.steps_done),
+              cfg_.save_weights.empty() && end_written ? "" : "; writing that run's outputs from it");
+  std::fflush(stdout);
+  if (!cfg_.save_weights.empty()) {
+    try {
+      safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
+    } catch (const std::exception& e) {
+      done.errors.push_back(std::string("--save-weights: ") + e.what());
+    }
   }
+  if (!end_written) {
+    try {
+      MetricsWriter metrics(cfg_.metrics, true);
+      metrics.write(ResumeRecord{done.steps_done, position_.resumed_from});
+      // (no device_memory_bytes: this run trained nothing)
+      if (done.errors.empty())
+        metrics.write(EndRecord{done.steps_done, done.skipped_steps, done.final_scale, done.param_checksum,
+                                done.replicas_consistent, "", 0});
+      else
+        metrics.write(FailedRecord{done.steps_done, done.errors.front()});
+      metrics.close();
+      if (!metrics.error().empty()) done.errors.push_back(metrics.error());
+    } catch (const std::invalid_argument& e) {  // the file cannot be opened
+      done.errors.push_back(e.what());
+    }
+  }
+  return done;
+}
+
+TrainResult Trainer::run() {
+  if (!position_.nothing_left.empty()) return finish_a_finished_run();
   connect();
   // Under autocast the forward's casts of the parameters are the optimizer's low-precision copies,
   // which each step rewrites as it updates the parameters (Optimizer::keep_low_precision_copies):
@@ -385,6 +419,7 @@ TrainResult Trainer::run() {
   // A step's figures are read once the next step's work is issued (one step late), unless they
   // are already on the host (always, on the CPU).
   std::unique_ptr<PendingStep> late;
+  int64_t checkpointed = -1;  // the step whose checkpoint the loop wrote as it stopped
   result.steps_done = position_.start_step;
   // The validation loss after `step` (collective), on the progress line and in the metrics.
   // A stop asked for during it ends the run as a stop after a step does (no record of a partial loss).
@@ -431,7 +466,15 @@ TrainResult Trainer::run() {
       if (!cfg_.checkpoint_dir.empty() && cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 &&
           step != cfg_.steps && !stopping) {
         flush_late();
-        if (!stopping) save_checkpoint_at(step);  // the flushed figures may ask to stop: that saves after the loop
+        // The flushed figures may ask to stop: that saves after the loop. A stop asked for while the
+        // checkpoint was written stops here, at the step it holds.
+        if (!stopping && save_checkpoint_at(step)) {
+          stopping = true;
+          checkpointed = step;
+          if (rank0 && !interrupt_announced())
+            std::printf("amp_train: interrupted (%s) while the checkpoint of step %lld was written: stopping%s\n",
+                        stop_label(), static_cast<long long>(step), cfg_.save_weights.empty() ? "" : ", then saving the weights");
+        }
       }
     }
     flush_late();
@@ -467,7 +510,7 @@ TrainResult Trainer::run() {
       }
     }
     // The last step's checkpoint: at the end, or where an interruption stopped the run.
-    if (!cfg_.checkpoint_dir.empty() && result.steps_done > position_.start_step) {
+    if (!cfg_.checkpoint_dir.empty() && result.steps_done > position_.start_step && result.steps_done != checkpointed) {
       try {
         save_checkpoint_at(result.steps_done);
       } catch (const JobError& e) {  // every rank: the weights above are kept, and the job exits 1

@@ -92,6 +92,8 @@ class Trainer {
   void set_before_step(std::function<void(int64_t step)> hook) { listeners_.before_step = std::move(hook); }
   // Under --zero 1, called in each step just before the parameters' all-gather (fault tests).
   void set_before_gather(std::function<void(int64_t step)> hook) { listeners_.before_gather = std::move(hook); }
+  // Called on every rank as a checkpoint begins, before it is gathered or written (fault tests).
+  void set_before_checkpoint(std::function<void(int64_t step)> hook) { listeners_.before_checkpoint = std::move(hook); }
   // Where rank 0 reports each step's figures and each validation loss as they reach the host (the
   // amp_train program prints a progress line: launch/progress.h). None: the run reports nothing but
   // its metrics, messages and result.
@@ -160,7 +162,9 @@ class Trainer {
   // constructor: local work), and writing one (rank 0 writes, every rank agrees on the outcome).
   nlohmann::json checkpoint_meta(int64_t step) const;
   void resume();
-  void save_checkpoint_at(int64_t step);
+  // True when a stop was asked for, on any rank, while it was written (every rank: the outcome is
+  // agreed): the run then stops at this step, whose checkpoint it has, not after one more.
+  bool save_checkpoint_at(int64_t step);
   // The optimizer's state of a parameter with padding rows (Module::saved_rows: GPT's vocabulary) is
   // saved without them, as the parameter is, and given them back (zero) on resume: PyTorch's id ->
   // {rows saved, the parameter's shape}.
@@ -225,6 +229,10 @@ class Trainer {
   // What the model prints after training, under the run's autocast (this rank alone; no collective);
   // it stops at the next token when a stop is asked for.
   std::string after_training();
+  // run() for a requeued command whose run trained every step (--resume at --steps): nothing is
+  // trained; the outputs that run may not have written (a full disk, a kill while saving) are written
+  // from the checkpoint: --save-weights again (the same bytes), the metrics' end record where missing.
+  TrainResult finish_a_finished_run();
   // Hashes and gathers the parameters (collective); records the result.
   comm::ReplicaReport check_replicas(TrainResult* result);
   static void require_consistent(const comm::ReplicaReport& rep, int64_t step);  // throws, naming the ranks
@@ -234,6 +242,7 @@ class Trainer {
   struct Listeners {
     std::function<void(int64_t)> before_step;  // set_before_step
     std::function<void(int64_t)> before_gather;  // set_before_gather
+    std::function<void(int64_t)> before_checkpoint;  // set_before_checkpoint
     std::shared_ptr<ProgressSink> progress;    // set_progress
     std::unique_ptr<StepObserver> observer;    // what a stand-in device counts per step (step_observer.h), or null
   } listeners_;

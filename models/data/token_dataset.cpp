@@ -385,16 +385,19 @@ bool has_llmc_magic(const std::string& path) {
 
 bool is_token_data(const std::string& pattern, const std::string& format_flag) {
   const std::vector<std::string> files = expand_data_pattern(pattern, "--data");
+  // What is no file is named as such (the guesses below called a directory or /dev/zero text).
+  for (const std::string& f : files)
+    if (const std::string kind = irregular_file(f); !kind.empty()) throw std::invalid_argument("--data: " + f + ": is " + kind);
   if (has_llmc_magic(files[0])) return true;
   for (const std::string& f : files)
     if (f.size() >= 4 && f.compare(f.size() - 4, 4, ".bin") == 0)
       throw std::invalid_argument("--data: " + f + " has no llm.c header (magic " + std::to_string(kLlmcMagic) +
                                   "): a headerless uint16 token file, as nanoGPT's train.bin, needs " + format_flag +
                                   " u16; a text file named .bin needs " + format_flag + " text");
-  if (files.size() > 1)
+  if (files.size() > 1 || files[0] != pattern)
     throw std::invalid_argument("--data: '" + pattern + "' matches " + std::to_string(files.size()) +
-                                " files that are not llm.c token shards: text is one file (or give " + format_flag +
-                                " u16 for headerless uint16 tokens)");
+                                (files.size() > 1 ? " files" : " file") + " with no llm.c header: text is one file, "
+                                "named as it is (or give " + format_flag + " u16 for headerless uint16 tokens)");
   return false;
 }
 

@@ -36,6 +36,20 @@ inline std::string missing_file(const std::string& path) {
   return "no such file";
 }
 
+// The file a writer's open() of path reaches: symbolic links followed, a dangling one to the file it
+// names (which the open would create; std::filesystem::weakly_canonical stops at a dangling link and
+// names the link itself). path itself when it is not a link.
+inline std::filesystem::path written_through(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = path;
+  for (int hops = 0; hops < 40 && std::filesystem::is_symlink(p, ec); ++hops) {  // 40: the kernel's own limit
+    const std::filesystem::path to = std::filesystem::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p;
+}
+
 // An open file's (fstat's st_mode): race-free where the file is already open.
 inline std::string irregular_file_mode(mode_t mode) {
   if (S_ISREG(mode)) return "";

@@ -118,12 +118,9 @@ std::string serialize(const NamedTensors& tensors) {
 void save(const std::string& path, const NamedTensors& tensors) {
   // Through a symbolic link, the file it names is replaced and the link stays; a directory, device
   // or FIFO is never replaced.
-  std::error_code ec;
-  std::string target = path;
-  if (std::filesystem::is_symlink(path, ec)) {  // (a path that does not exist yet is no link)
-    target = std::filesystem::weakly_canonical(path, ec).string();
-    if (ec) fail(path, "cannot resolve the symbolic link: " + ec.message());
-  }
+  const std::string target = written_through(path).string();  // a dangling link too: the file it names
+  if (std::error_code ec; std::filesystem::is_symlink(target, ec))
+    fail(path, "is a symbolic link that does not resolve (a loop, or links unreadable); refusing to replace it");
   if (const std::string kind = irregular_file(target); !kind.empty())
     fail(path, "exists and is " + kind + "; refusing to replace it");
   check_writable(tensors, path);

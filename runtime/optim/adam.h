@@ -56,7 +56,15 @@ class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {})
       : Adam(one_group(std::move(params), static_cast<AdamOptions>(options)), true) {}
-  explicit AdamW(const std::vector<ParamGroup<AdamOptions>>& groups) : Adam(groups, true) {}
+  // Groups as PyTorch's param_groups: a group given no options gets AdamW's own (weight decay 1e-2).
+  explicit AdamW(const std::vector<ParamGroup<AdamWOptions>>& groups) : Adam(as_adam(groups), true) {}
+
+ private:
+  static std::vector<ParamGroup<AdamOptions>> as_adam(const std::vector<ParamGroup<AdamWOptions>>& groups) {
+    std::vector<ParamGroup<AdamOptions>> out;
+    for (const auto& g : groups) out.push_back({g.params, g.options});
+    return out;
+  }
 };
 
 }  // namespace amp::optim

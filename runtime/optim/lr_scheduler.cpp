@@ -2,12 +2,88 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <stdexcept>
+#include <string>
+
+#include "runtime/core/number_format.h"
 
 namespace amp::optim {
 
+namespace {
+
+// A state dict's entries, checked: each failure names the key and what it holds.
+[[noreturn]] void refuse(const char* key, const std::string& want, const nlohmann::json& got) {
+  std::string shown = got.dump();
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  throw std::invalid_argument(std::string("scheduler state dict: '") + key + "' must be " + want + ", got " + shown);
+}
+
+const nlohmann::json& entry(const nlohmann::json& state, const char* key) {
+  if (!state.contains(key)) throw std::invalid_argument(std::string("scheduler state dict: no '") + key + "'");
+  return state.at(key);
+}
+
+int64_t integer(const nlohmann::json& state, const char* key, int64_t least) {
+  const nlohmann::json& v = entry(state, key);
+  if (!v.is_number_integer() || v.get<int64_t>() < least) refuse(key, "an integer >= " + std::to_string(least), v);
+  return v.get<int64_t>();
+}
+
+double number(const nlohmann::json& state, const char* key, double least, double most) {
+  const nlohmann::json& v = entry(state, key);
+  if (!v.is_number() || !(v.get<double>() >= least && v.get<double>() <= most))
+    refuse(key, "a number in [" + float_repr(least) + ", " + float_repr(most) + "]", v);
+  return v.get<double>();
+}
+
+std::vector<double> rates(const nlohmann::json& state, const char* key, size_t groups) {
+  const nlohmann::json& v = entry(state, key);
+  // Any finite number: a schedule may go below 0 (a StepLR's negative gamma, a lambda's factor).
+  const std::string want = std::to_string(groups) + " learning rate(s), one a parameter group, each finite";
+  if (!v.is_array() || v.size() != groups) refuse(key, want, v);
+  std::vector<double> out;
+  for (const nlohmann::json& x : v) {
+    if (!x.is_number() || !std::isfinite(x.get<double>())) refuse(key, want, v);
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {}
+
+nlohmann::json LRScheduler::state_dict() const {
+  nlohmann::json state = own_state();
+  state["last_epoch"] = last_epoch_;
+  state["_step_count"] = step_count_;
+  state["base_lrs"] = base_lrs_;
+  state["_last_lr"] = last_lr_;
+  return state;
+}
+
+void LRScheduler::load_state_dict(const nlohmann::json& state) {
+  load(state, false);  // everything checked (the schedulers a SequentialLR holds included) ...
+  load(state, true);   // ... before anything is taken
+}
+
+void LRScheduler::load(const nlohmann::json& state, bool take) {
+  if (!state.is_object()) throw std::invalid_argument("scheduler state dict: not a JSON object");
+  const int64_t epoch = integer(state, "last_epoch", -1);
+  const int64_t count = integer(state, "_step_count", 0);
+  std::vector<double> base = rates(state, "base_lrs", groups());
+  std::vector<double> last = rates(state, "_last_lr", groups());
+  load_own(state, take);
+  if (!take) return;
+  last_epoch_ = epoch;
+  step_count_ = count;
+  base_lrs_ = std::move(base);
+  last_lr_ = std::move(last);
+}
 
 void LRScheduler::take_base_lrs() {
   if (!base_lrs_.empty()) return;
@@ -54,6 +130,17 @@ std::vector<double> LambdaLR::get_lr() const {
   return out;
 }
 
+nlohmann::json LambdaLR::own_state() const { return {{"lr_lambdas", std::vector<std::nullptr_t>(lambdas_.size(), nullptr)}}; }
+
+void LambdaLR::load_own(const nlohmann::json& state, bool) {
+  // The lambdas are this object's (PyTorch saves only callable objects' state, None for functions).
+  if (state.contains("lr_lambdas")) {
+    const nlohmann::json& v = state.at("lr_lambdas");
+    if (!v.is_array() || v.size() != lambdas_.size())
+      refuse("lr_lambdas", std::to_string(lambdas_.size()) + " entries, one a parameter group", v);
+  }
+}
+
 StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma) : LRScheduler(opt), step_size_(step_size), gamma_(gamma) {
   if (step_size < 1) throw std::invalid_argument("StepLR: step_size must be >= 1, got " + std::to_string(step_size));
   initial_step();
@@ -70,6 +157,14 @@ std::vector<double> StepLR::closed_form_lr() const {
   std::vector<double> out;
   for (double base : base_lrs_) out.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_)));
   return out;
+}
+
+nlohmann::json StepLR::own_state() const { return {{"step_size", step_size_}, {"gamma", gamma_}}; }
+
+void StepLR::load_own(const nlohmann::json& state, bool take) {
+  const int64_t step_size = integer(state, "step_size", 1);
+  const double gamma = number(state, "gamma", -kInf, kInf);
+  if (take) step_size_ = step_size, gamma_ = gamma;
 }
 
 LinearLR::LinearLR(Optimizer& opt, double start_factor, double end_factor, int64_t total_iters)
@@ -102,6 +197,18 @@ std::vector<double> LinearLR::closed_form_lr() const {
   const double progress = static_cast<double>(std::min(total_iters_, last_epoch_)) / static_cast<double>(total_iters_);
   for (double base : base_lrs_) out.push_back(base * (start_ + (end_ - start_) * progress));
   return out;
+}
+
+nlohmann::json LinearLR::own_state() const {
+  return {{"start_factor", start_}, {"end_factor", end_}, {"total_iters", total_iters_}};
+}
+
+void LinearLR::load_own(const nlohmann::json& state, bool take) {
+  const double start = number(state, "start_factor", 0.0, 1.0);
+  if (start == 0.0) refuse("start_factor", "greater than 0 and at most 1", state.at("start_factor"));
+  const double end = number(state, "end_factor", 0.0, 1.0);
+  const int64_t total = integer(state, "total_iters", 1);
+  if (take) start_ = start, end_ = end, total_iters_ = total;
 }
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
@@ -137,6 +244,14 @@ std::vector<double> CosineAnnealingLR::closed_form_lr() const {
   return out;
 }
 
+nlohmann::json CosineAnnealingLR::own_state() const { return {{"T_max", t_max_}, {"eta_min", eta_min_}}; }
+
+void CosineAnnealingLR::load_own(const nlohmann::json& state, bool take) {
+  const int64_t t_max = integer(state, "T_max", 1);
+  const double eta_min = number(state, "eta_min", -kInf, kInf);
+  if (take) t_max_ = t_max, eta_min_ = eta_min;
+}
+
 SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::unique_ptr<LRScheduler>> schedulers,
                            std::vector<int64_t> milestones)
     : LRScheduler(opt), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
@@ -170,6 +285,29 @@ void SequentialLR::step() {
     s.step();
   }
   set_last_lr(s.get_last_lr());
+}
+
+
+nlohmann::json SequentialLR::own_state() const {
+  nlohmann::json inner = nlohmann::json::array();
+  for (const auto& s : schedulers_) inner.push_back(s->state_dict());
+  return {{"_milestones", milestones_}, {"_schedulers", inner}};
+}
+
+void SequentialLR::load_own(const nlohmann::json& state, bool take) {
+  const nlohmann::json& m = entry(state, "_milestones");
+  const std::string want = std::to_string(milestones_.size()) + " increasing integers";
+  if (!m.is_array() || m.size() != milestones_.size()) refuse("_milestones", want, m);
+  std::vector<int64_t> milestones;
+  for (const nlohmann::json& x : m) {
+    if (!x.is_number_integer() || (!milestones.empty() && x.get<int64_t>() <= milestones.back())) refuse("_milestones", want, m);
+    milestones.push_back(x.get<int64_t>());
+  }
+  const nlohmann::json& inner = entry(state, "_schedulers");
+  if (!inner.is_array() || inner.size() != schedulers_.size())
+    refuse("_schedulers", std::to_string(schedulers_.size()) + " schedulers' state dicts", inner);
+  for (size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load(inner[i], take);
+  if (take) milestones_ = std::move(milestones);
 }
 
 }  // namespace amp::optim

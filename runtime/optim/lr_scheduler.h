@@ -26,6 +26,15 @@ class LRScheduler {
   int64_t last_epoch() const { return last_epoch_; }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
+  // PyTorch's state_dict() under its keys: "last_epoch", "_step_count", "base_lrs", "_last_lr" and
+  // the scheduler's own ("step_size", "gamma", "T_max", ...; SequentialLR's schedulers in
+  // "_schedulers"; a LambdaLR's lambdas are not saved, "lr_lambdas" holds nulls, as PyTorch's for
+  // functions). To resume as PyTorch does: build the optimizer and the scheduler, then load the
+  // optimizer's state (its groups' lrs) and this. load_state_dict checks everything first, naming the
+  // key, and takes all of it or nothing; it sets no lr (the optimizer's state holds them).
+  nlohmann::json state_dict() const;
+  void load_state_dict(const nlohmann::json& state);
+
  protected:
   explicit LRScheduler(Optimizer& opt);
   // Records each group's initial_lr (the first scheduler on an optimizer sets it) as base_lrs: once,
@@ -40,6 +49,10 @@ class LRScheduler {
   // constructor ends with step().
   void initial_step();
   void apply(const std::vector<double>& lrs);
+  // The scheduler's own entries of its state dict; load_own checks them (throws std::invalid_argument
+  // naming the key) and, when take, takes them.
+  virtual nlohmann::json own_state() const { return nlohmann::json::object(); }
+  virtual void load_own(const nlohmann::json& state, bool take) { (void)state, (void)take; }
   double group_lr(size_t g) const { return opt_.lr(g); }
   size_t groups() const { return opt_.num_param_groups(); }
 
@@ -51,6 +64,7 @@ class LRScheduler {
  private:
   friend class SequentialLR;
   void step_to(int64_t epoch);  // step(epoch): the closed form at epoch
+  void load(const nlohmann::json& state, bool take);  // load_state_dict's two passes
   void set_last_lr(std::vector<double> lrs) { last_lr_ = std::move(lrs); }
   std::vector<double> last_lr_;
 };
@@ -64,6 +78,8 @@ class LambdaLR : public LRScheduler {
 
  protected:
   std::vector<double> get_lr() const override;
+  nlohmann::json own_state() const override;
+  void load_own(const nlohmann::json& state, bool take) override;
 
  private:
   std::vector<Lambda> lambdas_;
@@ -77,6 +93,8 @@ class StepLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() const override;
   std::vector<double> closed_form_lr() const override;
+  nlohmann::json own_state() const override;
+  void load_own(const nlohmann::json& state, bool take) override;
 
  private:
   int64_t step_size_;
@@ -91,6 +109,8 @@ class LinearLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() const override;
   std::vector<double> closed_form_lr() const override;
+  nlohmann::json own_state() const override;
+  void load_own(const nlohmann::json& state, bool take) override;
 
  private:
   double start_, end_;
@@ -105,6 +125,8 @@ class CosineAnnealingLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() const override;
   std::vector<double> closed_form_lr() const override;
+  nlohmann::json own_state() const override;
+  void load_own(const nlohmann::json& state, bool take) override;
 
  private:
   int64_t t_max_;
@@ -120,6 +142,8 @@ class SequentialLR : public LRScheduler {
 
  protected:
   std::vector<double> get_lr() const override { return get_last_lr(); }
+  nlohmann::json own_state() const override;
+  void load_own(const nlohmann::json& state, bool take) override;
 
  private:
   std::vector<std::unique_ptr<LRScheduler>> schedulers_;

@@ -57,6 +57,18 @@ void Optimizer::step(const Tensor& found_inf, const Tensor& grad_scale, const No
     if (g.shape() != params_[i].shape())
       throw std::logic_error("gradient shape " + shape_str(g.shape()) + " differs from parameter " +
                              shape_str(params_[i].shape()));
+    // Every parameter that steps and its gradient checked before any of them steps: the fused steps
+    // update float32 master weights (autocast makes the low-precision copies), and a tensor of
+    // another dtype was refused by the kernel after the ones before it had stepped (their step count
+    // not moved). Other dtypes are fine elsewhere (a scaler's unscale_ over float64 gradients).
+    if (params_[i].dtype() != DType::f32)
+      throw std::invalid_argument(std::string("optimizer step: parameter ") + std::to_string(i) + " is " +
+                                  dtype_name(params_[i].dtype()) +
+                                  "; the step updates float32 parameters (autocast makes the low-precision copies)");
+    if (g.dtype() != DType::f32 || g.device() != device)
+      throw std::invalid_argument("optimizer step: the gradient of parameter " + std::to_string(i) + " is " +
+                                  dtype_name(g.dtype()) + " on " + g.device().str() + "; the step takes float32 on " +
+                                  device.str() + ", as its parameter");
     present[cohort_of_[i]].push_back(i);
   }
   for (auto& [cohort, index] : present) {
@@ -186,7 +198,9 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       throw std::invalid_argument("loaded state dict contains a parameter group that doesn't match the size of optimizer's group");
     for (const auto& id : h["params"]) {
       if (!id.is_number_integer()) throw std::invalid_argument("loaded state dict: a parameter id is not an integer");
-      index_of[id.get<int64_t>()] = next++;
+      // A duplicated id gave its state to the later parameter and zeros to the earlier one.
+      if (!index_of.emplace(id.get<int64_t>(), next++).second)
+        throw std::invalid_argument("loaded state dict: parameter id " + std::to_string(id.get<int64_t>()) + " is listed twice");
     }
   }
   std::vector<const std::map<std::string, Tensor>*> saved(params_.size(), nullptr);
