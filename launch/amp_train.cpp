@@ -77,7 +77,7 @@ Device pick_device(launch::DeviceKind kind, comm::Communicator& c, bool announce
 // distinct error once, naming the ranks it came from (not N copies of one message).
 int agree(comm::Communicator& c, int code, const std::string& message) {
   if (c.size() == 1) {
-    if (code != 0) std::fprintf(stderr, "amp_train: error: %s\n", message.c_str());
+    if (code != 0) std::fprintf(stderr, "amp_train: %s: %s\n", code >= 128 ? "stopped" : "error", message.c_str());
     return code;
   }
   constexpr size_t kChars = 4096;  // a longer message is cut, and says so
@@ -104,7 +104,8 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
     for (const auto& [msg, ranks] : errors) {
       std::string who = ranks.size() == 1 ? "rank " : "ranks ";
       for (size_t i = 0; i < ranks.size(); ++i) who += (i ? ", " : "") + std::to_string(ranks[i]);
-      std::fprintf(stderr, "amp_train: error (%s): %s\n", who.c_str(), msg.c_str());
+      std::fprintf(stderr, "amp_train: %s (%s): %s\n", msg.rfind("interrupted (", 0) == 0 ? "stopped" : "error",
+                   who.c_str(), msg.c_str());
     }
   return worst;
 }
@@ -156,12 +157,14 @@ void report_fatal(int rank, const std::string& what) {
 // answering, before the first collective of the set-up (STEP 0) or at the start of step STEP (the
 // trainer's before-step hook); RANK:STEP:gather, in step STEP just before ZeRO-1's all-gather of the
 // parameters (its peers are then inside it); RANK:STEP:checkpoint, as the checkpoint of step STEP
-// begins, until a stop is asked for (then it goes on: a stop that arrives during a checkpoint).
+// begins, until a stop is asked for (then it goes on: a stop that arrives during a checkpoint);
+// RANK:0:setup, in the set-up once its outputs are checked, likewise until a stop.
 struct DebugStall {
   int rank = -1;
   long long step = -1;
   bool in_gather = false;
   bool in_checkpoint = false;
+  bool in_setup = false;
   static DebugStall from_environment() {
     DebugStall d;
     const char* s = std::getenv("AMP_DEBUG_STALL");
@@ -170,13 +173,14 @@ struct DebugStall {
     if (n < 2) return {};
     d.in_gather = n == 3 && std::string(where) == "gather";
     d.in_checkpoint = n == 3 && std::string(where) == "checkpoint";
+    d.in_setup = n == 3 && std::string(where) == "setup";
     return d;
   }
   void at(int rank_here, long long step_here) const {
     if (rank != rank_here || step != step_here) return;
-    if (in_checkpoint) {
-      std::fprintf(stderr, "amp_train: rank %d: pausing in the checkpoint of step %lld until a stop (AMP_DEBUG_STALL)\n",
-                   rank_here, step_here);
+    if (in_checkpoint || in_setup) {
+      std::fprintf(stderr, "amp_train: rank %d: pausing in %s until a stop (AMP_DEBUG_STALL)\n", rank_here,
+                   in_setup ? "the set-up" : ("the checkpoint of step " + std::to_string(step_here)).c_str());
       for (int i = 0; i < 6000 && launch::interrupt_signal() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return;
     }
@@ -328,12 +332,21 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   };
   auto agreed = [&](const char* context) {
     host_comm->set_context(std::string("the set-up (") + context + ")");
+    if (const int sig = launch::interrupt_signal(); code == 0 && sig != 0) {
+      code = 128 + sig;
+      message = std::string("interrupted (") + launch::signal_label(sig) + ") during the set-up (" + context +
+                "): stopped before the first step; nothing was trained or written";
+    }
     return (code = agree(*host_comm, code, message)) == 0;
   };
 
   // 1. What can fail on one rank alone: the outputs, the device, then the model, weights and data.
   const DebugStall stall = DebugStall::from_environment();
-  stall.at(mpi.rank(), 0);
+  if (!stall.in_setup) stall.at(mpi.rank(), 0);
+  // A stop asked for during the set-up (a requeue's SIGTERM while a large checkpoint loads) ends it
+  // after the stage in flight, every rank together, before the first step: nothing trained, nothing
+  // written, exit 128 + the signal (it ended the process with no word, its lock file left behind).
+  launch::install_interrupt_handlers(rank0);
   attempt([&] {
     host_comm->set_context("the set-up (comparing the ranks' flags)");
     const std::string unlike = flags_unlike_rank0(*host_comm, cfg.given_flags);
@@ -374,6 +387,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   // Every rank learns at once that rank 0's outputs were refused (a run holding them, say): the
   // others must not go on into the device's collective while rank 0 waits in this one.
   if (!agreed("checking the outputs")) return code;
+  if (stall.in_setup) stall.at(mpi.rank(), 0);  // its outputs checked and locked, its directory made
   host_comm->set_context("the set-up (choosing the device)");
   attempt([&] {
     device = pick_device(cfg.device, *host_comm, rank0);
@@ -443,7 +457,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
     else if (stall.in_checkpoint) trainer->set_before_checkpoint(hook);
     else trainer->set_before_step(hook);
   }
-  launch::install_interrupt_handlers(rank0);
+  launch::interrupt_training_begins();
   const launch::TrainResult result = trainer->run();
   if (rank0 && result.interrupted_by == 0 && result.errors.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))
     std::fprintf(stderr, "amp_train: warning: a write to standard output failed: progress lines were lost\n");

@@ -187,6 +187,24 @@ void expect_stopped_by(const std::string& out, const TempDir& d, const std::stri
   EXPECT_EQ(recs.back()["interrupted_by"], signal) << out;
 }
 
+// A SIGTERM during the set-up (a requeue's, while a large checkpoint loads; here rank 0 pauses once
+// its outputs are checked until a stop comes: AMP_DEBUG_STALL=0:0:setup) stops the run before the
+// first step, saying so, exit 143, with nothing written: no metrics, weights or lock, and the
+// checkpoint directory it made removed. It ended the process with no word and its lock file left.
+TEST(Reliability, ASigtermDuringTheSetUpStopsBeforeTheFirstStepSayingSo) {
+  TempDir d;
+  const std::string out = shell(
+      "AMP_DEBUG_STALL=0:0:setup $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
+      "--checkpoint-dir ck --metrics m.jsonl --save-weights w.st > out.txt 2>&1 & p=$!; "
+      "until grep -q pausing out.txt; do sleep 0.05; done; kill -TERM $p; wait $p; echo exit=$?; ls -A; cat out.txt",
+      d);
+  EXPECT_TRUE(has(out, "exit=143")) << out;
+  EXPECT_TRUE(has(out, "amp_train: interrupted (SIGTERM): stopping before the first step")) << out;
+  EXPECT_TRUE(has(out, "amp_train: stopped: interrupted (SIGTERM) during the set-up")) << out;
+  for (const char* f : {"m.jsonl", "w.st", "ck", ".w.st.lock", ".m.jsonl.lock"})
+    EXPECT_FALSE(fs::exists(d.file(f))) << f << " was left: " << out;
+}
+
 // A SIGTERM that arrives while a checkpoint is written (rank 0 pauses there until a stop comes:
 // AMP_DEBUG_STALL=0:3:checkpoint) stops the run at that step, whose checkpoint it has. It trained
 // one more step and wrote that step's checkpoint too: seconds more against a scheduler's grace.

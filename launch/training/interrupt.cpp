@@ -27,6 +27,7 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};  // 
 std::atomic<int> g_signal{0};
 std::atomic<long long> g_first_ms{0};
 std::atomic<bool> g_announce{false}, g_announced{false};
+std::atomic<bool> g_training{false};  // false: the set-up, before the first step
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
               "signal handlers need lock-free atomics");
 
@@ -118,9 +119,9 @@ bool take_request(int signum) {
     say("amp_train: interrupted (");
     say(signal_label(signum));
     static_assert(kDuplicateWindowSeconds == 2.0, "the message says 2 s");
-    say(signum == SIGPIPE  ? ", standard output's reader is gone): stopping after the step in flight\n"
-        : signum == SIGINT ? "): stopping after the step in flight; Ctrl-C again (after 2 s) stops at once\n"
-                           : "): stopping after the step in flight (SIGKILL stops at once)\n");
+    say(signum == SIGPIPE ? ", standard output's reader is gone): stopping " : "): stopping ");
+    say(g_training.load() ? "after the step in flight" : "before the first step, once this stage of the set-up ends");
+    say(signum == SIGPIPE ? "\n" : signum == SIGINT ? "; Ctrl-C again (after 2 s) stops at once\n" : " (SIGKILL stops at once)\n");
     g_announced.store(true);
   }
   return true;
@@ -145,7 +146,7 @@ extern "C" void on_interrupt(int signum) {
     } else if (!copy && !drop_output_without_reader()) {
       say("amp_train: ");
       say(signal_label(signum));
-      say(": already stopping after the step in flight (asked by ");
+      say(g_training.load() ? ": already stopping after the step in flight (asked by " : ": already stopping before the first step (asked by ");
       say(signal_label(g_signal.load()));
       say(signum == SIGINT ? "; Ctrl-C twice stops at once, SIGKILL too)\n" : "; SIGKILL stops at once)\n");
     }
@@ -237,6 +238,8 @@ void print_guarded(const std::function<void()>& print) {
 }
 
 bool interrupt_announced() { return g_announced.load(); }
+
+void interrupt_training_begins() { g_training.store(true); }
 
 const char* signal_label(int signum) {
   if (signum == SIGINT) return "SIGINT";

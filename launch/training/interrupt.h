@@ -47,6 +47,9 @@ bool standard_output_gone();
 void print_guarded(const std::function<void()>& print);
 // Whether this process has acknowledged that request.
 bool interrupt_announced();
+// Training begins: a request from here stops after the step in flight (before it, during the set-up,
+// it stops before the first step, and the acknowledgement says so). Forgets nothing.
+void interrupt_training_begins();
 // "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGPIPE", or "signal N".
 const char* signal_label(int signum);
 
