@@ -88,11 +88,14 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
   for (size_t i = 0; i < text.size(); ++i) m[1 + i] = static_cast<unsigned char>(text[i]);
   const Tensor all = c.all_gather(mine);
   const double* a = static_cast<const double*>(all.data_ptr());
-  int worst = 0;
+  // An error (1, 2) beats a stop (128 + signal) met by another rank: a usage error must not read as
+  // a stop that a requeue script retries.
+  int worst = 0, worst_error = 0;
   std::vector<std::pair<std::string, std::vector<int>>> errors;  // message, the ranks that met it
   for (int r = 0; r < c.size(); ++r) {
     const double* row = a + r * (1 + kChars);
     worst = std::max(worst, static_cast<int>(row[0]));
+    if (row[0] < 128) worst_error = std::max(worst_error, static_cast<int>(row[0]));
     if (row[0] == 0) continue;
     std::string msg;
     for (size_t i = 0; i < kChars && row[1 + i] != 0; ++i) msg.push_back(static_cast<char>(row[1 + i]));
@@ -107,7 +110,7 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
       std::fprintf(stderr, "amp_train: %s (%s): %s\n", msg.rfind("interrupted (", 0) == 0 ? "stopped" : "error",
                    who.c_str(), msg.c_str());
     }
-  return worst;
+  return worst_error > 0 ? worst_error : worst;
 }
 
 // Ranks that were given the same physical GPU (per-rank CUDA_VISIBLE_DEVICES naming one GPU twice, a
@@ -173,7 +176,7 @@ struct DebugStall {
     if (n < 2) return {};
     d.in_gather = n == 3 && std::string(where) == "gather";
     d.in_checkpoint = n == 3 && std::string(where) == "checkpoint";
-    d.in_setup = n == 3 && std::string(where) == "setup";
+    d.in_setup = n == 3 && std::string(where) == "setup" && d.step == 0;
     return d;
   }
   void at(int rank_here, long long step_here) const {
@@ -332,10 +335,11 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
   };
   auto agreed = [&](const char* context) {
     host_comm->set_context(std::string("the set-up (") + context + ")");
-    if (const int sig = launch::interrupt_signal(); code == 0 && sig != 0) {
+    if (code == 0 && launch::interrupted_during_setup()) {
+      const int sig = launch::interrupt_signal();
       code = 128 + sig;
       message = std::string("interrupted (") + launch::signal_label(sig) + ") during the set-up (" + context +
-                "): stopped before the first step; nothing was trained or written";
+                "), before the first step: nothing was trained or written";
     }
     return (code = agree(*host_comm, code, message)) == 0;
   };
@@ -445,10 +449,14 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
       std::printf("amp_train: notice: %d thread(s) a rank: %s\n", get_num_threads(), fewer_threads.c_str());
   }
   std::fflush(stdout);
+  // The set-up's last look at a stop request, on every rank together: one that came before this
+  // still stops the set-up (its acknowledgement said so); from here, one stops after a step.
+  launch::interrupt_training_begins();
+  if (!agreed("starting training")) return code;
 
   made_checkpoint_dir.top.clear();  // the run's from here, whatever becomes of it
   // 3. Training. From here SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP and SIGPIPE stop the job after a step, and
-  // save (launch/training/interrupt.h).
+  // save (launch/training/interrupt.h; during the set-up they stopped it before the first step).
   trainer->set_progress(launch::progress_printer(cfg, trainer->spec(), trainer->start_step(),
                                                  trainer->samples_per_step()));
   if (stall.rank >= 0 && stall.step > 0) {
@@ -457,7 +465,6 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
     else if (stall.in_checkpoint) trainer->set_before_checkpoint(hook);
     else trainer->set_before_step(hook);
   }
-  launch::interrupt_training_begins();
   const launch::TrainResult result = trainer->run();
   if (rank0 && result.interrupted_by == 0 && result.errors.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))
     std::fprintf(stderr, "amp_train: warning: a write to standard output failed: progress lines were lost\n");

@@ -448,7 +448,7 @@ TEST(Reliability, SamplingAndEvaluationStopAtTheNextTokenOrBatch) {
   EXPECT_TRUE(has(out, "--- interrupted:")) << out;
   // Evaluation: a million batches at step 0.
   out = shell("$AMP" + kGpt + "--steps 5 --data " + text +
-                  " --eval-every 1 --eval-batches 1000000 --metrics e.jsonl > out.txt 2>&1 & p=$!; "
+                  " --eval-every 1 --eval-batches 1000000 --metrics e.jsonl --save-weights w.st > out.txt 2>&1 & p=$!; "
                   "until grep -q scaling out.txt 2>/dev/null; do sleep 0.05; done; sleep 1; "
                   "kill -TERM $p; wait $p; echo exit=$?; cat out.txt",
               d);
@@ -457,6 +457,10 @@ TEST(Reliability, SamplingAndEvaluationStopAtTheNextTokenOrBatch) {
   const auto recs = read_jsonl(d.file("e.jsonl"));
   ASSERT_FALSE(recs.empty()) << out;
   EXPECT_EQ(recs.back()["interrupted_by"], "SIGTERM") << out;
+  // Stopped before its first step: the weights it started from are not saved (they were, over
+  // whatever the file held).
+  EXPECT_FALSE(fs::exists(d.file("w.st"))) << out;
+  EXPECT_TRUE(has(out, "stopped before the first step: --save-weights w.st is not written")) << out;
 }
 
 // --- 6. and 8. Integer flags against what their products need -------------------------------------

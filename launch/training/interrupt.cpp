@@ -27,7 +27,9 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};  // 
 std::atomic<int> g_signal{0};
 std::atomic<long long> g_first_ms{0};
 std::atomic<bool> g_announce{false}, g_announced{false};
-std::atomic<bool> g_training{false};  // false: the set-up, before the first step
+// The phase and whether a request came in it, one atomic so that they never disagree: bit 0 set once
+// training begins, bit 1 once a request is taken (a request in the set-up: 2; in training: 3).
+std::atomic<int> g_state{0};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
               "signal handlers need lock-free atomics");
 
@@ -112,6 +114,7 @@ bool take_request(int signum) {
   long long first = 0;
   if (!g_first_ms.compare_exchange_strong(first, now)) return false;  // another came first
   g_signal.store(signum);
+  const bool training = (g_state.fetch_or(2) & 1) != 0;  // the phase the request came in
   stop_blocking_on_output();
   // Now, not when the step in flight ends (a user who saw nothing would press Ctrl-C again); not into
   // a pipe without its reader (SIGPIPE), which would end the process.
@@ -120,7 +123,7 @@ bool take_request(int signum) {
     say(signal_label(signum));
     static_assert(kDuplicateWindowSeconds == 2.0, "the message says 2 s");
     say(signum == SIGPIPE ? ", standard output's reader is gone): stopping " : "): stopping ");
-    say(g_training.load() ? "after the step in flight" : "before the first step, once this stage of the set-up ends");
+    say(training ? "after the step in flight" : "before the first step, once this stage of the set-up ends");
     say(signum == SIGPIPE ? "\n" : signum == SIGINT ? "; Ctrl-C again (after 2 s) stops at once\n" : " (SIGKILL stops at once)\n");
     g_announced.store(true);
   }
@@ -140,13 +143,16 @@ extern "C" void on_interrupt(int signum) {
   if (first && g_wake_main.load()) (void)::pthread_kill(g_main_thread, SIGURG);  // async-signal-safe
   if (!first && signum != SIGHUP) {  // SIGHUP again: the terminal is gone, nobody to tell
     const bool copy = static_cast<double>(now - g_first_ms.load()) < kDuplicateWindowSeconds * 1000.0;
-    if (!copy && signum == SIGINT && g_signal.load() == SIGINT) {  // Ctrl-C again: now, as the default would
-      std::signal(SIGINT, SIG_DFL);
-      ::raise(SIGINT);
+    // Ctrl-C again: now, as the default would. In the set-up (nothing to save yet) any stop signal
+    // again: a stage that hangs (a wedged device, a read that never returns) still ends.
+    const bool setup = (g_state.load() & 1) == 0;
+    if (!copy && ((signum == SIGINT && g_signal.load() == SIGINT) || setup)) {
+      std::signal(signum, SIG_DFL);
+      ::raise(signum);
     } else if (!copy && !drop_output_without_reader()) {
       say("amp_train: ");
       say(signal_label(signum));
-      say(g_training.load() ? ": already stopping after the step in flight (asked by " : ": already stopping before the first step (asked by ");
+      say(": already stopping after the step in flight (asked by ");
       say(signal_label(g_signal.load()));
       say(signum == SIGINT ? "; Ctrl-C twice stops at once, SIGKILL too)\n" : "; SIGKILL stops at once)\n");
     }
@@ -199,6 +205,7 @@ void install_interrupt_handlers(bool announce) {
   make_private(STDERR_FILENO, 1);
   g_signal.store(0);
   g_first_ms.store(0);
+  g_state.store(0);
   g_announce.store(announce);
   g_announced.store(false);
   g_output_gone.store(false);
@@ -239,7 +246,15 @@ void print_guarded(const std::function<void()>& print) {
 
 bool interrupt_announced() { return g_announced.load(); }
 
-void interrupt_training_begins() { g_training.store(true); }
+bool interrupt_training_begins() {
+  int setup = 0;
+  return g_state.compare_exchange_strong(setup, 1) || g_state.load() == 1;  // 2: a request in the set-up
+}
+
+bool interrupted_during_setup() {
+  (void)interrupt_signal();  // looks for a reader gone
+  return g_state.load() == 2;
+}
 
 const char* signal_label(int signum) {
   if (signum == SIGINT) return "SIGINT";

@@ -1,6 +1,6 @@
 // SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP and SIGPIPE during training: the first one asks the job
 // to stop after the current step (the trainer then saves what it would save at the end, and amp_train
-// exits 128 + the signal's number). SIGUSR1 and SIGUSR2 are the signals other tools ask Slurm to send
+// exits 128 + the signal's number); during the set-up, to stop it before the first step. SIGUSR1 and SIGUSR2 are the signals other tools ask Slurm to send
 // before a time limit (--signal=USR1@120); SIGHUP a terminal that went away (ssh dropped); SIGPIPE
 // standard output's or error's reader gone (| head, a tee that died, an mpirun that exited). The
 // default action of each would end the ranks with nothing saved. SIGPIPE itself is left as it is (Open
@@ -48,8 +48,12 @@ void print_guarded(const std::function<void()>& print);
 // Whether this process has acknowledged that request.
 bool interrupt_announced();
 // Training begins: a request from here stops after the step in flight (before it, during the set-up,
-// it stops before the first step, and the acknowledgement says so). Forgets nothing.
-void interrupt_training_begins();
+// it stops the set-up before the first step, and the acknowledgement says so; a second stop signal
+// more than kDuplicateWindowSeconds later then stops at once, as its default would). False when a
+// request came during the set-up (it stays one: the set-up must still stop). Forgets nothing.
+bool interrupt_training_begins();
+// Whether the request (if any) came during the set-up.
+bool interrupted_during_setup();
 // "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGPIPE", or "signal N".
 const char* signal_label(int signum);
 

@@ -502,7 +502,12 @@ TrainResult Trainer::run() {
     require_consistent(rep, result.steps_done);  // throws, naming the ranks, before anything is saved
     require_finite_parameters(result.steps_done);  // likewise: a NaN model is never saved, nor exits 0
     // The outputs, then the record that says the run finished: one output's failure costs no other.
-    if (rank0 && !cfg_.save_weights.empty()) {
+    // A stop before any step (during the step-0 evaluation) saves no weights: they are the ones the
+    // run started from (a file there may be a finished run's).
+    const bool trained = result.steps_done > position_.start_step;
+    if (rank0 && !cfg_.save_weights.empty() && !trained)
+      std::printf("amp_train: stopped before the first step: --save-weights %s is not written\n", cfg_.save_weights.c_str());
+    if (rank0 && !cfg_.save_weights.empty() && trained) {
       try {
         safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
       } catch (const std::exception& e) {
