@@ -187,17 +187,24 @@ void expect_stopped_by(const std::string& out, const TempDir& d, const std::stri
   EXPECT_EQ(recs.back()["interrupted_by"], signal) << out;
 }
 
+// Runs $AMP with AMP_DEBUG_STALL=stall (a pause that waits for a stop) and flags in the background,
+// sends SIGTERM once it says it is pausing, and returns "exit=N", what `listing` prints, and its output.
+std::string sigterm_when_paused(const std::string& stall, const std::string& flags, const std::string& listing,
+                                const TempDir& d) {
+  return shell("AMP_DEBUG_STALL=" + stall + " $AMP " + flags + " > out.txt 2>&1 & p=$!; until grep -q pausing out.txt; "
+               "do sleep 0.05; done; kill -TERM $p; wait $p; echo exit=$?; " + listing + "; cat out.txt", d);
+}
+
+const std::string kPausedMlp = "--width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 ";
+
 // A SIGTERM during the set-up (a requeue's, while a large checkpoint loads; here rank 0 pauses once
 // its outputs are checked until a stop comes: AMP_DEBUG_STALL=0:0:setup) stops the run before the
 // first step, saying so, exit 143, with nothing written: no metrics, weights or lock, and the
 // checkpoint directory it made removed. It ended the process with no word and its lock file left.
 TEST(Reliability, ASigtermDuringTheSetUpStopsBeforeTheFirstStepSayingSo) {
   TempDir d;
-  const std::string out = shell(
-      "AMP_DEBUG_STALL=0:0:setup $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
-      "--checkpoint-dir ck --metrics m.jsonl --save-weights w.st > out.txt 2>&1 & p=$!; "
-      "until grep -q pausing out.txt; do sleep 0.05; done; kill -TERM $p; wait $p; echo exit=$?; ls -A; cat out.txt",
-      d);
+  const std::string out =
+      sigterm_when_paused("0:0:setup", kPausedMlp + "--checkpoint-dir ck --metrics m.jsonl --save-weights w.st", "ls -A", d);
   EXPECT_TRUE(has(out, "exit=143")) << out;
   EXPECT_TRUE(has(out, "amp_train: interrupted (SIGTERM): stopping before the first step")) << out;
   EXPECT_TRUE(has(out, "amp_train: stopped: interrupted (SIGTERM) during the set-up")) << out;
@@ -210,11 +217,8 @@ TEST(Reliability, ASigtermDuringTheSetUpStopsBeforeTheFirstStepSayingSo) {
 // one more step and wrote that step's checkpoint too: seconds more against a scheduler's grace.
 TEST(Reliability, ASigtermDuringACheckpointStopsAtItsStep) {
   TempDir d;
-  const std::string out = shell(
-      "AMP_DEBUG_STALL=0:3:checkpoint $AMP --width 16 --layers 1 --batch-size 2 --log-every 0 --threads 1 --steps 10 "
-      "--checkpoint-dir ck --checkpoint-every 1 --metrics m.jsonl --save-weights w.st > out.txt 2>&1 & p=$!; "
-      "until grep -q pausing out.txt; do sleep 0.05; done; kill -TERM $p; wait $p; echo exit=$?; ls ck; cat out.txt",
-      d);
+  const std::string out = sigterm_when_paused(
+      "0:3:checkpoint", kPausedMlp + "--checkpoint-dir ck --checkpoint-every 1 --metrics m.jsonl --save-weights w.st", "ls ck", d);
   expect_stopped_by(out, d);
   EXPECT_EQ(read_jsonl(d.file("m.jsonl")).back()["steps"], 3) << out;
   EXPECT_TRUE(has(out, "step-00000003")) << out;
