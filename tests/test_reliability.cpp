@@ -11,6 +11,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -491,19 +492,31 @@ TEST(Reliability, ThreadsAndMicroBatchesBeyondTheirLimitsAreUsageErrors) {
 
 // --- 9., 10. and 13. Checkpoints and resumes ---------------------------------------------------
 
+// trainer.json changed and its checksum made again (by hand, or by a tool): what it says is still checked.
+void forge_trainer_json(const std::string& path, const std::function<void(nlohmann::json&)>& change) {
+  nlohmann::json meta = nlohmann::json::parse(bytes_of(path));
+  change(meta);
+  meta.erase("checksum");
+  const std::string compact = meta.dump();
+  meta["checksum"] = hex64(fnv1a(compact.data(), compact.size()));  // a valid checksum
+  write(path, meta.dump(2));
+}
+
 TEST(Reliability, ACheckpointOfANewerFormatIsRefused) {
   TempDir d;
   ASSERT_EQ(run(kMlp + "--checkpoint-dir " + d.file("ck")).code, 0);
   const std::string meta_path = d.file("ck/step-00000002/trainer.json");
-  nlohmann::json meta = nlohmann::json::parse(bytes_of(meta_path));
-  meta["format"] = 3;
-  meta.erase("checksum");
-  const std::string compact = meta.dump();
-  meta["checksum"] = hex64(fnv1a(compact.data(), compact.size()));  // a valid checksum: only the format is new
-  write(meta_path, meta.dump(2));
-  const RunResult r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
+  const std::string whole = bytes_of(meta_path);
+  forge_trainer_json(meta_path, [](nlohmann::json& m) { m["format"] = 3; });  // only the format is new
+  RunResult r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r.out, "format 3") && has(r.out, "newer")) << r.out;
+  // No must_match: named as such (it was read as empty: "amp \"off\" does not match the checkpoint's nothing").
+  write(meta_path, whole);
+  forge_trainer_json(meta_path, [](nlohmann::json& m) { m.erase("must_match"); });
+  r = run(kMlpFlags + "--steps 4 --resume --checkpoint-dir " + d.file("ck"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "corrupt: no must_match object")) << r.out;
 }
 
 TEST(Reliability, ARequeuedCommandWithNothingLeftWritesOnlyWhatThatRunLacks) {

@@ -105,8 +105,10 @@ void Trainer::resume() {
   // Every read below names the file; the JSON library's own errors (a value of another type) too.
   try {
     const nlohmann::json now = checkpoint_meta(ck->step);
-    const nlohmann::json then = ck->meta.value("must_match", nlohmann::json::object());
-    if (!then.is_object()) throw std::invalid_argument(meta_file + ": corrupt: must_match is not an object");
+    // (A missing one was read as empty: the first key then "did not match the checkpoint's nothing".)
+    if (!ck->meta.contains("must_match") || !ck->meta["must_match"].is_object())
+      throw std::invalid_argument(meta_file + ": corrupt: no must_match object (what a resume must match)");
+    const nlohmann::json& then = ck->meta["must_match"];
     // The micro-batch size B and the samples per step E are what make a resumed run the same
     // training, bit for bit, on any number of ranks R (README, "The same training on any number of
     // ranks"): another B sums other numbers. What may change is R and K = E / (B R).
@@ -127,7 +129,7 @@ void Trainer::resume() {
             " (ranks x --batch-size x --micro-batches must give the same samples per step; the checkpoint's layout "
             "was " +
             layout_then.dump();
-        if (then[key].is_number_integer() && then[key].get<int64_t>() % cfg_.batch_size == 0) {
+        if (then.contains(key) && then[key].is_number_integer() && then[key].get<int64_t>() % cfg_.batch_size == 0) {
           const int64_t M = then[key].get<int64_t>() / cfg_.batch_size;  // micro-batches of a step, over all ranks
           hint += M % R == 0
                       ? ": on " + std::to_string(R) + " ranks, --micro-batches " + std::to_string(M / R)
