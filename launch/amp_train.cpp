@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/local_communicator.h"
@@ -75,9 +76,12 @@ Device pick_device(launch::DeviceKind kind, comm::Communicator& c, bool announce
 
 // A setup stage's outcome, agreed: every rank learns the worst exit code, and rank 0 prints each
 // distinct error once, naming the ranks it came from (not N copies of one message).
+// A stop signal's exit (128 + N) is a stop, not an error, on every rank count.
+const char* outcome_word(int code) { return code >= 128 ? "stopped" : "error"; }
+
 int agree(comm::Communicator& c, int code, const std::string& message) {
   if (c.size() == 1) {
-    if (code != 0) std::fprintf(stderr, "amp_train: %s: %s\n", code >= 128 ? "stopped" : "error", message.c_str());
+    if (code != 0) std::fprintf(stderr, "amp_train: %s: %s\n", outcome_word(code), message.c_str());
     return code;
   }
   constexpr size_t kChars = 4096;  // a longer message is cut, and says so
@@ -91,7 +95,7 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
   // An error (1, 2) beats a stop (128 + signal) met by another rank: a usage error must not read as
   // a stop that a requeue script retries.
   int worst = 0, worst_error = 0;
-  std::vector<std::pair<std::string, std::vector<int>>> errors;  // message, the ranks that met it
+  std::vector<std::tuple<std::string, std::vector<int>, int>> errors;  // message, the ranks that met it, code
   for (int r = 0; r < c.size(); ++r) {
     const double* row = a + r * (1 + kChars);
     worst = std::max(worst, static_cast<int>(row[0]));
@@ -99,16 +103,15 @@ int agree(comm::Communicator& c, int code, const std::string& message) {
     if (row[0] == 0) continue;
     std::string msg;
     for (size_t i = 0; i < kChars && row[1 + i] != 0; ++i) msg.push_back(static_cast<char>(row[1 + i]));
-    auto it = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.first == msg; });
-    if (it == errors.end()) errors.push_back({msg, {r}});
-    else it->second.push_back(r);
+    auto it = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return std::get<0>(e) == msg; });
+    if (it == errors.end()) errors.push_back({msg, {r}, static_cast<int>(row[0])});
+    else std::get<1>(*it).push_back(r);
   }
   if (c.rank() == 0)
-    for (const auto& [msg, ranks] : errors) {
+    for (const auto& [msg, ranks, met] : errors) {
       std::string who = ranks.size() == 1 ? "rank " : "ranks ";
       for (size_t i = 0; i < ranks.size(); ++i) who += (i ? ", " : "") + std::to_string(ranks[i]);
-      std::fprintf(stderr, "amp_train: %s (%s): %s\n", msg.rfind("interrupted (", 0) == 0 ? "stopped" : "error",
-                   who.c_str(), msg.c_str());
+      std::fprintf(stderr, "amp_train: %s (%s): %s\n", outcome_word(met), who.c_str(), msg.c_str());
     }
   return worst_error > 0 ? worst_error : worst;
 }

@@ -1081,6 +1081,13 @@ TEST(Cli, SavingThroughASymlinkKeepsTheLink) {
   EXPECT_EQ(nr.code, 2) << nr.out;
   EXPECT_NE(nr.out.find("unmounted' does not exist"), std::string::npos) << nr.out;
   EXPECT_TRUE(fs::is_symlink(into_nowhere));
+  // A loop of links names nothing: refused, the links kept (one would have been replaced by a file).
+  fs::create_symlink(d.path / "loop_b", d.path / "loop_a");
+  fs::create_symlink(d.path / "loop_a", d.path / "loop_b");
+  const RunResult lr = run(kSmall + "--save-weights " + (d.path / "loop_a").string());
+  EXPECT_EQ(lr.code, 2) << lr.out;
+  EXPECT_NE(lr.out.find("is a symbolic link that does not resolve"), std::string::npos) << lr.out;
+  EXPECT_TRUE(fs::is_symlink(d.path / "loop_a") && fs::is_symlink(d.path / "loop_b"));
 }
 
 // A --config this user may not read (its directory not searchable) says so, where it said "no such

@@ -292,30 +292,36 @@ TrainResult Trainer::finish_a_finished_run() {
               position_.nothing_left.c_str(), static_cast<long long>(done.steps_done),
               cfg_.save_weights.empty() && end_written ? "" : "; writing that run's outputs from it");
   std::fflush(stdout);
-  if (!cfg_.save_weights.empty()) {
-    try {
-      safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
-    } catch (const std::exception& e) {
-      done.errors.push_back(std::string("--save-weights: ") + e.what());
-    }
-  }
+  save_weights(done);
   if (!end_written) {
     try {
       MetricsWriter metrics(cfg_.metrics, true);
       metrics.write(ResumeRecord{done.steps_done, position_.resumed_from});
-      // (no device_memory_bytes: this run trained nothing)
-      if (done.errors.empty())
-        metrics.write(EndRecord{done.steps_done, done.skipped_steps, done.final_scale, done.param_checksum,
-                                done.replicas_consistent, "", 0});
-      else
-        metrics.write(FailedRecord{done.steps_done, done.errors.front()});
-      metrics.close();
-      if (!metrics.error().empty()) done.errors.push_back(metrics.error());
+      end_metrics(metrics, done, "");  // (no device_memory_bytes: this run trained nothing)
     } catch (const std::invalid_argument& e) {  // the file cannot be opened
       done.errors.push_back(e.what());
     }
   }
   return done;
+}
+
+void Trainer::save_weights(TrainResult& result) {
+  if (cfg_.save_weights.empty()) return;
+  try {
+    safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
+  } catch (const std::exception& e) {
+    result.errors.push_back(std::string("--save-weights: ") + e.what());
+  }
+}
+
+void Trainer::end_metrics(MetricsWriter& metrics, TrainResult& result, const std::string& interrupted_by) {
+  if (result.errors.empty())
+    metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
+                            result.replicas_consistent, interrupted_by, static_cast<int64_t>(result.device_memory_bytes)});
+  else
+    metrics.write(FailedRecord{result.steps_done, result.errors.front()});
+  metrics.close();
+  if (!metrics.error().empty()) result.errors.push_back(metrics.error());
 }
 
 TrainResult Trainer::run() {
@@ -507,13 +513,7 @@ TrainResult Trainer::run() {
     const bool trained = result.steps_done > position_.start_step;
     if (rank0 && !cfg_.save_weights.empty() && !trained)
       std::printf("amp_train: stopped before the first step: --save-weights %s is not written\n", cfg_.save_weights.c_str());
-    if (rank0 && !cfg_.save_weights.empty() && trained) {
-      try {
-        safetensors::save(cfg_.save_weights, spec_->export_weights(nn::state_dict(model()), cfg_.save_weights_format));
-      } catch (const std::exception& e) {
-        result.errors.push_back(std::string("--save-weights: ") + e.what());
-      }
-    }
+    if (rank0 && trained) save_weights(result);
     // The last step's checkpoint: at the end, or where an interruption stopped the run.
     if (!cfg_.checkpoint_dir.empty() && result.steps_done > position_.start_step && result.steps_done != checkpointed) {
       try {
@@ -522,14 +522,7 @@ TrainResult Trainer::run() {
         result.errors.push_back(e.what());
       }
     }
-    if (result.errors.empty())
-      metrics.write(EndRecord{result.steps_done, result.skipped_steps, result.final_scale, result.param_checksum,
-                              result.replicas_consistent, stopping ? signal_label(result.interrupted_by) : "",
-                              static_cast<int64_t>(result.device_memory_bytes)});
-    else
-      metrics.write(FailedRecord{result.steps_done, result.errors.front()});
-    metrics.close();
-    if (!metrics.error().empty()) result.errors.push_back(metrics.error());
+    end_metrics(metrics, result, stopping ? signal_label(result.interrupted_by) : "");
     if (rank0 && !stopping) {
       const std::string text = after_training();  // a language model's sample, say: any bytes, NUL too
       // A requested output lost (/dev/full, a full disk, a reader gone) is a failure, not a silence.

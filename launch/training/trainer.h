@@ -233,6 +233,11 @@ class Trainer {
   // trained; the outputs that run may not have written (a full disk, a kill while saving) are written
   // from the checkpoint: --save-weights again (the same bytes), the metrics' end record where missing.
   TrainResult finish_a_finished_run();
+  // The run's end, shared by run() and finish_a_finished_run(): --save-weights (rank 0; a failure
+  // goes into result.errors), and the metrics' last record (the end record, or a failed one naming
+  // the first error) then their close.
+  void save_weights(TrainResult& result);
+  static void end_metrics(MetricsWriter& metrics, TrainResult& result, const std::string& interrupted_by);
   // Hashes and gathers the parameters (collective); records the result.
   comm::ReplicaReport check_replicas(TrainResult* result);
   static void require_consistent(const comm::ReplicaReport& rep, int64_t step);  // throws, naming the ranks
