@@ -245,6 +245,13 @@ TEST(FailureModes, TrainerJsonIsCheckedLikeTheTensors) {
       {"must_match an array", [](nlohmann::json& j) { j["must_match"] = {1, 2}; }, true, "corrupt"},
       {"data position", [](nlohmann::json& j) { j["data_position"]["next_sample"] = 4; }, true, "data_position"},
       {"skipped 11", [](nlohmann::json& j) { j["skipped_steps"] = 11; }, true, "skipped_steps"},
+      // Fields missing or out of range (each was a raw JSON error, a step shown as -1, or accepted).
+      {"no data position", [](nlohmann::json& j) { j.erase("data_position"); }, true, "no data_position.next_sample"},
+      {"no skipped steps", [](nlohmann::json& j) { j.erase("skipped_steps"); }, true, "no skipped_steps"},
+      {"step 2^64 - 1", [](nlohmann::json& j) { j["step"] = ~uint64_t{0}; }, true, "step 18446744073709551615 is not a step"},
+      {"ranks 0", [](nlohmann::json& j) { j["batch_layout"]["ranks"] = 0; }, true, "batch_layout.ranks 0 is not a count"},
+      {"micro-batches -3", [](nlohmann::json& j) { j["batch_layout"]["micro_batches"] = -3; }, true, "batch_layout.micro_batches"},
+      {"layout a string", [](nlohmann::json& j) { j["batch_layout"] = "2x4"; }, true, "batch_layout \"2x4\" is not an object"},
       {"no checksum", [](nlohmann::json& j) { j.erase("checksum"); }, false, "no checksum"},
   };
   for (const Case& c : cases) {

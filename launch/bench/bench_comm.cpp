@@ -67,6 +67,9 @@ double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int 
 
 }  // namespace
 
+int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
+        double buffer_mb);
+
 int main(int argc, char** argv) {
   comm::MpiSession mpi(&argc, &argv);
   int64_t width = 4096, layers = 3, batch = 512;
@@ -88,6 +91,8 @@ int main(int argc, char** argv) {
     po::notify(vm);
     if (width < 1 || layers < 1 || batch < 1 || steps < 1 || threads < 1 || !(bucket_mb > 0) || !(buffer_mb > 0))
       throw po::error("sizes, --steps and --threads must be positive");
+    if (width > (1 << 20) || batch > (1 << 24) || layers > (1 << 16) || buffer_mb > (1 << 20) || bucket_mb > (1 << 20))
+      throw po::error("--width is at most 2^20, --batch 2^24, --layers 2^16, --buffer-mb and --bucket-mb 2^20");
   } catch (const po::error& e) {
     if (mpi.rank() == 0) std::fprintf(stderr, "bench_comm: error: %s\n", e.what());
     return 2;
@@ -105,6 +110,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   set_num_threads(threads);
+  // A rank that cannot allocate (a --buffer-mb beyond its memory) ends every rank, saying so: it
+  // aborted alone with std::bad_alloc's terminate.
+  try {
+    return run(width, layers, batch, warmup, steps, threads, bucket_mb, buffer_mb);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm: error: rank %d: %s%s\n", mpi.rank(), e.what(),
+                 dynamic_cast<const std::bad_alloc*>(&e) ? " (out of memory: give a smaller --buffer-mb, --width or --batch)" : "");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
+int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
+        double buffer_mb) {
   comm::MpiCommunicator world(MPI_COMM_WORLD);
   const bool rank0 = world.rank() == 0;
 
@@ -123,11 +142,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(batch), threads,
                 world.size(), bucket_mb);
     std::printf("  1 rank alone, no communication       %9.1f ms/step\n", alone);
-    std::printf("  %d ranks at once, no communication    %9.1f ms/step  (+%.1f%% over 1 rank alone)\n", world.size(),
+    std::printf("  %d ranks at once, no communication    %9.1f ms/step  (%+.1f%% over 1 rank alone)\n", world.size(),
                 together, 100.0 * (together / alone - 1));
-    std::printf("  %d ranks, all-reduce, overlap on      %9.1f ms/step  (+%.1f%% over 1 rank alone, +%.1f%% over no communication)\n",
+    std::printf("  %d ranks, all-reduce, overlap on      %9.1f ms/step  (%+.1f%% over 1 rank alone, %+.1f%% over no communication)\n",
                 world.size(), on, 100.0 * (on / alone - 1), 100.0 * (on / together - 1));
-    std::printf("  %d ranks, all-reduce, overlap off     %9.1f ms/step  (+%.1f%% over 1 rank alone, +%.1f%% over no communication)\n",
+    std::printf("  %d ranks, all-reduce, overlap off     %9.1f ms/step  (%+.1f%% over 1 rank alone, %+.1f%% over no communication)\n",
                 world.size(), off, 100.0 * (off / alone - 1), 100.0 * (off / together - 1));
   }
 

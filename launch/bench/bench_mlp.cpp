@@ -146,6 +146,8 @@ int main(int argc, char** argv) {
       throw po::error("invalid value '" + device_arg + "' for option '--device' (valid: cpu, cuda)");
     if (width < 1 || layers < 1 || batch < 1 || steps < 1 || warmup < 0 || threads < 0)
       throw po::error("--width, --layers, --batch and --steps must be >= 1; --warmup and --threads >= 0");
+    if (width > (1 << 20) || batch > (1 << 24) || layers > (1 << 16))  // products stay exact in int64_t
+      throw po::error("--width is at most 2^20, --batch 2^24 and --layers 2^16");
     if (!(momentum >= 0.0 && momentum < 1.0)) throw po::error("--momentum must be in [0, 1)");
   } catch (const po::error& e) {
     std::fprintf(stderr, "bench_mlp: error: %s\n", e.what());
@@ -162,9 +164,9 @@ int main(int argc, char** argv) {
   if (device_arg == "cuda") {
     try {
       cuda_init(0);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "bench_mlp: error: %s\n", e.what());
-      return 1;
+    } catch (const std::exception& e) {  // no driver or no GPU: a prerequisite, as amp_train's exit 2
+      std::fprintf(stderr, "bench_mlp: error: --device cuda: %s\n", e.what());
+      return 2;
     }
     dev = Device{DeviceType::cuda, 0};
   }
@@ -184,22 +186,36 @@ int main(int argc, char** argv) {
     }
     modes.push_back(*it);
   }
+  if (modes.empty()) {  // --modes '' timed nothing and exited 0
+    std::fprintf(stderr, "bench_mlp: error: --modes is empty: name at least one mode\n");
+    return 2;
+  }
 
-  const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(width * width) * static_cast<double>(3 * layers - 1);
-  std::printf("MLP %lld x %lld, batch %lld, %s, %d thread(s), %d timed steps (median)\n", static_cast<long long>(layers),
-              static_cast<long long>(width), static_cast<long long>(batch), dev.str().c_str(), get_num_threads(), steps);
-  std::printf("%-14s %10s %9s %11s %11s %10s %9s %9s %9s\n", "mode", "step_ms", "GFLOP/s", "gemms_ms", "step/gemms",
-              "9gemms_ms", "scaler_ms", "scaler%", "peak_MiB");
-  double fp32_ms = 0;
-  for (const Mode& m : modes) {
-    const StepFigures f = time_steps(m, width, layers, batch, warmup, steps, momentum, dev);
-    const double g = time_gemms(m, width, layers, batch, warmup, steps, false, dev);
-    const double g9 = time_gemms(m, width, layers, batch, warmup, steps, true, dev);
-    if (m.name == "fp32") fp32_ms = f.step_ms;
-    std::printf("%-14s %10.1f %9.1f %11.1f %11.3f %10.1f %9.2f %8.2f%% %9.0f\n", m.name.c_str(), f.step_ms,
-                flops / f.step_ms / 1e6, g, f.step_ms / g, g9, f.scaler_ms, 100.0 * f.scaler_ms / f.step_ms, f.peak_mb);
-    if (fp32_ms > 0 && m.name != "fp32") std::printf("%-14s step time / fp32 step time = %.3f\n", "", f.step_ms / fp32_ms);
-    std::fflush(stdout);
+  try {
+    const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(width * width) * static_cast<double>(3 * layers - 1);
+    std::printf("MLP %lld x %lld, batch %lld, %s, %d thread(s), %d timed steps (median)\n", static_cast<long long>(layers),
+                static_cast<long long>(width), static_cast<long long>(batch), dev.str().c_str(), get_num_threads(), steps);
+    std::printf("%-14s %10s %9s %11s %11s %10s %9s %9s %9s\n", "mode", "step_ms", "GFLOP/s", "gemms_ms", "step/gemms",
+                "9gemms_ms", "scaler_ms", "scaler%", "peak_MiB");
+    double fp32_ms = 0;
+    for (const Mode& m : modes) {
+      const StepFigures f = time_steps(m, width, layers, batch, warmup, steps, momentum, dev);
+      const double g = time_gemms(m, width, layers, batch, warmup, steps, false, dev);
+      const double g9 = time_gemms(m, width, layers, batch, warmup, steps, true, dev);
+      if (m.name == "fp32") fp32_ms = f.step_ms;
+      std::printf("%-14s %10.1f %9.1f %11.1f %11.3f %10.1f %9.2f %8.2f%% %9.0f\n", m.name.c_str(), f.step_ms,
+                  flops / f.step_ms / 1e6, g, f.step_ms / g, g9, f.scaler_ms, 100.0 * f.scaler_ms / f.step_ms, f.peak_mb);
+      if (fp32_ms > 0 && m.name != "fp32") std::printf("%-14s step time / fp32 step time = %.3f\n", "", f.step_ms / fp32_ms);
+      std::fflush(stdout);
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "bench_mlp: error: out of memory for an MLP of %lld x %lld at batch %lld: give a smaller "
+                 "--width, --batch or --layers\n", static_cast<long long>(layers), static_cast<long long>(width),
+                 static_cast<long long>(batch));
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_mlp: error: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

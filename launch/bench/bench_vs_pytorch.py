@@ -80,6 +80,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import statistics
 import struct
@@ -503,6 +504,12 @@ def main():
     # --json is written after the whole benchmark: a path that cannot take it is said now, not then.
     if a.json and (os.path.isdir(a.json) or not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK)):
         ap.error(f"--json {a.json}: cannot write a file there (a directory, or its folder is missing or read-only)")
+    try:  # split now: a quote left open was a traceback in the first round
+        a.amp_train_flags = shlex.split(a.amp_train_flags)
+    except ValueError as e:
+        ap.error(f"--amp-train-flags {a.amp_train_flags!r}: {e}")
+    if shutil.which(a.python) is None:
+        ap.error(f"--python {a.python}: no such interpreter (not a file, not executable, or not on PATH)")
     if a.warmup < 0:
         ap.error("--warmup must be 0 or more")
     if a.compile and a.warmup < 3:
@@ -643,7 +650,7 @@ def main():
                                              max(3, a.steps - a.warmup), a.threads, a.device)
             for mode in modes:
                 times, dev_bytes = run_amp_train(a.amp_train, width, batch, a.layers, mode, a.steps, a.threads,
-                                                 data, shlex.split(a.amp_train_flags), a.device, gpt)
+                                                 data, a.amp_train_flags, a.device, gpt)
                 got["ours"][mode], got["dev"][mode] = times[a.warmup:], dev_bytes
                 print(f"{where} {mode}: amp_train {statistics.median(times[a.warmup:]):.2f} ms", flush=True)
                 for label, name, python, compiled in runs:
@@ -792,4 +799,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except subprocess.CalledProcessError as e:  # amp_train or bench_mlp refused its flags, or failed
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        sys.exit(f"bench_vs_pytorch: {os.path.basename(str(e.cmd[0]))} failed (exit {e.returncode}): "
+                 f"{shlex.join(str(c) for c in e.cmd)}" + (f"\n{err.strip()[-3000:]}" if err.strip() else ""))

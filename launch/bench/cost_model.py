@@ -138,11 +138,32 @@ def saved_activation_bytes(args):
     return 0
 
 
+class LogError(Exception):
+    """A log this model cannot read: the message names the file (and the line)."""
+
+
 def steps_of(path):
+    """(step, its operations, its peak bytes) of every complete step. A last line cut short (a dry run
+    killed while writing) is left out with the step it was in; any other line that is no operation of
+    the emulated GPU's log is LogError."""
     steps, cur, step = [], None, None
-    with open(path) as f:
-        for line in f:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise LogError(f"{path}: cannot be read: {e.strerror or e}") from None
+    for n, line in enumerate(lines, 1):
+        try:
             op = json.loads(line)
+            if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+                raise ValueError("no \"op\" field")
+        except ValueError as e:
+            if n == len(lines) and not line.endswith("\n"):
+                print(f"{path}: line {n} is cut short (a run killed while writing it): left out", file=sys.stderr)
+                break
+            raise LogError(f"{path}: line {n} is not an operation of the emulated GPU's launch log "
+                           f"(AMP_EMU_LAUNCH_LOG): {e}") from None
+        try:
             if op["op"] == "step_begin":
                 cur, step = [], op["step"]
             elif op["op"] == "step":
@@ -151,6 +172,8 @@ def steps_of(path):
                 cur = None
             elif cur is not None:
                 cur.append(op)
+        except KeyError as e:
+            raise LogError(f"{path}: line {n}: a {op['op']} record without {e}") from None
     return steps
 
 
@@ -251,19 +274,43 @@ def report(step, ops, peak, args):
         print(f"  {t * 1e3:8.2f} {100 * t / device:5.1f}% {n:5d} {b / 1e9:8.3f}  {key}")
 
 
+def three_counts(text):
+    """'A,B,C' of positive whole numbers (argparse names the flag when this raises)."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) != 3 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': three positive whole numbers, comma-separated")
+    return counts
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log")
-    p.add_argument("--gpt", type=lambda s: [int(x) for x in s.split(",")], help="N_LAYER,N_EMBD,TOKENS")
-    p.add_argument("--mlp", type=lambda s: [int(x) for x in s.split(",")], help="WIDTH,LAYERS,BATCH")
+    p.add_argument("--gpt", type=three_counts, help="N_LAYER,N_EMBD,TOKENS")
+    p.add_argument("--mlp", type=three_counts, help="WIDTH,LAYERS,BATCH")
     p.add_argument("--act-bytes", type=int, default=2, help="bytes of an activation (2: bf16/fp16 autocast)")
     p.add_argument("--last", action="store_true", help="only the last step (the steady state)")
     args = p.parse_args()
-    steps = steps_of(args.log)
+    if args.act_bytes < 1:
+        p.error(f"--act-bytes {args.act_bytes}: a positive number of bytes")
+    try:
+        steps = steps_of(args.log)
+    except LogError as e:
+        print(f"cost_model: {e}", file=sys.stderr)
+        sys.exit(2)
     if not steps:
-        sys.exit(f"{args.log}: no complete training step (is AMP_EMU_LAUNCH_LOG set, and --device cuda?)")
+        print(f"cost_model: {args.log}: no complete training step (is AMP_EMU_LAUNCH_LOG set, and --device cuda?)",
+              file=sys.stderr)
+        sys.exit(2)
     for step, ops, peak in steps[-1:] if args.last else steps:
-        report(step, ops, peak, args)
+        try:
+            report(step, ops, peak, args)
+        except KeyError as e:  # a field this model prices by: another version's log
+            print(f"cost_model: {args.log}: step {step}: an operation without {e}, which the model prices by "
+                  "(a log written by another version of amp_train?)", file=sys.stderr)
+            sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
 # the archive: every library each ELF in it needs is in it or allowed from the node, and it runs on a
 # machine without any of this project's packages. Use on the node: see README, "On a GPU node".
 set -euo pipefail
+here=$PWD   # a relative --out is the caller's, not the repository's
 cd "$(dirname "$0")/../.."
 top=$PWD
 build=build/cuda
@@ -34,7 +35,7 @@ while (($#)); do
     --no-build) do_build=0 ;;
     --out)
       [[ $# -ge 2 && -n $2 && $2 != -* ]] || { echo "gpu_bundle: --out needs a file name (.tar.xz or .tar.zst)${2:+, not $2}" >&2; exit 2; }
-      out=$(realpath -m -- "$2"); shift ;;
+      out=$(cd "$here" && realpath -m -- "$2"); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac

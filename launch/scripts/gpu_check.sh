@@ -41,7 +41,10 @@
 #                      (bundle and env run whatever is left); a stage skipped so is no pass: exit 1
 #   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt2;
 #                      a stage's whole name is that stage only: bench_gpt2_small is not its _composite);
-#                      bundle and env always run. The others are listed as skipped, not failed.
+#                      bundle and env always run. The others are listed as skipped, not failed. A stage
+#                      asked for that cannot run here (no PyTorch for bench_*, no ncu for profile_*, no
+#                      compute-sanitizer) is no pass: exit 1. test_nccl_npN (or test_nccl_np2, ...) is the
+#                      N-rank stage.
 #   --plan             print which stages would run (with --stages) and stop: nothing is checked
 # Exit: 0 all passed; 1 a stage failed, or one asked for was not run (--budget); 2 bad usage (an unknown option, one without its value: nothing
 # runs) or a prerequisite is missing (no NVIDIA driver, no visible GPU, nvcc older than 12, a driver
@@ -74,12 +77,14 @@ done
 [[ -z $ranks || $ranks =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --ranks $ranks: a positive number, please" >&2; exit 2; }
 [[ -z $budget || $budget =~ ^[1-9][0-9]{0,6}$ ]] ||
   { echo "gpu_check: --budget $budget: a number of seconds from 1 to 9999999, please" >&2; exit 2; }
-[[ -z $only || $only =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] ||
+[[ -z $only || $only =~ ^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$ ]] ||
   { echo "gpu_check: --stages $only: comma-separated stage names, please (see --help)" >&2; exit 2; }
 all_stages="bundle env setup build test_cuda test_nccl_np1 test_nccl_npN sanitize_memcheck sanitize_racecheck
   sanitize_synccheck sanitize_initcheck emu_train train bench_mlp bench_gpt bench_gpt_eager bench_gpt2_small
   bench_gpt2_small_fused bench_gpt2_small_composite bench_gpt2_124m bench_gpt2_medium profile_gpt2_small
   profile_gpt2_small_fused"
+# The N-rank stage's name in the table (test_nccl_np2, ...) is test_nccl_npN's.
+only=$(sed -E 's/(^|,)test_nccl_np([2-9]|[1-9][0-9]+)(,|$)/\1test_nccl_npN\3/g; s/(^|,)test_nccl_np([2-9]|[1-9][0-9]+)(,|$)/\1test_nccl_npN\3/g' <<<"$only")
 IFS=, read -ra asked <<<"$only"
 for a in "${asked[@]}"; do
   # shellcheck disable=SC2086,SC2116  # echo joins the list's lines
@@ -88,7 +93,8 @@ for a in "${asked[@]}"; do
 done
 wanted() {   # wanted NAME: --stages names it, or a prefix of it that is no stage's whole name
   [[ -z $only || $1 == bundle || $1 == env || $1 == setup || $1 == build ]] && return 0   # always run
-  local w; IFS=, read -ra w <<<"$only"
+  local w name=$1; IFS=, read -ra w <<<"$only"
+  [[ $name =~ ^test_nccl_np([2-9]|[1-9][0-9]+)$ ]] && set -- test_nccl_npN
   for x in "${w[@]}"; do
     [[ $1 == "$x" ]] && return 0
     grep -qw -- "$x" <<<"$all_stages" && continue   # a whole name (bench_gpt2_small) is that stage only
@@ -145,12 +151,12 @@ write_json() {   # write_json VERDICT
       sep=","
     done
     printf '\n  }\n}\n'
-  } >"$f"
+  } >"$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"   # whole or not at all: a check killed here keeps the last one
 }
 table() {
   echo
-  printf '%-18s %7s  %s\n' stage seconds result
-  for i in "${!names[@]}"; do printf '%-18s %7s  %s\n' "${names[$i]}" "${seconds[$i]}" "${results[$i]}"; done
+  printf '%-26s %7s  %s\n' stage seconds result
+  for i in "${!names[@]}"; do printf '%-26s %7s  %s\n' "${names[$i]}" "${seconds[$i]}" "${results[$i]}"; done
 }
 # stop MESSAGE: a prerequisite is missing; what ran so far is in the table and the JSON. Exit 2.
 stop() {
@@ -190,6 +196,15 @@ stage() {
   write_json incomplete
 }
 skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); echo "== $1: skipped: $2"; }
+# cannot NAME REASON: a stage that cannot run on this node (no PyTorch, no ncu): skipped, and when
+# --stages asked for it, no pass.
+unmet=()
+cannot() {
+  if ! wanted "$1"; then skip "$1" "not asked for (--stages $only)"; return; fi
+  skip "$1" "$2"
+  [[ -n $only ]] && unmet+=("$1")
+  return 0
+}
 last_passed() { [[ ${results[-1]} == pass ]]; }
 
 # ------------------------------------------------------------------------------------------------
@@ -241,10 +256,11 @@ if [[ -n $bundle ]]; then
     case $bundle in
       *.zst) zstd -dc "$bundle" | tar -x -C "$out/bundle" ;;
       *) tar -xf "$bundle" -C "$out/bundle" ;;
-    esac || { rm -rf "$out/bundle"; echo "gpu_check: cannot unpack $bundle" >&2; exit 2; }
+    esac || { rm -rf "$out/bundle"; stop "cannot unpack $bundle (not a tar archive, or a damaged one)"; }
     root=$out/bundle/amp_gpu_bundle
   fi
-  [[ -f $root/MANIFEST && -f $root/env.sh ]] || { echo "gpu_check: $root is not an amp_gpu_bundle (no MANIFEST)" >&2; exit 2; }
+  [[ -f $root/MANIFEST && -f $root/env.sh ]] ||
+    stop "$root is not an amp_gpu_bundle (no MANIFEST or env.sh): give launch/scripts/gpu_bundle.sh's archive"
   # shellcheck source=/dev/null
   . "$root/env.sh"
   manifest() { sed -n "s/^$1=//p" "$root/MANIFEST"; }
@@ -273,6 +289,7 @@ if [[ -n $bundle ]]; then
       echo "libraries the bundle lacks: $(grep -Ev "$cuda_re" <<<"$missing" | tr '\n' ' ')"; return 1
     fi
     [[ -n $missing ]] && echo "CUDA libraries not found on this node (the GPU stages need them): $(tr '\n' ' ' <<<"$missing")"
+    [[ -x $bin/amp_train ]] || { echo "the bundle has no $bin/amp_train: it is incomplete; make it again (gpu_bundle.sh)"; return 1; }
     "$bin/amp_train" --help >/dev/null || { echo "amp_train --help failed"; return 1; }
     "$bin/amp_train" --device cpu --steps 3 --width 64 --layers 2 --batch-size 8 --log-every 1 --threads 1
   }
@@ -419,7 +436,7 @@ stage test_nccl_np1 900 "$mpirun" -np 1 "$test_bin/test_nccl" --gtest_filter=-Nc
 if ((ranks >= 2)); then
   stage "test_nccl_np$ranks" 900 "$mpirun" -np "$ranks" --oversubscribe "$test_bin/test_nccl"
 else
-  skip test_nccl_npN "one GPU visible: one rank per GPU needs 2 or more"
+  cannot test_nccl_npN "one GPU visible: one rank per GPU needs 2 or more"
 fi
 
 # --- 3. what the emulated GPU cannot check: the real memory model
@@ -435,7 +452,9 @@ if sanitizer=$(find_cuda_tool compute-sanitizer); then
     stage "sanitize_$tool" 1800 "$sanitizer" --tool "$tool" --report-api-errors no --error-exitcode 1 "$real/test_cuda" "${filter[@]}"
   done
 else
-  skip sanitize "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+  for tool in memcheck racecheck synccheck initcheck; do
+    cannot "sanitize_$tool" "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+  done
 fi
 
 # --- 4. the emulated GPU's training comparisons, on this GPU (2 ranks where 2 GPUs are visible)
@@ -445,10 +464,12 @@ stage train 900 "$mpirun" -np "$ranks" --oversubscribe "$bin/amp_train" --device
 
 # --- 5. against PyTorch on this GPU
 py=${PYTHON:-python3}
+bench_stages="bench_mlp bench_gpt bench_gpt_eager bench_gpt2_small bench_gpt2_small_fused bench_gpt2_small_composite
+  bench_gpt2_124m bench_gpt2_medium"
 if ! command -v "$py" >/dev/null; then
-  skip bench "no python3 (PYTHON=...) to run PyTorch with"
+  for s in $bench_stages; do cannot "$s" "no python3 (PYTHON=...) to run PyTorch with"; done
 elif ! "$py" -c 'import torch' 2>/dev/null; then
-  skip bench "$py has no PyTorch"
+  for s in $bench_stages; do cannot "$s" "$py has no PyTorch"; done
 else
   fact pytorch "$("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
   bench=("$py" "$bench_py" --device cuda --python "$py" --amp-train "$bin/amp_train" --bench-mlp "$bin/bench_mlp")
@@ -508,8 +529,8 @@ PY
   stage profile_gpt2_small_fused 600 profile_gpt profile_gpt2_small_fused --attention fused
   stage profile_gpt2_small 600 profile_gpt profile_gpt2_small
 else
-  skip profile_gpt2_small "ncu (Nsight Compute) not found"
-  skip profile_gpt2_small_fused "ncu (Nsight Compute) not found"
+  cannot profile_gpt2_small_fused "ncu (Nsight Compute) not found"
+  cannot profile_gpt2_small "ncu (Nsight Compute) not found"
 fi
 
 table
@@ -520,9 +541,12 @@ if ((failed)); then
   echo "gpu_check: FAILED (logs in $logs, figures in $out/gpu_check.json)"
   exit 1
 fi
-if ((${#budget_cut[@]})); then
-  write_json "partial: not run for --budget: ${budget_cut[*]}"
-  echo "gpu_check: what ran passed, but ${#budget_cut[@]} stage(s) asked for were not run: --budget $budget was spent (${budget_cut[*]})"
+if ((${#budget_cut[@]} || ${#unmet[@]})); then
+  why=()
+  ((${#budget_cut[@]})) && why+=("--budget $budget was spent (${budget_cut[*]})")
+  ((${#unmet[@]})) && why+=("this node cannot run them (${unmet[*]}; the table says why)")
+  write_json "partial: not run: ${budget_cut[*]}${budget_cut[*]:+ for --budget}${unmet[*]:+${budget_cut[*]:+; }}${unmet[*]}${unmet[*]:+ (cannot run here)}"
+  echo "gpu_check: what ran passed, but $((${#budget_cut[@]} + ${#unmet[@]})) stage(s) asked for were not run: ${why[0]}${why[1]:+; ${why[1]}}"
   exit 1
 fi
 write_json pass

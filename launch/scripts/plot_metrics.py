@@ -39,6 +39,10 @@ def bad_fields(r):
         return "'step' is not a whole number >= 0"
     if r.get("event") == "eval" and "step" not in r:
         return "an eval record without 'step'"
+    # Every step record of amp_train has its loss (null where it was not finite): a record without one
+    # is another tool's (the emulated GPU's launch log has "step" records too).
+    if "event" not in r and "step" in r and "loss" not in r:
+        return "a step record without 'loss' (not an amp_train metrics file?)"
     for key in ("loss", "scale", "lr", "step_ms", "val_loss"):
         if r.get(key) is not None and not is_number(r[key]):
             return f"'{key}' is not a number or null"
@@ -256,8 +260,9 @@ def main():
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     try:
         fig.savefig(out, dpi=100)
-    except OSError as e:
-        sys.exit(f"plot_metrics: {out}: {e.strerror}")
+    except OSError as e:  # a read-only folder, a full disk: the --out cannot be written
+        print(f"plot_metrics: {flag}{out}: cannot be written: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
     except ValueError as e:  # --out names a format matplotlib does not write
         print(f"plot_metrics: --out {out}: {e}", file=sys.stderr)
         sys.exit(2)

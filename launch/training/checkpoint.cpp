@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -285,8 +286,11 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (!checked && !(c.meta.contains("format") && c.meta["format"] == 1))
     throw std::invalid_argument((dir / kMeta).string() + ": corrupt: no checksum");
   c.meta.erase("checksum");
+  // A whole number from 1 that an int64_t holds (2^64 - 1 read as int64_t is -1).
+  if (!c.meta["step"].is_number_unsigned() || c.meta["step"].get<uint64_t>() < 1 ||
+      c.meta["step"].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + c.meta["step"].dump() + " is not a step");
   c.step = c.meta["step"].get<int64_t>();
-  if (c.step < 1) throw std::invalid_argument((dir / kMeta).string() + ": corrupt: step " + std::to_string(c.step) + " is not a step");
   const fs::path dir_name = dir.has_filename() ? dir.filename() : dir.parent_path().filename();  // "step-N/" too
   const int64_t named = step_of(dir_name.string());
   if (named >= 0 && named != c.step)

@@ -113,6 +113,14 @@ void Trainer::resume() {
     // training, bit for bit, on any number of ranks R (README, "The same training on any number of
     // ranks"): another B sums other numbers. What may change is R and K = E / (B R).
     const nlohmann::json layout_then = ck->meta.value("batch_layout", nlohmann::json());
+    if (!layout_then.is_null() && !layout_then.is_object())
+      throw std::invalid_argument(meta_file + ": corrupt: batch_layout " + layout_then.dump() + " is not an object");
+    for (const char* key : {"ranks", "batch_size", "micro_batches"})
+      if (layout_then.is_object() && layout_then.contains(key) &&
+          !(layout_then[key].is_number_unsigned() && layout_then[key].get<uint64_t>() >= 1 &&
+            layout_then[key].get<uint64_t>() <= uint64_t{1} << 31))
+        throw std::invalid_argument(meta_file + ": corrupt: batch_layout." + key + " " + layout_then[key].dump() +
+                                    " is not a count (a whole number from 1)");
     const int64_t R = comm_.size();
     if (layout_then.is_object() && layout_then.contains("batch_size") && layout_then["batch_size"] != cfg_.batch_size)
       throw std::invalid_argument(meta_file + ": this run's --batch-size " + std::to_string(cfg_.batch_size) +
@@ -237,7 +245,13 @@ void Trainer::resume() {
     // Written by this version (format 2): the data position and the skipped steps, checked.
     if (ck->meta.value("format", 0) >= 2) {  // formats above kCheckpointFormat were refused by load_checkpoint
       const int64_t E = now["must_match"]["effective_batch"].get<int64_t>();
-      const nlohmann::json pos = ck->meta.at("data_position").at("next_sample");
+      const nlohmann::json& position = ck->meta.value("data_position", nlohmann::json()).is_object()
+                                           ? ck->meta["data_position"] : nlohmann::json::object();
+      if (!position.contains("next_sample") || !ck->meta.contains("skipped_steps"))
+        throw std::invalid_argument(meta_file + ": corrupt: no " +
+                                    (position.contains("next_sample") ? "skipped_steps" : "data_position.next_sample") +
+                                    " (format " + ck->meta["format"].dump() + " records where the data stream stands)");
+      const nlohmann::json pos = position["next_sample"];
       if (!pos.is_number_integer() || pos.get<int64_t>() != ck->step * E)
         throw std::invalid_argument(meta_file + ": corrupt: data_position.next_sample " + pos.dump() + " is not step " +
                                     std::to_string(ck->step) + " x " + std::to_string(E) + " samples");

@@ -17,11 +17,14 @@
 #    there the project's packages are installed, and steps 1 and 2 are what can be checked.)
 # --inside ARCHIVE: step 2 alone (what step 3 runs on the new machine).
 set -euo pipefail   # (so no pipeline here may end early: SIGPIPE would fail it)
-cd "$(dirname "$0")/../.."
-top=$PWD
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/bundle_check.sh [--inside] [ARCHIVE]" 0 1 --inside -- "$@"
 inside=0
 [[ ${1:-} == --inside ]] && { inside=1; shift; }
-archive=$(realpath -m "${1:-build/amp_gpu_bundle.tar.xz}")
+archive=${1:+$(usage_path "$1")}
+cd "$(dirname "$0")/../.."
+top=$PWD
+archive=$(realpath -m "${archive:-build/amp_gpu_bundle.tar.xz}")
 [[ -f $archive ]] || { echo "bundle_check: no $archive (make it: launch/scripts/gpu_bundle.sh)" >&2; exit 2; }
 say() { echo "bundle_check: $*"; }
 fail() { echo "bundle_check: FAIL: $*" >&2; exit 1; }

@@ -7,6 +7,8 @@
 # largest block it is launched with (the table below; kernels not named use kBlock = 256 threads).
 # Usage: check_register_budget.sh NVCC SOURCE_DIR
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/check_register_budget.sh NVCC SOURCE_DIR" 2 2 -- "$@"
 nvcc=$1 src=$2
 declare -A threads=([sum_partials_kernel]=1024 [nll_loss_kernel]=1024 [norm_finish_kernel]=1024
                     [multi_tensor_kernel]=512 [sum_columns_kernel]=256)

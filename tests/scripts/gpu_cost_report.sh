@@ -13,8 +13,11 @@
 # It builds nothing (run launch/scripts/build.sh cuda-emu first) and asserts no time: it prints figures.
 # Usage: tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/gpu_cost_report.sh [BUILD_DIR]   (default build/cuda-emu)" 0 1 -- "$@"
+build=${1:+$(usage_path "$1")}
 cd "$(dirname "$0")/../.."
-build=${1:-build/cuda-emu}
+build=${build:-build/cuda-emu}
 bin=$build/launch/amp_train
 [[ -x $bin ]] || { echo "gpu_cost_report: $bin not built (launch/scripts/build.sh cuda-emu)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "gpu_cost_report: python3 not found: no report" >&2; exit 0; }

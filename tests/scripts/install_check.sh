@@ -5,8 +5,12 @@
 # imported target is missing from the installed package.
 #   tests/scripts/install_check.sh [build/release]
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/install_check.sh [BUILD_DIR]   (default build/release)" 0 1 -- "$@"
+build=${1:+$(usage_path "$1")}
 cd "$(dirname "$0")/../.."
-build=${1:-build/release}
+build=${build:-build/release}
+[[ -d $build ]] || { echo "install_check: BUILD_DIR $build: no such directory (build it: launch/scripts/build.sh release)" >&2; exit 2; }
 prefix=$(mktemp -d /tmp/amp_install.XXXXXX)
 work=$(mktemp -d /tmp/amp_examples.XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT

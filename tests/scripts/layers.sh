@@ -5,8 +5,11 @@
 #     outside its own link dependencies defines, so that the linker, not a reader, holds the layers.
 # Usage: tests/scripts/layers.sh [BUILD_DIR]. Exit 1 naming each violation.
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/layers.sh [BUILD_DIR]" 0 1 -- "$@"
+build=${1:+$(usage_path "$1")}
+[[ -z $build || -d $build ]] || { echo "layers: BUILD_DIR $build: no such directory" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
-build=${1:-}
 
 # folder: the folders its files may include (its own first). Longest folder prefix wins.
 declare -A allowed=(

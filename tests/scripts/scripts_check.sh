@@ -19,9 +19,12 @@
 #     BUILD_DIR.
 # Usage: tests/scripts/scripts_check.sh [BUILD_DIR]. Exit 1 naming each case that failed.
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/scripts_check.sh [BUILD_DIR]" 0 1 -- "$@"
+build=${1:+$(usage_path "$1")}
+[[ -z $build || -d $build ]] || { echo "scripts_check: BUILD_DIR $build: no such directory" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 src=$PWD
-build=${1:+$(cd "$1" && pwd)}
 work=$(mktemp -d /tmp/scripts_check.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -82,6 +85,10 @@ else
   expect "plot binary" 2 "${plot[@]}" "$work/binary.jsonl" -- "$work/binary.jsonl: skipped 2 line" "no step records"
   expect "plot a line 5" 2 "${plot[@]}" "$work/five.jsonl" -- "$work/five.jsonl: skipped 1 line" "line 1" "no step records"
   expect "plot no integer step" 2 "${plot[@]}" "$work/strings.jsonl" -- "$work/strings.jsonl: skipped 3 line" "no step records"
+  # Another tool's JSON lines with integer steps (the emulated GPU's launch log): no step records (it
+  # drew them as a run whose every loss was missing, exit 0).
+  printf '{"op": "step_begin", "step": 1}\n{"op": "kernel", "name": "k"}\n{"op": "step", "step": 1, "peak_bytes": 64}\n' >"$work/launch.jsonl"
+  expect "plot another tool's file" 2 "${plot[@]}" "$work/launch.jsonl" -- "skipped 2 line" "without 'loss'" "no step records"
   expect "plot empty" 2 "${plot[@]}" "$work/empty.jsonl" -- "$work/empty.jsonl: no step records"
   expect "plot missing" 2 "${plot[@]}" "$work/missing.jsonl" -- "$work/missing.jsonl"
   expect "plot a directory" 2 "${plot[@]}" "$work/dir.jsonl" -- "$work/dir.jsonl"
@@ -179,6 +186,21 @@ expect "gpu_check --budget 1" 1 env PATH="$work/fakebin:$PATH" "${gc[@]}" --bund
 grep -q "== bundle (limit" "$work/stdout" || fail "gpu_check --budget 1: the bundle stage did not run: $(tail -n 5 "$work/stdout")"
 grep -q "were not run: --budget 1 was spent (test_cuda" "$work/stdout" || fail "gpu_check --budget 1: no word of the stages not run: $(tail -n 3 "$work/stdout")"
 expect "gpu_check --budget 2^64" 2 "${gc[@]}" --budget 18446744073709551616 -- "--budget"
+# A stage asked for that this node cannot run (no PyTorch, no ncu, one GPU) is no pass either: it said
+# "all stages passed", exit 0, with nothing measured.
+printf '#!/bin/sh\nexit 1\n' >"$work/fakebin/notorch"; chmod +x "$work/fakebin/notorch"
+expect "gpu_check --stages without PyTorch" 1 env PATH="$work/fakebin:$PATH" PYTHON="$work/fakebin/notorch" "${gc[@]}" \
+  --bundle "$fake" --out "$work/gc_unmet" --stages bench_gpt2_small,test_nccl_np2
+grep -q "were not run: this node cannot run them (test_nccl_npN bench_gpt2_small" "$work/stdout" ||
+  fail "gpu_check --stages without PyTorch: no word of the stages not run: $(tail -n 3 "$work/stdout")"
+grep -q '"verdict": "partial: not run: test_nccl_npN bench_gpt2_small (cannot run here)"' "$work/gc_unmet/gpu_check.json" ||
+  fail "gpu_check --stages without PyTorch: verdict $(grep verdict "$work/gc_unmet/gpu_check.json")"
+# The N-rank stage by the name --help and the table give it (refused, or never selected, before).
+grep -qx "test_nccl_npN: runs" <<<"$(bash "$src/launch/scripts/gpu_check.sh" --stages test_nccl_npN --plan)" ||
+  fail "gpu_check --stages test_nccl_npN does not select the N-rank stage"
+# A bundle that cannot be used still leaves gpu_check.json, saying why (it left an empty logs/).
+grep -q '"verdict": "prerequisite missing: cannot unpack' "$work/home3/gpu_check.json" 2>/dev/null ||
+  fail "gpu_check: an archive that does not unpack left no gpu_check.json saying so"
 
 # --- 2b. gpu_bundle.sh: its --out is checked before anything is built
 gb=(bash "$src/launch/scripts/gpu_bundle.sh")
@@ -188,6 +210,35 @@ expect "gpu_bundle --out --no-build" 2 "${gb[@]}" --out --no-build -- "--out nee
 expect "gpu_bundle --out x.zip" 2 "${gb[@]}" --out "$work/x.zip" -- "--out $work/x.zip" ".tar.xz or .tar.zst"
 mkdir -p "$work/dir.tar.xz"
 expect "gpu_bundle --out a directory" 2 "${gb[@]}" --out "$work/dir.tar.xz" -- "--out $work/dir.tar.xz" "a directory"
+# A relative --out is the caller's (it was read from the repository's root, where the archive went).
+expect "gpu_bundle --out relative" 2 "${gb[@]}" --out x.zip -- "--out $work/x.zip"
+
+# --- 2c. cost_model.py on what is no launch log of the emulated GPU: exit 2 naming the file and the
+# line (each was a traceback, exit 1); a last line cut short (a dry run killed) is left out, said
+cm=(python3 "$src/launch/bench/cost_model.py")
+op='{"op": "kernel", "name": "k", "params": "()", "grid": [1, 1, 1], "block": [32, 1, 1], "shmem": 0, "read": 4, "written": 4, "flops": 0, "declared": true, "stream": 1}'
+{ echo '{"op": "step_begin", "step": 1}'; echo "$op"; echo '{"op": "step", "step": 1, "peak_bytes": 64}'
+  echo '{"op": "step_begin", "step": 2}'; printf '{"op": "kern'; } >"$work/cut.jsonl"
+echo '{"step": 1, "loss": 2.0}' >"$work/metrics.jsonl"
+expect "cost_model missing" 2 "${cm[@]}" "$work/none.jsonl" -- "$work/none.jsonl: cannot be read"
+expect "cost_model a directory" 2 "${cm[@]}" "$work" -- "$work: cannot be read"
+expect "cost_model another tool's file" 2 "${cm[@]}" "$work/metrics.jsonl" -- "metrics.jsonl: line 1 is not an operation"
+expect "cost_model --gpt 1,2" 2 "${cm[@]}" "$work/cut.jsonl" --gpt 1,2 -- "--gpt" "three positive whole numbers"
+expect "cost_model --mlp x" 2 "${cm[@]}" "$work/cut.jsonl" --mlp x -- "--mlp"
+sed 's/"read": 4, //' "$work/cut.jsonl" >"$work/noread.jsonl"
+expect "cost_model an operation without a field" 2 "${cm[@]}" "$work/noread.jsonl" -- "step 1: an operation without 'read'"
+expect "cost_model a cut last line" 0 "${cm[@]}" "$work/cut.jsonl" -- "line 5 is cut short"
+grep -q "step 1" "$work/stdout" || fail "cost_model a cut last line: step 1 not reported: $(head -c 300 "$work/stdout")"
+
+# --- 2d. the check scripts here: --help is exit 0, an unknown option exit 2 (--help was taken for a
+# build folder, an archive, or ran the check), a missing folder exit 2 naming it
+for t in layers check_register_budget install_check slurm_check scripts_check gpu_cost_report bundle_check; do
+  expect "$t --help" 0 bash "$src/tests/scripts/$t.sh" --help
+  grep -q "^usage: tests/scripts/$t.sh" "$work/stdout" || fail "$t --help: no usage line: $(tail -n 2 "$work/stdout")"
+  expect "$t --frob" 2 bash "$src/tests/scripts/$t.sh" --frob -- "unknown option '--frob'"
+done
+expect "check_register_budget no arguments" 2 bash "$src/tests/scripts/check_register_budget.sh" -- "usage:"
+expect "scripts_check no folder" 2 bash "$src/tests/scripts/scripts_check.sh" "$work/nodir" -- "$work/nodir: no such directory"
 
 # --- 3. bench_vs_pytorch.py --budget
 if [[ -z $build ]] || ! command -v python3 >/dev/null; then
@@ -215,6 +266,16 @@ SH
   expect "bench --json a directory" 2 "${bench[@]}" --json "$work" -- "--json $work"
   expect "bench --venv missing" 2 "${bench[@]}" --venv "$work/no_venv" -- "--venv $work/no_venv"
   expect "bench --sizes ''" 2 "${bench[@]}" --sizes "" -- "--sizes"
+  # An interpreter that is not there, a quote left open: usage errors, not a traceback in the first round.
+  expect "bench --python missing" 2 "${bench[@]}" --python "$work/no_python" -- "--python $work/no_python: no such interpreter"
+  expect "bench --amp-train-flags unbalanced" 2 "${bench[@]}" --amp-train-flags "'oops" -- "--amp-train-flags" "No closing quotation"
+  # bench_mlp: an empty --modes timed nothing and exited 0; a size past its bounds (a product beyond
+  # int64_t) is refused before any allocation.
+  expect "bench_mlp --modes ''" 2 "$build/launch/bench_mlp" --modes "" -- "--modes is empty"
+  expect "bench_mlp --width 2^27" 2 "$build/launch/bench_mlp" --width 134217728 -- "--width is at most 2^20"
+  # A program that refuses its flags: its own message and the command, exit 1 (a traceback that hid
+  # bench_mlp's message).
+  expect "bench bench_mlp fails" 1 "${bench[@]}" --layers 0 -- "bench_mlp failed (exit 2)" "bench_mlp: error: --width, --layers"
   row() { python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$work/b.json" "$1"; }
   # A compile of 317 s in a budget of 15: stopped, its column failed, eager's figures kept, one round.
   expect "bench --budget compile" 0 env FAKE_COMPILE_S=$long "${bench[@]}" --compile --rounds 3 --budget 15 \

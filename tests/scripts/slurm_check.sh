@@ -19,7 +19,9 @@
 # and exits 0. Usage: tests/scripts/slurm_check.sh BUILD_DIR. Exit 1 naming the first failure;
 # SLURM_CHECK_KEEP=1 keeps the temporary folder (logs, slurm.conf, each run's output) for a look.
 set -euo pipefail
-(($# == 1)) || { echo "usage: tests/scripts/slurm_check.sh BUILD_DIR" >&2; exit 2; }
+. "$(dirname "$0")/usage.sh"
+usage_check "tests/scripts/slurm_check.sh BUILD_DIR" 1 1 -- "$@"
+[[ -d $1 ]] || { echo "slurm_check: BUILD_DIR $1: no such directory" >&2; exit 2; }
 amp_train=$(realpath -e "$1/launch/amp_train" 2>/dev/null || true)
 [[ -x $amp_train ]] || { echo "slurm_check: FAIL: no $1/launch/amp_train (build amp_train first)" >&2; exit 1; }
 
