@@ -1,6 +1,7 @@
 #include "jd/aggregator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -388,7 +389,7 @@ Tensor ConFIG::operator()(const Tensor& J) {
 
 TrimmedMean::TrimmedMean(int trim_number) : trim_(trim_number) {
   if (trim_number < 0)
-    throw std::invalid_argument("Parameter `trim_number` should be a non-negative integer. Found `trim_number` = " +
+    throw std::invalid_argument("Parameter `trim_number` should be a non-negative integer. Found `trim_number` = `" +
                                 std::to_string(trim_number) + "`.");
 }
 
@@ -432,12 +433,30 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
       start = next + 1;
     }
   }
-  auto integer = [&](size_t i, int fallback) {
+  // Each argument as written: digits (and a sign, a point, an exponent for a weight), nothing else. std::stoi
+  // and std::stod also took a leading space, "0x10" and "inf".
+  auto plain = [](const std::string& a, bool decimal) {
+    size_t i = a.size() > 0 && (a[0] == '-' || a[0] == '+') ? 1 : 0, digits = 0;
+    for (; i < a.size() && std::isdigit(static_cast<unsigned char>(a[i])); ++i) ++digits;
+    if (decimal && i < a.size() && a[i] == '.')
+      for (++i; i < a.size() && std::isdigit(static_cast<unsigned char>(a[i])); ++i) ++digits;
+    if (decimal && digits > 0 && i < a.size() && (a[i] == 'e' || a[i] == 'E')) {
+      size_t j = i + 1 < a.size() && (a[i + 1] == '-' || a[i + 1] == '+') ? i + 2 : i + 1, exp_digits = 0;
+      for (; j < a.size() && std::isdigit(static_cast<unsigned char>(a[j])); ++j) ++exp_digits;
+      if (exp_digits > 0) i = j;
+    }
+    return digits > 0 && i == a.size();
+  };
+  // what: the argument's meaning, for the message; lo: its least value.
+  auto integer = [&](size_t i, int fallback, const char* what, int lo) {
     if (i >= args.size()) return fallback;
     size_t used = 0;
     int v = 0;
-    try { v = std::stoi(args[i], &used); } catch (...) { used = 0; }
+    if (plain(args[i], false)) try { v = std::stoi(args[i], &used); } catch (...) { used = 0; }
     if (used == 0 || used != args[i].size()) throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is not an integer");
+    if (v < lo)
+      throw std::invalid_argument("aggregator '" + spec + "': " + what + " must be " + (lo == 0 ? "0 or more" : "1 or more") +
+                                  ", got " + args[i]);
     return v;
   };
   auto no_args = [&] {
@@ -456,21 +475,25 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
   if (name == "graddrop") { no_args(); return std::make_unique<GradDrop>(std::vector<double>{}, seed); }
   if (name == "trimmedmean") {
     if (args.size() > 1) throw std::invalid_argument("aggregator 'trimmedmean:T' takes one argument, got '" + spec + "'");
-    return std::make_unique<TrimmedMean>(integer(0, 1));
+    return std::make_unique<TrimmedMean>(integer(0, 1, "T (the values trimmed at each end of a column)", 0));
   }
   if (name == "krum") {
     if (args.size() > 2) throw std::invalid_argument("aggregator 'krum:F:K' takes at most two arguments, got '" + spec + "'");
-    return std::make_unique<Krum>(integer(0, 1), integer(1, 1));
+    return std::make_unique<Krum>(integer(0, 1, "F (the rows taken as byzantine)", 0),
+                                  integer(1, 1, "K (the rows selected)", 1));
   }
   if (name == "constant") {
     std::vector<double> w;
     for (const std::string& a : args) {
       size_t used = 0;
       double v = 0.0;
-      try { v = std::stod(a, &used); } catch (...) { used = 0; }
-      // The weights scale J's rows in float32: one beyond its range would be inf there.
-      if (used == 0 || used != a.size() || !std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
-        throw std::invalid_argument("aggregator '" + spec + "': '" + a + "' is not a number in float32's range (|w| <= 3.4e38)");
+      if (plain(a, true)) try { v = std::stod(a, &used); } catch (...) { used = 0; }
+      // The weights scale J's rows in float32: one beyond its range would be inf there, and one below
+      // its smallest normal number 0 or a subnormal (1e-50 was taken as 0).
+      if (used == 0 || used != a.size() || !std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max() ||
+          (v != 0.0 && std::fabs(v) < std::numeric_limits<float>::min()))
+        throw std::invalid_argument("aggregator '" + spec + "': '" + a +
+                                    "' is not a decimal number in float32's range (0, or 1.2e-38 <= |w| <= 3.4e38)");
       w.push_back(v);
     }
     if (w.empty()) throw std::invalid_argument("aggregator 'constant' needs its weights: constant:W1,W2,...");

@@ -448,6 +448,7 @@ int train_on_every_rank(comm::MpiSession& mpi, const launch::TrainConfig& cfg, c
                 cfg.amp == launch::AmpMode::off ? "off" : cfg.amp == launch::AmpMode::fp16 ? "fp16" : "bf16",
                 trainer->scaling() ? "on" : "off", cfg.allow_tf32 && device.is_cuda() ? ", fp32 products in TF32" : "");
     if (cfg.data != "synthetic") std::printf("amp_train: data: %s\n", trainer->data().describe().c_str());
+    if (const std::string note = trainer->spec().start_note(); !note.empty()) std::printf("amp_train: note: %s\n", note.c_str());
     if (!device.is_cuda() && !fewer_threads.empty())
       std::printf("amp_train: notice: %d thread(s) a rank: %s\n", get_num_threads(), fewer_threads.c_str());
   }

@@ -542,7 +542,7 @@ CliResult parse_cli(int argc, const char* const* argv, int world_size) {
      "numbers, one launch a step). auto: where the step can be captured (not the multi-task model, which says why); on: refuse to run where it cannot");
 
   po::options_description all("amp_train: data-parallel mixed-precision training\n\n"
-                              "Usage: mpirun -np N amp_train [options]\n");
+                              "Usage: mpirun -np N amp_train [options]");  // Boost adds the ':'
   all.add(general).add(model).add(training).add(evals).add(ckpt).add(ampo).add(dist);
 
   CliResult res;

@@ -79,6 +79,8 @@ class ModelSpec {
   virtual nlohmann::json checkpoint_identity() const = 0;
   // One line for the start of a run ("gpt 4 layers x 4 heads x 128 wide, block 64, on FILE").
   virtual std::string describe(const std::string& data) const = 0;
+  // A note for the start of a run, after that line, or "" (a multi-task run whose aggregation is slow).
+  virtual std::string start_note() const { return ""; }
   // The flags that size it, for an out-of-memory message ("--width or --batch-size").
   virtual std::string size_flags() const = 0;
   // Progress: tokens per sample and their name ("tokens" for a language model).

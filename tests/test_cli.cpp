@@ -34,6 +34,9 @@ const std::string kSmall = kNoSteps + "--steps 2 ";
 TEST(Cli, HelpListsEveryFlagWithDefaults) {
   const RunResult r = run("--help");
   EXPECT_EQ(r.code, 0);
+  // The usage line ends with Boost's ':' (a line holding only ':' followed it).
+  EXPECT_NE(r.out.find("Usage: mpirun -np N amp_train [options]:\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n:\n"), std::string::npos) << r.out;
   for (const char* flag : {"--model", "--width", "--layers", "--data", "--init-weights", "--save-weights", "--steps",
                            "--batch-size", "--micro-batches", "--optimizer", "--lr", "--momentum", "--weight-decay",
                            "--seed", "--amp", "--loss-scale", "--init-scale", "--growth-factor", "--backoff-factor",
@@ -65,10 +68,25 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--loss-scale -4", "'--loss-scale'"}, {"--model gpt", "--model"},
       {"--model mtl --tasks 0", "--tasks"}, {"--model mtl --in-features 0", "--in-features"},
       {"--model mtl --aggregator upgrade", "--aggregator"}, {"--model mtl --aggregator krum", "n_byzantine + 3"},
-      {"--model mtl --aggregator constant:1,2,3", "--aggregator"}, {"--model mtl --grad-penalty 0.1", "--grad-penalty"},
-      // TorchJD's message, with the Jacobian's shape as the run's (it named the [2, 3] matrix tried).
-      {"--model mtl --aggregator trimmedmean:1", "--aggregator trimmedmean:1 with --tasks 2: Parameter `matrix` should be "
-       "a matrix of at least 3 rows (i.e. `2 * trim_number + 1`). Found `matrix` of shape `[2, 73]`"},
+      {"--model mtl --aggregator constant:1,2,3", "it needs --tasks 3, one weight a task"}, {"--model mtl --grad-penalty 0.1", "--grad-penalty"},
+      // In the flag's terms, then TorchJD's message, with the Jacobian's shape as the run's (it named the
+      // [2, 3] matrix tried).
+      {"--model mtl --aggregator trimmedmean:1", "--aggregator trimmedmean:1 with --tasks 2: it needs --tasks 3 or more "
+       "(TorchJD: Parameter `matrix` should be a matrix of at least 3 rows (i.e. `2 * trim_number + 1`). Found `matrix` of "
+       "shape `[2, 73]`"},
+      {"--model mtl --aggregator krum:1", "it needs --tasks 4 or more"},
+      // Each argument in its own terms, strictly decimal (a space, hex and 1e-50, which float32 holds as
+      // 0, were taken).
+      {"--model mtl --aggregator trimmedmean:-1", "T (the values trimmed at each end of a column) must be 0 or more, got -1"},
+      {"--model mtl --aggregator krum:1:0", "K (the rows selected) must be 1 or more, got 0"},
+      {"--model mtl --aggregator krum:-1", "F (the rows taken as byzantine) must be 0 or more, got -1"},
+      {"--model mtl --aggregator krum:+x", "'+x' is not an integer"},
+      {"--model mtl --aggregator trimmedmean:0x1", "'0x1' is not an integer"},
+      {"--model mtl --aggregator constant:1e-50,1", "'1e-50' is not a decimal number in float32's range"},
+      {"--model mtl --aggregator constant:0x10,1", "'0x10' is not a decimal number"},
+      {"--model mtl --aggregator 'constant:1,2 '", "'2 ' is not a decimal number"},
+      {"--model mtl --aggregator 'constant: 1,2'", "' 1' is not a decimal number"},
+      {"--model mtl --aggregator constant:inf,1", "'inf' is not a decimal number"},
       {"--width 0", "--width"},             {"--layers 0", "--layers"},
       {"--steps 0", "--steps"},             {"--batch-size 0", "--batch-size"},
       {"--micro-batches 0", "--micro-batches"}, {"--lr -1", "--lr"},
@@ -120,6 +138,25 @@ TEST(Cli, EveryFlagIsValidated) {
 
 // The GPT's and the checkpoints' flags: out of range, given to a model that does not use them, or
 // combined so that one would be silently ignored: each refused with exit 2, naming the flag.
+// Many tasks: the flags' check tries the aggregator on 2 rows where its refusals do not count rows (on
+// 6000 rows UPGrad's trial took most of an hour before the missing file was said), and a run whose
+// aggregation grows steeply with the tasks says so before its first step (a stop waits for that step).
+TEST(Cli, ManyTasksAreSaidAndCheckedQuickly) {
+  RunResult r = run("--model mtl --tasks 6000 --steps 1 --data /nonexistent.safetensors");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent.safetensors"), std::string::npos) << r.out;
+  r = run("--model mtl --tasks 5 --aggregator trimmedmean:3 --steps 1");  // its refusal still counts them
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("it needs --tasks 7 or more"), std::string::npos) << r.out;
+  r = run("--model mtl --tasks 100 --steps 1 --log-every 0 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: at 100 tasks upgrad's aggregation may take seconds to minutes a step"), std::string::npos)
+      << r.out;
+  r = run("--model mtl --tasks 100 --aggregator mean --steps 1 --log-every 0 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("aggregation may take"), std::string::npos) << r.out;
+}
+
 TEST(Cli, GptAndCheckpointFlagsAreValidated) {
   const std::string gpt = " --model gpt --data " + test::generated_text_file("cli_flags", 4000) +
                           " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --steps 2 --threads 1 ";

@@ -1958,6 +1958,25 @@ TEST_F(CudaVsCpu, ReadbacksNeitherAllocateNorSynchronise) {
   EXPECT_EQ(rb->values(), std::vector<double>{5.0});
 }
 
+// A read-back of more values than the first slots hold (a multi-task step reads a loss a task: more
+// than 16 values were refused, and every step of --model mtl --tasks 12 or more died on a GPU).
+TEST_F(CudaVsCpu, AReadbackTakesAnyNumberOfValues) {
+  std::vector<Tensor> many;
+  std::vector<double> want;
+  for (int i = 0; i < 105; ++i) {
+    many.push_back(full({1}, i + 0.5, DType::f32, kGPU));
+    want.push_back(i + 0.5);
+  }
+  {
+    auto small = gpu_memory().start_readback({many[0]});  // a free slot of the smallest size, after this
+    EXPECT_EQ(small->values(), std::vector<double>{0.5});
+  }
+  auto rb = gpu_memory().start_readback(many);  // too many for that slot: another, as large as asked
+  EXPECT_EQ(rb->values(), want);
+  auto small = gpu_memory().start_readback({many[3]});  // while the large one is busy
+  EXPECT_EQ(small->values(), std::vector<double>{3.5});
+}
+
 // fp16 GEMMs accumulate in fp32 and round once into fp16. cuBLAS may otherwise split k and round
 // each partial sum into fp16 (reduced-precision reduction), which cuda_context.cpp disallows.
 // Reference: the exact sum of the fp16 products; wherever it is not so close to a halfway point

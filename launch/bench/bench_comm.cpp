@@ -67,8 +67,8 @@ double time_steps(int64_t width, int64_t layers, int64_t batch, int warmup, int 
 
 }  // namespace
 
-int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
-        double buffer_mb);
+static int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
+               double buffer_mb);
 
 int main(int argc, char** argv) {
   comm::MpiSession mpi(&argc, &argv);
@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
   }
 }
 
-int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
-        double buffer_mb) {
+static int run(int64_t width, int64_t layers, int64_t batch, int warmup, int steps, int threads, double bucket_mb,
+               double buffer_mb) {
   comm::MpiCommunicator world(MPI_COMM_WORLD);
   const bool rank0 = world.rank() == 0;
 

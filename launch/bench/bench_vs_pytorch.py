@@ -508,8 +508,6 @@ def main():
         a.amp_train_flags = shlex.split(a.amp_train_flags)
     except ValueError as e:
         ap.error(f"--amp-train-flags {a.amp_train_flags!r}: {e}")
-    if shutil.which(a.python) is None:
-        ap.error(f"--python {a.python}: no such interpreter (not a file, not executable, or not on PATH)")
     if a.warmup < 0:
         ap.error("--warmup must be 0 or more")
     if a.compile and a.warmup < 3:
@@ -537,6 +535,8 @@ def main():
     a.amp_train = a.amp_train or os.path.join(build, "amp_train")
     a.bench_mlp = a.bench_mlp or os.path.join(build, "bench_mlp")
     a.python = a.python or (sys.executable if cuda else "/usr/bin/python3")
+    if shutil.which(a.python) is None:  # (a traceback in the first round before)
+        ap.error(f"--python {a.python}: no such interpreter (not a file, not executable, or not on PATH)")
     gpt = dict(GPT2_124M) if a.gpt2_124m else dict(GPT2_SMALL) if a.gpt2_small else dict(GPT2_MEDIUM) if a.gpt2_medium \
         else {"layers": GPT_LAYERS, "heads": GPT_HEADS, "block": GPT_BLOCK}
     gpt.setdefault("gelu", "erf")

@@ -46,7 +46,8 @@
 #                      compute-sanitizer) is no pass: exit 1. test_nccl_npN (or test_nccl_np2, ...) is the
 #                      N-rank stage.
 #   --plan             print which stages would run (with --stages) and stop: nothing is checked
-# Exit: 0 all passed; 1 a stage failed, or one asked for was not run (--budget); 2 bad usage (an unknown option, one without its value: nothing
+# Exit: 0 all passed; 1 a stage failed, or one asked for was not run (--budget, or --stages named it and
+# this node cannot run it); 2 bad usage (an unknown option, one without its value: nothing
 # runs) or a prerequisite is missing (no NVIDIA driver, no visible GPU, nvcc older than 12, a driver
 # older than the build's CUDA, more --ranks than visible GPUs).
 set -uo pipefail
@@ -151,7 +152,7 @@ write_json() {   # write_json VERDICT
       sep=","
     done
     printf '\n  }\n}\n'
-  } >"$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"   # whole or not at all: a check killed here keeps the last one
+  } >"$f.tmp.$$" && mv -f "$f.tmp.$$" "$f" || rm -f "$f.tmp.$$"   # whole or not at all: a kill keeps the last one
 }
 table() {
   echo
@@ -197,12 +198,12 @@ stage() {
 }
 skip() { names+=("$1"); seconds+=(0); results+=("skipped: $2"); echo "== $1: skipped: $2"; }
 # cannot NAME REASON: a stage that cannot run on this node (no PyTorch, no ncu): skipped, and when
-# --stages asked for it, no pass.
+# --stages named it whole (not by a prefix: --stages test_nccl on one GPU still passes), no pass.
 unmet=()
 cannot() {
   if ! wanted "$1"; then skip "$1" "not asked for (--stages $only)"; return; fi
   skip "$1" "$2"
-  [[ -n $only ]] && unmet+=("$1")
+  [[ ,$only, == *",$1,"* ]] && unmet+=("$1")
   return 0
 }
 last_passed() { [[ ${results[-1]} == pass ]]; }
@@ -344,7 +345,7 @@ if [[ -z $bundle ]]; then
   stage setup 900 "$root/launch/setup.sh"
   stage build 3600 bash -c "cd '$root' && cmake --preset cuda >/dev/null && cmake --build --preset cuda -j ${AMP_BUILD_JOBS:-$(nproc)}"
   if ! last_passed; then
-    for s in env test_cuda test_nccl sanitize emu_train train bench; do skip "$s" "the build failed"; done
+    for s in $all_stages; do [[ $s == bundle || $s == setup || $s == build ]] || skip "$s" "the build failed"; done
     table; write_json FAIL; echo "gpu_check: FAILED (logs in $logs)"; exit 1
   fi
 fi
@@ -436,7 +437,8 @@ stage test_nccl_np1 900 "$mpirun" -np 1 "$test_bin/test_nccl" --gtest_filter=-Nc
 if ((ranks >= 2)); then
   stage "test_nccl_np$ranks" 900 "$mpirun" -np "$ranks" --oversubscribe "$test_bin/test_nccl"
 else
-  cannot test_nccl_npN "one GPU visible: one rank per GPU needs 2 or more"
+  cannot test_nccl_npN "$([[ $ranks == "$gpus" ]] && echo "one GPU visible: one rank per GPU needs 2 or more" ||
+                           echo "--ranks $ranks: it needs 2 or more")"
 fi
 
 # --- 3. what the emulated GPU cannot check: the real memory model

@@ -19,9 +19,10 @@
 set -euo pipefail   # (so no pipeline here may end early: SIGPIPE would fail it)
 . "$(dirname "$0")/usage.sh"
 usage_check "tests/scripts/bundle_check.sh [--inside] [ARCHIVE]" 0 1 --inside -- "$@"
-inside=0
-[[ ${1:-} == --inside ]] && { inside=1; shift; }
-archive=${1:+$(usage_path "$1")}
+inside=0 archive=
+for a in "$@"; do
+  if [[ $a == --inside ]]; then inside=1; else archive=$(usage_path "$a"); fi
+done
 cd "$(dirname "$0")/../.."
 top=$PWD
 archive=$(realpath -m "${archive:-build/amp_gpu_bundle.tar.xz}")

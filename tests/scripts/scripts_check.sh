@@ -267,6 +267,9 @@ SH
   expect "bench --venv missing" 2 "${bench[@]}" --venv "$work/no_venv" -- "--venv $work/no_venv"
   expect "bench --sizes ''" 2 "${bench[@]}" --sizes "" -- "--sizes"
   # An interpreter that is not there, a quote left open: usage errors, not a traceback in the first round.
+  # Without --python (its default comes later): the check of the interpreter went first, on None.
+  expect "bench without --python" 2 python3 "$src/launch/bench/bench_vs_pytorch.py" --amp-train "$build/launch/amp_train" \
+    --bench-mlp "$build/launch/bench_mlp" --warmup -1 -- "--warmup must be 0 or more"
   expect "bench --python missing" 2 "${bench[@]}" --python "$work/no_python" -- "--python $work/no_python: no such interpreter"
   expect "bench --amp-train-flags unbalanced" 2 "${bench[@]}" --amp-train-flags "'oops" -- "--amp-train-flags" "No closing quotation"
   # bench_mlp: an empty --modes timed nothing and exited 0; a size past its bounds (a product beyond

@@ -1,6 +1,7 @@
 // CUDA backend: memory and copies. Kernels live in the .cu files named in cuda_backend.h.
 #include "runtime/kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -61,9 +62,12 @@ namespace {
 
 // Pinned slots for read-backs, made once and reused: cudaMallocHost is slow and cudaFreeHost
 // synchronises the whole device, so neither may happen in a training step. A slot is taken by a
-// read-back and given back by its destructor; when every slot is taken the ring grows by one.
+// read-back and given back by its destructor; when no free slot holds that many values the ring grows
+// by one, of at least kMinCapacity (a multi-task step reads back a loss a task: a fixed 16 refused
+// every step of more than 11 tasks).
 struct ReadbackSlot {
-  static constexpr size_t kCapacity = 16;  // floats per read-back
+  static constexpr size_t kMinCapacity = 16;  // floats
+  size_t capacity = 0;
   float* host = nullptr;
   std::unique_ptr<Event> done;
   bool busy = false;
@@ -71,15 +75,20 @@ struct ReadbackSlot {
 
 class ReadbackRing {
  public:
-  ReadbackSlot* acquire() {
+  ReadbackSlot* acquire(size_t values) {
     std::lock_guard<std::mutex> lock(mutex_);
+    // The smallest free slot that fits: a step's small read-back leaves the large one to the read-back
+    // that needs it (else that one would make a slot, cudaMallocHost, inside a step).
+    ReadbackSlot* best = nullptr;
     for (auto& s : slots_)
-      if (!s->busy) {
-        s->busy = true;
-        return s.get();
-      }
+      if (!s->busy && s->capacity >= values && (!best || s->capacity < best->capacity)) best = s.get();
+    if (best) {
+      best->busy = true;
+      return best;
+    }
     auto s = std::make_unique<ReadbackSlot>();
-    AMP_CUDA_CHECK(cudaMallocHost(&s->host, sizeof(float) * ReadbackSlot::kCapacity));
+    s->capacity = std::max(values, ReadbackSlot::kMinCapacity);
+    AMP_CUDA_CHECK(cudaMallocHost(&s->host, sizeof(float) * s->capacity));
     s->done = std::make_unique<Event>();
     s->busy = true;
     slots_.push_back(std::move(s));
@@ -104,15 +113,12 @@ ReadbackRing& readback_ring() {
 class CudaReadback final : public Readback {
  public:
   explicit CudaReadback(const std::vector<Tensor>& scalars) : n_(scalars.size()) {
-    if (n_ > ReadbackSlot::kCapacity)
-      throw std::invalid_argument("readback: at most " + std::to_string(ReadbackSlot::kCapacity) + " values, got " +
-                                  std::to_string(n_));
     for (const Tensor& t : scalars) {
       require_cuda(t, "readback tensor");
       if (t.dtype() != DType::f32 || t.numel() != 1)
         throw std::invalid_argument("readback: expected a 1-element float32 tensor");
     }
-    slot_ = readback_ring().acquire();  // after every check: nothing to give back on a throw
+    slot_ = readback_ring().acquire(n_);  // after every check: nothing to give back on a throw
     const cudaStream_t s = context().stream();
     try {
       for (size_t i = 0; i < n_; ++i)
