@@ -452,7 +452,16 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
     if (i >= args.size()) return fallback;
     size_t used = 0;
     int v = 0;
-    if (plain(args[i], false)) try { v = std::stoi(args[i], &used); } catch (...) { used = 0; }
+    bool too_large = false;
+    if (plain(args[i], false)) try {
+        v = std::stoi(args[i], &used);
+      } catch (const std::out_of_range&) {
+        too_large = true;
+      } catch (...) {
+        used = 0;
+      }
+    if (too_large)
+      throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is out of range (at most 2147483647)");
     if (used == 0 || used != args[i].size()) throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is not an integer");
     if (v < lo)
       throw std::invalid_argument("aggregator '" + spec + "': " + what + " must be " + (lo == 0 ? "0 or more" : "1 or more") +

@@ -82,6 +82,7 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--model mtl --aggregator krum:-1", "F (the rows taken as byzantine) must be 0 or more, got -1"},
       {"--model mtl --aggregator krum:+x", "'+x' is not an integer"},
       {"--model mtl --aggregator trimmedmean:0x1", "'0x1' is not an integer"},
+      {"--model mtl --aggregator krum:99999999999", "'99999999999' is out of range"},
       {"--model mtl --aggregator constant:1e-50,1", "'1e-50' is not a decimal number in float32's range"},
       {"--model mtl --aggregator constant:0x10,1", "'0x10' is not a decimal number"},
       {"--model mtl --aggregator 'constant:1,2 '", "'2 ' is not a decimal number"},
@@ -644,6 +645,10 @@ TEST(Cli, MultiTaskDataFromAFile) {
   r = run(base + " --tasks 3 --in-features 5");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("'x' has shape [40, 4], expected [N, 5]"), std::string::npos) << r.out;
+  // One task: "y1", not "y1 ... y1".
+  r = run(base + " --tasks 1 --in-features 4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("(expected x [N, 4] and y1 [N, 1], float32"), std::string::npos) << r.out;
 }
 
 TEST(Cli, DataFromAFileTrains) {

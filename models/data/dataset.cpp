@@ -203,7 +203,8 @@ std::unique_ptr<Dataset> load_dataset(const std::string& path, int64_t width, De
 std::unique_ptr<Dataset> load_task_dataset(const std::string& path, int64_t in_features, int64_t tasks, Device device) {
   std::vector<std::pair<std::string, int64_t>> wanted = {{"x", in_features}};
   for (int64_t t = 1; t <= tasks; ++t) wanted.emplace_back("y" + std::to_string(t), 1);
-  const std::string expected = "x [N, " + std::to_string(in_features) + "] and y1 ... y" + std::to_string(tasks) +
+  const std::string ys = tasks == 1 ? "y1" : "y1 ... y" + std::to_string(tasks);  // (not "y1 ... y1")
+  const std::string expected = "x [N, " + std::to_string(in_features) + "] and " + ys +
                                " [N, 1], float32, to match --in-features and --tasks";
   return std::make_unique<FromFile>(read_tensors(path, wanted, expected, device), path);
 }
