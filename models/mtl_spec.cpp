@@ -37,9 +37,9 @@ class MtlSpec final : public ModelSpec {
     const long double f = static_cast<long double>(c_.features);
     return in * h + h + h * f + f;
   }
-  // Built and tried on a [tasks, 3] Jacobian (2 rows where its refusals do not count rows) (after the memory check: its Gramian is tasks x tasks):
-  // an aggregator that refuses this many rows (Krum, TrimmedMean, a constant of another length) is a
-  // usage error now, not a failure at step 1.
+  // Built and tried on a [tasks, 3] Jacobian (after the memory check: its Gramian is tasks x tasks), or
+  // on 2 rows where its refusals do not count rows: an aggregator that refuses this many rows (Krum,
+  // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
   void try_aggregator() const {
     try {
       auto agg = jd::make_aggregator(aggregator_);
