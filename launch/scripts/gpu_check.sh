@@ -42,8 +42,9 @@
 #   --stages LIST      only these stages (comma-separated names or prefixes: test_cuda,sanitize,bench_gpt2;
 #                      a stage's whole name is that stage only: bench_gpt2_small is not its _composite);
 #                      bundle and env always run. The others are listed as skipped, not failed. A stage
-#                      asked for that cannot run here (no PyTorch for bench_*, no ncu for profile_*, no
-#                      compute-sanitizer) is no pass: exit 1. test_nccl_npN (or test_nccl_np2, ...) is the
+#                      named whole that cannot run here (no PyTorch for bench_*, no ncu for profile_*, no
+#                      compute-sanitizer, one GPU for test_nccl_npN) is no pass: exit 1 (one a prefix
+#                      selects is skipped, saying why). test_nccl_npN (or test_nccl_np2, ...) is the
 #                      N-rank stage.
 #   --plan             print which stages would run (with --stages) and stop: nothing is checked
 # Exit: 0 all passed; 1 a stage failed, or one asked for was not run (--budget, or --stages named it and
