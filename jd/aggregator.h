@@ -6,7 +6,9 @@
 // computed once per call, on J's device and in J's dtype, and read on the host (m × m numbers).
 // Steps TorchJD takes in J's dtype are rounded to it here too; its quadratic programs run in float64.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +23,10 @@ class Aggregator {
   // J: [m, n], floating. Returns [n] in J's dtype, on J's device.
   virtual Tensor operator()(const Tensor& J) = 0;
   virtual std::string name() const = 0;
+  // The count of rows (tasks) it takes, as numbers: a caller can refuse another count in its own terms
+  // before aggregating anything (operator() refuses it with TorchJD's words).
+  virtual int64_t min_rows() const { return 1; }
+  virtual int64_t max_rows() const { return std::numeric_limits<int64_t>::max(); }
   // The weights of the last call, for aggregators that have them (empty otherwise).
   const std::vector<double>& last_weights() const { return last_weights_; }
   // The calls made so far. A seeded aggregator's draws (Random, PCGrad, GradDrop) are counter n of
@@ -61,6 +67,8 @@ class Constant final : public GramianWeightedAggregator {
   explicit Constant(std::vector<double> weights);
   std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
   std::string name() const override { return "Constant"; }
+  int64_t min_rows() const override { return static_cast<int64_t>(w_.size()); }  // one weight a row
+  int64_t max_rows() const override { return static_cast<int64_t>(w_.size()); }
 
  private:
   std::vector<double> w_;
@@ -165,6 +173,7 @@ class Krum final : public GramianWeightedAggregator {
   explicit Krum(int n_byzantine, int n_selected = 1);
   std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
   std::string name() const override { return "Krum"; }
+  int64_t min_rows() const override { return std::max<int64_t>(f_ + 3, k_); }  // weights()' two checks
 
  private:
   int f_, k_;
@@ -189,6 +198,7 @@ class TrimmedMean final : public Aggregator {
   explicit TrimmedMean(int trim_number);
   Tensor operator()(const Tensor& J) override;
   std::string name() const override { return "TrimmedMean"; }
+  int64_t min_rows() const override { return 2 * static_cast<int64_t>(trim_) + 1; }
 
  private:
   int trim_;

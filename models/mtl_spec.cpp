@@ -37,39 +37,37 @@ class MtlSpec final : public ModelSpec {
     const long double f = static_cast<long double>(c_.features);
     return in * h + h + h * f + f;
   }
-  // Built and tried on a [tasks, 3] Jacobian (after the memory check: its Gramian is tasks x tasks), or
-  // on 2 rows where its refusals do not count rows: an aggregator that refuses this many rows (Krum,
-  // TrimmedMean, a constant of another length) is a usage error now, not a failure at step 1.
+  // Built, and its count of rows (Krum, TrimmedMean, a constant of another length) checked against
+  // --tasks: a usage error now, not a failure at step 1. Nothing is aggregated where the count fits
+  // (a trial on [tasks, 3], as long as a step's aggregation, took minutes for UPGrad on 3000 tasks).
   void try_aggregator() const {
+    std::unique_ptr<jd::Aggregator> agg;
     try {
-      auto agg = jd::make_aggregator(aggregator_);
-      // Only these refuse a count of rows; the others are tried on 2 (UPGrad's trial on 3000 rows took
-      // minutes before any output, as long as a step's aggregation).
-      const bool counts_rows = kind() == "trimmedmean" || kind() == "krum" || kind() == "constant";
-      (*agg)(ones({counts_rows ? c_.tasks : std::min<int64_t>(c_.tasks, 2), 3}));
+      agg = jd::make_aggregator(aggregator_);
     } catch (const std::invalid_argument& e) {
-      // TorchJD's words name the tried matrix's shape: its rows are --tasks, its columns stand in.
-      std::string what = e.what();
+      throw std::invalid_argument("--aggregator " + aggregator_ + ": " + e.what());
+    }
+    const int64_t lo = agg->min_rows(), hi = agg->max_rows();
+    if (c_.tasks >= lo && c_.tasks <= hi) return;
+    // TorchJD's words too, from the aggregation it refuses (before any work), the tried matrix's
+    // shape made the run's: its rows are --tasks, its columns the shared parameters.
+    std::string torchjd;
+    try {
+      (*agg)(ones({c_.tasks, 3}));
+    } catch (const std::invalid_argument& e) {
+      torchjd = e.what();
       const std::string tried = "[" + std::to_string(c_.tasks) + ", 3]";
-      if (const size_t at = what.find(tried); at != std::string::npos) {
+      if (const size_t at = torchjd.find(tried); at != std::string::npos) {
         char columns[64];
         std::snprintf(columns, sizeof columns, "%.0Lf", trunk_parameters());
-        what.replace(at, tried.size(), "[" + std::to_string(c_.tasks) + ", " + columns + "]");
+        torchjd.replace(at, tried.size(), "[" + std::to_string(c_.tasks) + ", " + columns + "]");
       }
-      // In the flag's terms first: TorchJD's words count the Jacobian's rows, which are the tasks.
-      // "at least N rows" (trimmedmean, krum), "should have N rows" (constant: one weight a task).
-      std::string need;
-      for (const auto& [words, then] : {std::pair<std::string, std::string>{"at least ", " or more"},
-                                        std::pair<std::string, std::string>{"should have ", ", one weight a task"}}) {
-        const size_t at = what.find(words);
-        if (at == std::string::npos || !need.empty()) continue;
-        const size_t digits = at + words.size(), end = what.find_first_not_of("0123456789", digits);
-        if (end != std::string::npos && end > digits && what.compare(end, 5, " rows") == 0)
-          need = "it needs --tasks " + what.substr(digits, end - digits) + then + " (TorchJD: ";
-      }
-      throw std::invalid_argument("--aggregator " + aggregator_ + " with --tasks " + std::to_string(c_.tasks) + ": " + need +
-                                  what + (need.empty() ? "" : ")"));
     }
+    const std::string need = lo == hi         ? std::to_string(lo) + ", one weight a task"
+                             : c_.tasks < lo ? std::to_string(lo) + " or more"
+                                             : std::to_string(hi) + " or fewer";
+    throw std::invalid_argument("--aggregator " + aggregator_ + " with --tasks " + std::to_string(c_.tasks) +
+                                ": it needs --tasks " + need + (torchjd.empty() ? "" : " (TorchJD: " + torchjd + ")"));
   }
   // Measured on the CPU (tests/test_memory_estimate.cpp): the trunk's Jacobian [tasks, trunk] about
   // four times (the micro-batches' sum, the all-reduced copy, the Gramian's and the aggregation's

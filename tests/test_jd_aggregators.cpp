@@ -8,11 +8,13 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "jd/aggregator.h"
 #include "jd/quadprog.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/random.h"
 #include "test_util.h"
 
 namespace amp {
@@ -114,6 +116,27 @@ TEST(Aggregators, ConstantTrimmedMeanKrumGradDropPCGradRandom) {
   EXPECT_NEAR(std::accumulate(w1.begin(), w1.end(), 0.0), 1.0, 1e-15);
   r1(J);
   EXPECT_NE(w1, r1.last_weights());
+}
+
+// min_rows()/max_rows() (what amp_train checks --tasks against before step 1) are the counts that
+// operator() takes: every count of rows from 1 to 9 refused exactly where they say.
+TEST(Aggregators, RowBoundsAreTheRowsTaken) {
+  std::vector<std::unique_ptr<jd::Aggregator>> all;
+  all.push_back(std::make_unique<jd::Krum>(1, 5));
+  all.push_back(std::make_unique<jd::Krum>(3, 2));
+  all.push_back(std::make_unique<jd::TrimmedMean>(2));
+  all.push_back(std::make_unique<jd::Constant>(std::vector<double>{1, 2, 3}));
+  all.push_back(std::make_unique<jd::UPGrad>());
+  for (auto& agg : all)
+    for (int64_t m = 1; m <= 9; ++m) {
+      SCOPED_TRACE(agg->name() + " on " + std::to_string(m) + " rows");
+      Generator g(static_cast<uint64_t>(m));
+      const Tensor J = randn({m, 4}, g, DType::f64);
+      if (m >= agg->min_rows() && m <= agg->max_rows())
+        EXPECT_NO_THROW((*agg)(J));
+      else
+        EXPECT_THROW((*agg)(J), std::invalid_argument);
+    }
 }
 
 TEST(Aggregators, ByName) {
