@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "runtime/kernels/backend.h"
+#include "runtime/kernels/cpu/cpu_tiled_gemm.h"
 #include "runtime/ops/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/random.h"
@@ -30,6 +31,32 @@ TEST(Random, SameSeedSameNumbersOnAnyThreadCount) {
   Generator g4(42);
   const Tensor first = randn({10}, g4), second = randn({10}, g4);
   EXPECT_FALSE(test::bitwise_equal(first, second));
+}
+
+// Sums over a whole tensor (sum_to a scalar; norm_accumulate, clip_grad_norm_'s) give the same bits
+// on any thread count: fp64 shows the order of the additions (an OpenMP reduction added its threads'
+// partial sums, which 1, 2 and 3 threads split at other places).
+TEST(Reductions, SameBitsOnAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  Generator g(31);
+  const Tensor x = randn({300001}, g, DType::f64);
+  std::vector<double> sums, norms;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    sums.push_back(sum(x).item());
+    Tensor acc = zeros({1});
+    backend_for(kCPU).norm_accumulate({cast(x, DType::f32)}, 2.0, acc);
+    norms.push_back(acc.item());
+  }
+  omp_set_num_threads(saved);
+  for (size_t i = 1; i < sums.size(); ++i) {
+    EXPECT_EQ(sums[i], sums[0]) << i + 1 << " threads";
+    EXPECT_EQ(norms[i], norms[0]) << i + 1 << " threads";
+  }
+  const auto v = x.to_vector();
+  double serial = 0.0;
+  for (double e : v) serial += e;
+  EXPECT_NEAR(sums[0], serial, 1e-9);
 }
 
 TEST(Random, MomentsAreRight) {
@@ -134,7 +161,7 @@ TEST(Gemm, TransposesAndBetaAgainstFp64) {
   }
 }
 
-// The CPU's batched GEMM is one oneDNN primitive over 3-D operands: each matrix of the batch against
+// The CPU's batched GEMM: each matrix of the batch against
 // an fp64 product of its own (distinct) inputs, every transpose, alpha and beta, fp32 and bf16.
 TEST(Gemm, BatchedAgainstFp64PerMatrix) {
   Generator g(11);
@@ -176,8 +203,10 @@ TEST(Tensor, LeadingDimBroadcastAndSumAgainstLoops) {
   }
 }
 
-// The CPU's linear forward hands the bias to oneDNN; the control is Backend's default: the bias
-// broadcast into y, the product accumulated onto it. One rounding of the same fp32 sum either way.
+// The CPU's linear forward adds the bias to the GEMM's sums; the control is Backend's default: the bias
+// broadcast into y, the product accumulated onto it. One rounding of the same fp32 sum either way
+// while k fits one of oneDNN's blocks (45 here; beyond a block, the accumulation adds the bias to
+// the first block's sums, the fused form to the whole sum).
 TEST(Gemm, LinearForwardBiasEqualsBroadcastThenAccumulate) {
   Generator g(9);
   const Tensor x32 = randn({67, 45}, g), w32 = randn({29, 45}, g), b32 = randn({29}, g);
@@ -192,6 +221,74 @@ TEST(Gemm, LinearForwardBiasEqualsBroadcastThenAccumulate) {
     const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
     EXPECT_TRUE(test::all_close(fused, ref, tol, tol)) << dtype_name(dt);
   }
+}
+
+// The CPU's GEMMs give the same bits on any thread count (oneDNN's own split gave other bits on 1 and
+// 2 threads for most of these shapes). The shapes take each of the plan's cuts: many tiles, one tile
+// with k cut into chunks (alpha, beta and the bias applied when the chunks are added), whole columns
+// of a transposed a, a batch of small products, and tiles of a product too small for them. Each is
+// also checked against fp64, so that a cut that dropped or doubled a piece would fail.
+TEST(Gemm, SameBitsOnAnyThreadCount) {
+  struct Case {
+    bool ta, tb;
+    int64_t batch, m, n, k;
+    float alpha, beta;
+    bool bias;
+  };
+  const Case cases[] = {{false, true, 1, 600, 300, 200, 1.0f, 0.0f, true},     // 5 x 2 tiles, the bias
+                        {true, false, 1, 64, 48, 4096, 1.0f, 0.0f, false},     // one tile, k in chunks
+                        {false, false, 1, 40, 72, 1500, 0.5f, 0.25f, false},   // chunks, alpha and beta
+                        {false, true, 1, 40, 40, 1100, 1.0f, 0.0f, true},      // chunks and the bias
+                        {true, true, 1, 300, 200, 700, 1.0f, 0.0f, false},     // whole columns of a^T
+                        {false, false, 19, 64, 64, 32, 1.0f, 0.0f, false},     // a batch, 2 to a piece
+                        {false, false, 1, 1024, 256, 128, 1.0f, 0.0f, false},
+                        {true, false, 1, 17, 33, 5, 2.0f, 0.5f, false}};      // one piece
+  ASSERT_GT(cpu::gemm_plan(true, false, 1, 64, 48, 4096).ks, 1) << "the cases must cut k";
+  ASSERT_GT(cpu::gemm_plan(false, true, 1, 40, 40, 1100).ks, 1) << "the cases must cut k under a bias";
+  ASSERT_GT(cpu::gemm_plan(false, false, 19, 64, 64, 32).bg, 1) << "the cases must group a batch";
+  const int saved = omp_get_max_threads();
+  Generator g(21);
+  // fp32 through oneDNN's sgemm, then through the primitives bf16 takes on a CPU with its kernels.
+  struct Restore {
+    int threads;
+    ~Restore() {
+      omp_set_num_threads(threads);
+      cpu::use_primitives_for_f32(false);
+    }
+  } restore{omp_get_max_threads()};
+  for (bool primitives : {false, true})
+  for (const Case& cs : cases)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      cpu::use_primitives_for_f32(primitives);
+      const std::string what = std::string(dtype_name(dt)) + (primitives ? " (primitives) " : " ") +
+                               std::to_string(cs.batch) + " x " + std::to_string(cs.m) + " x " + std::to_string(cs.n) +
+                               " x " + std::to_string(cs.k);
+      const Tensor a = cast(randn(cs.ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k}, g), dt);
+      const Tensor b = cast(randn(cs.tb ? Shape{cs.batch, cs.n, cs.k} : Shape{cs.batch, cs.k, cs.n}, g), dt);
+      const Tensor bias = cast(randn({cs.n}, g), dt), c0 = cast(randn({cs.batch, cs.m, cs.n}, g), dt);
+      std::vector<Tensor> results;
+      for (int threads : {1, 2, 3, 5}) {
+        omp_set_num_threads(threads);
+        Tensor c = c0.clone();
+        if (cs.bias) {
+          Tensor c2 = c.view(0, {cs.m, cs.n});
+          backend_for(kCPU).linear_forward(a.view(0, {cs.m, cs.k}), b.view(0, {cs.n, cs.k}), bias, c2);
+        } else {
+          backend_for(kCPU).gemm_batched(cs.ta, cs.tb, cs.alpha, a, b, cs.beta, c);
+        }
+        results.push_back(c);
+      }
+      omp_set_num_threads(saved);
+      for (size_t i = 1; i < results.size(); ++i) EXPECT_TRUE(test::bitwise_equal(results[0], results[i])) << what << ", run " << i;
+      for (int64_t i = 0; i < cs.batch; ++i) {
+        const Tensor ai = cast(select(a, i), DType::f64), bi = cast(select(b, i), DType::f64);
+        Tensor ref = mul(mm(ai, bi, cs.ta, cs.tb), static_cast<double>(cs.alpha));
+        if (cs.beta != 0.0f) ref = add(ref, mul(cast(select(c0, i), DType::f64), static_cast<double>(cs.beta)));
+        if (cs.bias) ref = add(ref, cast(bias, DType::f64));
+        const double tol = dt == DType::f32 ? 2e-4 : 5e-2;
+        EXPECT_TRUE(test::all_close(select(results[0], i), ref, tol, tol)) << what << ", batch entry " << i;
+      }
+    }
 }
 
 TEST(Tensor, ReducedPrecisionMeanDoesNotOverflow) {

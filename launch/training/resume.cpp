@@ -13,7 +13,6 @@
 #include "launch/training/interrupt.h"
 #include "launch/training/trainer.h"
 #include "runtime/kernels/backend.h"
-#include "runtime/kernels/cpu/threads.h"
 #include "runtime/nn/state_dict.h"
 #include "runtime/ops/ops.h"
 
@@ -71,9 +70,6 @@ nlohmann::json Trainer::checkpoint_meta(int64_t step) const {
           // Of the data's bytes: checked by a resume, outside must_match so that older checkpoints resume.
           {"data_checksums", data_->content_checksums()},
           {"batch_layout", {{"ranks", comm_.size()}, {"batch_size", cfg_.batch_size}, {"micro_batches", cfg_.micro_batches}}},
-          // On the CPU, oneDNN's GEMMs choose their blocking by the thread count: another count sums in
-          // another order (a resume says so). 0 on a GPU, where the threads compute nothing of the step.
-          {"cpu_threads", device_.is_cuda() ? 0 : get_num_threads()},
           // Samples of the stream consumed: step i uses [(i - 1) E, i E).
           {"data_position", {{"next_sample", step * E}}},
           // Dropout draws counters of the data stream's sample index from the seed's stream, and
@@ -315,12 +311,6 @@ void Trainer::resume() {
                     "for that\n",
                     static_cast<long long>(ranks_then), static_cast<long long>(micro_then), comm_.size(),
                     static_cast<long long>(cfg_.micro_batches));
-      if (const nlohmann::json was = ck->meta.value("cpu_threads", nlohmann::json());
-          was.is_number_unsigned() && was.get<uint64_t>() > 0 && was != now["cpu_threads"] && !device_.is_cuda())
-        std::printf("amp_train: note: %d thread(s) a rank, where the checkpoint's run had %s: on the CPU the GEMMs "
-                    "(oneDNN's) split their sums by the thread count, so the steps from here are not bit for bit the "
-                    "uninterrupted run's; give --threads %s for that (the default is the node's cores over its ranks)\n",
-                    get_num_threads(), was.dump().c_str(), was.dump().c_str());
       if (const nlohmann::json was = ck->meta.value("aggregator", nlohmann::json());
           was.is_string() && was.get<std::string>() != now["aggregator"].get<std::string>())
         std::printf("amp_train: note: --aggregator %s differs from the checkpoint's run (%s): the steps from here "

@@ -1,5 +1,6 @@
-// The CPU backend: oneDNN for fp32 and bf16 GEMMs, fp16 GEMM emulated like a tensor core, and OpenMP
-// loops over the shared per-element functions. Its memory is runtime/core/host_memory.cpp.
+// The CPU backend: GEMMs on oneDNN's kernels that give the same bits on any thread count (fp16, and
+// bf16 on a CPU without oneDNN's bf16 kernels, computed as a tensor core does), and OpenMP loops over
+// the shared per-element functions. Its memory is runtime/core/host_memory.cpp.
 #pragma once
 #include <vector>
 

@@ -303,8 +303,7 @@ AMP_SIMD_CLONES void column_sums(const T* xs, long rows, long m, long j0, long j
 }
 }  // namespace
 
-// Reductions accumulate in fp64 so that results do not depend on the thread count's summation order
-// more than the final rounding allows.
+// Reductions accumulate in fp64, over fixed chunks added in order: the same bits on any thread count.
 void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
   cpu::dispatch_float(x.dtype(), [&](auto T_tag) { using T = decltype(T_tag);
     const T* xs = x.data<T>();
@@ -313,10 +312,11 @@ void CpuBackend::sum_to(const Tensor& x, Tensor& out) {
     auto ld = [](T v) { return static_cast<double>(Elem<T>::load(v)); };
     auto st = [](double v) { return Elem<T>::store(static_cast<typename Elem<T>::Compute>(v)); };
     if (out.numel() == 1) {
-      double acc = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : acc) if (n > cpu::kParallelGrain)
-      for (long i = 0; i < n; ++i) acc += ld(xs[i]);
-      os[0] = st(acc);
+      os[0] = st(cpu::sum_of_chunks(n, [&](long b, long e) {
+        double acc = 0.0;
+        for (long i = b; i < e; ++i) acc += ld(xs[i]);
+        return acc;
+      }));
     } else if (out.numel() == x.numel()) {
       std::memcpy(static_cast<void*>(os), xs, x.nbytes());
     } else {

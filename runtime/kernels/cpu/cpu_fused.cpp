@@ -297,12 +297,7 @@ void fold_norm(const Tensor& x, double p, double& acc) {
       }
       acc = (nan || std::isnan(acc)) ? NAN : lowest ? std::min(acc, mn) : std::max(acc, mx);
     } else {
-      // One partial sum per thread's range, added in thread order: deterministic for a thread count.
-      std::vector<double> part(static_cast<size_t>(omp_get_max_threads()) + 1, 0.0);
-      cpu::parallel_chunks(n, [&](long b, long e) {
-        part[static_cast<size_t>(omp_in_parallel() ? omp_get_thread_num() : 0)] = norm_range(d + b, e - b, p);
-      });
-      for (double s : part) acc += s;
+      acc += cpu::sum_of_chunks(n, [&](long b, long e) { return norm_range(d + b, e - b, p); });
     }
   });
 }

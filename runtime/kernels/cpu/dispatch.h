@@ -1,9 +1,11 @@
 // CPU loop helpers: the dtype dispatch shared with the CUDA backend, the parallel grain, and what
-// every hot loop is built from (see "Hot loops" below): AMP_SIMD_CLONES, parallel_chunks, lane_sum.
+// every hot loop is built from (see "Hot loops" below): AMP_SIMD_CLONES, parallel_chunks, lane_sum,
+// sum_of_chunks.
 #pragma once
 #include <omp.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "runtime/core/dtype_dispatch.h"
 
@@ -47,6 +49,22 @@ void parallel_chunks(long n, F&& body, long grain = kParallelGrain) {
     const long end = begin + chunk < n ? begin + chunk : n;
     if (begin < end) body(begin, end);
   }
+}
+
+// The sum over [0, n) of chunk_sum(begin, end) (a double) over fixed chunks of kParallelGrain, run in
+// parallel and added in chunk order: the same bits on any thread count (an OpenMP reduction adds its
+// threads' partial sums, which another count splits elsewhere). One chunk: one call, no fork.
+template <class F>
+double sum_of_chunks(long n, F&& chunk_sum) {
+  const long chunks = (n + kParallelGrain - 1) / kParallelGrain;
+  if (chunks <= 1) return n > 0 ? chunk_sum(0L, n) : 0.0;
+  std::vector<double> part(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static) if (omp_get_max_threads() > 1 && !omp_in_parallel())
+  for (long c = 0; c < chunks; ++c)
+    part[static_cast<size_t>(c)] = chunk_sum(c * kParallelGrain, c + 1 < chunks ? (c + 1) * kParallelGrain : n);
+  double sum = 0.0;
+  for (double s : part) sum += s;
+  return sum;
 }
 
 // f(std::bool_constant<flags>...): run-time flags as template arguments, so that a kernel's loop has
