@@ -1,7 +1,7 @@
 #include "jd/aggregator.h"
 
 #include <algorithm>
-#include <cctype>
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -10,6 +10,7 @@
 #include "jd/gramian_math.h"
 #include "jd/linalg.h"
 #include "jd/quadprog.h"
+#include "runtime/core/parse_number.h"
 #include "runtime/ops/random.h"
 #include "runtime/ops/ops.h"
 
@@ -433,36 +434,15 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
       start = next + 1;
     }
   }
-  // Each argument as written: digits (and a sign, a point, an exponent for a weight), nothing else. std::stoi
-  // and std::stod also took a leading space, "0x10" and "inf".
-  auto plain = [](const std::string& a, bool decimal) {
-    size_t i = a.size() > 0 && (a[0] == '-' || a[0] == '+') ? 1 : 0, digits = 0;
-    for (; i < a.size() && std::isdigit(static_cast<unsigned char>(a[i])); ++i) ++digits;
-    if (decimal && i < a.size() && a[i] == '.')
-      for (++i; i < a.size() && std::isdigit(static_cast<unsigned char>(a[i])); ++i) ++digits;
-    if (decimal && digits > 0 && i < a.size() && (a[i] == 'e' || a[i] == 'E')) {
-      size_t j = i + 1 < a.size() && (a[i + 1] == '-' || a[i + 1] == '+') ? i + 2 : i + 1, exp_digits = 0;
-      for (; j < a.size() && std::isdigit(static_cast<unsigned char>(a[j])); ++j) ++exp_digits;
-      if (exp_digits > 0) i = j;
-    }
-    return digits > 0 && i == a.size();
-  };
-  // what: the argument's meaning, for the message; lo: its least value.
+  // Each argument as written (runtime/core/parse_number.h): digits (and a sign, a point, an exponent
+  // for a weight), nothing else. what: the argument's meaning, for the message; lo: its least value.
   auto integer = [&](size_t i, int fallback, const char* what, int lo) {
     if (i >= args.size()) return fallback;
-    size_t used = 0;
-    int v = 0;
-    bool too_large = false;
-    if (plain(args[i], false)) try {
-        v = std::stoi(args[i], &used);
-      } catch (const std::out_of_range&) {
-        too_large = true;
-      } catch (...) {
-        used = 0;
-      }
-    if (too_large)
+    const ParsedInteger p = parse_integer(args[i]);
+    if (p.error == NumberError::out_of_range || (p.error == NumberError::none && p.value > INT_MAX))
       throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is out of range (at most 2147483647)");
-    if (used == 0 || used != args[i].size()) throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is not an integer");
+    if (p.error != NumberError::none) throw std::invalid_argument("aggregator '" + spec + "': '" + args[i] + "' is not an integer");
+    const int v = p.value < INT_MIN ? INT_MIN : static_cast<int>(p.value);
     if (v < lo)
       throw std::invalid_argument("aggregator '" + spec + "': " + what + " must be " + (lo == 0 ? "0 or more" : "1 or more") +
                                   ", got " + args[i]);
@@ -494,12 +474,11 @@ std::unique_ptr<Aggregator> make_aggregator(const std::string& spec, uint64_t se
   if (name == "constant") {
     std::vector<double> w;
     for (const std::string& a : args) {
-      size_t used = 0;
-      double v = 0.0;
-      if (plain(a, true)) try { v = std::stod(a, &used); } catch (...) { used = 0; }
+      const ParsedReal p = parse_real(a);
+      const double v = p.value;
       // The weights scale J's rows in float32: one beyond its range would be inf there, and one below
       // its smallest normal number 0 or a subnormal (1e-50 was taken as 0).
-      if (used == 0 || used != a.size() || !std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max() ||
+      if (p.error != NumberError::none || std::fabs(v) > std::numeric_limits<float>::max() ||
           (v != 0.0 && std::fabs(v) < std::numeric_limits<float>::min()))
         throw std::invalid_argument("aggregator '" + spec + "': '" + a +
                                     "' is not a decimal number in float32's range (0, or 1.2e-38 <= |w| <= 3.4e38)");

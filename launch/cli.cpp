@@ -6,8 +6,10 @@
 #include "runtime/ops/ops.h"
 #include "runtime/core/file_kind.h"
 #include "runtime/core/number_format.h"
+#include "runtime/core/parse_number.h"
 
 #include <fcntl.h>
+#include <climits>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -85,12 +87,11 @@ void validate(boost::any& v, const std::vector<std::string>& values, LossScale*,
   else if (s == "dynamic") ls.kind = LossScale::Kind::dynamic;
   else if (s == "off") ls.kind = LossScale::Kind::off;
   else {
-    // Parsed as a double (stof refuses float32's subnormals as out of range): the bounds, which
+    // Parsed as a double (a float would refuse its subnormals as out of range): the bounds, which
     // depend on --amp, are check_ranges()'s, the same as --init-scale's.
-    size_t used = 0;
-    double d = 0.0;
-    try { d = std::stod(s, &used); } catch (...) { used = 0; }
-    if (used != s.size() || !(d > 0.0) || !std::isfinite(d))
+    const ParsedReal p = parse_real(s);
+    const double d = p.value;
+    if (p.error != NumberError::none || !(d > 0.0))
       invalid_value(s, "auto, dynamic, off, or a positive number");
     ls.kind = LossScale::Kind::constant;
     ls.value = static_cast<float>(d);
@@ -103,19 +104,12 @@ void validate(boost::any& v, const std::vector<std::string>& values, Injection*,
   const std::string& s = po::validators::get_single_string(values);
   Injection inj{0, 0};
   const size_t colon = s.find(':');
-  try {
-    size_t used = 0;
-    const std::string step = s.substr(0, colon);
-    inj.step = std::stoll(step, &used);
-    if (used != step.size()) throw std::invalid_argument(s);
-    if (colon != std::string::npos) {
-      const std::string rank = s.substr(colon + 1);
-      inj.rank = std::stoi(rank, &used);
-      if (used != rank.size()) throw std::invalid_argument(s);
-    }
-  } catch (const std::exception&) {
+  const ParsedInteger step = parse_integer(s.substr(0, colon));
+  const ParsedInteger rank = colon == std::string::npos ? ParsedInteger{0, NumberError::none} : parse_integer(s.substr(colon + 1));
+  if (step.error != NumberError::none || rank.error != NumberError::none || rank.value < INT_MIN || rank.value > INT_MAX)
     invalid_value(s, "STEP or STEP:RANK, whole numbers");
-  }
+  inj.step = step.value;
+  inj.rank = static_cast<int>(rank.value);
   v = inj;
 }
 

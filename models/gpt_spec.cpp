@@ -14,6 +14,7 @@
 #include "models/gpt_hf.h"
 #include "models/gpt_sample.h"
 #include "models/model_spec.h"
+#include "runtime/core/parse_number.h"
 #include "runtime/kernels/cuda/cuda_support.h"
 #include "runtime/kernels/rng_math.h"
 
@@ -39,14 +40,9 @@ std::vector<int64_t> parse_token_list(const std::string& s, int64_t vocab_size) 
   while (true) {
     const size_t comma = s.find(',', at);
     const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || v < 0 || v >= vocab_size)
+    const ParsedInteger id = parse_integer(item);
+    const int64_t v = id.error == NumberError::none ? id.value : -1;
+    if (v < 0 || v >= vocab_size)
       throw std::invalid_argument("--prompt-tokens must be comma-separated token ids below --vocab-size " +
                                   std::to_string(vocab_size) + ", got '" + item + "' in '" + s + "'");
     out.push_back(v);

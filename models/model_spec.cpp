@@ -1,5 +1,7 @@
 #include "models/model_spec.h"
 
+#include "runtime/core/parse_number.h"
+
 #include <cmath>
 #include <deque>
 #include <filesystem>
@@ -60,33 +62,19 @@ std::string FlagReader::text(const std::string& name) const {
 
 int64_t FlagReader::integer(const std::string& name, int64_t min) const {
   const std::string s = text(name);
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::out_of_range&) {
+  const ParsedInteger v = parse_integer(s);
+  if (v.error == NumberError::out_of_range)
     throw std::invalid_argument("--" + name + " " + s + " is out of range (a whole number must fit in 64 bits: at most 9223372036854775807)");
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size())
-    throw std::invalid_argument("--" + name + " must be a whole number, got '" + s + "'");
-  if (v < min) throw std::invalid_argument("--" + name + " must be >= " + std::to_string(min) + ", got " + s);
-  return v;
+  if (v.error != NumberError::none) throw std::invalid_argument("--" + name + " must be a whole number, got '" + s + "'");
+  if (v.value < min) throw std::invalid_argument("--" + name + " must be >= " + std::to_string(min) + ", got " + s);
+  return v.value;
 }
 
 double FlagReader::number(const std::string& name) const {
   const std::string s = text(name);
-  size_t used = 0;
-  double v = 0.0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size() || !std::isfinite(v))
-    throw std::invalid_argument("--" + name + " must be a finite number, got '" + s + "'");
-  return v;
+  const ParsedReal v = parse_real(s);
+  if (v.error != NumberError::none) throw std::invalid_argument("--" + name + " must be a finite number, got '" + s + "'");
+  return v.value;
 }
 
 long double parameter_bytes(long double parameters, const RunShape& run) {

@@ -103,6 +103,8 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--grad-penalty inf", "--grad-penalty"}, {"--clip-grad-norm inf", "--clip-grad-norm"},
       {"--min-scale inf", "--min-scale"},   {"--init-scale 8 --max-scale 4", "--init-scale"},
       {"--comm-timeout inf", "--comm-timeout"},     {"--inject-nonfinite 0", "--inject-nonfinite"},
+      {"--amp fp16 --loss-scale 0x10", "--loss-scale"}, {"--amp fp16 --loss-scale ' 16'", "--loss-scale"},
+      {"--amp fp16 --inject-nonfinite ' 1'", "--inject-nonfinite"}, {"--amp fp16 --inject-nonfinite 1:+x", "--inject-nonfinite"},
       {"--inject-nonfinite 1:5", "--inject-nonfinite"}, {"--inject-nonfinite x", "--inject-nonfinite"},
       {"--steps many", "--steps"},          {"--no-such-flag", "no-such-flag"},
       {"--config /nonexistent.cfg", "--config"}, {"--lr-schedule linear", "'--lr-schedule'"},
@@ -172,6 +174,11 @@ TEST(Cli, GptAndCheckpointFlagsAreValidated) {
       {gpt + "--prompt hello", "--prompt: only a sample uses it"},
       {gpt + "--attention flash", "--attention"},   {mlp + "--attention composite", "--attention"},
       {gpt + "--gelu new", "--gelu"},               {mlp + "--gelu tanh", "--gelu"},
+      // Numbers as typed (runtime/core/parse_number.h): a hexadecimal float (0x1p-3 was 0.125) and a
+      // leading space were taken.
+      {gpt + "--dropout 0x1p-3", "--dropout must be a finite number, got '0x1p-3'"},
+      {gpt + "--sample-tokens ' 2'", "--sample-tokens must be a whole number, got ' 2'"},
+      {gpt + "--sample-tokens 2 --temperature ' 0.5'", "--temperature must be a finite number, got ' 0.5'"},
       {mlp + "--eval-batches 3", "--eval-batches: only --eval-every N"},  // it was ignored
       {mlp + "--width 99999999999999999999", "--width 99999999999999999999 is out of range"},  // not "whole number"
       // cuDNN's attention where it cannot run: named with the reason, before any step.

@@ -12,6 +12,7 @@
 #include "launch/cli.h"
 #include "launch/training/trainer.h"
 #include "models/model_spec.h"
+#include "runtime/core/parse_number.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
 
@@ -89,6 +90,34 @@ launch::CliResult parse(std::vector<std::string> args) {
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
   return launch::parse_cli(static_cast<int>(argv.size()), argv.data(), 1);
+}
+
+// Numbers as typed in a flag or a list (runtime/core/parse_number.h, behind the model flags, the
+// aggregators' arguments, --loss-scale, --inject-nonfinite and --prompt-tokens): what std::stod and
+// std::stoll also took (a space, hexadecimal, inf, nan, trailing text) is refused.
+TEST(ParseNumber, TakesWhatPeopleTypeAndNothingElse) {
+  const std::pair<const char*, int64_t> integers[] = {{"3", 3}, {"-2", -2}, {"+7", 7}, {"007", 7}, {"0", 0},
+                                                      {"9223372036854775807", INT64_MAX}, {"-9223372036854775808", INT64_MIN}};
+  for (const auto& [text, value] : integers) {
+    const ParsedInteger p = parse_integer(text);
+    EXPECT_EQ(p.error, NumberError::none) << text;
+    EXPECT_EQ(p.value, value) << text;
+  }
+  for (const char* text : {"", " 3", "3 ", "0x10", "1e3", "3.0", "+", "-", "1,2", "inf", "++1", "+-1", "3x", "٣"})
+    EXPECT_EQ(parse_integer(text).error, NumberError::malformed) << "'" << text << "'";
+  EXPECT_EQ(parse_integer("9223372036854775808").error, NumberError::out_of_range);
+  EXPECT_EQ(parse_integer("-9223372036854775809").error, NumberError::out_of_range);
+  const std::pair<const char*, double> reals[] = {{"0.5", 0.5}, {".5", 0.5}, {"2.", 2.0},    {"1e-3", 1e-3},
+                                                  {"6.5E+4", 65000.0}, {"+1.5", 1.5}, {"-3", -3.0}, {"1e-310", 1e-310}};
+  for (const auto& [text, value] : reals) {
+    const ParsedReal p = parse_real(text);
+    EXPECT_EQ(p.error, NumberError::none) << text;
+    EXPECT_EQ(p.value, value) << text;
+  }
+  EXPECT_TRUE(std::signbit(parse_real("-0").value));
+  for (const char* text : {"", " 1", "1 ", "0x1p-3", "0x10", "inf", "-inf", "nan", "1e", "e3", ".", "1.2.3", "--1", "1e+", "1,5"})
+    EXPECT_EQ(parse_real(text).error, NumberError::malformed) << "'" << text << "'";
+  for (const char* text : {"1e400", "-1e400", "1e-400"}) EXPECT_EQ(parse_real(text).error, NumberError::out_of_range) << text;
 }
 
 TEST(ModelRegistry, AModelDefinedOutsideModelsTrainsThroughAmpTrainsPath) {
