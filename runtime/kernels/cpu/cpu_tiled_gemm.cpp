@@ -6,7 +6,6 @@
 #include <array>
 #include <cstddef>
 #include <dnnl.h>
-
 #include <dnnl.hpp>
 #include <exception>
 #include <map>
@@ -82,8 +81,8 @@ struct Piece {
 };
 
 // Primitives are costly to create: one per piece's shape, created for one thread and cached for the
-// life of the process. Their scratchpads are the caller's (each thread its own), so that threads run
-// one primitive at once.
+// life of the process. Their scratchpads are the caller's (each thread its own), so that several
+// threads may run one primitive at once.
 class Primitives {
  public:
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
