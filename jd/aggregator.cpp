@@ -250,8 +250,8 @@ Krum::Krum(int n_byzantine, int n_selected) : f_(n_byzantine), k_(n_selected) {
 }
 
 std::vector<double> Krum::weights(const std::vector<double>& G, int m, DType dtype) {
-  if (m < f_ + 3)
-    throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(f_ + 3) +
+  if (m < int64_t{f_} + 3)
+    throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(int64_t{f_} + 3) +
                                 " rows (n_byzantine + 3). Found `gramian` with " + std::to_string(m) + " rows.");
   if (m < k_)
     throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(k_) +

@@ -266,9 +266,12 @@ void check_ranges(const TrainConfig& c, int world_size) {
           "must be a finite number >= 0");
   check_scale("--init-scale", c.init_scale, c.amp);
   if (c.loss_scale.kind == LossScale::Kind::constant) check_scale("--loss-scale", c.loss_scale.given, c.amp);
-  require(c.growth_factor > 1.0 && std::isfinite(c.growth_factor), "--growth-factor", c.growth_factor,
-          "must be a finite number > 1 (an infinite factor never grows the scale)");
-  require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "--backoff-factor", c.backoff_factor, "must be in (0, 1)");
+  // The scaler multiplies in float32: a factor beyond its range is inf there (the scale never grew),
+  // one below its smallest normal number 0 or a subnormal (the first backoff collapsed the scale).
+  require(c.growth_factor > 1.0 && std::isfinite(static_cast<float>(c.growth_factor)), "--growth-factor", c.growth_factor,
+          "must be a number > 1 within float32's range (an infinite factor never grows the scale)");
+  require(c.backoff_factor >= std::numeric_limits<float>::min() && c.backoff_factor < 1.0, "--backoff-factor",
+          c.backoff_factor, "must be in (0, 1), at least float32's smallest normal number 1.2e-38");
   require(c.growth_interval >= 1, "--growth-interval", c.growth_interval, "must be >= 1");
   require(c.hysteresis >= 1, "--hysteresis", c.hysteresis, "must be >= 1");
   require(c.min_scale >= 0.0f && std::isfinite(c.min_scale), "--min-scale", c.min_scale, "must be a finite number >= 0");

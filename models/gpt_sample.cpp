@@ -23,9 +23,12 @@ std::vector<int64_t> sample_tokens(GptModel& model, std::vector<int64_t> context
     const Tensor logits = model.logits(from_int64(window, {1, T}, device));
     const int64_t V = model.config().vocab_size;  // the padding's columns past it are never drawn
     const std::vector<double> last = logits.view((T - 1) * logits.size(2), {V}).to_vector();
-    // Top-k of logits / temperature (ties to the lower byte), then a draw from their softmax.
+    // Top-k of logits / temperature (ties to the lower byte), then a draw from their softmax. The
+    // logits less their largest, divided: a tiny temperature gives -inf (drawn never) and 0, where
+    // logit / temperature overflowed to inf and the softmax to NaN (1e-310 drew garbage).
+    const double top = *std::max_element(last.begin(), last.end());
     std::vector<std::pair<double, int64_t>> ranked;
-    for (int64_t v = 0; v < V; ++v) ranked.emplace_back(last[static_cast<size_t>(v)] / o.temperature, v);
+    for (int64_t v = 0; v < V; ++v) ranked.emplace_back((last[static_cast<size_t>(v)] - top) / o.temperature, v);
     const size_t k = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(o.top_k, 1)), ranked.size());
     std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end(),
                       [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });

@@ -127,7 +127,13 @@ TEST(Cli, EveryFlagIsValidated) {
       {"--seed -1", "--seed must be a whole number from 0 to 18446744073709551615, got '-1'"},
       {"--seed 18446744073709551616", "--seed must be a whole number"},
       {"--micro-batches 65537", "--micro-batches must be at most 65536"},
-      {"--amp fp16 --growth-factor inf", "--growth-factor must be a finite number > 1"},
+      {"--amp fp16 --growth-factor inf", "--growth-factor must be a number > 1 within float32's range"},
+      // The scaler's factors in float32 (1e39 is inf there: the scale never grew; 1e-310 is 0: the first
+      // backoff collapsed the scale), and Krum's F + 3 in 64 bits (it wrapped: krum:2147483647:1 trained
+      // 3 tasks with wrong weights).
+      {"--amp fp16 --growth-factor 1e39", "--growth-factor must be a number > 1 within float32's range"},
+      {"--amp fp16 --backoff-factor 1e-310", "--backoff-factor must be in (0, 1), at least"},
+      {"--model mtl --tasks 3 --aggregator krum:2147483647:1", "it needs --tasks 2147483650 or more"},
       {"--amp fp16 --max-scale 0", "--init-scale must lie in [--min-scale, --max-scale], here [0.0, 0.0] (its default "
                                    "is 65536.0), got 65536.0"}};
   for (const auto& [args, needle] : bad) {
@@ -908,6 +914,17 @@ TEST(Cli, GptReportsValidationLossTokensPerSecondAndSamples) {
       EXPECT_GT(rec["val_loss"].get<double>(), 0.0);
     }
   EXPECT_EQ(evals, (std::vector<int64_t>{0, 2, 3}));
+  // A temperature so small that logit / temperature overflowed drew garbage (1e-310); it draws the
+  // largest logit every time, as 1e-6 does.
+  std::string greedy[2];
+  for (int i = 0; i < 2; ++i) {
+    const RunResult s = run(gpt + "--data " + text + " --steps 3 --log-every 0 --sample-tokens 20 --top-k 256 --prompt And "
+                            "--temperature " + (i == 0 ? "1e-310" : "1e-6"));
+    ASSERT_EQ(s.code, 0) << s.out;
+    greedy[i] = s.out.substr(s.out.find("--- 20 bytes sampled"));
+    greedy[i] = greedy[i].substr(greedy[i].find('\n'));
+  }
+  EXPECT_EQ(greedy[0], greedy[1]);
   std::ofstream(d.file("short.txt")) << "too short";
   for (const auto& [data, want] : std::vector<std::pair<std::string, std::string>>{
            {d.file("missing.txt"), "no such file"},
