@@ -250,13 +250,13 @@ Krum::Krum(int n_byzantine, int n_selected) : f_(n_byzantine), k_(n_selected) {
 }
 
 std::vector<double> Krum::weights(const std::vector<double>& G, int m, DType dtype) {
-  if (m < int64_t{f_} + 3)
-    throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(int64_t{f_} + 3) +
+  if (m < f_ + 3)
+    throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(f_ + 3) +
                                 " rows (n_byzantine + 3). Found `gramian` with " + std::to_string(m) + " rows.");
   if (m < k_)
     throw std::invalid_argument("Parameter `gramian` should have at least " + std::to_string(k_) +
                                 " rows (n_selected). Found `gramian` with " + std::to_string(m) + " rows.");
-  const int nc = m - f_ - 2;
+  const int nc = static_cast<int>(m - f_ - 2);  // m >= f_ + 3
   std::vector<double> scores(static_cast<size_t>(m));
   for (int i = 0; i < m; ++i) {
     std::vector<double> d(static_cast<size_t>(m));

@@ -173,10 +173,10 @@ class Krum final : public GramianWeightedAggregator {
   explicit Krum(int n_byzantine, int n_selected = 1);
   std::vector<double> weights(const std::vector<double>& G, int m, DType dtype) override;
   std::string name() const override { return "Krum"; }
-  int64_t min_rows() const override { return std::max<int64_t>(int64_t{f_} + 3, k_); }  // weights()' two checks
+  int64_t min_rows() const override { return std::max(f_ + 3, k_); }  // weights()' two checks
 
  private:
-  int f_, k_;
+  int64_t f_, k_;  // 64 bits: f_ + 3 wrapped in an int (krum:2147483647:1 passed every check)
 };
 
 // GradDrop: per coordinate, keeps the rows whose sign wins a draw weighted by the sign purity.
